@@ -1,0 +1,204 @@
+"""The extender's HTTP edge: parse what kube-scheduler sends, ask `Placement`, encode the answer."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.routing import Route
+
+from extender.binding import Binder, BindError
+from extender.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
+from gpu_placement import metrics
+from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
+from gpu_placement.placement import Placement
+from gpu_placement.pods import GpuRequests, pod_key
+from gpu_placement.rules import unknown_node
+from gpu_placement.view import ClusterView
+
+__all__ = ["DEFAULT_MAX_BODY", "WireError", "create_app", "parse_extender_args"]
+
+log = logging.getLogger("gpu_placement.extender")
+DEFAULT_MAX_BODY = 64 * 2**20
+_RECENT_PODS = 10_000  # pods seen in /filter, so /bind knows their ask before the watch shows them
+
+
+class WireError(ValueError):
+    """The request is not what kube-scheduler sends; the message says what is wrong."""
+
+
+def parse_extender_args(body: bytes) -> tuple[dict[str, Any], list[str], list[dict[str, Any]] | None]:
+    """(pod, node names, node objects when the request carried `Nodes`)."""
+    args: ExtenderArgs = _json_object(body, "ExtenderArgs")
+    pod = args.get("Pod")
+    if not isinstance(pod, dict):
+        raise WireError("ExtenderArgs.Pod is missing or not an object" if pod is None else
+                        f"ExtenderArgs.Pod must be a v1.Pod object, got {type(pod).__name__}")
+    names = args.get("NodeNames")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            raise WireError("ExtenderArgs.NodeNames must be a list of node names")
+        return pod, names, None
+    nodes = args.get("Nodes")
+    if nodes is None:
+        return pod, [], None
+    items = nodes.get("items") if isinstance(nodes, dict) else None
+    if not isinstance(items, list | None):
+        raise WireError("ExtenderArgs.Nodes must be a v1.NodeList with an items list")
+    objects = items or []
+    node_names = []
+    for index, node in enumerate(objects):
+        name = node.get("metadata", {}).get("name") if isinstance(node, dict) else None
+        if not isinstance(name, str) or not name:
+            raise WireError(f"ExtenderArgs.Nodes.items[{index}] has no metadata.name")
+        node_names.append(name)
+    return pod, node_names, objects
+
+
+def _json_object(body: bytes, what: str) -> Any:
+    if not body:
+        raise WireError(f"empty body: expected a JSON {what}")
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise WireError(f"body is not valid JSON ({exc}): expected a JSON {what}") from None
+    if not isinstance(value, dict):
+        raise WireError(f"body must be a JSON object ({what}), got {type(value).__name__}")
+    return value
+
+
+def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: Callable[[], tuple[bool, str]],
+               max_body: int = DEFAULT_MAX_BODY) -> Starlette:
+    recent: OrderedDict[str, tuple[str, GpuRequests, str | None]] = OrderedDict()
+    timers = {verb: metrics.REQUEST_SECONDS.labels("extender", verb) for verb in ("filter", "prioritize", "bind")}
+
+    def refuse(verb: str, status: int, problem: str, message: str) -> ORJSONResponse:
+        log.warning("extender %s refused (%d): %s", verb, status, message)
+        metrics.BAD_REQUESTS.labels("extender", problem).inc()
+        metrics.REQUESTS.labels("extender", verb, str(status)).inc()
+        error: Any = {"Error": message}
+        return ORJSONResponse(error, status_code=status)
+
+    async def read(request: Request, verb: str) -> bytes | ORJSONResponse:
+        try:
+            return await read_body(request, max_body)
+        except BodyTooLarge as exc:
+            return refuse(verb, 413, "too_large", f"{exc} (raise it with --extender-max-body-bytes)")
+
+    def remember(pod: dict[str, Any], gpus: GpuRequests) -> None:
+        meta = pod.get("metadata") or {}
+        key = pod_key(meta.get("namespace") or "default", meta.get("name") or "")
+        recent[key] = (str(meta.get("uid") or ""), gpus, (meta.get("annotations") or {}).get(
+            "gpu-placement.io/gpu-memory"))
+        recent.move_to_end(key)
+        if len(recent) > _RECENT_PODS:
+            recent.popitem(last=False)
+
+    async def filter_(request: Request) -> ORJSONResponse:
+        start = time.perf_counter()
+        body = await read(request, "filter")
+        if isinstance(body, ORJSONResponse):
+            return body
+        try:
+            pod, names, objects = parse_extender_args(body)
+        except WireError as exc:
+            return refuse("filter", 400, "malformed", str(exc))
+        req = placement.requirements(pod)
+        if req.gpus:
+            remember(pod, req.gpus)
+        result = placement.filter(req, names)
+        answer: ExtenderFilterResult = {
+            "Nodes": None, "NodeNames": result.passed, "FailedNodes": result.failed,
+            "FailedAndUnresolvableNodes": result.unresolvable, "Error": "",
+        }
+        if objects is not None:  # answer in the form asked: the passing Node objects themselves
+            keep = set(result.passed)
+            items = [node for node in objects if node["metadata"]["name"] in keep]
+            answer["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
+            answer["NodeNames"] = None
+        for code, count in result.reasons.items():
+            metrics.DECISIONS.labels("extender", code).inc(count)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("filter pod=%s needs=%s passed=%d failed=%d unresolvable=%d", _name(pod), req.describe(),
+                      len(result.passed), len(result.failed), len(result.unresolvable))
+        timers["filter"].observe(time.perf_counter() - start)
+        return ORJSONResponse(orjson.dumps(answer))
+
+    async def prioritize(request: Request) -> ORJSONResponse:
+        start = time.perf_counter()
+        body = await read(request, "prioritize")
+        if isinstance(body, ORJSONResponse):
+            return body
+        try:
+            pod, names, _ = parse_extender_args(body)
+        except WireError as exc:
+            return refuse("prioritize", 400, "malformed", str(exc))
+        scores = placement.scores(placement.requirements(pod), names)
+        timers["prioritize"].observe(time.perf_counter() - start)
+        return ORJSONResponse(orjson.dumps([{"Host": host, "Score": score} for host, score in scores]))
+
+    async def bind(request: Request) -> ORJSONResponse:
+        start = time.perf_counter()
+        body = await read(request, "bind")
+        if isinstance(body, ORJSONResponse):
+            return body
+        try:
+            args: ExtenderBindingArgs = _json_object(body, "ExtenderBindingArgs")
+            for field in ("PodName", "PodNamespace", "Node"):
+                if not isinstance(args.get(field), str) or not args.get(field):
+                    raise WireError(f"ExtenderBindingArgs.{field} is missing or not a string")
+        except WireError as exc:
+            return refuse("bind", 400, "malformed", str(exc))
+        namespace, name, node, uid = args["PodNamespace"], args["PodName"], args["Node"], str(args.get("PodUID") or "")
+        error = await run_in_threadpool(_bind, namespace, name, uid, node)
+        metrics.BINDINGS.labels("error" if error else "ok").inc()
+        timers["bind"].observe(time.perf_counter() - start)
+        if error:
+            log.warning("bind %s/%s to %s failed: %s", namespace, name, node, error)
+        else:
+            log.info("bound %s/%s to %s", namespace, name, node)
+        return ORJSONResponse({"Error": error})
+
+    def _bind(namespace: str, name: str, uid: str, node: str) -> str:
+        if node not in view.nodes:
+            return unknown_node(node)
+        key = pod_key(namespace, name)
+        pod = view.pods.get(key)
+        known = recent.get(key)
+        gpus, memory = (pod.gpus, pod.memory_annotation) if pod else (known[1], known[2]) if known else ((), None)
+        reserved = bool(gpus) and not (pod and pod.node)
+        if reserved:
+            view.reserve(key, node, gpus, memory)
+        try:
+            binder.bind(namespace, name, uid, node)
+        except BindError as exc:
+            if reserved:
+                view.release(key)
+            return str(exc)
+        return ""
+
+    async def not_found(request: Request, exc: Exception) -> ORJSONResponse:
+        status = getattr(exc, "status_code", 404)
+        return refuse(request.url.path.strip("/") or "root", status, "bad_path",
+                      f"{request.method} {request.url.path} is not an extender verb: use POST /filter, "
+                      "/prioritize or /bind")
+
+    async def crashed(request: Request, exc: Exception) -> ORJSONResponse:
+        log.exception("extender %s failed", request.url.path)
+        return refuse(request.url.path.strip("/"), 500, "internal", f"internal error: {type(exc).__name__}: {exc}")
+
+    routes = [Route("/filter", filter_, methods=["POST"]), Route("/prioritize", prioritize, methods=["POST"]),
+              Route("/bind", bind, methods=["POST"]), *ops_routes(ready)]
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
+
+
+def _name(pod: dict[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"

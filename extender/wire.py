@@ -1,0 +1,40 @@
+"""kube-scheduler extender wire types (`k8s.io/kube-scheduler/extender/v1`).
+
+The Go structs carry no JSON tags, so keys are the Go field names, capitalised.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+__all__ = ["ExtenderArgs", "ExtenderBindingArgs", "ExtenderBindingResult", "ExtenderFilterResult", "HostPriority"]
+
+
+class ExtenderArgs(TypedDict, total=False):
+    Pod: dict[str, Any]
+    Nodes: dict[str, Any] | None  # a v1.NodeList when the extender is not nodeCacheCapable
+    NodeNames: list[str] | None  # when it is
+
+
+class ExtenderFilterResult(TypedDict, total=False):
+    Nodes: dict[str, Any] | None
+    NodeNames: list[str] | None
+    FailedNodes: dict[str, str]
+    FailedAndUnresolvableNodes: dict[str, str]
+    Error: str
+
+
+class HostPriority(TypedDict):
+    Host: str
+    Score: int
+
+
+class ExtenderBindingArgs(TypedDict):
+    PodName: str
+    PodNamespace: str
+    PodUID: str
+    Node: str
+
+
+class ExtenderBindingResult(TypedDict):
+    Error: str

@@ -1,0 +1,196 @@
+"""Kubernetes objects built from real GPU Operator label sets: the demo cluster, tests and benchmarks.
+
+The label sets are the ones NVIDIA and others published (`data/gpu-operator-node-labels.json`);
+each node here starts from one of them and changes only what its story needs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+__all__ = ["BASES", "demo_objects", "demo_pods", "make_node", "make_pod", "namespace", "validator_pod"]
+
+Obj = dict[str, Any]
+
+# Index of each published label set in the data file, by a short name.
+BASES = {"h100": 0, "h100-mig-mixed": 1, "t4-timeslicing": 2, "a100-vgpu": 3, "h100x8": 4, "a10g-unregistered": 5}
+_HOST_LABELS = {"kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux"}
+
+
+@cache
+def _label_sets() -> list[dict[str, str]]:
+    raw = json.loads(resources.files("gpu_placement").joinpath("data/gpu-operator-node-labels.json").read_text())
+    return [node["labels"] for node in raw["nodes"]]
+
+
+def base_labels(base: str) -> dict[str, str]:
+    return dict(_label_sets()[BASES[base]])
+
+
+def _allocatable(labels: dict[str, str], shared_resource: str | None) -> dict[str, str]:
+    """What the device plugin would register for these labels (the fixtures carry labels only)."""
+    resources_: dict[str, str] = {}
+    count = int(labels.get("nvidia.com/gpu.count", "0") or 0)
+    replicas = int(labels.get("nvidia.com/gpu.replicas", "1") or 1)
+    if replicas and count:
+        resources_[shared_resource or "nvidia.com/gpu"] = str(count * replicas)
+    for key, value in labels.items():
+        if key.startswith("nvidia.com/mig-") and key.endswith(".count"):
+            resources_[key.removesuffix(".count")] = value
+    return resources_
+
+
+def make_node(name: str, base: str | None, *, labels: dict[str, str] | None = None, drop: tuple[str, ...] = (),
+              allocatable: dict[str, str] | None = None, capacity: dict[str, str] | None = None,
+              ready: bool = True, unschedulable: bool = False, shared_resource: str | None = None) -> Obj:
+    node_labels = base_labels(base) if base else {}
+    node_labels.update(_HOST_LABELS)
+    node_labels["kubernetes.io/hostname"] = name
+    node_labels.update(labels or {})
+    for key in drop:
+        node_labels.pop(key, None)
+    gpus = _allocatable(node_labels, shared_resource) if allocatable is None else allocatable
+    standard = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
+    condition = {"type": "Ready", "status": "True" if ready else "False",
+                 "reason": "KubeletReady" if ready else "KubeletNotReady",
+                 "message": "kubelet is posting ready status" if ready else "container runtime is down"}
+    node: Obj = {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": node_labels, "uid": f"uid-node-{name}"},
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]} if gpus else {},
+        "status": {"capacity": {**standard, **(capacity if capacity is not None else gpus)},
+                   "allocatable": {**standard, **gpus}, "conditions": [condition]},
+    }
+    if unschedulable:
+        node["spec"]["unschedulable"] = True
+    return node
+
+
+def namespace(name: str, annotations: dict[str, str] | None = None) -> Obj:
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name},
+                         "annotations": annotations or {}}}
+
+
+def make_pod(namespace_: str, name: str, *, gpus: dict[str, int] | None = None, node: str | None = None,
+             image: str = "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04", annotations: dict[str, str] | None = None,
+             phase: str | None = None, labels: dict[str, str] | None = None, uid: str | None = None) -> Obj:
+    limits = {res: str(count) for res, count in (gpus or {}).items()}
+    container: Obj = {"name": "main", "image": image,
+                      "resources": {"limits": {"cpu": "4", "memory": "16Gi", **limits},
+                                    "requests": {"cpu": "4", "memory": "16Gi", **limits}}}
+    pod: Obj = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace_, "uid": uid or f"uid-{namespace_}-{name}",
+                     "labels": labels or {"app": name}, "annotations": annotations or {}},
+        "spec": {"containers": [container], "schedulerName": "default-scheduler", "restartPolicy": "Never"},
+        "status": {"phase": phase or ("Running" if node else "Pending")},
+    }
+    if node:
+        pod["spec"]["nodeName"] = node
+        pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    return pod
+
+
+def validator_pod(node: str, ready: bool = True) -> Obj:
+    pod = make_pod("gpu-operator", f"nvidia-operator-validator-{node}", node=node, image="nvcr.io/nvidia/gpu-operator",
+                   labels={"app": "nvidia-operator-validator"})
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
+    if not ready:
+        pod["status"]["phase"] = "Pending"
+        pod["status"]["initContainerStatuses"] = [{"name": "driver-validation", "ready": False}]
+    return pod
+
+
+# -- the demo cluster ----------------------------------------------------------------------------
+# Each node tells one story; `demo` shows how every kind of pod fares on each.
+_DEMO_NODES: list[tuple[Obj, bool | None]] = [  # (node, validator Ready; None: no validator pod)
+    (make_node("h100-train-1", "h100x8", labels={"pool": "training"}), True),
+    (make_node("h100-train-2", "h100x8", labels={"pool": "training",
+                                                  "nvidia.com/gpu-driver-upgrade-state": "upgrade-required"}), True),
+    (make_node("h100-single", "h100"), True),
+    (make_node("h100-mig", "h100-mig-mixed"), True),
+    (make_node("t4-shared", "t4-timeslicing", labels={"nvidia.com/gpu.sharing-strategy": "time-slicing"},
+               shared_resource="nvidia.com/gpu.shared"), True),
+    (make_node("a100-vgpu", "a100-vgpu"), True),
+    (make_node("a10g-unregistered", "a10g-unregistered", allocatable={"nvidia.com/gpu": "0"}), True),
+    (make_node("h100-not-validated", "h100"), False),
+    (make_node("h100-upgrading", "h100", labels={"nvidia.com/gpu-driver-upgrade-state": "drain-required",
+                                                  "nvidia.com/gpu.deploy.driver": "paused-for-driver-upgrade"}), True),
+    (make_node("h100-mig-pending", "h100", labels={"nvidia.com/mig.config": "all-1g.10gb",
+                                                    "nvidia.com/mig.config.state": "pending"}), True),
+    (make_node("h100-down", "h100", ready=False), True),
+    (make_node("v100-legacy", "h100", labels={
+        "nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB", "nvidia.com/gpu.memory": "16384",
+        "nvidia.com/gpu.compute.major": "7", "nvidia.com/gpu.compute.minor": "0", "nvidia.com/gpu.family": "volta",
+        "nvidia.com/cuda.driver-version.full": "470.256.02", "nvidia.com/cuda.driver-version.major": "470",
+        "nvidia.com/cuda.driver-version.minor": "256", "nvidia.com/cuda.driver-version.revision": "02",
+        "nvidia.com/cuda.driver.major": "470", "nvidia.com/cuda.driver.minor": "256",
+        "nvidia.com/cuda.driver.rev": "02",
+        "nvidia.com/cuda.runtime-version.full": "11.4", "nvidia.com/cuda.runtime-version.major": "11",
+        "nvidia.com/cuda.runtime-version.minor": "4", "nvidia.com/cuda.runtime.major": "11",
+        "nvidia.com/cuda.runtime.minor": "4"}), True),
+    (make_node("l4-no-driver-labels", "h100", labels={"nvidia.com/gpu.product": "NVIDIA-L4",
+                                                       "nvidia.com/gpu.memory": "23034"},
+               drop=tuple(k for k in base_labels("h100") if k.startswith("nvidia.com/cuda."))), True),
+    (make_node("h100-bad-label", "h100", labels={"nvidia.com/gpu.memory": "abc"}), True),
+    (make_node("cpu-1", None), None),
+]
+
+_DEMO_NAMESPACES = [
+    namespace("team-a", {"gpu-placement.io/quota": "nvidia.com/gpu=16", "gpu-placement.io/pools": "training"}),
+    namespace("inference", {"gpu-placement.io/sharing": "shared", "gpu-placement.io/gpu-memory": "1Gi",
+                            "gpu-placement.io/quota": "nvidia.com/gpu.shared=16"}),
+    namespace("mig-lab", {"gpu-placement.io/sharing": "mig-1g.10gb",
+                          "gpu-placement.io/quota": "nvidia.com/mig-1g.10gb=2"}),
+    namespace("research", {"gpu-placement.io/quota": "nvidia.com/gpu=2", "gpu-placement.io/cuda": "12.4"}),
+    namespace("web"),
+    namespace("gpu-operator"),
+    namespace("kube-system"),
+]
+
+
+def demo_objects() -> list[Obj]:
+    """Namespaces, nodes, validator pods and the load already running."""
+    objects: list[Obj] = [copy.deepcopy(ns) for ns in _DEMO_NAMESPACES]
+    for node, validator_ready in _DEMO_NODES:
+        objects.append(copy.deepcopy(node))
+        if validator_ready is not None:
+            objects.append(validator_pod(node["metadata"]["name"], validator_ready))
+    objects.append(make_pod("team-a", "pretrain-0", gpus={"nvidia.com/gpu": 6}, node="h100-train-1"))
+    objects.append(make_pod("team-a", "eval-0", gpus={"nvidia.com/gpu": 2}, node="h100-train-2"))
+    objects.append(make_pod("inference", "embed-0", gpus={"nvidia.com/gpu.shared": 2}, node="t4-shared",
+                            annotations={"gpu-placement.io/gpu-memory": "6Gi"}))
+    objects.append(make_pod("research", "old-job", gpus={"nvidia.com/gpu": 1}, node="h100-single", phase="Succeeded"))
+    return objects
+
+
+def demo_pods() -> list[tuple[str, Obj]]:
+    """Pods a user creates, before the webhook: (what it shows, pod)."""
+    def job(ns: str, name: str, gpus: dict[str, int] | None,
+            image: str = "nvcr.io/nvidia/cuda:12.4.1-runtime-ubuntu22.04",
+            annotations: dict[str, str] | None = None) -> Obj:
+        pod = make_pod(ns, name, gpus=gpus, image=image, annotations=annotations)
+        del pod["status"]
+        return pod
+
+    return [
+        ("8 whole GPUs, CUDA 12.4 from the image, training pool",
+         job("team-a", "llama-finetune", {"nvidia.com/gpu": 2})),
+        ("a GPU share with 4Gi of memory", job("inference", "chat-api", {"nvidia.com/gpu": 1},
+                                                annotations={"gpu-placement.io/gpu-memory": "4Gi"})),
+        ("one MIG 1g.10gb slice", job("mig-lab", "notebook", {"nvidia.com/gpu": 1})),
+        ("CUDA 13 workload", job("research", "cuda13-sim", {"nvidia.com/gpu": 1},
+                                 image="nvcr.io/nvidia/cuda:13.0.0-devel-ubuntu24.04")),
+        ("asks for more memory than any GPU has", job("research", "huge-model", {"nvidia.com/gpu": 1},
+                                                       annotations={"gpu-placement.io/gpu-memory": "120Gi"})),
+        ("namespace over its quota", job("research", "sweep", {"nvidia.com/gpu": 4})),
+        ("namespace without GPU access", job("web", "frontend-gpu", {"nvidia.com/gpu": 1})),
+        ("broken annotation", job("research", "typo", {"nvidia.com/gpu": 1},
+                                  annotations={"gpu-placement.io/cuda": "twelve"})),
+        ("no GPU at all", job("web", "frontend", None, image="nginx:1.27")),
+    ]

@@ -1,0 +1,56 @@
+"""Prometheus metrics, one definition each, shared by every listener of the process."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+from gpu_placement.view import ClusterView
+
+__all__ = ["CONTENT_TYPE_LATEST", "exposition", "track_view"]
+
+_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+REQUEST_SECONDS = Histogram("gpu_placement_request_seconds", "Time to answer one request, by component and verb.",
+                            ["component", "verb"], buckets=_BUCKETS)
+REQUESTS = Counter("gpu_placement_requests", "Requests answered, by component, verb and HTTP status.",
+                   ["component", "verb", "status"])
+DECISIONS = Counter("gpu_placement_decisions", "Per-node extender verdicts and webhook decisions, by reason.",
+                    ["component", "reason"])
+BAD_REQUESTS = Counter("gpu_placement_bad_requests", "Requests refused as malformed, by component and problem.",
+                       ["component", "problem"])
+CACHE_OBJECTS = Gauge("gpu_placement_cache_objects", "Objects in the cluster view, by kind.", ["kind"])
+CACHE_AGE = Gauge("gpu_placement_cache_age_seconds", "Seconds since the cluster view last heard from its source.")
+CACHE_READY = Gauge("gpu_placement_cache_ready", "1 once every kind has been listed in full.")
+RESERVATIONS = Gauge("gpu_placement_reservations", "GPU reservations held between bind and the pod seen bound.")
+WATCH_EVENTS = Counter("gpu_placement_watch_events", "Watch events applied, by kind and type.", ["kind", "type"])
+WATCH_RESTARTS = Counter("gpu_placement_watch_restarts", "Watch restarts, by kind and cause.", ["kind", "cause"])
+SOURCE_UP = Gauge("gpu_placement_source_up", "1 while the cluster source (API server or snapshot) is healthy.")
+SNAPSHOT_RELOADS = Counter("gpu_placement_snapshot_reloads", "Snapshot reloads, by result.", ["result"])
+BINDINGS = Counter("gpu_placement_bindings", "Bind calls, by result.", ["result"])
+CERT_EXPIRY = Gauge("gpu_placement_certificate_expiry_timestamp_seconds",
+                    "Unix time at which the serving certificate expires.", ["listener"])
+
+_heard = [time.time()]
+
+
+def heard_from_source() -> None:
+    """A source calls this on every list, event and bookmark: the view is that fresh."""
+    _heard[0] = time.time()
+
+
+def track_view(view: ClusterView, kinds: tuple[str, ...] = ("nodes", "pods", "namespaces")) -> None:
+    sizes: dict[str, Callable[[], float]] = {
+        "nodes": lambda: len(view.nodes), "pods": lambda: len(view.pods), "namespaces": lambda: len(view.namespaces),
+    }
+    for kind in kinds:
+        CACHE_OBJECTS.labels(kind).set_function(sizes[kind])
+    CACHE_AGE.set_function(lambda: time.time() - _heard[0])
+    CACHE_READY.set_function(lambda: float(all(kind in view.listed for kind in kinds)))
+    RESERVATIONS.set_function(lambda: len(view.reservations))
+
+
+def exposition() -> bytes:
+    return generate_latest()

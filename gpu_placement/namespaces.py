@@ -1,0 +1,27 @@
+"""Namespaces as the rules see them: their name and our annotations only."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_placement.names import PREFIX
+
+__all__ = ["NamespaceRecord", "namespace_from_json"]
+
+
+@dataclass(slots=True, frozen=True)
+class NamespaceRecord:
+    name: str
+    annotations: dict[str, str]  # only gpu-placement.io/*: what the platform team set
+    resource_version: str = ""
+
+    def get(self, key: str) -> str | None:
+        return self.annotations.get(key)
+
+
+def namespace_from_json(obj: Mapping[str, Any]) -> NamespaceRecord:
+    meta = obj.get("metadata") or {}
+    annotations = {k: str(v) for k, v in (meta.get("annotations") or {}).items() if k.startswith(PREFIX)}
+    return NamespaceRecord(str(meta.get("name") or ""), annotations, str(meta.get("resourceVersion") or ""))

@@ -1,0 +1,157 @@
+"""What a pod needs from a node: GPU resources, memory per device, CUDA, driver, compute, product.
+
+Each comes from the pod's annotation, else its namespace's default, else inference (CUDA from
+`NVIDIA_REQUIRE_CUDA` or the image tag). A `Requirements` is hashable: the placement cache keys on
+it, so pods that need the same thing share one precomputed verdict per node.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_placement import names as n
+from gpu_placement.cuda import Version, VersionError, format_version, parse_version
+from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.pods import GpuRequests, effective_gpu_requests
+from gpu_placement.quantity import QuantityError, quantity_to_mib
+
+__all__ = ["AnnotationError", "Requirements", "infer_cuda", "parse_memory", "requirements_for"]
+
+
+class AnnotationError(ValueError):
+    """An annotation whose value does not parse; the message names annotation, value and owner."""
+
+
+@dataclass(slots=True, frozen=True)
+class Requirements:
+    gpus: GpuRequests = ()
+    memory_mib: int | None = None
+    memory_source: str = ""
+    cuda: Version | None = None
+    cuda_source: str = ""
+    cuda_compat: bool = False
+    min_driver: Version | None = None
+    min_compute: Version | None = None
+    products: frozenset[str] | None = None
+    error: str | None = None  # a broken annotation or request: no node can be chosen until it is fixed
+
+    @property
+    def wants_gpu(self) -> bool:
+        return bool(self.gpus) or self.error is not None
+
+    def describe(self) -> str:
+        parts = [", ".join(f"{count}x {res}" for res, count in self.gpus) or "no GPU"]
+        if self.memory_mib is not None:
+            parts.append(f"{self.memory_mib} MiB per device ({self.memory_source})")
+        if self.cuda is not None:
+            parts.append(f"CUDA >= {format_version(self.cuda)} ({self.cuda_source}"
+                         f"{', minor-version compatible' if self.cuda_compat else ''})")
+        if self.min_driver is not None:
+            parts.append(f"driver >= {format_version(self.min_driver)}")
+        if self.min_compute is not None:
+            parts.append(f"compute capability >= {format_version(self.min_compute)}")
+        if self.products:
+            parts.append("product in " + ",".join(sorted(self.products)))
+        return "; ".join(parts)
+
+
+def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
+                     is_gpu_resource: Callable[[str], bool]) -> Requirements:
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    where = f"pod {meta.get('namespace') or 'default'}/{meta.get('name') or meta.get('generateName') or '?'}"
+    try:
+        gpus = effective_gpu_requests(spec, is_gpu_resource)
+    except QuantityError as exc:
+        return Requirements(error=f"BadRequest: a GPU request of {where} is not a quantity: {exc}")
+    if not gpus:
+        return Requirements()
+    pod_ann: Mapping[str, str] = meta.get("annotations") or {}
+    ns_ann: Mapping[str, str] = namespace.annotations if namespace else {}
+    ns_where = f"namespace {namespace.name}" if namespace else ""
+    try:
+        memory, memory_source = _first(pod_ann, ns_ann, n.ANN_GPU_MEMORY, where, ns_where, parse_memory)
+        cuda, cuda_source = _first(pod_ann, {}, n.ANN_CUDA, where, "", parse_version)
+        if cuda is None:
+            # A namespace default is a floor; the image may need more, and then the image wins.
+            default, default_source = _first({}, ns_ann, n.ANN_CUDA, where, ns_where, parse_version)
+            inferred, inferred_source = infer_cuda(spec)
+            cuda, cuda_source = max((default, default_source), (inferred, inferred_source),
+                                    key=lambda found: found[0] or ())
+        compat = pod_ann.get(n.ANN_CUDA_COMPAT, "")
+        if compat not in ("", "minor", "none"):
+            raise AnnotationError(f"{n.ANN_CUDA_COMPAT}={compat!r} on {where}: use \"minor\" or remove it")
+        min_driver, _ = _first(pod_ann, {}, n.ANN_MIN_DRIVER, where, "", parse_version)
+        min_compute, _ = _first(pod_ann, {}, n.ANN_MIN_COMPUTE, where, "", parse_version)
+        products, _ = _first(pod_ann, ns_ann, n.ANN_PRODUCTS, where, ns_where, _parse_products)
+    except AnnotationError as exc:
+        return Requirements(gpus=gpus, error=f"BadAnnotation: {exc}")
+    return Requirements(gpus, memory, memory_source, cuda, cuda_source, compat == "minor",
+                        min_driver, min_compute, products)
+
+
+def _first(pod_ann: Mapping[str, str], ns_ann: Mapping[str, str], key: str, where: str, ns_where: str,
+           parse: Callable[[str], Any]) -> tuple[Any, str]:
+    for given, owner, source in ((pod_ann, where, "pod annotation"),
+                                       (ns_ann, ns_where, "namespace default")):
+        raw = given.get(key)
+        if raw is not None:
+            try:
+                return parse(raw), source
+            except (ValueError, QuantityError) as exc:
+                raise AnnotationError(f"{key}={raw!r} on {owner}: {exc}") from None
+    return None, ""
+
+
+def parse_memory(text: str) -> int:
+    return quantity_to_mib(text)
+
+
+def _parse_products(text: str) -> frozenset[str]:
+    products = frozenset(p.strip() for p in text.split(",") if p.strip())
+    if not products:
+        raise ValueError("list at least one product, e.g. NVIDIA-H100-80GB-HBM3")
+    return products
+
+
+_REQUIRE_CUDA = re.compile(r"cuda>=(\d+\.\d+(?:\.\d+)?)")
+_CUDA_IMAGE_TAG = re.compile(r"^(\d+\.\d+(?:\.\d+)?)(?:[-_.]|$)")
+_CUDA_IN_TAG = re.compile(r"(?:^|[-_.])cuda-?(\d+\.\d+(?:\.\d+)?)(?=[-_.]|$)")
+
+
+def infer_cuda(spec: Mapping[str, Any]) -> tuple[Version | None, str]:
+    """The highest CUDA any container declares: `NVIDIA_REQUIRE_CUDA` (set by NVIDIA's CUDA base
+    images) first, else the image tag (`nvidia/cuda:12.4.1-runtime-...`, `...:2.3.0-cuda12.1-...`)."""
+    best: tuple[Version | None, str] = (None, "")
+    for container in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+        found = _container_cuda(container)
+        if found[0] is not None and (best[0] is None or found[0] > best[0]):
+            best = found
+    return best
+
+
+def _container_cuda(container: Mapping[str, Any]) -> tuple[Version | None, str]:
+    name = container.get("name", "?")
+    for env in container.get("env") or ():
+        if env.get("name") == "NVIDIA_REQUIRE_CUDA":
+            match = _REQUIRE_CUDA.search(str(env.get("value") or ""))
+            if match:
+                return _version(match.group(1)), f"NVIDIA_REQUIRE_CUDA of container {name}"
+    image = str(container.get("image") or "")
+    repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+    tag = tag.split("@", 1)[0]
+    match = _CUDA_IMAGE_TAG.match(tag) if repository.rsplit("/", 1)[-1] == "cuda" else None
+    match = match or _CUDA_IN_TAG.search(tag)
+    if match:
+        return _version(match.group(1)), f"image tag of container {name}"
+    return None, ""
+
+
+def _version(text: str) -> Version | None:
+    try:
+        return parse_version(text)
+    except VersionError:
+        return None

@@ -1,0 +1,231 @@
+"""The placement rules: one function per family, one place per reason code.
+
+Every rejection is `Code: sentence`, the sentence naming the node, the fact that failed and what
+the pod needs, so that kube-scheduler's `PodScheduled` condition tells a platform engineer what to
+fix. Rules are pure: facts in, verdict out, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpu_placement import names as n
+from gpu_placement.config import Config
+from gpu_placement.cuda import driver_table
+from gpu_placement.cuda import format_version as v
+from gpu_placement.nodes import NodeFacts
+from gpu_placement.requirements import Requirements
+
+__all__ = [
+    "CODES",
+    "RESOLVABLE",
+    "Need",
+    "Rejection",
+    "ValidatorState",
+    "charge",
+    "check_node",
+    "insufficient_memory",
+    "insufficient_units",
+    "node_readiness",
+    "unknown_node",
+]
+
+NODE_NOT_READY = "NodeNotReady"
+NO_GPU = "NoGPU"
+NOT_VALIDATED = "NotValidated"
+DRIVER_UPGRADE = "DriverUpgrade"
+MIG_RECONFIGURING = "MIGReconfiguring"
+BAD_LABEL = "BadLabel"
+UNKNOWN_DRIVER = "UnknownDriver"
+DRIVER_TOO_OLD = "DriverTooOld"
+COMPUTE_CAPABILITY = "ComputeCapability"
+PRODUCT_MISMATCH = "ProductMismatch"
+UNKNOWN_GPU_MEMORY = "UnknownGPUMemory"
+INSUFFICIENT_GPU_MEMORY = "InsufficientGPUMemory"
+INSUFFICIENT_GPU = "InsufficientGPU"
+UNKNOWN_NODE = "UnknownNode"
+BAD_ANNOTATION = "BadAnnotation"
+CODES = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING, BAD_LABEL, UNKNOWN_DRIVER,
+         DRIVER_TOO_OLD, COMPUTE_CAPABILITY, PRODUCT_MISMATCH, UNKNOWN_GPU_MEMORY, INSUFFICIENT_GPU_MEMORY,
+         INSUFFICIENT_GPU, UNKNOWN_NODE, BAD_ANNOTATION)
+# Preemption can free memory and devices; it cannot install a driver or validate a node.
+RESOLVABLE = frozenset({INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU})
+
+
+@dataclass(slots=True, frozen=True)
+class Rejection:
+    code: str
+    message: str  # "Code: sentence", as kube-scheduler shows it
+
+    @property
+    def resolvable(self) -> bool:
+        return self.code in RESOLVABLE
+
+
+@dataclass(slots=True, frozen=True)
+class ValidatorState:
+    pod: str | None  # the validator pod on the node, None when there is none
+    ready: bool
+
+
+# What a passing node must still have free: per resource (units, MiB or None when memory is unknown).
+Need = tuple[tuple[str, int, int | None], ...]
+
+_MIG_SETTLED = "success"
+
+
+def _reject(code: str, sentence: str) -> Rejection:
+    return Rejection(code, f"{code}: {sentence}")
+
+
+def check_node(node: NodeFacts, validator: ValidatorState, req: Requirements, config: Config) -> Rejection | Need:
+    """The verdict that does not depend on what else runs on the node: readiness, compatibility,
+    and whether one device can ever hold the ask. Otherwise, what the pod will take (`Need`)."""
+    if req.error is not None:
+        return Rejection(BAD_ANNOTATION, req.error)
+    return (_readiness(node, validator, req, config) or _compatibility(node, req)
+            or _label_problems(node, req) or _device_fit(node, req))
+
+
+def node_readiness(node: NodeFacts, validator: ValidatorState, config: Config) -> Rejection | None:
+    """Whether the node can take any GPU pod at all: the readiness rules for its own GPU resources."""
+    offered = tuple((res, 1) for res, count in sorted(node.allocatable.items()) if count > 0)
+    return _readiness(node, validator, Requirements(gpus=offered or (("nvidia.com/gpu", 1),)), config)
+
+
+def _readiness(node: NodeFacts, validator: ValidatorState, req: Requirements, config: Config) -> Rejection | None:
+    name = node.name
+    if not node.ready:
+        return _reject(NODE_NOT_READY, f"{name} {node.ready_message}")
+    if node.unschedulable:
+        return _reject(NODE_NOT_READY, f"{name} is cordoned (spec.unschedulable); uncordon it when it is healthy")
+    if not node.gpu_present:
+        return _reject(NO_GPU, f"{name} has no {n.GPU_PRESENT}=true label (GPU Feature Discovery found no GPU)")
+    for resource, _count in req.gpus:
+        if node.allocatable.get(resource, 0) == 0:
+            return _reject(NO_GPU, f"{name} has 0 allocatable {resource}: the device plugin has not "
+                                   "registered it (driver or toolkit validation failed, or devices unhealthy)")
+    if config.validator.required:
+        where = f"(namespace {config.validator.namespace}, {config.validator.selector.text})"
+        if validator.pod is None:
+            return _reject(NOT_VALIDATED, f"no nvidia-operator-validator pod on {name} {where}")
+        if not validator.ready:
+            return _reject(NOT_VALIDATED, f"nvidia-operator-validator on {name} is not Ready ({validator.pod})")
+    if node.upgrade_state not in (None, n.UPGRADE_DONE, n.UPGRADE_REQUIRED):
+        return _reject(DRIVER_UPGRADE, f"{name} is in a driver upgrade "
+                                       f"({n.DRIVER_UPGRADE_STATE}={node.upgrade_state})")
+    if node.paused:
+        return _reject(DRIVER_UPGRADE, f"{name} has {node.paused}: GPU Operator components are paused")
+    if node.mig_config_state not in (None, _MIG_SETTLED):
+        return _reject(MIG_RECONFIGURING, f"{name} is applying a MIG layout "
+                                          f"({n.MIG_CONFIG_STATE}={node.mig_config_state})")
+    return None
+
+
+def _compatibility(node: NodeFacts, req: Requirements) -> Rejection | None:
+    name = node.name
+    if req.cuda is not None:
+        need = f"the pod needs CUDA >= {v(req.cuda)} ({req.cuda_source})"
+        table = driver_table()
+        if req.cuda[0] >= 13 and node.compute is not None and node.compute < table.cuda13_min_compute:
+            return _reject(COMPUTE_CAPABILITY, f"{name} ({node.product}) has compute capability "
+                                               f"{v(node.compute)}; CUDA 13 needs >= {v(table.cuda13_min_compute)}")
+        if node.max_cuda is None:
+            return _reject(UNKNOWN_DRIVER, f"{name} publishes no driver or CUDA version labels "
+                                           f"({n.DRIVER_FULL}, {n.CUDA_RUNTIME[0]}); {need}")
+        driver = f"driver {v(node.driver)}" if node.driver else "its driver"
+        if req.cuda_compat:
+            if node.max_cuda[0] < req.cuda[0]:
+                return _reject(DRIVER_TOO_OLD, f"{name} {driver} supports CUDA up to {v(node.max_cuda)}, "
+                                               f"below CUDA {req.cuda[0]}.x even with minor-version "
+                                               f"compatibility; {need}")
+        elif node.max_cuda < req.cuda[:2]:
+            return _reject(DRIVER_TOO_OLD, f"{name} {driver} supports CUDA up to {v(node.max_cuda)}; {need}")
+        elif len(req.cuda) > 2 and node.driver is not None:
+            floor = table.min_driver(req.cuda)
+            if floor is not None and node.driver < floor:
+                return _reject(DRIVER_TOO_OLD, f"{name} driver {v(node.driver)} is below {v(floor)}, the "
+                                               f"minimum for CUDA {v(req.cuda)}; {need}")
+    if req.min_driver is not None:
+        if node.driver is None:
+            return _reject(UNKNOWN_DRIVER, f"{name} publishes no driver version ({n.DRIVER_FULL}); "
+                                           f"the pod needs driver >= {v(req.min_driver)}")
+        if node.driver < req.min_driver:
+            return _reject(DRIVER_TOO_OLD, f"{name} driver {v(node.driver)} is older than "
+                                           f"{v(req.min_driver)} ({n.ANN_MIN_DRIVER})")
+    if req.min_compute is not None:
+        if node.compute is None:
+            return _reject(UNKNOWN_DRIVER, f"{name} publishes no compute capability ({n.COMPUTE_MAJOR}); "
+                                           f"the pod needs >= {v(req.min_compute)}")
+        if node.compute < req.min_compute:
+            return _reject(COMPUTE_CAPABILITY, f"{name} ({node.product}) has compute capability "
+                                               f"{v(node.compute)}; the pod needs >= {v(req.min_compute)} "
+                                               f"({n.ANN_MIN_COMPUTE})")
+    if req.products is not None and not _product_matches(node.product, req.products):
+        return _reject(PRODUCT_MISMATCH, f"{name} has {node.product or 'no ' + n.GPU_PRODUCT + ' label'}; "
+                                         f"the pod accepts {', '.join(sorted(req.products))} ({n.ANN_PRODUCTS})")
+    return None
+
+
+def _product_matches(product: str | None, accepted: frozenset[str]) -> bool:
+    """Time-slicing renames the product `<name>-SHARED` and MIG single strategy `<name>-MIG-<profile>`;
+    both are still that product."""
+    if product is None:
+        return False
+    base = product.removesuffix("-SHARED").split("-MIG-", 1)[0]
+    return product in accepted or base in accepted
+
+
+def _label_problems(node: NodeFacts, req: Requirements) -> Rejection | None:
+    if not node.problems:
+        return None
+    relevant = {n.GPU_MEMORY, n.GPU_REPLICAS, "status.allocatable", "status.capacity"}
+    relevant.update(f"{n.MIG_PREFIX}{res[len(n.MIG_RESOURCE_PREFIX):]}.memory" for res, _ in req.gpus)
+    if req.cuda is not None or req.min_driver is not None:
+        relevant.update((n.DRIVER_FULL, n.DRIVER_PARTS[0], n.DRIVER_PARTS_OLD[0], n.CUDA_RUNTIME[0],
+                         n.CUDA_RUNTIME_OLD[0]))
+    if req.min_compute is not None or req.cuda is not None:
+        relevant.add(n.COMPUTE_MAJOR)
+    for label in sorted(relevant & node.problems.keys()):
+        return _reject(BAD_LABEL, f"{node.name} {node.problems[label]}; fix GPU Feature Discovery on that node")
+    return None
+
+
+def charge(node: NodeFacts, resource: str, count: int, ask_mib: int | None) -> int | None:
+    """MiB a pod holds on `node` for `count` units: a whole device is held whole whatever the pod
+    says it uses; a share or a MIG slice holds the pod's ask, else its unit's memory."""
+    unit = node.unit_memory(resource)
+    if unit is None:
+        return None
+    if ask_mib is None or not node.is_shared(resource):
+        return unit * count
+    return ask_mib * count
+
+
+def _device_fit(node: NodeFacts, req: Requirements) -> Rejection | Need:
+    need: list[tuple[str, int, int | None]] = []
+    for resource, count in req.gpus:
+        device = node.device_memory(resource)
+        if req.memory_mib is not None:
+            if device is None:
+                return _reject(UNKNOWN_GPU_MEMORY, f"{node.name} publishes no {n.GPU_MEMORY} label; the pod asks "
+                                                   f"{req.memory_mib} MiB per device ({req.memory_source})")
+            if req.memory_mib > device:
+                return _reject(INSUFFICIENT_GPU_MEMORY, f"the pod asks {req.memory_mib} MiB per device "
+                                                        f"({req.memory_source}); a {resource} on {node.name} "
+                                                        f"has {device} MiB")
+        need.append((resource, count, charge(node, resource, count, req.memory_mib)))
+    return tuple(need)
+
+
+def insufficient_memory(node: str, resource: str, free: int, need: int) -> str:
+    return (f"{INSUFFICIENT_GPU_MEMORY}: {node} has {max(free, 0)} MiB of {resource} memory free; "
+            f"the pod needs {need} MiB")
+
+
+def insufficient_units(node: str, resource: str, free: int, need: int) -> str:
+    return f"{INSUFFICIENT_GPU}: {node} has {max(free, 0)} {resource} free; the pod needs {need}"
+
+
+def unknown_node(node: str) -> str:
+    return f"{UNKNOWN_NODE}: {node} is not in gpu-placement's view of the cluster (not listed yet, or deleted)"

@@ -1,0 +1,336 @@
+"""The in-memory view of the cluster that both the extender and the webhook read.
+
+Fed by a source (snapshot file or list+watch) one object change at a time; each change updates the
+derived figures it touches (free GPU units and memory of one node, one namespace's usage) and tells
+listeners which node changed, so per-request work never rescans the cluster.
+
+Thread model: sources write from their own threads under `lock`; readers on the request path take
+`lock` for the few hundred microseconds they need, so they never see half of a relist.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from gpu_placement.config import Config
+from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.nodes import NodeFacts
+from gpu_placement.pods import GpuRequests, PodRecord
+from gpu_placement.requirements import parse_memory
+from gpu_placement.rules import ValidatorState, charge
+
+__all__ = ["ClusterView", "Reservation", "Telemetry"]
+
+NodeListener = Callable[[str | None], None]  # a node name, or None for "everything changed"
+_NO_VALIDATOR = ValidatorState(None, False)
+
+
+@dataclass(slots=True)
+class Reservation:
+    """GPU capacity held for a pod between /bind and the moment the view sees it bound."""
+
+    pod: str
+    node: str
+    gpus: GpuRequests
+    memory_annotation: str | None
+    expires: float
+
+
+@dataclass(slots=True, frozen=True)
+class Telemetry:
+    free_mib: int | None  # DCGM_FI_DEV_FB_FREE summed over the node's devices
+    xid_errors: int  # recent XID errors seen by DCGM
+    at: float
+
+
+@dataclass(slots=True)
+class _Charge:
+    node: str
+    items: tuple[tuple[str, int, int | None], ...]  # (resource, units, MiB or None)
+
+
+@dataclass(slots=True)
+class _Used:
+    units: dict[str, int] = field(default_factory=dict)
+    mib: dict[str, int] = field(default_factory=dict)
+
+
+class ClusterView:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.nodes: dict[str, NodeFacts] = {}
+        self.pods: dict[str, PodRecord] = {}
+        self.namespaces: dict[str, NamespaceRecord] = {}
+        # Derived, per resource then node: what is free now. Readers index these directly.
+        self.free_units: dict[str, dict[str, int]] = {}
+        self.free_mib: dict[str, dict[str, int | None]] = {}
+        self.capacity_mib: dict[str, dict[str, int | None]] = {}
+        self.telemetry: dict[str, Telemetry] = {}
+        self.namespace_usage: dict[str, dict[str, int]] = {}
+        self.validators: dict[str, dict[str, bool]] = {}  # node -> validator pod key -> Ready
+        self.reservations: dict[str, Reservation] = {}
+        self.generation = 0  # bumped on every change: cheap "has anything changed" for callers
+        self.listed: set[str] = set()  # kinds whose first full list is in
+        self.last_change = 0.0
+        self._node_pods: dict[str, set[str]] = {}
+        self._charges: dict[str, _Charge] = {}
+        self._used: dict[str, _Used] = {}
+        self._expiry: list[tuple[float, str]] = []
+        self._listeners: list[NodeListener] = []
+        self._free_listeners: list[Callable[[str], None]] = []
+
+    # -- reading -------------------------------------------------------------------------------
+    def validator_state(self, node: str) -> ValidatorState:
+        pods = self.validators.get(node)
+        if not pods:
+            return _NO_VALIDATOR
+        ready = [key for key, ok in pods.items() if ok]
+        return ValidatorState(ready[0] if ready else next(iter(pods)), bool(ready))
+
+    def pods_on(self, node: str) -> list[PodRecord]:
+        return [self.pods[key] for key in self._node_pods.get(node, ())]
+
+    def used(self, node: str) -> tuple[dict[str, int], dict[str, int]]:
+        used = self._used.get(node) or _Used()
+        return dict(used.units), dict(used.mib)
+
+    def subscribe(self, on_node: NodeListener, on_free: Callable[[str], None]) -> None:
+        """`on_node(name)`: facts or validator of a node changed (None: all of them); `on_free(name)`:
+        what is free on a node changed. Both are called under `lock`."""
+        self._listeners.append(on_node)
+        self._free_listeners.append(on_free)
+
+    # -- nodes ---------------------------------------------------------------------------------
+    def upsert_node(self, facts: NodeFacts) -> None:
+        with self.lock:
+            if self.nodes.get(facts.name) == facts:
+                return
+            self.nodes[facts.name] = facts
+            self._recharge_node(facts.name)
+            self._changed(facts.name)
+
+    def delete_node(self, name: str) -> None:
+        with self.lock:
+            if self.nodes.pop(name, None) is None:
+                return
+            self._refresh_free(name)
+            self._changed(name)
+
+    def replace_nodes(self, records: Iterable[NodeFacts]) -> None:
+        """A full relist: apply only the differences, so a relist costs what changed."""
+        fresh = {facts.name: facts for facts in records}
+        with self.lock:
+            for name in self.nodes.keys() - fresh.keys():
+                self.delete_node(name)
+            for facts in fresh.values():
+                self.upsert_node(facts)
+            self.listed.add("nodes")
+
+    # -- pods ----------------------------------------------------------------------------------
+    def upsert_pod(self, pod: PodRecord) -> None:
+        key = pod.key
+        with self.lock:
+            old = self.pods.get(key)
+            if old == pod:
+                return
+            self.pods[key] = pod
+            self._unaccount(key, old)
+            self._account(key, pod)
+
+    def delete_pod(self, key: str) -> None:
+        with self.lock:
+            old = self.pods.pop(key, None)
+            if old is not None:
+                self._unaccount(key, old)
+
+    def replace_pods(self, records: Iterable[PodRecord]) -> None:
+        fresh = {pod.key: pod for pod in records}
+        with self.lock:
+            for key in self.pods.keys() - fresh.keys():
+                self.delete_pod(key)
+            for pod in fresh.values():
+                self.upsert_pod(pod)
+            self.listed.add("pods")
+
+    # -- namespaces ----------------------------------------------------------------------------
+    def upsert_namespace(self, record: NamespaceRecord) -> None:
+        with self.lock:
+            if self.namespaces.get(record.name) != record:
+                self.namespaces[record.name] = record
+                self._touch()
+
+    def delete_namespace(self, name: str) -> None:
+        with self.lock:
+            if self.namespaces.pop(name, None) is not None:
+                self._touch()
+
+    def replace_namespaces(self, records: Iterable[NamespaceRecord]) -> None:
+        fresh = {record.name: record for record in records}
+        with self.lock:
+            for name in self.namespaces.keys() - fresh.keys():
+                self.delete_namespace(name)
+            for record in fresh.values():
+                self.upsert_namespace(record)
+            self.listed.add("namespaces")
+
+    # -- reservations and telemetry ------------------------------------------------------------
+    def reserve(self, pod: str, node: str, gpus: GpuRequests, memory_annotation: str | None) -> Reservation:
+        with self.lock:
+            self.release(pod)
+            reservation = Reservation(pod, node, gpus, memory_annotation,
+                                      self.clock() + self.config.reservation_ttl_seconds)
+            self.reservations[pod] = reservation
+            heapq.heappush(self._expiry, (reservation.expires, pod))
+            self._charge(f"reservation:{pod}", node, gpus, memory_annotation)
+            self._touch()
+            return reservation
+
+    def release(self, pod: str) -> None:
+        with self.lock:
+            reservation = self.reservations.pop(pod, None)
+            if reservation is not None:
+                self._discharge(f"reservation:{pod}")
+                self._touch()
+
+    def expire_reservations(self) -> None:
+        """Cheap when nothing is due: one comparison against the earliest expiry."""
+        if not self._expiry or self._expiry[0][0] > self.clock():
+            return
+        with self.lock:
+            now = self.clock()
+            while self._expiry and self._expiry[0][0] <= now:
+                _, pod = heapq.heappop(self._expiry)
+                reservation = self.reservations.get(pod)
+                if reservation is not None and reservation.expires <= now:
+                    self.release(pod)
+
+    def set_telemetry(self, readings: dict[str, Telemetry]) -> None:
+        with self.lock:
+            for node in self.telemetry.keys() | readings.keys():
+                if self.telemetry.get(node) != readings.get(node):
+                    if node in readings:
+                        self.telemetry[node] = readings[node]
+                    else:
+                        self.telemetry.pop(node, None)
+                    self._refresh_free(node)
+                    self._touch()
+
+    # -- accounting ----------------------------------------------------------------------------
+    def _account(self, key: str, pod: PodRecord) -> None:
+        if pod.active:
+            usage = self.namespace_usage.setdefault(pod.namespace, {})
+            for resource, count in pod.gpus:
+                usage[resource] = usage.get(resource, 0) + count
+        if pod.node:
+            self._node_pods.setdefault(pod.node, set()).add(key)
+            if pod.active and pod.gpus:
+                self._charge(key, pod.node, pod.gpus, self._memory_annotation(pod))
+            reservation = self.reservations.get(key)
+            if reservation is not None:  # seen bound (here or elsewhere): the pod's own charge counts now
+                self.release(key)
+        if pod.validator_ready is not None and pod.node:
+            self.validators.setdefault(pod.node, {})[key] = pod.validator_ready
+            self._changed(pod.node)
+        self._touch()
+
+    def _unaccount(self, key: str, pod: PodRecord | None) -> None:
+        if pod is None:
+            return
+        if pod.active:
+            usage = self.namespace_usage.get(pod.namespace, {})
+            for resource, count in pod.gpus:
+                usage[resource] = usage.get(resource, 0) - count
+                if usage[resource] <= 0:
+                    del usage[resource]
+        if pod.node:
+            self._node_pods.get(pod.node, set()).discard(key)
+            self._discharge(key)
+            validators = self.validators.get(pod.node)
+            if validators and validators.pop(key, None) is not None:
+                self._changed(pod.node)
+        self._touch()
+
+    def _memory_annotation(self, pod: PodRecord) -> str | None:
+        if pod.memory_annotation is not None:
+            return pod.memory_annotation
+        namespace = self.namespaces.get(pod.namespace)
+        return namespace.get("gpu-placement.io/gpu-memory") if namespace else None
+
+    def _charge(self, key: str, node: str, gpus: GpuRequests, memory_annotation: str | None) -> None:
+        self._discharge(key)
+        facts = self.nodes.get(node)
+        try:
+            ask = parse_memory(memory_annotation) if memory_annotation is not None else None
+        except ValueError:
+            ask = None  # a broken annotation charges the unit's memory; the webhook reports it
+        items = tuple((res, count, charge(facts, res, count, ask) if facts else None) for res, count in gpus)
+        self._charges[key] = _Charge(node, items)
+        used = self._used.setdefault(node, _Used())
+        for resource, count, mib in items:
+            used.units[resource] = used.units.get(resource, 0) + count
+            used.mib[resource] = used.mib.get(resource, 0) + (mib or 0)
+        self._refresh_free(node)
+        self._touch()
+
+    def _discharge(self, key: str) -> None:
+        old = self._charges.pop(key, None)
+        if old is None:
+            return
+        used = self._used.get(old.node)
+        if used is not None:
+            for resource, count, mib in old.items:
+                used.units[resource] = used.units.get(resource, 0) - count
+                used.mib[resource] = used.mib.get(resource, 0) - (mib or 0)
+        self._refresh_free(old.node)
+        self._touch()
+
+    def _recharge_node(self, node: str) -> None:
+        """Node facts changed (memory label, replicas): what each pod there holds may have too."""
+        keys = [key for key, ch in self._charges.items() if ch.node == node] if node in self._used else []
+        for key in keys:
+            if key.startswith("reservation:"):
+                r = self.reservations[key.removeprefix("reservation:")]
+                self._charge(key, node, r.gpus, r.memory_annotation)
+            else:
+                pod = self.pods[key]
+                self._charge(key, node, pod.gpus, self._memory_annotation(pod))
+        self._refresh_free(node)
+
+    def _refresh_free(self, node: str) -> None:
+        facts = self.nodes.get(node)
+        resources = set(facts.allocatable) if facts else set()
+        for table in (self.free_units, self.free_mib, self.capacity_mib):
+            for resource, per_node in table.items():
+                if resource not in resources:
+                    per_node.pop(node, None)
+        if facts is None:
+            return
+        used = self._used.get(node) or _Used()
+        reading = self.telemetry.get(node)
+        for resource, units in facts.allocatable.items():
+            unit = facts.unit_memory(resource)
+            capacity = unit * units if unit is not None else None
+            free = capacity - used.mib.get(resource, 0) if capacity is not None else None
+            if free is not None and reading is not None and reading.free_mib is not None:
+                free = min(free, reading.free_mib)  # what the devices really have left narrows it
+            self.free_units.setdefault(resource, {})[node] = units - used.units.get(resource, 0)
+            self.free_mib.setdefault(resource, {})[node] = free
+            self.capacity_mib.setdefault(resource, {})[node] = capacity
+        for listener in self._free_listeners:
+            listener(node)
+
+    def _changed(self, node: str | None) -> None:
+        """Node facts or validator state changed: static verdicts of that node must be redone."""
+        self._touch()
+        for listener in self._listeners:
+            listener(node)
+
+    def _touch(self) -> None:
+        self.generation += 1
+        self.last_change = time.time()
