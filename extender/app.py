@@ -43,7 +43,7 @@ def parse_extender_args(body: bytes) -> tuple[dict[str, Any], list[str], list[di
                         f"ExtenderArgs.Pod must be a v1.Pod object, got {type(pod).__name__}")
     names = args.get("NodeNames")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise WireError("ExtenderArgs.NodeNames must be a list of node names")
         return pod, names, None
     nodes = args.get("Nodes")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from typing import Any
 
 from gpu_placement.config import Config
@@ -57,6 +58,8 @@ class _Verdicts:
     entries: dict[str, Rejection | Need]  # static verdict per node
     passing: set[str]  # static pass and fits what is free now
     scores: dict[str, int]
+    rejected: dict[str, str] = field(default_factory=dict)  # static rejections: node -> message
+    codes: dict[str, str] = field(default_factory=dict)  # static rejections: node -> reason code
 
 
 class Placement:
@@ -72,6 +75,8 @@ class Placement:
         return requirements_for(pod, self.view.namespaces.get(namespace), self.config.is_gpu_resource)
 
     def filter(self, req: Requirements, names: Sequence[str]) -> FilterResult:
+        """Set operations in C over the names asked; Python work only for nodes that fail for a reason
+        computed now (a shortfall of free memory or devices) and for names not in the view."""
         if not req.wants_gpu:
             return FilterResult(list(names), {}, {})
         view = self.view
@@ -79,26 +84,25 @@ class Placement:
         with view.lock:
             verdicts = self._verdicts(req)
             passing = verdicts.passing
-            passed = [name for name in names if name in passing]
+            passed = list(filter(passing.__contains__, names))
+            if len(passed) == len(names):
+                return FilterResult(passed, {}, {})
+            failing = list(filterfalse(passing.__contains__, names))
+            rejected = verdicts.rejected
+            static = list(filter(rejected.__contains__, failing))
+            unresolvable = dict(zip(static, map(rejected.__getitem__, static), strict=True))
+            reasons: Counter[str] = Counter(map(verdicts.codes.__getitem__, static))
             failed: dict[str, str] = {}
-            unresolvable: dict[str, str] = {}
-            reasons: Counter[str] = Counter()
-            if len(passed) != len(names):
-                entries = verdicts.entries
-                for name in names:
-                    if name in passing:
-                        continue
-                    entry = entries.get(name)
-                    if entry is None:
-                        unresolvable[name] = unknown_node(name)
-                        reasons[UNKNOWN_NODE] += 1
-                    elif entry.__class__ is Rejection:
-                        (failed if entry.resolvable else unresolvable)[name] = entry.message
-                        reasons[entry.code] += 1
-                    else:
-                        message = self._shortfall(name, entry) or "internal: verdict out of date"
-                        failed[name] = message
-                        reasons[message.split(":", 1)[0]] += 1
+            entries = verdicts.entries
+            for name in filterfalse(rejected.__contains__, failing):
+                entry = entries.get(name)
+                if entry is None:
+                    unresolvable[name] = unknown_node(name)
+                    reasons[UNKNOWN_NODE] += 1
+                else:
+                    message = self._shortfall(name, entry) or "internal: verdict out of date"  # type: ignore[arg-type]
+                    failed[name] = message
+                    reasons[message.split(":", 1)[0]] += 1
         return FilterResult(passed, failed, unresolvable, reasons)
 
     def scores(self, req: Requirements, names: Sequence[str]) -> list[tuple[str, int]]:
@@ -153,6 +157,8 @@ class Placement:
 
     def _redo(self, verdicts: _Verdicts, name: str) -> None:
         facts = self.view.nodes.get(name)
+        verdicts.rejected.pop(name, None)
+        verdicts.codes.pop(name, None)
         if facts is None:
             verdicts.entries.pop(name, None)
             verdicts.passing.discard(name)
@@ -163,6 +169,8 @@ class Placement:
         if entry.__class__ is Rejection:
             verdicts.passing.discard(name)
             verdicts.scores[name] = 0
+            verdicts.rejected[name] = entry.message  # type: ignore[union-attr]
+            verdicts.codes[name] = entry.code  # type: ignore[union-attr]
         else:
             self._place(verdicts, name, entry)  # type: ignore[arg-type]
 

@@ -48,7 +48,8 @@ BAD_ANNOTATION = "BadAnnotation"
 CODES = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING, BAD_LABEL, UNKNOWN_DRIVER,
          DRIVER_TOO_OLD, COMPUTE_CAPABILITY, PRODUCT_MISMATCH, UNKNOWN_GPU_MEMORY, INSUFFICIENT_GPU_MEMORY,
          INSUFFICIENT_GPU, UNKNOWN_NODE, BAD_ANNOTATION)
-# Preemption can free memory and devices; it cannot install a driver or validate a node.
+# Preemption can free memory and devices on a node; it cannot install a driver, validate a node, or
+# make a device bigger than it is. Static rules therefore never reject as resolvable.
 RESOLVABLE = frozenset({INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU})
 
 
@@ -56,10 +57,7 @@ RESOLVABLE = frozenset({INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU})
 class Rejection:
     code: str
     message: str  # "Code: sentence", as kube-scheduler shows it
-
-    @property
-    def resolvable(self) -> bool:
-        return self.code in RESOLVABLE
+    resolvable: bool = False  # preemption could make room (FailedNodes) or not (FailedAndUnresolvableNodes)
 
 
 @dataclass(slots=True, frozen=True)

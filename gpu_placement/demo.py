@@ -1,0 +1,182 @@
+"""`gpu-placement demo`: the embedded demo cluster, end to end over real HTTP(S) on loopback.
+
+Each sample pod goes through the webhook (`/mutate`, then `/validate`) the way the API server sends
+it, is created in the view, then goes through the extender (`/filter`, `/prioritize`, `/bind`) the
+way kube-scheduler calls it. The tables say what happened and why.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import ssl
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gpu_placement.config import Config, parse_config
+from gpu_placement.demo_cluster import demo_objects, demo_pods
+from gpu_placement.explain import admission_review
+from gpu_placement.patching import apply_patch
+from gpu_placement.report import NODE_HEADER, node_rows, table
+from gpu_placement.service import Core, core_from_objects
+
+__all__ = ["DEMO_CONFIG", "run_demo"]
+
+DEMO_CONFIG: dict[str, Any] = {
+    "defaultNamespacePolicy": "deny",  # GPUs only for namespaces the platform team gave a quota
+    "pools": {"training": {"nodeSelector": {"pool": "training"},
+                           "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "training",
+                                            "effect": "NoSchedule"}]}},
+}
+
+Post = Callable[[str, str, dict[str, Any]], tuple[int, Any]]
+
+
+@dataclass(slots=True)
+class Outcome:
+    pod: str
+    story: str
+    webhook: str
+    changes: str
+    needs: str = ""
+    node: str = ""
+    score: str = ""
+    rejected: str = ""
+
+
+def run_demo(config: Config | None = None, out: Any = None) -> int:
+    from gpu_placement.serving import ServerThread
+    from webhook.certs import ensure_self_signed
+    from webhook.tls import ReloadingTLS, make_server
+
+    out = out or sys.stdout
+    config = config or parse_config(DEMO_CONFIG)
+    objects = demo_objects()
+    core = core_from_objects(config, objects)
+    labels = {o["metadata"]["name"]: o["metadata"].get("labels") or {} for o in objects if o["kind"] == "Node"}
+    with tempfile.TemporaryDirectory(prefix="gpu-placement-demo-") as certs:
+        bundle = ensure_self_signed(certs, "gpu-placement-webhook", "gpu-placement", ("127.0.0.1", "localhost"))
+        extender = ServerThread(make_server(core.extender_app(), "127.0.0.1", 0))
+        webhook = ServerThread(make_server(core.webhook_app(), "127.0.0.1", 0,
+                                           tls=ReloadingTLS(str(bundle.cert), str(bundle.key))))
+        with extender, webhook:
+            trust = ssl.create_default_context(cafile=str(bundle.ca_cert))
+            ports = {"extender": extender.port, "webhook": webhook.port}
+
+            def post(component: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+                port = ports[component]
+                conn: http.client.HTTPConnection = (
+                    http.client.HTTPSConnection("localhost", port, context=trust, timeout=10)
+                    if component == "webhook" else http.client.HTTPConnection("127.0.0.1", port, timeout=10))
+                try:
+                    conn.request("POST", path, orjson.dumps(body), {"Content-Type": "application/json"})
+                    response = conn.getresponse()
+                    return response.status, orjson.loads(response.read())
+                finally:
+                    conn.close()
+
+            print(f"gpu-placement demo: {len(core.view.nodes)} nodes, {len(core.view.namespaces)} namespaces; "
+                  f"webhook https://localhost:{webhook.port} (TLS, self-signed CA), extender "
+                  f"http://127.0.0.1:{extender.port}\n", file=out)
+            print("NODES (what the GPU Operator publishes, as gpu-placement reads it)", file=out)
+            print(table(NODE_HEADER, node_rows(core.view)), file=out)
+            outcomes = [_one(core, post, labels, story, pod) for story, pod in demo_pods()]
+    _print(outcomes, out)
+    return 0
+
+
+def _one(core: Core, post: Post, labels: dict[str, dict[str, str]], story: str, pod: dict[str, Any]) -> Outcome:
+    meta = pod["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    outcome = Outcome(f"{namespace}/{name}", story, "", "")
+    status, review = post("webhook", "/mutate?timeout=10s", _review(pod, namespace))
+    response = review.get("response", {}) if status == 200 else {}
+    patch = orjson.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
+    pod = apply_patch(pod, patch)
+    outcome.changes = _changes(patch)
+    status, review = post("webhook", "/validate?timeout=10s", _review(pod, namespace))
+    verdict = review.get("response", {}) if status == 200 else {"status": {"message": str(review)}}
+    if not verdict.get("allowed"):
+        outcome.webhook = "DENIED: " + (verdict.get("status") or {}).get("message", "")
+        return outcome
+    outcome.webhook = "allowed" + "".join(f" (warning: {w})" for w in verdict.get("warnings") or ())
+    # The API server stores the pod; the view hears of it as a watch would tell it.
+    pod.setdefault("status", {})["phase"] = "Pending"
+    core.ingest.event(core.view, "pods", "ADDED", pod)
+    req = core.placement.requirements(pod)
+    outcome.needs = req.describe()
+    names = [node for node in sorted(core.view.nodes) if _selected(labels.get(node, {}), pod)]
+    args = {"Pod": pod, "Nodes": None, "NodeNames": names}
+    _, result = post("extender", "/filter", args)
+    passed = result.get("NodeNames") or []
+    rejected = {**result.get("FailedNodes", {}), **result.get("FailedAndUnresolvableNodes", {})}
+    counts = Counter(reason.split(":", 1)[0] for reason in rejected.values())
+    skipped = len(core.view.nodes) - len(names)
+    outcome.rejected = ", ".join(f"{count} {code}" for code, count in counts.most_common()) + (
+        f"{', ' if counts else ''}{skipped} outside its node selector" if skipped else "")
+    if not passed:
+        outcome.node = "Pending"
+        example = next(iter(sorted(rejected.values(), key=lambda r: r.split(":", 1)[0])), "")
+        outcome.score = example
+        return outcome
+    _, scores = post("extender", "/prioritize", {**args, "NodeNames": passed})
+    best = max(scores, key=lambda hp: (hp["Score"], hp["Host"]))
+    _, bound = post("extender", "/bind", {"PodName": name, "PodNamespace": namespace,
+                                          "PodUID": meta.get("uid", ""), "Node": best["Host"]})
+    outcome.node = best["Host"] if not bound.get("Error") else f"bind failed: {bound['Error']}"
+    outcome.score = f"score {best['Score']}/10 of {len(passed)} passing"
+    return outcome
+
+
+def _review(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
+    review = admission_review(pod, namespace)
+    review["request"]["dryRun"] = False
+    return review
+
+
+def _selected(node_labels: dict[str, str], pod: dict[str, Any]) -> bool:
+    """kube-scheduler's own node-selector and node-affinity filters (the parts the webhook sets), so the
+    extender is asked about the nodes kube-scheduler would send it."""
+    spec = pod.get("spec") or {}
+    if any(node_labels.get(k) != v for k, v in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution") or {}
+    terms = required.get("nodeSelectorTerms") or []
+    return not terms or any(all(_matches(node_labels, e) for e in t.get("matchExpressions") or ()) for t in terms)
+
+
+def _matches(node_labels: dict[str, str], expression: dict[str, Any]) -> bool:
+    value, values = node_labels.get(expression.get("key", "")), expression.get("values") or []
+    return {"In": value in values, "NotIn": value not in values, "Exists": value is not None,
+            "DoesNotExist": value is None}.get(expression.get("operator", ""), True)
+
+
+def _changes(patch: list[dict[str, Any]]) -> str:
+    if not patch:
+        return "none"
+    parts = []
+    for op in patch:
+        path = op["path"].replace("~1", "/").replace("~0", "~")
+        if "/resources/" in path:
+            parts.append("resource " + path.rsplit("/", 1)[-1])
+        else:
+            parts.append(path.split("/")[2] if path.count("/") > 1 else path.strip("/"))
+    return ", ".join(dict.fromkeys(parts))
+
+
+def _print(outcomes: list[Outcome], out: Any) -> None:
+    print("\nADMISSION (webhook: /mutate then /validate)", file=out)
+    print(table(["POD", "STORY", "PATCHED", "DECISION"],
+                [[o.pod, o.story, o.changes, o.webhook] for o in outcomes]), file=out)
+    print("\nSCHEDULING (extender: /filter, /prioritize, /bind)", file=out)
+    rows = [[o.pod, o.node, o.rejected or "-", o.score] for o in outcomes if o.needs]
+    print(table(["POD", "PLACED ON", "NODES REJECTED", "SCORE / WHY NOT"], rows), file=out)
+    print("\nWHAT EACH POD NEEDED", file=out)
+    print(table(["POD", "NEEDS"], [[o.pod, o.needs] for o in outcomes if o.needs]), file=out)

@@ -1,0 +1,97 @@
+"""`gpu-placement serve`: the view, its source, and one uvicorn server per component in one loop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from typing import Any
+
+from gpu_placement import metrics
+from gpu_placement.config import load_config
+from gpu_placement.logs import setup_logging
+from gpu_placement.service import Core, core_from_cluster, core_from_snapshot
+
+__all__ = ["serve"]
+
+log = logging.getLogger("gpu_placement.serve")
+
+
+class UsageError(Exception):
+    pass
+
+
+def _webhook_tls(args: argparse.Namespace, core: Core) -> Any:
+    from webhook.tls import ReloadingTLS
+
+    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "gpu-placement"
+    chosen = [bool(args.tls_cert or args.tls_key), bool(args.self_signed), bool(args.manage_certs)]
+    if sum(chosen) != 1:
+        raise UsageError("the webhook always serves TLS: give exactly one of --tls-cert/--tls-key, "
+                         "--self-signed DIR or --manage-certs")
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise UsageError("--tls-cert and --tls-key go together")
+        return ReloadingTLS(args.tls_cert, args.tls_key)
+    if args.self_signed:
+        from webhook.certs import ensure_self_signed
+
+        host = args.webhook_listen[0]
+        extra = tuple(h for h in (host,) if h not in ("0.0.0.0", "::", ""))
+        bundle = ensure_self_signed(args.self_signed, args.service, namespace, extra)
+        log.info("self-signed webhook certificate in %s (trust %s)", args.self_signed, bundle.ca_cert)
+        return ReloadingTLS(str(bundle.cert), str(bundle.key))
+    from webhook.rotation import start_managed_certificates
+
+    paths = start_managed_certificates(core, args, namespace)
+    return ReloadingTLS(str(paths.cert), str(paths.key))
+
+
+def serve(args: argparse.Namespace) -> int:
+    from webhook.tls import ReloadingTLS, make_server
+
+    setup_logging(args.log_level)
+    config = load_config(args.config)
+    if bool(args.extender_tls_cert) != bool(args.extender_tls_key):
+        raise UsageError("--extender-tls-cert and --extender-tls-key go together")
+    core = (core_from_snapshot(config, args.snapshot, watch=True) if args.snapshot
+            else core_from_cluster(config, args.kubeconfig))
+    servers = []
+    try:
+        if "extender" in args.components:
+            tls = (ReloadingTLS(args.extender_tls_cert, args.extender_tls_key) if args.extender_tls_cert else None)
+            host, port = args.extender_listen
+            servers.append(make_server(core.extender_app(args.extender_max_body_bytes), host, port, tls=tls))
+            _track_expiry("extender", tls)
+            log.info("extender listening on %s://%s:%d", "https" if tls else "http", host, port)
+        if "webhook" in args.components:
+            tls = _webhook_tls(args, core)
+            host, port = args.webhook_listen
+            servers.append(make_server(core.webhook_app(), host, port, tls=tls))
+            _track_expiry("webhook", tls)
+            log.info("webhook listening on https://%s:%d", host, port)
+        asyncio.run(_run(servers))
+    finally:
+        core.stop()
+    return 0
+
+
+def _track_expiry(listener: str, tls: Any) -> None:
+    if tls is not None:
+        tls.start()
+        metrics.CERT_EXPIRY.labels(listener).set_function(lambda: tls.not_after.timestamp())
+
+
+async def _run(servers: list[Any]) -> None:
+    """All servers in one loop; SIGTERM or SIGINT stops them all gracefully."""
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        for server in servers:
+            server.should_exit = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    await asyncio.gather(*(server.serve() for server in servers))

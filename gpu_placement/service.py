@@ -1,0 +1,115 @@
+"""Process assembly: the cluster view, its source, and the HTTP apps built on them.
+
+This module and the CLI are the only ones that import both `extender` and `webhook`.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+
+from extender.app import DEFAULT_MAX_BODY
+from extender.app import create_app as create_extender_app
+from extender.binding import Binder, SnapshotBinder
+from gpu_placement import metrics
+from gpu_placement.config import Config
+from gpu_placement.ingest import KINDS, Ingest
+from gpu_placement.placement import Placement
+from gpu_placement.snapshot import SnapshotSource
+from gpu_placement.view import ClusterView
+
+__all__ = ["Core", "core_from_cluster", "core_from_objects", "core_from_snapshot", "freeze_heap"]
+
+
+@dataclass(slots=True)
+class Core:
+    config: Config
+    view: ClusterView
+    ingest: Ingest
+    placement: Placement
+    binder: Binder
+    readiness: Callable[[], tuple[bool, str]]
+    stoppers: list[Callable[[], None]] = field(default_factory=list)
+
+    def extender_app(self, max_body: int = DEFAULT_MAX_BODY) -> Starlette:
+        return create_extender_app(self.view, self.placement, self.binder, self.readiness, max_body)
+
+    def webhook_app(self) -> Starlette:
+        from webhook.app import create_app as create_webhook_app
+
+        return create_webhook_app(self.view, self.config, self.readiness)
+
+    def stop(self) -> None:
+        for stop in reversed(self.stoppers):
+            stop()
+
+
+def freeze_heap() -> None:
+    """Move what the first full list built out of the garbage collector's sight: a full collection
+    over hundreds of thousands of long-lived records costs hundreds of milliseconds, and one would
+    otherwise land in the middle of a scheduling request."""
+    gc.collect()
+    gc.freeze()
+
+
+def _view_ready(view: ClusterView) -> tuple[bool, str]:
+    missing = [kind for kind in KINDS if kind not in view.listed]
+    return (not missing, f"waiting for the first full list of {', '.join(missing)}" if missing else "")
+
+
+def _core(config: Config, binder_for: Callable[[ClusterView], Binder]) -> Core:
+    view = ClusterView(config)
+    metrics.track_view(view)
+    return Core(config, view, Ingest(config), Placement(view, config), binder_for(view), lambda: _view_ready(view))
+
+
+def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
+    """A view of these objects only (the demo, tests): bindings are recorded in the view."""
+    core = _core(config, SnapshotBinder)
+    by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
+    for obj in objects:
+        kind = Ingest.kind_of(obj)
+        if kind is not None:
+            by_kind[kind].append(obj)
+    with core.view.lock:
+        for kind in KINDS:
+            core.ingest.replace(core.view, kind, by_kind[kind])
+    freeze_heap()
+    return core
+
+
+def core_from_snapshot(config: Config, path: str | Path, watch: bool = False) -> Core:
+    """Raises SnapshotError when the files cannot be read; with `watch`, reloads them when they change."""
+    view = ClusterView(config)
+    ingest = Ingest(config)
+    source = SnapshotSource(path, view, ingest)
+    source.load()
+    freeze_heap()
+    metrics.track_view(view)
+    core = Core(config, view, ingest, Placement(view, config), SnapshotBinder(view, source), lambda: _view_ready(view))
+    if watch:
+        source.start()
+        core.stoppers.append(source.stop)
+    return core
+
+
+def core_from_cluster(config: Config, kubeconfig: str | None) -> Core:
+    """List+watch a live API server (kubeconfig file, else in-cluster config); bind through it."""
+    from extender.binding import ApiBinder
+    from gpu_placement.kube import load_api_client
+    from gpu_placement.live import LiveSource
+
+    api = load_api_client(kubeconfig)
+    view = ClusterView(config)
+    ingest = Ingest(config)
+    source = LiveSource(view, ingest, api)
+    metrics.track_view(view)
+    core = Core(config, view, ingest, Placement(view, config), ApiBinder(api), source.readiness)
+    source.start()
+    core.stoppers.append(source.stop)
+    return core
