@@ -6,6 +6,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -18,8 +19,9 @@ from extender.binding import Binder, BindError
 from extender.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement import metrics
 from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
-from gpu_placement.placement import Placement
+from gpu_placement.placement import FilterResult, Placement
 from gpu_placement.pods import GpuRequests, pod_key
+from gpu_placement.requirements import Requirements
 from gpu_placement.rules import unknown_node
 from gpu_placement.view import ClusterView
 
@@ -28,6 +30,15 @@ __all__ = ["DEFAULT_MAX_BODY", "WireError", "create_app", "parse_extender_args"]
 log = logging.getLogger("gpu_placement.extender")
 DEFAULT_MAX_BODY = 64 * 2**20
 _RECENT_PODS = 10_000  # pods seen in /filter, so /bind knows their ask before the watch shows them
+
+
+@dataclass(slots=True, frozen=True)
+class _LastFilter:
+    generation: int
+    req: Requirements
+    names: list[str]
+    result: FilterResult
+    encoded: bytes
 
 
 class WireError(ValueError):
@@ -77,6 +88,7 @@ def _json_object(body: bytes, what: str) -> Any:
 def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: Callable[[], tuple[bool, str]],
                max_body: int = DEFAULT_MAX_BODY) -> Starlette:
     recent: OrderedDict[str, tuple[str, GpuRequests, str | None]] = OrderedDict()
+    last_filter: list[_LastFilter | None] = [None]
     timers = {verb: metrics.REQUEST_SECONDS.labels("extender", verb) for verb in ("filter", "prioritize", "bind")}
 
     def refuse(verb: str, status: int, problem: str, message: str) -> ORJSONResponse:
@@ -113,23 +125,35 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         req = placement.requirements(pod)
         if req.gpus:
             remember(pod, req.gpus)
-        result = placement.filter(req, names)
-        answer: ExtenderFilterResult = {
-            "Nodes": None, "NodeNames": result.passed, "FailedNodes": result.failed,
-            "FailedAndUnresolvableNodes": result.unresolvable, "Error": "",
-        }
-        if objects is not None:  # answer in the form asked: the passing Node objects themselves
-            keep = set(result.passed)
-            items = [node for node in objects if node["metadata"]["name"] in keep]
-            answer["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
-            answer["NodeNames"] = None
+        view.expire_reservations()
+        cached = last_filter[0]
+        if cached is not None and cached.generation == view.generation and cached.req == req and \
+                objects is None and cached.names == names:
+            # kube-scheduler retries a rejected pod within milliseconds: same pod, same nodes, nothing
+            # changed in between, so the answer is the same bytes.
+            result, encoded = cached.result, cached.encoded
+        else:
+            generation = view.generation
+            result = placement.filter(req, names)
+            answer: ExtenderFilterResult = {
+                "Nodes": None, "NodeNames": result.passed, "FailedNodes": result.failed,
+                "FailedAndUnresolvableNodes": result.unresolvable, "Error": "",
+            }
+            if objects is not None:  # answer in the form asked: the passing Node objects themselves
+                keep = set(result.passed)
+                items = [node for node in objects if node["metadata"]["name"] in keep]
+                answer["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
+                answer["NodeNames"] = None
+            encoded = orjson.dumps(answer)
+            if objects is None:
+                last_filter[0] = _LastFilter(generation, req, names, result, encoded)
         for code, count in result.reasons.items():
             metrics.DECISIONS.labels("extender", code).inc(count)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("filter pod=%s needs=%s passed=%d failed=%d unresolvable=%d", _name(pod), req.describe(),
                       len(result.passed), len(result.failed), len(result.unresolvable))
         timers["filter"].observe(time.perf_counter() - start)
-        return ORJSONResponse(orjson.dumps(answer))
+        return ORJSONResponse(encoded)
 
     async def prioritize(request: Request) -> ORJSONResponse:
         start = time.perf_counter()

@@ -20,7 +20,10 @@ class Binder(Protocol):
 
 
 class SnapshotBinder:
-    """Records the binding and shows the pod bound in the view, as the API server's watch would."""
+    """Records the binding and shows the pod bound in the view, as the API server's watch would.
+
+    A pod the snapshot does not hold (created after it was taken) is recorded too; its reservation
+    then holds its GPUs until `reservationTTLSeconds`, since no watch will show it bound."""
 
     def __init__(self, view: ClusterView, source: SnapshotSource | None = None) -> None:
         self.view = view
@@ -29,13 +32,13 @@ class SnapshotBinder:
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         with self.view.lock:
             pod = self.view.pods.get(pod_key(namespace, name))
-            if pod is None:
-                raise BindError(f"pod {namespace}/{name} is not in the snapshot")
-            if uid and pod.uid and uid != pod.uid:
+            if pod is not None and uid and pod.uid and uid != pod.uid:
                 raise BindError(f"pod {namespace}/{name} has UID {pod.uid}, not {uid}: it was replaced")
-            if pod.node and pod.node != node:
+            if pod is not None and pod.node and pod.node != node:
                 raise BindError(f"pod {namespace}/{name} is already assigned to node {pod.node}")
             if self.source is not None:
                 self.source.record_binding(namespace, name, node)
+            if pod is None:
+                return
             self.view.upsert_pod(PodRecord(pod.namespace, pod.name, pod.uid, node, pod.active, pod.gpus,
                                            pod.memory_annotation, pod.validator_ready))
