@@ -62,6 +62,16 @@ def _view_ready(view: ClusterView) -> tuple[bool, str]:
     return (not missing, f"waiting for the first full list of {', '.join(missing)}" if missing else "")
 
 
+def _with_telemetry(core: Core) -> Core:
+    if core.config.telemetry.url:
+        from gpu_placement.telemetry import TelemetrySource
+
+        source = TelemetrySource(core.view, core.config.telemetry)
+        source.start()
+        core.stoppers.append(source.stop)
+    return core
+
+
 def _core(config: Config, binder_for: Callable[[ClusterView], Binder]) -> Core:
     view = ClusterView(config)
     metrics.track_view(view)
@@ -95,6 +105,7 @@ def core_from_snapshot(config: Config, path: str | Path, watch: bool = False) ->
     if watch:
         source.start()
         core.stoppers.append(source.stop)
+        _with_telemetry(core)
     return core
 
 
@@ -112,4 +123,4 @@ def core_from_cluster(config: Config, kubeconfig: str | None) -> Core:
     core = Core(config, view, ingest, Placement(view, config), ApiBinder(api), source.readiness)
     source.start()
     core.stoppers.append(source.stop)
-    return core
+    return _with_telemetry(core)
