@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")
     demo.add_argument("--config", metavar="FILE", help="configuration file (default: the demo's own)")
+    demo.add_argument("--write-snapshot", metavar="FILE", help="only write the demo cluster as a kubectl-style "
+                      "List (JSON) to FILE, for `nodes` and `explain`")
 
     explain = commands.add_parser("explain", help="what the webhook would change, and every node's verdict")
     explain.add_argument("pod_file", metavar="POD_FILE", help="a Pod as JSON or YAML")
@@ -106,8 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return serve(args)
         if args.command == "demo":
-            from gpu_placement.demo import run_demo
+            from gpu_placement.demo import run_demo, write_snapshot
 
+            if args.write_snapshot:
+                return write_snapshot(args.write_snapshot)
             return run_demo(_config(args.config) if args.config else None)
         if args.command == "explain":
             return _explain(args)

@@ -26,7 +26,7 @@ from gpu_placement.patching import apply_patch
 from gpu_placement.report import NODE_HEADER, node_rows, table
 from gpu_placement.service import Core, core_from_objects
 
-__all__ = ["DEMO_CONFIG", "run_demo"]
+__all__ = ["DEMO_CONFIG", "run_demo", "write_snapshot"]
 
 DEMO_CONFIG: dict[str, Any] = {
     "defaultNamespacePolicy": "deny",  # GPUs only for namespaces the platform team gave a quota
@@ -88,6 +88,15 @@ def run_demo(config: Config | None = None, out: Any = None) -> int:
             print(table(NODE_HEADER, node_rows(core.view)), file=out)
             outcomes = [_one(core, post, labels, story, pod) for story, pod in demo_pods()]
     _print(outcomes, out)
+    return 0
+
+
+def write_snapshot(path: str) -> int:
+    """The demo cluster as `kubectl get nodes,pods,namespaces -A -o json` would print it."""
+    with open(path, "wb") as out:
+        out.write(orjson.dumps({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
+                                "items": demo_objects()}, option=orjson.OPT_INDENT_2))
+    print(f"wrote the demo cluster to {path}", file=sys.stderr)
     return 0
 
 

@@ -28,20 +28,23 @@ def node_rows(view: ClusterView) -> list[list[str]]:
         for name in sorted(view.nodes):
             facts = view.nodes[name]
             rejection = node_readiness(facts, view.validator_state(name), view.config)
-            resources = sorted(res for res, count in facts.capacity.items() if count or facts.allocatable.get(res))
+            resources = sorted(facts.capacity.keys() | facts.allocatable.keys())
             gpus = ", ".join(f"{facts.allocatable.get(res, 0)}/{facts.capacity.get(res, 0)} "
                              f"{res.removeprefix('nvidia.com/')}" for res in resources) or "-"
             total = sum(v or 0 for v in (view.capacity_mib.get(res, {}).get(name) for res in resources))
             free = sum(v or 0 for v in (view.free_mib.get(res, {}).get(name) for res in resources))
+            verdict, why = ("ready", "") if rejection is None else (rejection.code, rejection.message.split(": ", 1)[1])
+            if rejection is None and facts.problems:
+                verdict, why = "BadLabel", "; ".join(sorted(facts.problems.values()))
             rows.append([
                 name,
-                "ready" if rejection is None else rejection.code,
+                verdict,
                 facts.product or "-",
                 gpus,
                 format_version(facts.driver) if facts.driver else "-",
                 format_version(facts.max_cuda) if facts.max_cuda else "-",
                 f"{total}/{free}" if total else "-",
-                rejection.message.split(": ", 1)[1] if rejection else "",
+                why,
             ])
     return rows
 

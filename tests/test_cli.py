@@ -1,0 +1,96 @@
+"""The command line as a user runs it: the installed console script, its output and exit status."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpu_placement.cli import main
+from gpu_placement.demo import write_snapshot
+from gpu_placement.demo_cluster import make_pod
+
+SCRIPT = str(Path(sys.executable).with_name("gpu-placement"))
+
+
+@pytest.fixture
+def snapshot(tmp_path: Path) -> Path:
+    path = tmp_path / "cluster.json"
+    write_snapshot(str(path))
+    return path
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_nodes_prints_one_line_per_node_with_verdicts(snapshot: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["nodes", "--snapshot", str(snapshot)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["NODE", "VERDICT", "PRODUCT"]
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert len(rows) == 15
+    assert rows["h100-upgrading"].split()[1] == "DriverUpgrade"
+    assert rows["h100-not-validated"].split()[1] == "NotValidated"
+    assert rows["h100-bad-label"].split()[1] == "BadLabel"
+    assert "nvidia.com/gpu.memory='abc'" in rows["h100-bad-label"]
+    assert rows["a100-vgpu"].split()[1:3] == ["ready", "GRID-A100-40C"]
+    assert "580.126.09" in rows["a100-vgpu"] and "13.0" in rows["a100-vgpu"]
+    assert "652472/163118" in rows["h100-train-1"]  # 8 x 81559 MiB, 6 GPUs held by pretrain-0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["nodes", "--snapshot", "/does/not/exist"], "/does/not/exist: no such file or folder"),
+    (["serve", "--extender-listen", "nope"], "is not HOST:PORT"),
+    (["serve", "--components", "scheduler"], "components are extender and/or webhook"),
+])
+def test_bad_usage_exits_2_with_one_line(args: list[str], message: str) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_snapshot_that_does_not_parse_names_file(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"kind": "List", "items": [')
+    result = run("nodes", "--snapshot", str(bad))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"gpu-placement nodes: {bad}: not valid JSON")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_config_names_the_key(tmp_path: Path, snapshot: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("mode: loud\n")
+    result = run("nodes", "--snapshot", str(snapshot), "--config", str(config))
+    assert result.returncode == 2
+    assert "mode must be one of enforce, audit, got 'loud'" in result.stderr
+
+
+def test_explain_rejects_a_file_that_is_not_a_pod(tmp_path: Path, snapshot: Path) -> None:
+    pod_file = tmp_path / "svc.yaml"
+    pod_file.write_text("kind: Service\nspec: {}\n")
+    result = run("explain", str(pod_file), "--snapshot", str(snapshot))
+    assert result.returncode == 2
+    assert "expected a Pod with a spec, found Service" in result.stderr
+
+
+def test_explain_shows_webhook_change_and_every_node(tmp_path: Path, snapshot: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    pod = make_pod("research", "cuda13", gpus={"nvidia.com/gpu": 1},
+                   image="nvcr.io/nvidia/cuda:13.0.0-devel-ubuntu24.04")
+    pod_file = tmp_path / "pod.json"
+    pod_file.write_bytes(orjson.dumps(pod))
+    assert main(["explain", str(pod_file), "--snapshot", str(snapshot)]) == 0
+    out = capsys.readouterr().out
+    assert "webhook:" in out and "/spec/tolerations" in out and "allowed" in out
+    assert "needs 1x nvidia.com/gpu; CUDA >= 13.0.0 (image tag of container main)" in out
+    assert "would go to a100-vgpu" in out
+    rows = {line.split()[0]: line.split()[1] for line in out.split("NODE ", 1)[1].splitlines()[1:] if line}
+    assert rows["a100-vgpu"] == "pass"
+    assert rows["h100-single"] == "DriverTooOld"
+    assert rows["v100-legacy"] == "ComputeCapability"
+    assert len(rows) == 15
