@@ -109,10 +109,14 @@ class ClusterView:
     # -- nodes ---------------------------------------------------------------------------------
     def upsert_node(self, facts: NodeFacts) -> None:
         with self.lock:
-            if self.nodes.get(facts.name) == facts:
-                return
+            old = self.nodes.get(facts.name)
+            if old == facts:
+                return  # a heartbeat or a field the rules do not read
             self.nodes[facts.name] = facts
-            self._recharge_node(facts.name)
+            if old is not None and _unit_sizes(old) != _unit_sizes(facts):
+                self._recharge_node(facts.name)
+            else:
+                self._refresh_free(facts.name)
             self._changed(facts.name)
 
     def delete_node(self, name: str) -> None:
@@ -262,8 +266,10 @@ class ClusterView:
         namespace = self.namespaces.get(pod.namespace)
         return namespace.get("gpu-placement.io/gpu-memory") if namespace else None
 
-    def _charge(self, key: str, node: str, gpus: GpuRequests, memory_annotation: str | None) -> None:
-        self._discharge(key)
+    def _charge(self, key: str, node: str, gpus: GpuRequests, memory_annotation: str | None,
+                refresh: bool = True) -> None:
+        previous = self._charges.get(key)
+        self._discharge(key, refresh=previous is not None and previous.node != node)
         facts = self.nodes.get(node)
         try:
             ask = parse_memory(memory_annotation) if memory_annotation is not None else None
@@ -275,10 +281,11 @@ class ClusterView:
         for resource, count, mib in items:
             used.units[resource] = used.units.get(resource, 0) + count
             used.mib[resource] = used.mib.get(resource, 0) + (mib or 0)
-        self._refresh_free(node)
+        if refresh:
+            self._refresh_free(node)
         self._touch()
 
-    def _discharge(self, key: str) -> None:
+    def _discharge(self, key: str, refresh: bool = True) -> None:
         old = self._charges.pop(key, None)
         if old is None:
             return
@@ -287,19 +294,21 @@ class ClusterView:
             for resource, count, mib in old.items:
                 used.units[resource] = used.units.get(resource, 0) - count
                 used.mib[resource] = used.mib.get(resource, 0) - (mib or 0)
-        self._refresh_free(old.node)
+        if refresh:
+            self._refresh_free(old.node)
         self._touch()
 
     def _recharge_node(self, node: str) -> None:
-        """Node facts changed (memory label, replicas): what each pod there holds may have too."""
-        keys = [key for key, ch in self._charges.items() if ch.node == node] if node in self._used else []
-        for key in keys:
-            if key.startswith("reservation:"):
-                r = self.reservations[key.removeprefix("reservation:")]
-                self._charge(key, node, r.gpus, r.memory_annotation)
-            else:
+        """The node's memory per unit changed (memory label, replicas, MIG layout): what each pod and
+        reservation there holds changed with it."""
+        for key in self._node_pods.get(node, ()):
+            if key in self._charges:
                 pod = self.pods[key]
-                self._charge(key, node, pod.gpus, self._memory_annotation(pod))
+                self._charge(key, node, pod.gpus, self._memory_annotation(pod), refresh=False)
+        for pod_key_, reservation in self.reservations.items():
+            if reservation.node == node:
+                self._charge(f"reservation:{pod_key_}", node, reservation.gpus, reservation.memory_annotation,
+                             refresh=False)
         self._refresh_free(node)
 
     def _refresh_free(self, node: str) -> None:
@@ -334,3 +343,8 @@ class ClusterView:
     def _touch(self) -> None:
         self.generation += 1
         self.last_change = time.time()
+
+
+def _unit_sizes(facts: NodeFacts) -> tuple[object, ...]:
+    """What decides the memory a unit of each resource stands for on a node."""
+    return facts.device_memory_mib, facts.replicas, facts.mig
