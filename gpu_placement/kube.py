@@ -142,12 +142,14 @@ def _one_line(exc: BaseException) -> str:
 
 
 def request(api: ApiClient, method: str, path: str, *, query: Query = (), body: Any = None,
-            timeout: Timeout, accept: str = "application/json") -> urllib3.BaseHTTPResponse:
+            timeout: Timeout, accept: str = "application/json",
+            content_type: str = "application/json") -> urllib3.BaseHTTPResponse:
     """One call through the client's auth and connection pool; the response comes back unread,
-    whatever its status (see `api_error`). The caller closes it, or reads it to the end."""
+    whatever its status (see `api_error`). The caller closes it, or reads it to the end.
+    `content_type` for PATCH: application/json-patch+json or application/merge-patch+json."""
     headers = {"Accept": accept}
     if body is not None:
-        headers["Content-Type"] = "application/json"
+        headers["Content-Type"] = content_type
     method_, url, header_params, body_, post_params = api.param_serialize(
         method=method, resource_path=path, query_params=list(query), header_params=headers, body=body,
         auth_settings=["BearerToken"])

@@ -35,6 +35,7 @@ class Core:
     binder: Binder
     readiness: Callable[[], tuple[bool, str]]
     stoppers: list[Callable[[], None]] = field(default_factory=list)
+    api: Any = None  # the kubernetes ApiClient when the view comes from an API server
 
     def extender_app(self, max_body: int = DEFAULT_MAX_BODY) -> Starlette:
         return create_extender_app(self.view, self.placement, self.binder, self.readiness, max_body)
@@ -120,7 +121,7 @@ def core_from_cluster(config: Config, kubeconfig: str | None) -> Core:
     ingest = Ingest(config)
     source = LiveSource(view, ingest, api)
     metrics.track_view(view)
-    core = Core(config, view, ingest, Placement(view, config), ApiBinder(api), source.readiness)
+    core = Core(config, view, ingest, Placement(view, config), ApiBinder(api), source.readiness, api=api)
     source.start()
     core.stoppers.append(source.stop)
     return _with_telemetry(core)
