@@ -1,0 +1,503 @@
+"""The extender over real HTTP on loopback, fed what kube-scheduler sends (contract sections 3, 6, 7, 11).
+
+Requests are the JSON kube-scheduler's `HTTPExtender` marshals from `k8s.io/kube-scheduler/extender/v1`
+(Go structs without JSON tags: capitalised field names), with the Pod as the scheduler caches it.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gpu_placement.config import Config, Scoring
+from gpu_placement.demo_cluster import demo_objects, make_node, make_pod, validator_pod
+from gpu_placement.service import core_from_objects
+from gpu_placement.serving import ServerThread, make_server
+
+GPU = "nvidia.com/gpu"
+SHARED = "nvidia.com/gpu.shared"
+FILTER_KEYS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+RESOLVABLE = {"InsufficientGPUMemory", "InsufficientGPU"}
+APP_IMAGE = "registry.example.com/inference/chat:1.4"  # says nothing about CUDA: the T4's old driver is fine
+
+# Golden strings of k8s.io/kube-scheduler/extender/v1 types_test.go (TestCompatibility): json.Marshal
+# of each wire type. (The stored upstream copy predates FailedAndUnresolvableNodes, which the current
+# ExtenderFilterResult adds beside FailedNodes.)
+GOLDEN_EXTENDER_ARGS = (
+    '{"Pod":{"metadata":{"name":"podname","creationTimestamp":null},"spec":{"containers":null},"status":{}},'
+    '"Nodes":{"metadata":{},"items":[{"metadata":{"name":"nodename","creationTimestamp":null},"spec":{},'
+    '"status":{"daemonEndpoints":{"kubeletEndpoint":{"Port":0}},"nodeInfo":{"machineID":"","systemUUID":"",'
+    '"bootID":"","kernelVersion":"","osImage":"","containerRuntimeVersion":"","kubeletVersion":"",'
+    '"kubeProxyVersion":"","operatingSystem":"","architecture":""}}}]},"NodeNames":["node1"]}')
+GOLDEN_FILTER_RESULT = (
+    '{"Nodes":{"metadata":{},"items":[{"metadata":{"name":"nodename","creationTimestamp":null},"spec":{},'
+    '"status":{"daemonEndpoints":{"kubeletEndpoint":{"Port":0}},"nodeInfo":{"machineID":"","systemUUID":"",'
+    '"bootID":"","kernelVersion":"","osImage":"","containerRuntimeVersion":"","kubeletVersion":"",'
+    '"kubeProxyVersion":"","operatingSystem":"","architecture":""}}}]},"NodeNames":["node1"],'
+    '"FailedNodes":{"foo":"bar"},"Error":"myerror"}')
+GOLDEN_BINDING_ARGS = '{"PodName":"mypodname","PodNamespace":"mypodnamespace","PodUID":"mypoduid","Node":"mynode"}'
+GOLDEN_BINDING_RESULT = '{"Error":"myerror"}'
+GOLDEN_HOST_PRIORITY = '{"Host":"myhost","Score":1}'
+
+
+# -- servers -----------------------------------------------------------------------------------
+class Extender:
+    def __init__(self, objects: list[dict[str, Any]], config: Config | None = None, max_body: int | None = None,
+                 ready: Callable[[], tuple[bool, str]] | None = None) -> None:
+        self.core = core_from_objects(config or Config(), objects)
+        if ready is not None:
+            self.core.readiness = ready
+        app = self.core.extender_app(max_body) if max_body is not None else self.core.extender_app()
+        self.server = ServerThread(make_server(app, "127.0.0.1", 0)).start()
+        self.http = httpx.Client(base_url=self.server.url(""), timeout=5)
+
+    def post(self, verb: str, body: Any) -> httpx.Response:
+        content = body if isinstance(body, bytes) else orjson.dumps(body)
+        return self.http.post(f"/{verb}", content=content, headers={"Content-Type": "application/json"})
+
+    def filter(self, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
+        response = self.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def close(self) -> None:
+        self.http.close()
+        self.server.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_leftover_server_threads() -> Iterator[None]:
+    yield
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("uvicorn-")]
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[Extender]:
+    extender = Extender(demo_objects())
+    yield extender
+    extender.close()
+
+
+@pytest.fixture
+def fresh() -> Iterator[Extender]:
+    """A demo cluster of its own, for tests that bind; plus a GPU pod still waiting to be scheduled."""
+    extender = Extender([*demo_objects(), make_pod("team-a", "queued", gpus={GPU: 2})])
+    yield extender
+    extender.close()
+
+
+DEMO_NODES = sorted(obj["metadata"]["name"] for obj in demo_objects() if obj["kind"] == "Node")
+
+
+def api_pod(name: str = "train-7f9c", namespace: str = "team-a", gpus: int = 1,
+            image: str = "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04", resource: str = GPU,
+            annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Pod as kube-scheduler's cache holds it: no kind or apiVersion, managedFields, status with a
+    PodScheduled condition from an earlier attempt, several containers and an init container."""
+    return {
+        "metadata": {
+            "name": name, "generateName": name.rsplit("-", 1)[0] + "-", "namespace": namespace,
+            "uid": f"8a1e2f3c-{name}", "resourceVersion": "48213", "creationTimestamp": "2025-06-01T10:00:00Z",
+            "labels": {"app": "train", "batch.kubernetes.io/job-name": "train"},
+            "annotations": {"gpu-placement.io/admitted": "exclusive", **(annotations or {})},
+            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "0b1c",
+                                 "controller": True, "blockOwnerDeletion": True}],
+            "managedFields": [{"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
+                               "time": "2025-06-01T10:00:00Z", "fieldsType": "FieldsV1",
+                               "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}},
+                                            "f:spec": {"f:containers": {'k:{"name":"main"}': {".": {}}}}}},
+                              {"manager": "kube-scheduler", "operation": "Update", "apiVersion": "v1",
+                               "time": "2025-06-01T10:00:01Z", "fieldsType": "FieldsV1", "subresource": "status",
+                               "fieldsV1": {"f:status": {"f:conditions": {}}}}],
+        },
+        "spec": {
+            "volumes": [{"name": "kube-api-access-x", "projected": {"sources": [{"serviceAccountToken": {
+                "expirationSeconds": 3607, "path": "token"}}], "defaultMode": 420}}],
+            "initContainers": [{"name": "fetch-weights", "image": "busybox:1.36", "command": ["sh", "-c", "true"],
+                                "resources": {"requests": {"cpu": "100m"}}, "imagePullPolicy": "IfNotPresent"}],
+            "containers": [
+                {"name": "main", "image": image, "command": ["python", "train.py"],
+                 "env": [{"name": "RANK", "value": "0"}],
+                 "resources": {"limits": {"cpu": "8", "memory": "64Gi", resource: str(gpus)},
+                               "requests": {"cpu": "8", "memory": "64Gi", resource: str(gpus)}},
+                 "volumeMounts": [{"name": "kube-api-access-x", "readOnly": True,
+                                   "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
+                 "terminationMessagePath": "/dev/termination-log", "imagePullPolicy": "IfNotPresent"},
+                {"name": "metrics", "image": "prom/node-exporter:v1.8.1", "resources": {}},
+            ],
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default", "securityContext": {}, "schedulerName": "gpu-placement",
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                             "tolerationSeconds": 300}],
+            "priority": 0, "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority",
+        },
+        "status": {
+            "phase": "Pending", "qosClass": "Burstable",
+            "conditions": [{"type": "PodScheduled", "status": "False", "lastProbeTime": None,
+                            "lastTransitionTime": "2025-06-01T10:00:01Z", "reason": "Unschedulable",
+                            "message": "0/15 nodes are available: 11 NoGPU."}],
+        },
+    }
+
+
+def api_node(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Node as a NodeList item: no kind or apiVersion, with managedFields."""
+    node = {k: copy.deepcopy(v) for k, v in obj.items() if k not in ("kind", "apiVersion")}
+    node["metadata"]["managedFields"] = [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
+                                          "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {}}}]
+    node["metadata"]["resourceVersion"] = "1001"
+    return node
+
+
+def _codes(messages: dict[str, str]) -> dict[str, str]:
+    return {node: message.split(":", 1)[0] for node, message in messages.items()}
+
+
+# -- /filter -----------------------------------------------------------------------------------
+def test_filter_node_names_form(demo: Extender) -> None:
+    asked = [*DEMO_NODES, "ghost-node"]
+    answer = demo.filter(api_pod(), asked)
+    assert set(answer) == FILTER_KEYS
+    assert answer["Nodes"] is None and answer["Error"] == ""
+    assert answer["NodeNames"] == ["a100-vgpu", "h100-single", "h100-train-1", "h100-train-2"]  # in the order asked
+    failed, unresolvable = answer["FailedNodes"], answer["FailedAndUnresolvableNodes"]
+    assert failed == {}
+    assert set(answer["NodeNames"]) | set(unresolvable) == set(asked)
+    assert _codes(unresolvable) == {
+        "a10g-unregistered": "NoGPU", "cpu-1": "NoGPU", "h100-mig": "NoGPU", "t4-shared": "NoGPU",
+        "h100-bad-label": "BadLabel", "h100-down": "NodeNotReady", "h100-mig-pending": "MIGReconfiguring",
+        "h100-not-validated": "NotValidated", "h100-upgrading": "DriverUpgrade",
+        "l4-no-driver-labels": "UnknownDriver", "v100-legacy": "DriverTooOld", "ghost-node": "UnknownNode"}
+    assert unresolvable["h100-not-validated"] == (
+        "NotValidated: nvidia-operator-validator on h100-not-validated is not Ready "
+        "(gpu-operator/nvidia-operator-validator-h100-not-validated)")
+    assert unresolvable["ghost-node"].startswith("UnknownNode: ghost-node ")
+
+
+def test_filter_nodes_form_answers_with_the_passing_node_objects(demo: Extender) -> None:
+    items = [api_node(obj) for obj in demo_objects() if obj["kind"] == "Node"]
+    response = demo.post("filter", {"Pod": api_pod(), "Nodes": {"metadata": {"resourceVersion": "1001"},
+                                                                "items": items}, "NodeNames": None})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("application/json")
+    answer = response.json()
+    assert set(answer) == FILTER_KEYS and answer["NodeNames"] is None and answer["Error"] == ""
+    passed = [node["metadata"]["name"] for node in answer["Nodes"]["items"]]
+    assert passed == ["h100-train-1", "h100-train-2", "h100-single", "a100-vgpu"]  # in the order sent
+    by_name = {node["metadata"]["name"]: node for node in items}
+    assert answer["Nodes"]["items"] == [by_name[name] for name in passed]  # the objects, unchanged
+    assert set(passed) | set(answer["FailedNodes"]) | set(answer["FailedAndUnresolvableNodes"]) == set(by_name)
+
+
+def test_filter_null_and_empty_node_lists(demo: Extender) -> None:
+    for body in ({"Pod": api_pod(), "Nodes": None, "NodeNames": []}, {"Pod": api_pod(), "Nodes": None,
+                                                                      "NodeNames": None}, {"Pod": api_pod()}):
+        response = demo.post("filter", body)
+        assert response.status_code == 200, body
+        answer = response.json()
+        assert set(answer) == FILTER_KEYS and answer["Error"] == ""
+        assert answer["NodeNames"] in ([], None) and not answer["FailedNodes"]
+        assert not answer["FailedAndUnresolvableNodes"]
+    answer = demo.post("filter", {"Pod": api_pod(), "Nodes": {"metadata": {}, "items": []}, "NodeNames": None}).json()
+    assert answer["Nodes"]["items"] == [] and answer["NodeNames"] is None
+
+
+def test_filter_never_returns_a_node_not_asked_about(demo: Extender) -> None:
+    for asked in (["h100-single"], ["ghost-a", "ghost-b"], ["h100-down", "h100-train-1"], DEMO_NODES[::2]):
+        answer = demo.filter(api_pod(), asked)
+        returned = set(answer["NodeNames"]) | set(answer["FailedNodes"]) | set(answer["FailedAndUnresolvableNodes"])
+        assert returned == set(asked)
+        assert len(answer["NodeNames"]) + len(answer["FailedNodes"]) + len(answer["FailedAndUnresolvableNodes"]) \
+            == len(asked)  # each node once
+
+
+def test_failed_nodes_are_what_preemption_can_fix(demo: Extender) -> None:
+    eight = demo.filter(api_pod(gpus=8), DEMO_NODES)
+    assert eight["NodeNames"] == []
+    assert _codes(eight["FailedNodes"]) == {"h100-train-1": "InsufficientGPU", "h100-train-2": "InsufficientGPU",
+                                            "h100-single": "InsufficientGPU", "a100-vgpu": "InsufficientGPU"}
+    assert eight["FailedNodes"]["h100-train-1"] == ("InsufficientGPU: h100-train-1 has 2 nvidia.com/gpu free; "
+                                                    "the pod needs 8")
+    share = demo.filter(api_pod(namespace="inference", resource=SHARED, image=APP_IMAGE,
+                                annotations={"gpu-placement.io/gpu-memory": "4Gi"}), ["t4-shared"])
+    # the T4 has 15360 MiB; embed-0 holds 2 x 6Gi of it
+    assert share["FailedNodes"] == {"t4-shared": f"InsufficientGPUMemory: t4-shared has 3072 MiB of {SHARED} "
+                                                 "memory free; the pod needs 4096 MiB"}
+    for answer in (eight, share):
+        assert set(_codes(answer["FailedNodes"]).values()) <= RESOLVABLE
+        assert not set(_codes(answer["FailedAndUnresolvableNodes"]).values()) & {"InsufficientGPU"}
+
+
+def test_an_ask_bigger_than_any_device_is_unresolvable(demo: Extender) -> None:
+    """Preemption cannot make a device bigger: 120Gi per device fails every node for good."""
+    answer = demo.filter(api_pod(namespace="research", annotations={"gpu-placement.io/gpu-memory": "120Gi"}),
+                         ["h100-single", "a100-vgpu"])
+    assert answer["FailedNodes"] == {}
+    assert answer["FailedAndUnresolvableNodes"]["h100-single"] == (
+        "InsufficientGPUMemory: the pod asks 122880 MiB per device (pod annotation); a nvidia.com/gpu on "
+        "h100-single has 81559 MiB")
+
+
+def test_broken_annotation_fails_every_node_with_its_name_and_value(demo: Extender) -> None:
+    answer = demo.filter(api_pod(annotations={"gpu-placement.io/cuda": "twelve"}), DEMO_NODES)
+    assert answer["NodeNames"] == [] and answer["FailedNodes"] == {}
+    assert set(answer["FailedAndUnresolvableNodes"]) == set(DEMO_NODES)
+    for message in answer["FailedAndUnresolvableNodes"].values():
+        assert message.startswith("BadAnnotation: gpu-placement.io/cuda='twelve' on pod team-a/train-7f9c")
+
+
+def test_pod_without_gpus_passes_every_node_with_score_zero(demo: Extender) -> None:
+    pod = api_pod()
+    for container in pod["spec"]["containers"]:
+        container["resources"] = {"requests": {"cpu": "1"}}
+    answer = demo.filter(pod, DEMO_NODES)
+    assert answer["NodeNames"] == DEMO_NODES and not answer["FailedNodes"] and not answer["FailedAndUnresolvableNodes"]
+    scores = demo.post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": DEMO_NODES}).json()
+    assert scores == [{"Host": name, "Score": 0} for name in DEMO_NODES]
+
+
+def test_junk_labels_on_one_node_do_not_change_the_others(demo: Extender) -> None:
+    others = ["h100-single", "a100-vgpu", "h100-train-1", "v100-legacy"]
+    alone = demo.filter(api_pod(), others)
+    mixed = demo.filter(api_pod(), ["h100-single", "h100-bad-label", "a100-vgpu", "h100-train-1", "v100-legacy"])
+    assert mixed["NodeNames"] == alone["NodeNames"]
+    assert mixed["FailedAndUnresolvableNodes"] == {**alone["FailedAndUnresolvableNodes"], "h100-bad-label": (
+        "BadLabel: h100-bad-label nvidia.com/gpu.memory='abc' is not a whole number; fix GPU Feature Discovery "
+        "on that node")}
+
+
+# -- /prioritize -------------------------------------------------------------------------------
+def _scoring_cluster() -> list[dict[str, Any]]:
+    objects = [make_node("busy", "h100x8"), make_node("idle", "h100x8"),
+               make_node("upgrading", "h100x8", labels={"nvidia.com/gpu-driver-upgrade-state": "upgrade-required"}),
+               make_node("unhealthy", "h100x8", allocatable={GPU: "7"}, capacity={GPU: "8"}),
+               make_pod("ml", "running", gpus={GPU: 4}, node="busy")]
+    return [*objects, *(validator_pod(n) for n in ("busy", "idle", "upgrading", "unhealthy"))]
+
+
+@pytest.fixture(scope="module", params=["binpack", "spread"])
+def scoring(request: pytest.FixtureRequest) -> Iterator[tuple[str, Extender]]:
+    extender = Extender(_scoring_cluster(), Config(scoring=Scoring(strategy=request.param)))
+    yield request.param, extender
+    extender.close()
+
+
+def test_prioritize_scores_every_node_asked(scoring: tuple[str, Extender]) -> None:
+    strategy, extender = scoring
+    asked = ["idle", "busy", "upgrading", "unhealthy", "ghost"]
+    response = extender.post("prioritize", {"Pod": api_pod(namespace="ml"), "Nodes": None, "NodeNames": asked})
+    assert response.status_code == 200
+    scores = response.json()
+    assert [entry["Host"] for entry in scores] == asked
+    assert all(set(entry) == {"Host", "Score"} and type(entry["Score"]) is int and 0 <= entry["Score"] <= 10
+               for entry in scores)
+    score = {entry["Host"]: entry["Score"] for entry in scores}
+    assert score["ghost"] == 0
+    if strategy == "binpack":
+        assert score["busy"] > score["idle"]  # fill the node already in use
+    else:
+        assert score["idle"] > score["busy"]  # spread: the emptier node
+    assert score["upgrading"] < score["idle"]  # upgrade-required only lowers the score
+    assert score["unhealthy"] < score["idle"] or score["idle"] == 0
+    # and upgrade-required still passes the filter
+    assert "upgrading" in extender.filter(api_pod(namespace="ml"), asked)["NodeNames"]
+
+
+def test_prioritize_nodes_form(scoring: tuple[str, Extender]) -> None:
+    _, extender = scoring
+    items = [api_node(obj) for obj in _scoring_cluster() if obj["kind"] == "Node"]
+    scores = extender.post("prioritize", {"Pod": api_pod(namespace="ml"), "Nodes": {"items": items},
+                                          "NodeNames": None}).json()
+    assert [entry["Host"] for entry in scores] == [node["metadata"]["name"] for node in items]
+
+
+def test_prioritize_zero_for_failing_nodes(demo: Extender) -> None:
+    scores = demo.post("prioritize", {"Pod": api_pod(), "Nodes": None,
+                                      "NodeNames": ["h100-down", "cpu-1", "h100-single"]}).json()
+    assert scores[:2] == [{"Host": "h100-down", "Score": 0}, {"Host": "cpu-1", "Score": 0}]
+    assert scores[2]["Host"] == "h100-single" and scores[2]["Score"] > 0
+
+
+# -- /bind -------------------------------------------------------------------------------------
+def _bind(extender: Extender, namespace: str, name: str, node: str, uid: str = "") -> httpx.Response:
+    return extender.post("bind", {"PodName": name, "PodNamespace": namespace, "PodUID": uid, "Node": node})
+
+
+def test_bind_a_pod_the_view_holds(fresh: Extender) -> None:
+    one = api_pod(name="next-1")
+    assert "h100-train-1" in fresh.filter(one, ["h100-train-1"])["NodeNames"]  # 2 of 8 free
+    response = _bind(fresh, "team-a", "queued", "h100-train-1", uid="uid-team-a-queued")
+    assert response.status_code == 200 and response.json() == {"Error": ""}
+    assert fresh.core.view.pods["team-a/queued"].node == "h100-train-1"
+    assert fresh.filter(one, ["h100-train-1"])["FailedNodes"] == {
+        "h100-train-1": "InsufficientGPU: h100-train-1 has 0 nvidia.com/gpu free; the pod needs 1"}
+
+
+def test_bind_a_pod_seen_only_in_filter_reserves_its_memory(fresh: Extender) -> None:
+    ask = {"gpu-placement.io/gpu-memory": "2Gi"}
+    first = api_pod(name="chat-1", namespace="inference", resource=SHARED, image=APP_IMAGE, annotations=ask)
+    second = api_pod(name="chat-2", namespace="inference", resource=SHARED, image=APP_IMAGE, annotations=ask)
+    assert fresh.filter(first, ["t4-shared"])["NodeNames"] == ["t4-shared"]
+    assert fresh.filter(second, ["t4-shared"])["NodeNames"] == ["t4-shared"]  # the same answer, from the cache
+    assert _bind(fresh, "inference", "chat-1", "t4-shared").json() == {"Error": ""}
+    assert fresh.core.view.reservations["inference/chat-1"].node == "t4-shared"
+    assert fresh.filter(second, ["t4-shared"])["FailedNodes"] == {
+        "t4-shared": f"InsufficientGPUMemory: t4-shared has 1024 MiB of {SHARED} memory free; the pod needs 2048 MiB"}
+
+
+def test_bind_refusals_are_error_sentences(fresh: Extender) -> None:
+    unknown = _bind(fresh, "team-a", "queued", "ghost-node")
+    assert unknown.status_code == 200
+    assert unknown.json()["Error"].startswith("UnknownNode: ghost-node ")
+    already = _bind(fresh, "team-a", "pretrain-0", "h100-single").json()["Error"]
+    assert already == "pod team-a/pretrain-0 is already assigned to node h100-train-1"
+    replaced = _bind(fresh, "team-a", "queued", "h100-train-1", uid="some-other-uid").json()["Error"]
+    assert "uid-team-a-queued" in replaced and "some-other-uid" in replaced and "replaced" in replaced
+    assert fresh.core.view.pods["team-a/queued"].node is None  # nothing was bound
+    assert fresh.core.view.reservations == {}
+
+
+def test_bind_malformed(fresh: Extender) -> None:
+    cases: list[tuple[Any, str]] = [
+        ({"PodName": "x", "PodNamespace": "team-a"}, "ExtenderBindingArgs.Node"),
+        ({"PodName": 7, "PodNamespace": "team-a", "Node": "h100-single"}, "ExtenderBindingArgs.PodName"),
+        ([], "JSON object"), (b"{", "not valid JSON")]
+    for body, problem in cases:
+        response = fresh.post("bind", body)
+        assert response.status_code == 400, body
+        assert problem in response.json()["Error"]
+
+
+# -- the upstream wire goldens -----------------------------------------------------------------
+def _shape(value: Any) -> Any:
+    """Keys and JSON types, recursively through objects: what a Go decoder of these structs relies on."""
+    if isinstance(value, dict):
+        return {key: _shape(item) for key, item in value.items()}
+    return type(value).__name__
+
+
+def test_golden_extender_args_both_forms(demo: Extender) -> None:
+    response = demo.post("filter", GOLDEN_EXTENDER_ARGS.encode())
+    assert response.status_code == 200
+    answer = response.json()
+    golden = orjson.loads(GOLDEN_FILTER_RESULT)
+    assert set(answer) == set(golden) | {"FailedAndUnresolvableNodes"}
+    assert answer["NodeNames"] == ["node1"]  # NodeNames wins when both are sent; a pod without GPUs passes
+    for key in ("NodeNames", "FailedNodes", "Error"):
+        assert type(answer[key]) is type(golden[key]), key
+    nodes_only = orjson.loads(GOLDEN_EXTENDER_ARGS)
+    nodes_only["NodeNames"] = None
+    answer = demo.post("filter", nodes_only).json()
+    assert answer["NodeNames"] is None
+    assert [node["metadata"]["name"] for node in answer["Nodes"]["items"]] == ["nodename"]
+    assert _shape(answer["Nodes"]["items"][0]) == _shape(golden["Nodes"]["items"][0])  # passed through as sent
+
+
+def test_golden_style_args_with_a_gpu_pod(demo: Extender) -> None:
+    plain = demo.post("filter", b'{"Pod":{"metadata":{"name":"pod1"}},"Nodes":null,"NodeNames":["node1","node2"]}')
+    assert plain.json()["NodeNames"] == ["node1", "node2"]
+    body = (b'{"Pod":{"metadata":{"name":"pod1"},"spec":{"containers":[{"name":"c","resources":{"limits":'
+            b'{"nvidia.com/gpu":"1"}}}]}},"Nodes":null,"NodeNames":["node1","node2"]}')
+    answer = demo.post("filter", body).json()
+    assert answer["NodeNames"] == [] and answer["Nodes"] is None and answer["Error"] == ""
+    assert _codes(answer["FailedAndUnresolvableNodes"]) == {"node1": "UnknownNode", "node2": "UnknownNode"}
+
+
+def test_golden_host_priority_shape(demo: Extender) -> None:
+    scores = demo.post("prioritize", {"Pod": api_pod(), "Nodes": None, "NodeNames": DEMO_NODES}).json()
+    golden = orjson.loads(GOLDEN_HOST_PRIORITY)
+    assert isinstance(scores, list) and len(scores) == len(DEMO_NODES)
+    assert all(_shape(entry) == _shape(golden) for entry in scores)
+
+
+def test_golden_binding_args_and_result(demo: Extender) -> None:
+    response = demo.post("bind", GOLDEN_BINDING_ARGS.encode())
+    assert response.status_code == 200
+    answer = response.json()
+    assert _shape(answer) == _shape(orjson.loads(GOLDEN_BINDING_RESULT))
+    assert answer["Error"].startswith("UnknownNode: mynode ")
+
+
+# -- malformed requests ------------------------------------------------------------------------
+MALFORMED = [
+    (b'{"Pod": {', "not valid JSON"),
+    (b"", "empty body"),
+    (b"[]", "must be a JSON object"),
+    (b'"ExtenderArgs"', "must be a JSON object"),
+    (b'{"Nodes": null, "NodeNames": ["n1"]}', "ExtenderArgs.Pod is missing"),
+    (b'{"Pod": "pod1", "NodeNames": ["n1"]}', "ExtenderArgs.Pod must be a v1.Pod object"),
+    (b'{"Pod": [], "NodeNames": ["n1"]}', "ExtenderArgs.Pod must be a v1.Pod object"),
+    (b'{"Pod": {}, "NodeNames": "n1"}', "ExtenderArgs.NodeNames must be a list"),
+    (b'{"Pod": {}, "NodeNames": ["n1", 2]}', "ExtenderArgs.NodeNames must be a list"),
+    (b'{"Pod": {}, "NodeNames": [null]}', "ExtenderArgs.NodeNames must be a list"),
+    (b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "n1"}}, {"metadata": {}}]}}',
+     "ExtenderArgs.Nodes.items[1] has no metadata.name"),
+    (b'{"Pod": {}, "Nodes": {"items": ["n1"]}}', "ExtenderArgs.Nodes.items[0] has no metadata.name"),
+    (b'{"Pod": {}, "Nodes": {"items": "n1"}}', "ExtenderArgs.Nodes must be a v1.NodeList"),
+    (b'{"Pod": {}, "Nodes": ["n1"]}', "ExtenderArgs.Nodes must be a v1.NodeList"),
+    (b'{"Pod": {}, "Nodes": "n1"}', "ExtenderArgs.Nodes must be a v1.NodeList"),
+]
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+@pytest.mark.parametrize(("body", "problem"), MALFORMED, ids=[body.decode()[:60] or "empty" for body, _ in MALFORMED])
+def test_malformed_args_are_400_with_the_problem(demo: Extender, verb: str, body: bytes, problem: str) -> None:
+    response = demo.post(verb, body)
+    assert response.status_code == 400, f"{body!r}: {response.status_code} {response.text}"
+    assert response.headers["content-type"].startswith("application/json")
+    assert problem in response.json()["Error"]
+
+
+def test_wrong_path_and_method(demo: Extender) -> None:
+    missing = demo.post("predicates", {"Pod": {}})
+    assert missing.status_code == 404
+    assert "/predicates" in missing.json()["Error"] and "POST /filter" in missing.json()["Error"]
+    get = demo.http.get("/filter")
+    assert get.status_code == 405 and "POST /filter" in get.json()["Error"]
+
+
+@pytest.fixture(scope="module")
+def small() -> Iterator[Extender]:
+    extender = Extender(demo_objects(), max_body=4096)
+    yield extender
+    extender.close()
+
+
+def test_oversized_body_is_413_naming_the_limit(small: Extender) -> None:
+    big = {"Pod": api_pod(), "Nodes": None, "NodeNames": [f"node-{i:05d}" for i in range(1000)]}
+    for verb in ("filter", "prioritize", "bind"):
+        response = small.post(verb, big)
+        assert response.status_code == 413, verb
+        assert "4096 bytes" in response.json()["Error"]
+    chunks = iter([orjson.dumps(big)[i:i + 1000] for i in range(0, len(orjson.dumps(big)), 1000)])
+    streamed = small.http.post("/filter", content=chunks, headers={"Content-Type": "application/json"})
+    assert streamed.status_code == 413 and "4096 bytes" in streamed.json()["Error"]  # no Content-Length
+    assert small.filter(api_pod(), ["h100-single"])["NodeNames"] == ["h100-single"]  # a body under the limit
+
+
+# -- operations --------------------------------------------------------------------------------
+def test_health_ready_metrics(demo: Extender) -> None:
+    assert demo.http.get("/healthz").status_code == 200
+    ready = demo.http.get("/readyz")
+    assert ready.status_code == 200 and ready.text == "ok"
+    demo.filter(api_pod(), ["h100-single"])
+    metrics = demo.http.get("/metrics")
+    assert metrics.status_code == 200
+    assert 'gpu_placement_request_seconds_count{component="extender",verb="filter"}' in metrics.text
+    assert "gpu_placement_request_seconds_bucket" in metrics.text
+
+
+def test_not_ready_says_why() -> None:
+    extender = Extender(demo_objects(), ready=lambda: (False, "waiting for the first full list of pods"))
+    try:
+        response = extender.http.get("/readyz")
+        assert response.status_code == 503 and "waiting for the first full list of pods" in response.text
+    finally:
+        extender.close()
