@@ -60,7 +60,7 @@ def parse_extender_args(body: bytes) -> tuple[dict[str, Any], list[str], list[di
     nodes = args.get("Nodes")
     if nodes is None:
         return pod, [], None
-    items = nodes.get("items") if isinstance(nodes, dict) else None
+    items = nodes.get("items") if isinstance(nodes, dict) else False
     if not isinstance(items, list | None):
         raise WireError("ExtenderArgs.Nodes must be a v1.NodeList with an items list")
     objects = items or []

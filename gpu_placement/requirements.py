@@ -140,9 +140,8 @@ def _container_cuda(container: Mapping[str, Any]) -> tuple[Version | None, str]:
             match = _REQUIRE_CUDA.search(str(env.get("value") or ""))
             if match:
                 return _version(match.group(1)), f"NVIDIA_REQUIRE_CUDA of container {name}"
-    image = str(container.get("image") or "")
+    image = str(container.get("image") or "").split("@", 1)[0]  # a digest names content, not a version
     repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
-    tag = tag.split("@", 1)[0]
     match = _CUDA_IMAGE_TAG.match(tag) if repository.rsplit("/", 1)[-1] == "cuda" else None
     match = match or _CUDA_IN_TAG.search(tag)
     if match:

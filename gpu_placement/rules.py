@@ -128,15 +128,24 @@ def _compatibility(node: NodeFacts, req: Requirements) -> Rejection | None:
         if req.cuda[0] >= 13 and node.compute is not None and node.compute < table.cuda13_min_compute:
             return _reject(COMPUTE_CAPABILITY, f"{name} ({node.product}) has compute capability "
                                                f"{v(node.compute)}; CUDA 13 needs >= {v(table.cuda13_min_compute)}")
+        if node.max_cuda is None and node.driver is not None:
+            floor = table.min_driver(req.cuda)
+            needs = f" (CUDA {v(req.cuda)} needs >= {v(floor)})" if floor else ""
+            return _reject(DRIVER_TOO_OLD, f"{name} driver {v(node.driver)} is older than every CUDA release in "
+                                           f"the driver table{needs}; {need}")
         if node.max_cuda is None:
             return _reject(UNKNOWN_DRIVER, f"{name} publishes no driver or CUDA version labels "
                                            f"({n.DRIVER_FULL}, {n.CUDA_RUNTIME[0]}); {need}")
         driver = f"driver {v(node.driver)}" if node.driver else "its driver"
         if req.cuda_compat:
+            floor = table.compat_floor.get(req.cuda[0])
             if node.max_cuda[0] < req.cuda[0]:
                 return _reject(DRIVER_TOO_OLD, f"{name} {driver} supports CUDA up to {v(node.max_cuda)}, "
                                                f"below CUDA {req.cuda[0]}.x even with minor-version "
                                                f"compatibility; {need}")
+            if node.max_cuda[0] == req.cuda[0] and node.driver is not None and floor and node.driver < floor:
+                return _reject(DRIVER_TOO_OLD, f"{name} driver {v(node.driver)} is below {v(floor)}, the floor of "
+                                               f"CUDA {req.cuda[0]}.x minor-version compatibility; {need}")
         elif node.max_cuda < req.cuda[:2]:
             return _reject(DRIVER_TOO_OLD, f"{name} {driver} supports CUDA up to {v(node.max_cuda)}; {need}")
         elif len(req.cuda) > 2 and node.driver is not None:

@@ -113,7 +113,7 @@ class ClusterView:
             if old == facts:
                 return  # a heartbeat or a field the rules do not read
             self.nodes[facts.name] = facts
-            if old is not None and _unit_sizes(old) != _unit_sizes(facts):
+            if old is None or _unit_sizes(old) != _unit_sizes(facts):  # new: pods may have come first
                 self._recharge_node(facts.name)
             else:
                 self._refresh_free(facts.name)
