@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,10 @@ class WireError(ValueError):
     """The request is not what kube-scheduler sends; the message says what is wrong."""
 
 
-def parse_extender_args(body: bytes) -> tuple[dict[str, Any], list[str], list[dict[str, Any]] | None]:
+ParsedArgs = tuple[dict[str, Any], list[str], list[dict[str, Any]] | None]
+
+
+def parse_extender_args(body: bytes) -> ParsedArgs:
     """(pod, node names, node objects when the request carried `Nodes`)."""
     args: ExtenderArgs = _json_object(body, "ExtenderArgs")
     pod = args.get("Pod")
@@ -89,7 +92,6 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
                max_body: int = DEFAULT_MAX_BODY) -> Starlette:
     recent: OrderedDict[str, tuple[str, GpuRequests, str | None]] = OrderedDict()
     last_filter: list[_LastFilter | None] = [None]
-    timers = {verb: metrics.REQUEST_SECONDS.labels("extender", verb) for verb in ("filter", "prioritize", "bind")}
 
     def refuse(verb: str, status: int, problem: str, message: str) -> ORJSONResponse:
         log.warning("extender %s refused (%d): %s", verb, status, message)
@@ -113,38 +115,34 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if len(recent) > _RECENT_PODS:
             recent.popitem(last=False)
 
-    async def filter_(request: Request) -> ORJSONResponse:
-        start = time.perf_counter()
-        body = await read(request, "filter")
+    async def extender_args(request: Request, verb: str) -> ParsedArgs | ORJSONResponse:
+        body = await read(request, verb)
         if isinstance(body, ORJSONResponse):
             return body
         try:
-            pod, names, objects = parse_extender_args(body)
+            return parse_extender_args(body)
         except WireError as exc:
-            return refuse("filter", 400, "malformed", str(exc))
+            return refuse(verb, 400, "malformed", str(exc))
+
+    async def filter_(request: Request) -> ORJSONResponse:
+        args = await extender_args(request, "filter")
+        if isinstance(args, ORJSONResponse):
+            return args
+        pod, names, objects = args
         req = placement.requirements(pod)
         if req.gpus:
             remember(pod, req.gpus)
         view.expire_reservations()
         cached = last_filter[0]
-        if cached is not None and cached.generation == view.generation and cached.req == req and \
-                objects is None and cached.names == names:
+        if (cached is not None and objects is None and cached.generation == view.generation and cached.req == req
+                and cached.names == names):
             # kube-scheduler retries a rejected pod within milliseconds: same pod, same nodes, nothing
             # changed in between, so the answer is the same bytes.
             result, encoded = cached.result, cached.encoded
         else:
             generation = view.generation
             result = placement.filter(req, names)
-            answer: ExtenderFilterResult = {
-                "Nodes": None, "NodeNames": result.passed, "FailedNodes": result.failed,
-                "FailedAndUnresolvableNodes": result.unresolvable, "Error": "",
-            }
-            if objects is not None:  # answer in the form asked: the passing Node objects themselves
-                keep = set(result.passed)
-                items = [node for node in objects if node["metadata"]["name"] in keep]
-                answer["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
-                answer["NodeNames"] = None
-            encoded = orjson.dumps(answer)
+            encoded = _encode_filter(result, objects)
             if objects is None:
                 last_filter[0] = _LastFilter(generation, req, names, result, encoded)
         for code, count in result.reasons.items():
@@ -152,24 +150,17 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if log.isEnabledFor(logging.DEBUG):
             log.debug("filter pod=%s needs=%s passed=%d failed=%d unresolvable=%d", _name(pod), req.describe(),
                       len(result.passed), len(result.failed), len(result.unresolvable))
-        timers["filter"].observe(time.perf_counter() - start)
         return ORJSONResponse(encoded)
 
     async def prioritize(request: Request) -> ORJSONResponse:
-        start = time.perf_counter()
-        body = await read(request, "prioritize")
-        if isinstance(body, ORJSONResponse):
-            return body
-        try:
-            pod, names, _ = parse_extender_args(body)
-        except WireError as exc:
-            return refuse("prioritize", 400, "malformed", str(exc))
+        args = await extender_args(request, "prioritize")
+        if isinstance(args, ORJSONResponse):
+            return args
+        pod, names, _ = args
         scores = placement.scores(placement.requirements(pod), names)
-        timers["prioritize"].observe(time.perf_counter() - start)
         return ORJSONResponse(orjson.dumps([{"Host": host, "Score": score} for host, score in scores]))
 
     async def bind(request: Request) -> ORJSONResponse:
-        start = time.perf_counter()
         body = await read(request, "bind")
         if isinstance(body, ORJSONResponse):
             return body
@@ -183,7 +174,6 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         namespace, name, node, uid = args["PodNamespace"], args["PodName"], args["Node"], str(args.get("PodUID") or "")
         error = await run_in_threadpool(_bind, namespace, name, uid, node)
         metrics.BINDINGS.labels("error" if error else "ok").inc()
-        timers["bind"].observe(time.perf_counter() - start)
         if error:
             log.warning("bind %s/%s to %s failed: %s", namespace, name, node, error)
         else:
@@ -218,9 +208,34 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         log.exception("extender %s failed", request.url.path)
         return refuse(request.url.path.strip("/"), 500, "internal", f"internal error: {type(exc).__name__}: {exc}")
 
-    routes = [Route("/filter", filter_, methods=["POST"]), Route("/prioritize", prioritize, methods=["POST"]),
-              Route("/bind", bind, methods=["POST"]), *ops_routes(ready)]
+    def timed(verb: str, handler: Callable[[Request], Awaitable[ORJSONResponse]]) -> Route:
+        timer = metrics.REQUEST_SECONDS.labels("extender", verb)
+
+        async def endpoint(request: Request) -> ORJSONResponse:
+            start = time.perf_counter()
+            response = await handler(request)
+            timer.observe(time.perf_counter() - start)
+            if response.status_code == 200:
+                metrics.REQUESTS.labels("extender", verb, "200").inc()
+            return response
+
+        return Route(f"/{verb}", endpoint, methods=["POST"])
+
+    routes = [timed("filter", filter_), timed("prioritize", prioritize), timed("bind", bind), *ops_routes(ready)]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
+
+
+def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -> bytes:
+    answer: ExtenderFilterResult = {
+        "Nodes": None, "NodeNames": result.passed, "FailedNodes": result.failed,
+        "FailedAndUnresolvableNodes": result.unresolvable, "Error": "",
+    }
+    if objects is not None:  # answer in the form asked: the passing Node objects themselves
+        keep = set(result.passed)
+        items = [node for node in objects if node["metadata"]["name"] in keep]
+        answer["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
+        answer["NodeNames"] = None
+    return orjson.dumps(answer)
 
 
 def _name(pod: dict[str, Any]) -> str:

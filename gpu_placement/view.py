@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu_placement.config import Config
 from gpu_placement.namespaces import NamespaceRecord
@@ -127,14 +128,8 @@ class ClusterView:
             self._changed(name)
 
     def replace_nodes(self, records: Iterable[NodeFacts]) -> None:
-        """A full relist: apply only the differences, so a relist costs what changed."""
-        fresh = {facts.name: facts for facts in records}
-        with self.lock:
-            for name in self.nodes.keys() - fresh.keys():
-                self.delete_node(name)
-            for facts in fresh.values():
-                self.upsert_node(facts)
-            self.listed.add("nodes")
+        self._replace("nodes", self.nodes, {facts.name: facts for facts in records}, self.delete_node,
+                      self.upsert_node)
 
     # -- pods ----------------------------------------------------------------------------------
     def upsert_pod(self, pod: PodRecord) -> None:
@@ -154,13 +149,7 @@ class ClusterView:
                 self._unaccount(key, old)
 
     def replace_pods(self, records: Iterable[PodRecord]) -> None:
-        fresh = {pod.key: pod for pod in records}
-        with self.lock:
-            for key in self.pods.keys() - fresh.keys():
-                self.delete_pod(key)
-            for pod in fresh.values():
-                self.upsert_pod(pod)
-            self.listed.add("pods")
+        self._replace("pods", self.pods, {pod.key: pod for pod in records}, self.delete_pod, self.upsert_pod)
 
     # -- namespaces ----------------------------------------------------------------------------
     def upsert_namespace(self, record: NamespaceRecord) -> None:
@@ -175,13 +164,18 @@ class ClusterView:
                 self._touch()
 
     def replace_namespaces(self, records: Iterable[NamespaceRecord]) -> None:
-        fresh = {record.name: record for record in records}
+        self._replace("namespaces", self.namespaces, {record.name: record for record in records},
+                      self.delete_namespace, self.upsert_namespace)
+
+    def _replace(self, kind: str, current: dict[str, Any], fresh: dict[str, Any], delete: Callable[[str], None],
+                 upsert: Callable[[Any], None]) -> None:
+        """A full relist of one kind: apply only the differences, so a relist costs what changed."""
         with self.lock:
-            for name in self.namespaces.keys() - fresh.keys():
-                self.delete_namespace(name)
+            for key in current.keys() - fresh.keys():
+                delete(key)
             for record in fresh.values():
-                self.upsert_namespace(record)
-            self.listed.add("namespaces")
+                upsert(record)
+            self.listed.add(kind)
 
     # -- reservations and telemetry ------------------------------------------------------------
     def reserve(self, pod: str, node: str, gpus: GpuRequests, memory_annotation: str | None) -> Reservation:
