@@ -148,8 +148,8 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         for code, count in result.reasons.items():
             metrics.DECISIONS.labels("extender", code).inc(count)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("filter pod=%s needs=%s passed=%d failed=%d unresolvable=%d", _name(pod), req.describe(),
-                      len(result.passed), len(result.failed), len(result.unresolvable))
+            log.debug("filter pod=%s needs=%s passed=%d rejected=%s", _name(pod), req.describe(),
+                      len(result.passed), dict(result.reasons))
         return ORJSONResponse(encoded)
 
     async def prioritize(request: Request) -> ORJSONResponse:
@@ -157,8 +157,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if isinstance(args, ORJSONResponse):
             return args
         pod, names, _ = args
-        scores = placement.scores(placement.requirements(pod), names)
-        return ORJSONResponse(orjson.dumps([{"Host": host, "Score": score} for host, score in scores]))
+        return ORJSONResponse(placement.scores_json(placement.requirements(pod), names))
 
     async def bind(request: Request) -> ORJSONResponse:
         body = await read(request, "bind")
@@ -226,15 +225,16 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
 
 
 def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -> bytes:
+    if objects is None:  # the common form (nodeCacheCapable): joined from pieces, no re-encoding
+        return (b'{"Nodes":null,"NodeNames":' + orjson.dumps(result.passed) + b',"FailedNodes":' +
+                result.failed_json + b',"FailedAndUnresolvableNodes":' + result.unresolvable_json + b',"Error":""}')
+    keep = set(result.passed)  # answer in the form asked: the passing Node objects themselves
     answer: ExtenderFilterResult = {
-        "Nodes": None, "NodeNames": result.passed, "FailedNodes": result.failed,
-        "FailedAndUnresolvableNodes": result.unresolvable, "Error": "",
+        "Nodes": {"apiVersion": "v1", "kind": "NodeList", "metadata": {},
+                  "items": [node for node in objects if node["metadata"]["name"] in keep]},
+        "NodeNames": None, "FailedNodes": result.failed, "FailedAndUnresolvableNodes": result.unresolvable,
+        "Error": "",
     }
-    if objects is not None:  # answer in the form asked: the passing Node objects themselves
-        keep = set(result.passed)
-        items = [node for node in objects if node["metadata"]["name"] in keep]
-        answer["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}
-        answer["NodeNames"] = None
     return orjson.dumps(answer)
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from itertools import filterfalse
 from typing import Any
 
+import orjson
+
 from gpu_placement.config import Config
 from gpu_placement.nodes import NodeFacts
 from gpu_placement.requirements import Requirements, requirements_for
@@ -30,15 +32,28 @@ from gpu_placement.view import ClusterView
 __all__ = ["FilterResult", "NodeVerdict", "Placement"]
 
 MAX_SCORE = 10
-_CACHE_SIZE = 256  # kinds of pod remembered; each costs a dict and a set over the nodes
+_CACHE_SIZE = 64  # kinds of pod remembered; each costs a few entries per node (about 1.5 KiB a node)
+_EMPTY = b"{}"
 
 
 @dataclass(slots=True)
 class FilterResult:
+    """The answer to one filter. The two failure maps are kept as the JSON objects they are sent as
+    (built from per-node pieces encoded when the node changed); decode them with `failed` and
+    `unresolvable` when a person or a test needs them."""
+
     passed: list[str]
-    failed: dict[str, str]  # preemption may help
-    unresolvable: dict[str, str]
+    failed_json: bytes = _EMPTY  # node -> reason preemption may fix (FailedNodes)
+    unresolvable_json: bytes = _EMPTY  # node -> reason it cannot (FailedAndUnresolvableNodes)
     reasons: Counter[str] = field(default_factory=Counter)  # code -> nodes, for metrics
+
+    @property
+    def failed(self) -> dict[str, str]:
+        return orjson.loads(self.failed_json)
+
+    @property
+    def unresolvable(self) -> dict[str, str]:
+        return orjson.loads(self.unresolvable_json)
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,12 +69,17 @@ class NodeVerdict:
 
 @dataclass(slots=True)
 class _Verdicts:
+    """Everything one kind of pod needs to know about every node, kept current node by node."""
+
     req: Requirements
-    entries: dict[str, Rejection | Need]  # static verdict per node
-    passing: set[str]  # static pass and fits what is free now
-    scores: dict[str, int]
-    rejected: dict[str, str] = field(default_factory=dict)  # static rejections: node -> message
-    codes: dict[str, str] = field(default_factory=dict)  # static rejections: node -> reason code
+    entries: dict[str, Rejection | Need] = field(default_factory=dict)  # static verdict per node
+    passing: set[str] = field(default_factory=set)  # static pass and fits what is free now
+    scores: dict[str, int] = field(default_factory=dict)
+    score_json: dict[str, bytes] = field(default_factory=dict)  # b'{"Host":"n1","Score":7}'
+    messages: dict[str, str] = field(default_factory=dict)  # failing nodes: the reason
+    fragments: dict[str, bytes] = field(default_factory=dict)  # failing nodes: b'"n1":"Code: sentence"'
+    codes: dict[str, str] = field(default_factory=dict)  # failing nodes: the reason code
+    resolvable: set[str] = field(default_factory=set)  # failing nodes preemption could help
 
 
 class Placement:
@@ -75,10 +95,10 @@ class Placement:
         return requirements_for(pod, self.view.namespaces.get(namespace), self.config.is_gpu_resource)
 
     def filter(self, req: Requirements, names: Sequence[str]) -> FilterResult:
-        """Set operations in C over the names asked; Python work only for nodes that fail for a reason
-        computed now (a shortfall of free memory or devices) and for names not in the view."""
+        """Set membership in C over the names asked, and the failure maps joined from pieces encoded
+        when each node last changed; Python work only for names not in the view."""
         if not req.wants_gpu:
-            return FilterResult(list(names), {}, {})
+            return FilterResult(list(names))
         view = self.view
         view.expire_reservations()
         with view.lock:
@@ -86,24 +106,18 @@ class Placement:
             passing = verdicts.passing
             passed = list(filter(passing.__contains__, names))
             if len(passed) == len(names):
-                return FilterResult(passed, {}, {})
+                return FilterResult(passed)
             failing = list(filterfalse(passing.__contains__, names))
-            rejected = verdicts.rejected
-            static = list(filter(rejected.__contains__, failing))
-            unresolvable = dict(zip(static, map(rejected.__getitem__, static), strict=True))
-            reasons: Counter[str] = Counter(map(verdicts.codes.__getitem__, static))
-            failed: dict[str, str] = {}
-            entries = verdicts.entries
-            for name in filterfalse(rejected.__contains__, failing):
-                entry = entries.get(name)
-                if entry is None:
-                    unresolvable[name] = unknown_node(name)
-                    reasons[UNKNOWN_NODE] += 1
-                else:
-                    message = self._shortfall(name, entry) or "internal: verdict out of date"  # type: ignore[arg-type]
-                    failed[name] = message
-                    reasons[message.split(":", 1)[0]] += 1
-        return FilterResult(passed, failed, unresolvable, reasons)
+            known = list(filter(verdicts.fragments.__contains__, failing))
+            reasons: Counter[str] = Counter(map(verdicts.codes.__getitem__, known))
+            resolvable = verdicts.resolvable
+            failed = list(map(verdicts.fragments.__getitem__, filter(resolvable.__contains__, known)))
+            unresolvable = list(map(verdicts.fragments.__getitem__, filterfalse(resolvable.__contains__, known)))
+            if len(known) != len(failing):
+                unknown = [name for name in failing if name not in verdicts.fragments]
+                unresolvable += [_fragment(name, unknown_node(name)) for name in unknown]
+                reasons[UNKNOWN_NODE] += len(unknown)
+        return FilterResult(passed, _object(failed), _object(unresolvable), reasons)
 
     def scores(self, req: Requirements, names: Sequence[str]) -> list[tuple[str, int]]:
         if not req.wants_gpu:
@@ -113,16 +127,29 @@ class Placement:
             scores = self._verdicts(req).scores
             return [(name, scores.get(name, 0)) for name in names]
 
+    def scores_json(self, req: Requirements, names: Sequence[str]) -> bytes:
+        """`[{"Host": name, "Score": n}, ...]` for /prioritize, joined from per-node pieces."""
+        if req.wants_gpu:
+            self.view.expire_reservations()
+            with self.view.lock:
+                pieces = self._verdicts(req).score_json
+                try:
+                    return b"[" + b",".join(map(pieces.__getitem__, names)) + b"]"
+                except KeyError:  # a name not in the view scores 0
+                    return b"[" + b",".join([pieces.get(name) or _score_piece(name, 0) for name in names]) + b"]"
+        return orjson.dumps([{"Host": name, "Score": 0} for name in names])
+
     def explain(self, req: Requirements, names: Sequence[str] | None = None) -> list[NodeVerdict]:
         """Every node's verdict and score with the figures behind them; slow path, for humans."""
         with self.view.lock:
             names = sorted(self.view.nodes) if names is None else names
             result = self.filter(req, names)
+            failures = {**result.failed, **result.unresolvable}
             scores = dict(self.scores(req, names))
             verdicts = self._verdicts(req) if req.wants_gpu else None
             rows = []
             for name in names:
-                reason = result.failed.get(name) or result.unresolvable.get(name) or ""
+                reason = failures.get(name, "")
                 entry = verdicts.entries.get(name) if verdicts else None
                 rows.append(NodeVerdict(name, not reason, reason, scores.get(name, 0) if not reason else 0,
                                         self._detail(name, entry)))
@@ -134,7 +161,7 @@ class Placement:
         if verdicts is not None:
             self._cache.move_to_end(req)
             return verdicts
-        verdicts = _Verdicts(req, {}, set(), {})
+        verdicts = _Verdicts(req)
         for name in self.view.nodes:
             self._redo(verdicts, name)
         self._cache[req] = verdicts
@@ -157,30 +184,29 @@ class Placement:
 
     def _redo(self, verdicts: _Verdicts, name: str) -> None:
         facts = self.view.nodes.get(name)
-        verdicts.rejected.pop(name, None)
-        verdicts.codes.pop(name, None)
         if facts is None:
-            verdicts.entries.pop(name, None)
+            for table in (verdicts.entries, verdicts.scores, verdicts.score_json):
+                table.pop(name, None)
             verdicts.passing.discard(name)
-            verdicts.scores.pop(name, None)
+            _clear_failure(verdicts, name)
             return
         entry = check_node(facts, self.view.validator_state(name), verdicts.req, self.config)
         verdicts.entries[name] = entry
         if entry.__class__ is Rejection:
-            verdicts.passing.discard(name)
-            verdicts.scores[name] = 0
-            verdicts.rejected[name] = entry.message  # type: ignore[union-attr]
-            verdicts.codes[name] = entry.code  # type: ignore[union-attr]
+            _set_score(verdicts, name, 0)
+            _set_failure(verdicts, name, entry.code, entry.message, entry.resolvable)  # type: ignore[union-attr]
         else:
             self._place(verdicts, name, entry)  # type: ignore[arg-type]
 
     def _place(self, verdicts: _Verdicts, name: str, need: Need) -> None:
-        if self._shortfall(name, need) is None:
+        shortfall = self._shortfall(name, need)
+        if shortfall is None:
+            _set_score(verdicts, name, self._score(name, need))
+            _clear_failure(verdicts, name)
             verdicts.passing.add(name)
-            verdicts.scores[name] = self._score(name, need)
         else:
-            verdicts.passing.discard(name)
-            verdicts.scores[name] = 0
+            _set_score(verdicts, name, 0)
+            _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, True)
 
     # -- figures -------------------------------------------------------------------------------
     def _shortfall(self, name: str, need: Need) -> str | None:
@@ -232,3 +258,39 @@ class Placement:
             parts.append(f"{units}x {resource} of {free_units} free{memory}")
         penalty = self._penalty(self.view.nodes[name])
         return "; ".join(parts) + (f"; score -{penalty} (upgrade/unhealthy/XID)" if penalty else "")
+
+
+def _fragment(name: str, message: str) -> bytes:
+    return orjson.dumps(name) + b":" + orjson.dumps(message)
+
+
+def _object(fragments: list[bytes]) -> bytes:
+    return b"{" + b",".join(fragments) + b"}" if fragments else _EMPTY
+
+
+def _score_piece(name: str, score: int) -> bytes:
+    return b'{"Host":%b,"Score":%d}' % (orjson.dumps(name), score)
+
+
+def _set_score(verdicts: _Verdicts, name: str, score: int) -> None:
+    if verdicts.scores.get(name) != score or name not in verdicts.score_json:
+        verdicts.scores[name] = score
+        verdicts.score_json[name] = _score_piece(name, score)
+
+
+def _set_failure(verdicts: _Verdicts, name: str, code: str, message: str, resolvable: bool) -> None:
+    verdicts.passing.discard(name)
+    if verdicts.messages.get(name) != message:
+        verdicts.messages[name] = message
+        verdicts.fragments[name] = _fragment(name, message)
+        verdicts.codes[name] = code
+    if resolvable:
+        verdicts.resolvable.add(name)
+    else:
+        verdicts.resolvable.discard(name)
+
+
+def _clear_failure(verdicts: _Verdicts, name: str) -> None:
+    for table in (verdicts.messages, verdicts.fragments, verdicts.codes):
+        table.pop(name, None)
+    verdicts.resolvable.discard(name)
