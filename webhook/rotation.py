@@ -155,7 +155,7 @@ class CertificateManager:
     def _read_secret(self) -> _Material | None:
         response = request(self.api, "GET", self._secret_path(self.secret), timeout=_TIMEOUT)
         if response.status == 404:
-            response.release_conn()
+            _drain(response)
             self._resource_version = None
             return None
         if response.status >= 300:
@@ -191,7 +191,7 @@ class CertificateManager:
             response = request(self.api, "PUT", self._secret_path(self.secret), body=body, timeout=_TIMEOUT)
         if response.status >= 300:
             raise api_error(response)
-        response.release_conn()
+        _drain(response)
 
     def _write_files(self, m: _Material) -> None:
         self.cert_dir.mkdir(parents=True, exist_ok=True)
@@ -211,7 +211,7 @@ class CertificateManager:
             path = f"/apis/admissionregistration.k8s.io/v1/{kind}/{self.webhook_configuration}"
             response = request(self.api, "GET", path, timeout=_TIMEOUT)
             if response.status == 404:
-                response.release_conn()
+                _drain(response)
                 log.warning("%s %s not found: nothing to patch", kind, self.webhook_configuration)
                 continue
             if response.status >= 300:
@@ -225,7 +225,7 @@ class CertificateManager:
                                content_type="application/json-patch+json")
             if response.status >= 300:
                 raise api_error(response)
-            response.release_conn()
+            _drain(response)
             log.info("patched caBundle of %s %s", kind, self.webhook_configuration)
 
     # -- the Lease -----------------------------------------------------------------------------
@@ -239,12 +239,12 @@ class CertificateManager:
                 "renewTime": stamp}
         response = request(self.api, "GET", f"{path}/{name}", timeout=_TIMEOUT)
         if response.status == 404:
-            response.release_conn()
+            _drain(response)
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": name, "namespace": self.namespace}, "spec": {**spec, "acquireTime": stamp}}
             response = request(self.api, "POST", path, body=body, timeout=_TIMEOUT)
             ok = response.status < 300
-            response.release_conn()
+            _drain(response)
             return ok  # 409: another replica created it first
         if response.status >= 300:
             raise api_error(response)
@@ -259,7 +259,7 @@ class CertificateManager:
             lease["spec"]["acquireTime"] = stamp
         response = request(self.api, "PUT", f"{path}/{name}", body=lease, timeout=_TIMEOUT)
         ok = response.status < 300  # 409: someone renewed or took it in between
-        response.release_conn()
+        _drain(response)
         return ok
 
     # -- running -------------------------------------------------------------------------------
@@ -285,6 +285,13 @@ class CertificateManager:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+def _drain(response: Any) -> None:
+    """Read what is left of a response before its connection goes back to the pool: a connection
+    with an unread body breaks the next request made on it."""
+    response.read()
+    response.release_conn()
 
 
 def _split_pem(blob: bytes) -> list[bytes]:
