@@ -1,0 +1,120 @@
+"""`gpu-placement serve` as a process: real listeners, the snapshot reloaded, TLS for the webhook,
+and a clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpu_placement.demo import write_snapshot
+from gpu_placement.demo_cluster import make_pod
+
+SCRIPT = str(Path(sys.executable).with_name("gpu-placement"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(url: str, verify: ssl.SSLContext | bool = False, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, verify=verify, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} not ready within {timeout} s")
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[dict[str, object]]:
+    snapshot = tmp_path / "cluster.json"
+    write_snapshot(str(snapshot))
+    ports = {"extender": free_port(), "webhook": free_port()}
+    process = subprocess.Popen(
+        [SCRIPT, "serve", "--snapshot", str(snapshot), "--extender-listen", f"127.0.0.1:{ports['extender']}",
+         "--webhook-listen", f"127.0.0.1:{ports['webhook']}", "--self-signed", str(tmp_path / "certs")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield {"process": process, "ports": ports, "snapshot": snapshot, "certs": tmp_path / "certs"}
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+
+def test_serve_answers_both_components_and_stops_on_sigterm(served: dict[str, object]) -> None:
+    ports: dict[str, int] = served["ports"]  # type: ignore[assignment]
+    extender = f"http://127.0.0.1:{ports['extender']}"
+    wait_ready(f"{extender}/readyz")
+    pod = make_pod("research", "p", gpus={"nvidia.com/gpu": 1}, image="nvcr.io/nvidia/cuda:13.0.0-base-ubuntu24.04")
+    answer = httpx.post(f"{extender}/filter", json={"Pod": pod, "NodeNames": ["a100-vgpu", "h100-single"]}).json()
+    assert answer["NodeNames"] == ["a100-vgpu"]
+    assert answer["FailedAndUnresolvableNodes"]["h100-single"].startswith("DriverTooOld: ")
+
+    trust = ssl.create_default_context(cafile=str(Path(served["certs"]) / "ca.crt"))  # type: ignore[arg-type]
+    webhook = f"https://localhost:{ports['webhook']}"
+    wait_ready(f"{webhook}/readyz", verify=trust)
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                          "resource": {"group": "", "version": "v1", "resource": "pods"},
+                          "namespace": "research", "operation": "CREATE", "object": pod}}
+    response = httpx.post(f"{webhook}/mutate?timeout=10s", json=review, verify=trust).json()["response"]
+    assert response["uid"] == "u-1" and response["allowed"] is True and response["patch"]
+    metrics = httpx.get(f"{extender}/metrics").text
+    assert 'gpu_placement_request_seconds_count{component="extender",verb="filter"}' in metrics
+
+    process: subprocess.Popen[str] = served["process"]  # type: ignore[assignment]
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(15) == 0
+    logs = [json.loads(line) for line in process.stderr.read().splitlines() if line.startswith("{")]  # type: ignore[union-attr]
+    assert any("extender listening on http://127.0.0.1" in entry["message"] for entry in logs)
+
+
+def test_serve_reloads_the_snapshot_when_it_changes(served: dict[str, object]) -> None:
+    ports: dict[str, int] = served["ports"]  # type: ignore[assignment]
+    extender = f"http://127.0.0.1:{ports['extender']}"
+    wait_ready(f"{extender}/readyz")
+    pod = make_pod("research", "p", gpus={"nvidia.com/gpu": 1}, image="nvcr.io/nvidia/cuda:12.2.0-base-ubuntu22.04")
+    args = {"Pod": pod, "NodeNames": ["h100-single"]}
+    assert httpx.post(f"{extender}/filter", json=args).json()["NodeNames"] == ["h100-single"]
+    snapshot = Path(served["snapshot"])  # type: ignore[arg-type]
+    cluster = json.loads(snapshot.read_text())
+    for item in cluster["items"]:
+        if item["kind"] == "Node" and item["metadata"]["name"] == "h100-single":
+            item["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-state"] = "pod-restart-required"
+    snapshot.write_text(json.dumps(cluster))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        failed = httpx.post(f"{extender}/filter", json=args).json()["FailedAndUnresolvableNodes"]
+        if failed:
+            break
+        time.sleep(0.2)
+    assert failed["h100-single"].startswith("DriverUpgrade: h100-single is in a driver upgrade")
+
+
+def test_serve_without_webhook_tls_is_a_usage_error(tmp_path: Path) -> None:
+    snapshot = tmp_path / "cluster.json"
+    write_snapshot(str(snapshot))
+    result = subprocess.run([SCRIPT, "serve", "--snapshot", str(snapshot), "--components", "webhook"],
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 2
+    assert "the webhook always serves TLS" in result.stderr
