@@ -1,0 +1,296 @@
+"""Namespace annotations → `NamespacePolicy`, parsed once per namespace change.
+
+Each annotation that does not parse gives one sentence naming the annotation, its value, the
+namespace, what is wrong and how to write it; the rest of the policy still holds what did parse.
+
+Sharing levels, widest first: `exclusive` (whole devices) > `mig-<profile>` (a dedicated, isolated
+slice) > `shared` (a time-sliced share with no isolation). A pod may narrow its namespace's level
+(`gpu-placement.io/sharing` on the pod), never widen it. A MIG profile is narrower than another when
+it has no more compute slices and no more memory (`1g.10gb` < `3g.40gb`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpu_placement import names as n
+from gpu_placement.config import Config
+from gpu_placement.cuda import Version, parse_version
+from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.quantity import parse_quantity
+from webhook.quantities import QuantityProblem, to_count, to_mib
+from webhook.text import first_non_ascii, quoted
+
+__all__ = [
+    "NAMESPACE_ANNOTATIONS",
+    "NamespacePolicy",
+    "PolicyCache",
+    "Sharing",
+    "parse_policy",
+    "parse_sharing",
+    "pod_annotation_problems",
+    "sharing_of_resource",
+]
+
+NAMESPACE_ANNOTATIONS = (n.ANN_SHARING, n.ANN_QUOTA, n.ANN_POOLS, n.ANN_GPU_MEMORY, n.ANN_PRODUCTS, n.ANN_CUDA)
+_MAX_VALUE = 4096  # our annotations are short lists; anything longer is a mistake or an attack
+_MIG_PROFILE = re.compile(r"([0-9]{1,2})g\.([0-9]{1,4})gb((?:\.[a-z0-9]+)*)", re.ASCII)
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
+_EXAMPLES = {
+    n.ANN_SHARING: "exclusive, shared or mig-1g.10gb",
+    n.ANN_QUOTA: "nvidia.com/gpu=4,nvidia.com/gpu.shared=16",
+    n.ANN_POOLS: "training,inference",
+    n.ANN_GPU_MEMORY: "20Gi",
+    n.ANN_PRODUCTS: "NVIDIA-H100-80GB-HBM3,NVIDIA-A100-SXM4-80GB",
+    n.ANN_CUDA: "12.4",
+    n.ANN_MIN_DRIVER: "550.54.15",
+    n.ANN_MIN_COMPUTE: "8.0",
+    n.ANN_CUDA_COMPAT: "minor",
+}
+
+
+@dataclass(slots=True, frozen=True)
+class Sharing:
+    """How `nvidia.com/gpu` asks are served: kind `exclusive`, `shared` or `mig` (with a profile)."""
+
+    kind: str
+    profile: str = ""  # mig only, e.g. "1g.10gb"
+
+    @property
+    def text(self) -> str:
+        return f"mig-{self.profile}" if self.kind == "mig" else self.kind
+
+    def resource(self, config: Config) -> str:
+        """What an `nvidia.com/gpu` ask becomes."""
+        if self.kind == "shared":
+            return config.shared_resource
+        if self.kind == "mig":
+            return n.MIG_RESOURCE_PREFIX + self.profile
+        return n.GPU_RESOURCE
+
+    def within(self, other: Sharing) -> bool:
+        """True when this level gives no more than `other` (narrower or the same)."""
+        if other.kind == "exclusive" or self.kind == "shared" or self == other:
+            return True
+        if self.kind != "mig" or other.kind != "mig":
+            return False
+        mine, theirs = _MIG_PROFILE.fullmatch(self.profile), _MIG_PROFILE.fullmatch(other.profile)
+        if mine is None or theirs is None:
+            return False
+        return (int(mine[1]) <= int(theirs[1]) and int(mine[2]) <= int(theirs[2])
+                and mine[3] in ("", theirs[3]))
+
+
+EXCLUSIVE = Sharing("exclusive")
+SHARED = Sharing("shared")
+
+
+def parse_sharing(text: str) -> Sharing:
+    """Raises ValueError with a phrase describing the problem."""
+    if text == "exclusive":
+        return EXCLUSIVE
+    if text == "shared":
+        return SHARED
+    if text.startswith("mig-"):
+        profile = text[4:]
+        if _MIG_PROFILE.fullmatch(profile):
+            return Sharing("mig", profile)
+        raise ValueError(f"{quoted(profile)} is not a MIG profile like 1g.10gb, 2g.20gb or 3g.40gb")
+    hint = f" (values are lower case: {text.lower()})" if text.lower() in ("exclusive", "shared") else ""
+    raise ValueError(f"{quoted(text)} is not exclusive, shared or mig-<profile>{hint}")
+
+
+def sharing_of_resource(resource: str, config: Config) -> Sharing:
+    """The level a resource name stands for: a MIG slice, a share, or (any other GPU resource) whole devices."""
+    if resource == config.shared_resource:
+        return SHARED
+    if resource.startswith(n.MIG_RESOURCE_PREFIX):
+        return Sharing("mig", resource[len(n.MIG_RESOURCE_PREFIX):])
+    return EXCLUSIVE
+
+
+@dataclass(slots=True, frozen=True)
+class NamespacePolicy:
+    namespace: str
+    sharing: Sharing = EXCLUSIVE
+    quota: Mapping[str, int] | None = None  # None: no quota annotation
+    pools: tuple[str, ...] = ()
+    gpu_memory: str | None = None  # the namespace default as written (the extender parses the same text)
+    gpu_memory_mib: int | None = None
+    products: frozenset[str] | None = None
+    cuda: Version | None = None
+    errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # annotation -> sentence
+    warnings: tuple[str, ...] = ()
+
+    def entitled(self, config: Config) -> bool:
+        """May GPU pods run here at all? A quota says yes (up to it); no quota: the default policy."""
+        return self.quota is not None or n.ANN_QUOTA in self.errors or config.default_namespace_policy == "allow"
+
+    @property
+    def shapes_ok(self) -> bool:
+        """The annotations that decide how pods are shaped parsed: /mutate may change pods."""
+        return n.ANN_SHARING not in self.errors and n.ANN_POOLS not in self.errors
+
+
+def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> NamespacePolicy:
+    annotations = record.annotations if record is not None else {}
+    where = f"namespace {name}"
+    errors: dict[str, str] = {}
+    warnings: list[str] = []
+    values: dict[str, object] = {}
+    parsers = {n.ANN_SHARING: parse_sharing, n.ANN_QUOTA: lambda text: _parse_quota(text, config),
+               n.ANN_POOLS: lambda text: _parse_pools(text, config), n.ANN_GPU_MEMORY: _parse_memory,
+               n.ANN_PRODUCTS: _parse_products, n.ANN_CUDA: parse_version}
+    for key, parse in parsers.items():
+        raw = annotations.get(key)
+        if raw is None:
+            continue
+        try:
+            values[key] = parse(_plain(raw))
+        except ValueError as exc:
+            errors[key] = _sentence(key, raw, where, exc)
+    for key in sorted(annotations):
+        if key not in parsers and key != n.ANN_ADMITTED:
+            warnings.append(f"annotation {key} on {where} is not read by gpu-placement (namespace annotations: "
+                            f"{', '.join(NAMESPACE_ANNOTATIONS)}); remove it or fix its name")
+    sharing: Sharing = values.get(n.ANN_SHARING, EXCLUSIVE)  # type: ignore[assignment]
+    quota: Mapping[str, int] | None = values.get(n.ANN_QUOTA)  # type: ignore[assignment]
+    if quota is not None and sharing.kind != "exclusive" and n.GPU_RESOURCE in quota:
+        warnings.append(f"{n.ANN_QUOTA} on {where} limits {n.GPU_RESOURCE}, but this namespace's pods ask for "
+                        f"{sharing.resource(config)} once rewritten ({n.ANN_SHARING}={sharing.text}): "
+                        f"quota {sharing.resource(config)} instead")
+    memory = values.get(n.ANN_GPU_MEMORY)
+    return NamespacePolicy(
+        namespace=name, sharing=sharing, quota=quota, pools=values.get(n.ANN_POOLS, ()),  # type: ignore[arg-type]
+        gpu_memory=annotations.get(n.ANN_GPU_MEMORY) if memory is not None else None,
+        gpu_memory_mib=memory,  # type: ignore[arg-type]
+        products=values.get(n.ANN_PRODUCTS), cuda=values.get(n.ANN_CUDA),  # type: ignore[arg-type]
+        errors=MappingProxyType(errors), warnings=tuple(warnings))
+
+
+class PolicyCache:
+    """Policies by namespace, reparsed only when the view holds a different record for it: the view
+    replaces a record on every change, so an identity check is enough on the hot path."""
+
+    def __init__(self, config: Config, limit: int = 100_000) -> None:
+        self.config = config
+        self.limit = limit
+        self._cache: dict[str, tuple[NamespaceRecord | None, NamespacePolicy]] = {}
+        self.parses = 0  # for tests and benchmarks: how often we really parsed
+
+    def get(self, name: str, record: NamespaceRecord | None) -> NamespacePolicy:
+        cached = self._cache.get(name)
+        if cached is not None and (cached[0] is record or cached[0] == record):
+            return cached[1]
+        policy = parse_policy(record, name, self.config)
+        self.parses += 1
+        if len(self._cache) >= self.limit:  # namespaces come and go; never grow without bound
+            self._cache.clear()
+        self._cache[name] = (record, policy)
+        return policy
+
+
+# -- pod annotations ---------------------------------------------------------------------------------
+
+def pod_annotation_problems(annotations: Mapping[str, str], where: str) -> tuple[Sharing | None, list[str]]:
+    """The pod's own sharing ask (None when it sets none or it is broken) and one sentence per pod
+    annotation that does not parse. Checked here first, so the core parsers never see hostile text."""
+    problems: list[str] = []
+    sharing: Sharing | None = None
+    raw = annotations.get(n.ANN_SHARING)
+    if raw is not None:
+        try:
+            sharing = parse_sharing(_plain(raw))
+        except ValueError as exc:
+            problems.append(_sentence(n.ANN_SHARING, raw, where, exc))
+    checks = {n.ANN_GPU_MEMORY: _parse_memory, n.ANN_PRODUCTS: _parse_products, n.ANN_CUDA: parse_version,
+              n.ANN_MIN_DRIVER: parse_version, n.ANN_MIN_COMPUTE: parse_version, n.ANN_CUDA_COMPAT: _parse_compat}
+    for key, parse in checks.items():
+        raw = annotations.get(key)
+        if raw is not None:
+            try:
+                parse(_plain(raw))
+            except ValueError as exc:
+                problems.append(_sentence(key, raw, where, exc))
+    return sharing, problems
+
+
+# -- one parser per annotation; each raises ValueError with a phrase ----------------------------------
+
+def _plain(text: str) -> str:
+    if len(text) > _MAX_VALUE:
+        raise ValueError(f"the value is {len(text)} characters long; keep it under {_MAX_VALUE}")
+    odd = first_non_ascii(text)
+    if odd:
+        raise ValueError(f"it contains {odd}, which is not plain ASCII")
+    return text.strip()
+
+
+def _parse_quota(text: str, config: Config) -> Mapping[str, int]:
+    quota: dict[str, int] = {}
+    items = [item.strip() for item in text.split(",")]
+    if not any(items):
+        raise ValueError("it lists no resource")
+    for item in items:
+        if not item:
+            continue
+        resource, equals, amount = (part.strip() for part in item.partition("="))
+        if not equals or not resource:
+            raise ValueError(f"{quoted(item)} is not resource=count")
+        if not config.is_gpu_resource(resource):
+            known = ", ".join((*config.gpu_resources, config.shared_resource, "nvidia.com/mig-<profile>"))
+            raise ValueError(f"{quoted(resource)} is not a GPU resource (GPU resources: {known})")
+        if resource in quota:
+            raise ValueError(f"{resource} is listed twice")
+        try:
+            quota[resource] = to_count(amount)
+        except QuantityProblem as exc:
+            raise ValueError(str(exc)) from None
+    return MappingProxyType(quota)
+
+
+def _parse_pools(text: str, config: Config) -> tuple[str, ...]:
+    pools = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not pools:
+        raise ValueError("it names no pool")
+    unknown = [pool for pool in pools if pool not in config.pools]
+    if unknown:
+        known = f"pools: {', '.join(sorted(config.pools))}" if config.pools else "the configuration defines no pools"
+        raise ValueError(f"no pool named {', '.join(quoted(p) for p in unknown)} in the configuration ({known})")
+    return pools
+
+
+def _parse_memory(text: str) -> int:
+    try:
+        mib = to_mib(text)
+    except QuantityProblem as exc:
+        raise ValueError(str(exc)) from None
+    if parse_quantity(text) < 2**20:
+        # Plain numbers are bytes, but GPU Feature Discovery's labels are MiB: "16384" is a trap.
+        raise ValueError(f"{quoted(text)} is less than 1Mi (a plain number counts bytes, not MiB)")
+    return mib
+
+
+def _parse_products(text: str) -> frozenset[str]:
+    products = [part.strip() for part in text.split(",") if part.strip()]
+    if not products:
+        raise ValueError("it lists no product")
+    for product in products:
+        if not _LABEL_VALUE.fullmatch(product):
+            raise ValueError(f"{quoted(product)} is not an nvidia.com/gpu.product label value")
+    return frozenset(products)
+
+
+def _parse_compat(text: str) -> str:
+    if text not in ("", "minor", "none"):
+        raise ValueError(f"{quoted(text)} is not minor or none")
+    return text
+
+
+def _sentence(key: str, raw: str, where: str, exc: Exception) -> str:
+    example = _EXAMPLES.get(key)
+    fix = f"; write it as {example}" if example else ""
+    return f"{key}={quoted(raw)} on {where}: {exc}{fix}"
