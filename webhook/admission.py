@@ -1,0 +1,197 @@
+"""The two admission decisions: what /mutate changes on a pod, and whether /validate lets it in.
+
+Pure over the request, the cluster view and the configuration: no I/O. Each outcome carries one
+reason code (for metrics and the debug log); the sentences the user reads name the namespace, the
+resource, the figures and the annotation to change.
+
+Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, NoGpuAsked, NotAPodCreate,
+Exempt, NamespacePolicyBroken (in this module); BadPod (review.py); BadAnnotation, NoGpuAccess,
+Escalation, Allowed (here); OverQuota, NotInQuota (quota.py). In audit mode a would-be denial is
+counted as `Audit<code>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpu_placement import names as n
+from gpu_placement.config import Config
+from gpu_placement.pods import GpuRequests, effective_gpu_requests
+from gpu_placement.view import ClusterView
+from webhook.patches import gpu_patch, protect_patch, tolerates_gpu_taint
+from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
+from webhook.quota import Reservations, quota_problems
+from webhook.review import AdmissionRequest, AdmissionResponse, BadPod, Subject, allowed, denied, subject_of
+
+__all__ = ["Admission", "Decision"]
+
+MUTATED, UNCHANGED, KEPT_OFF_GPU = "Mutated", "Unchanged", "KeptOffGpuNodes"
+NO_GPU, NOT_A_POD, EXEMPT, POLICY_BROKEN = "NoGpuAsked", "NotAPodCreate", "Exempt", "NamespacePolicyBroken"
+BAD_POD, BAD_ANNOTATION, NO_GPU_ACCESS, ESCALATION, ALLOWED = (
+    "BadPod", "BadAnnotation", "NoGpuAccess", "Escalation", "Allowed")
+
+
+@dataclass(slots=True)
+class Decision:
+    response: AdmissionResponse
+    reason: str
+    namespace: str = ""
+    pod: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    def log_entry(self, verb: str) -> dict[str, Any]:
+        """What the debug log line records: JSON-able, one per decision."""
+        response = self.response
+        entry: dict[str, Any] = {"verb": verb, "uid": response["uid"], "namespace": self.namespace, "pod": self.pod,
+                                 "allowed": response["allowed"], "reason": self.reason}
+        if "patch" in response:
+            entry["patched"] = True
+        if self.problems:
+            entry["problems"] = self.problems
+        return entry
+
+
+class Admission:
+    def __init__(self, view: ClusterView, config: Config) -> None:
+        self.view = view
+        self.config = config
+        self.policies = PolicyCache(config)
+        self.reservations = Reservations(view, config.reservation_ttl_seconds)
+
+    def policy(self, namespace: str) -> NamespacePolicy:
+        # One dict read (atomic under the GIL); the cache reparses only when the record changed.
+        return self.policies.get(namespace, self.view.namespaces.get(namespace))
+
+    # -- /mutate -----------------------------------------------------------------------------------
+    def mutate(self, request: AdmissionRequest) -> Decision:
+        return self._guarded(request, self._mutate)
+
+    def _mutate(self, uid: str, subject: Subject) -> Decision:
+        config, pod = self.config, subject.pod
+        spec = pod["spec"]
+        gpus = effective_gpu_requests(spec, config.is_gpu_resource)
+        if not gpus:
+            if (config.protect_gpu_nodes and not spec.get("nodeName") and not _is_daemonset_pod(pod)
+                    and tolerates_gpu_taint(spec, config)):
+                ops = protect_patch(pod)
+                return self._decision(allowed(uid, ops), KEPT_OFF_GPU if ops else UNCHANGED, subject)
+            return self._decision(allowed(uid), NO_GPU, subject)
+        policy = self.policy(subject.namespace)
+        if not policy.shapes_ok:
+            # How to shape the pod is unknown; /validate denies it with the same sentences.
+            problems = [policy.errors[key] for key in (n.ANN_SHARING, n.ANN_POOLS) if key in policy.errors]
+            return self._decision(allowed(uid, warnings=problems), POLICY_BROKEN, subject, problems)
+        sharing = self._sharing(policy, subject)
+        pools = [config.pools[name] for name in policy.pools]
+        ops = gpu_patch(pod, sharing, pools, policy.gpu_memory, config)
+        return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
+
+    def _sharing(self, policy: NamespacePolicy, subject: Subject) -> Sharing:
+        """The pod's own narrower ask when it has a valid one; the namespace's level otherwise (a wider
+        or broken ask is /validate's to deny)."""
+        annotations = (subject.pod.get("metadata") or {}).get("annotations") or {}
+        if n.ANN_SHARING not in annotations:
+            return policy.sharing
+        asked, _ = pod_annotation_problems({n.ANN_SHARING: annotations[n.ANN_SHARING]}, "")
+        return asked if asked is not None and asked.within(policy.sharing) else policy.sharing
+
+    # -- /validate ---------------------------------------------------------------------------------
+    def validate(self, request: AdmissionRequest) -> Decision:
+        return self._guarded(request, self._validate)
+
+    def _validate(self, uid: str, subject: Subject) -> Decision:
+        config, pod = self.config, subject.pod
+        gpus = effective_gpu_requests(pod["spec"], config.is_gpu_resource)
+        if not gpus:
+            return self._decision(allowed(uid), NO_GPU, subject)
+        namespace = subject.namespace
+        policy = self.policy(namespace)
+        where = f"pod {namespace}/{subject.name}"
+        problems: list[tuple[str, str]] = [(BAD_ANNOTATION, text) for text in policy.errors.values()]
+        asked, pod_problems = pod_annotation_problems((pod.get("metadata") or {}).get("annotations") or {}, where)
+        problems += [(BAD_ANNOTATION, text) for text in pod_problems]
+        if not policy.entitled(config):
+            problems.append((NO_GPU_ACCESS, self._no_access(namespace, gpus)))
+        elif n.ANN_SHARING not in policy.errors:
+            escalations = self._escalations(policy, asked, gpus, where)
+            problems += escalations
+            if not escalations and policy.quota is not None:
+                with self.view.lock:
+                    used = dict(self.view.namespace_usage.get(namespace) or {})
+                    pending = self.reservations.pending(namespace)
+                problems += quota_problems(namespace, policy.quota, used, pending, gpus)
+        texts = [text for _, text in problems]
+        warnings = list(policy.warnings)
+        audit = config.mode == "audit"
+        if problems and not audit:
+            message = texts[0] if len(texts) == 1 else f"{len(texts)} problems: " + " ".join(
+                f"({i}) {text};" for i, text in enumerate(texts, 1)).rstrip(";")
+            response = denied(uid, message)
+            if warnings:
+                response["warnings"] = warnings
+            return self._decision(response, problems[0][0], subject, texts)
+        if policy.quota is not None and not subject.dry_run:
+            with self.view.lock:
+                self.reservations.hold(namespace, subject.key, subject.uid, gpus)
+        reason = f"Audit{problems[0][0]}" if problems else ALLOWED
+        return self._decision(allowed(uid, warnings=warnings + texts), reason, subject, texts)
+
+    def _no_access(self, namespace: str, gpus: GpuRequests) -> str:
+        asks = ", ".join(f"{count} {resource}" for resource, count in gpus)
+        return (f"namespace {namespace} has no GPU access: it has no {n.ANN_QUOTA} annotation and the default "
+                f"namespace policy is deny, and this pod asks for {asks}: ask the platform team to set {n.ANN_QUOTA} "
+                f"on namespace {namespace}, e.g. {n.ANN_QUOTA}={gpus[0][0]}={gpus[0][1]}")
+
+    def _escalations(self, policy: NamespacePolicy, asked: Sharing | None, gpus: GpuRequests,
+                     where: str) -> list[tuple[str, str]]:
+        namespace, given = policy.namespace, policy.sharing
+        set_on_ns = f"{n.ANN_SHARING}={given.text} on namespace {namespace}"
+        problems: list[tuple[str, str]] = []
+        level = given
+        if asked is not None:
+            if asked.within(given):
+                level = asked
+            else:
+                problems.append((ESCALATION, f"{where} asks {n.ANN_SHARING}={asked.text}, more than namespace "
+                                             f"{namespace} gives ({set_on_ns}): a pod may narrow its namespace's "
+                                             "sharing, never widen it; remove the annotation from the pod"))
+        for resource, count in gpus:
+            if sharing_of_resource(resource, self.config).within(level):
+                continue
+            target = level.resource(self.config)
+            if resource == n.GPU_RESOURCE:
+                problems.append((ESCALATION, f"{where} asks for {count} {resource}, but GPUs here are served as "
+                                             f"{level.text} ({set_on_ns}), so {resource} should have been rewritten "
+                                             f"to {target}: the gpu-placement mutating webhook did not run for this "
+                                             "pod; check the MutatingWebhookConfiguration, or ask for "
+                                             f"{target} directly"))
+            else:
+                problems.append((ESCALATION, f"{where} asks for {count} {resource}, more than namespace {namespace} "
+                                             f"gives ({set_on_ns}): ask for {target} instead"))
+        return problems
+
+    # -- shared ------------------------------------------------------------------------------------
+    def _guarded(self, request: AdmissionRequest, decide: Callable[[str, Subject], Decision]) -> Decision:
+        uid = request["uid"]
+        try:
+            subject = subject_of(request, self.config.is_gpu_resource)
+        except BadPod as exc:
+            return Decision(denied(uid, str(exc), 400, "BadRequest"), BAD_POD, request.get("namespace", ""),
+                            request.get("name", ""), [str(exc)])
+        if subject is None:
+            return Decision(allowed(uid), NOT_A_POD, request.get("namespace", ""), request.get("name", ""))
+        if subject.namespace in self.config.exempt_namespaces:
+            return self._decision(allowed(uid), EXEMPT, subject)
+        return decide(uid, subject)
+
+    @staticmethod
+    def _decision(response: AdmissionResponse, reason: str, subject: Subject,
+                  problems: list[str] | None = None) -> Decision:
+        return Decision(response, reason, subject.namespace, subject.name, problems or [])
+
+
+def _is_daemonset_pod(pod: dict[str, Any]) -> bool:
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or ()
+    return any(owner.get("kind") == "DaemonSet" for owner in owners)

@@ -1,0 +1,96 @@
+"""The webhook's HTTP edge: read the AdmissionReview, ask `Admission`, encode the answer.
+
+Answers, by what came in:
+- an AdmissionReview (any pod, good or bad): HTTP 200 with an AdmissionReview response;
+- a body that is not one: HTTP 400; over 3 MiB: HTTP 413; an unknown path: 404/405; a bug: 500.
+  Every non-200 answer has a JSON `v1.Status` body (`kind: Status`, `status: Failure`, `message`,
+  `reason`, `code`), the shape the API server uses for its own errors, and is logged and counted.
+Query strings (`?timeout=10s`, which the API server appends) are ignored by the routing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+
+from gpu_placement import metrics
+from gpu_placement.config import Config
+from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
+from gpu_placement.view import ClusterView
+from webhook.admission import Admission, Decision
+from webhook.review import AdmissionRequest, ReviewError, encode_review, parse_review, status_body
+
+__all__ = ["MAX_BODY", "create_app"]
+
+log = logging.getLogger("gpu_placement.webhook")
+MAX_BODY = 3 * 2**20  # the API server caps objects at about 1.5 MiB; a review holds one, plus its metadata
+_VERBS = ("mutate", "validate")
+
+
+def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool, str]]) -> Starlette:
+    """POST /mutate, POST /validate, and the ops routes. Reads `view` (under its lock where it needs
+    consistent figures) and never writes it; keeps its own policy cache and quota reservations."""
+    admission = Admission(view, config)
+    timers = {verb: metrics.REQUEST_SECONDS.labels("webhook", verb) for verb in _VERBS}
+    answered = {verb: metrics.REQUESTS.labels("webhook", verb, "200") for verb in _VERBS}
+    decided: dict[str, Any] = {}  # reason -> counter child, so the hot path skips labels()
+
+    def refuse(verb: str, status: int, reason: str, problem: str, message: str) -> ORJSONResponse:
+        log.warning("webhook %s refused (%d %s): %s", verb, status, reason, message)
+        metrics.BAD_REQUESTS.labels("webhook", problem).inc()
+        metrics.REQUESTS.labels("webhook", verb, str(status)).inc()
+        return ORJSONResponse(orjson.dumps(status_body(status, reason, message)), status_code=status)
+
+    async def handle(request: Request, verb: str, decide: Callable[[AdmissionRequest], Decision]) -> ORJSONResponse:
+        start = time.perf_counter()
+        try:
+            body = await read_body(request, MAX_BODY)
+        except BodyTooLarge as exc:
+            return refuse(verb, 413, "RequestEntityTooLarge", "too_large",
+                          f"{exc}: an AdmissionReview of one pod is far smaller")
+        try:
+            review = parse_review(body)
+        except ReviewError as exc:
+            return refuse(verb, 400, "BadRequest", exc.problem, str(exc))
+        decision = decide(review)
+        encoded = encode_review(decision.response)
+        counter = decided.get(decision.reason)
+        if counter is None:
+            counter = decided[decision.reason] = metrics.DECISIONS.labels("webhook", decision.reason)
+        counter.inc()
+        answered[verb].inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("webhook decision %s", orjson.dumps(decision.log_entry(verb)).decode())
+        timers[verb].observe(time.perf_counter() - start)
+        return ORJSONResponse(encoded)
+
+    async def mutate(request: Request) -> ORJSONResponse:
+        return await handle(request, "mutate", admission.mutate)
+
+    async def validate(request: Request) -> ORJSONResponse:
+        return await handle(request, "validate", admission.validate)
+
+    async def not_found(request: Request, exc: Exception) -> ORJSONResponse:
+        status = getattr(exc, "status_code", 404)
+        reason = "NotFound" if status == 404 else "MethodNotAllowed"
+        return refuse(request.url.path.strip("/") or "root", status, reason, "bad_path",
+                      f"{request.method} {request.url.path} is not a webhook endpoint: the API server calls "
+                      "POST /mutate and POST /validate")
+
+    async def crashed(request: Request, exc: Exception) -> ORJSONResponse:
+        log.exception("webhook %s failed", request.url.path)
+        return refuse(request.url.path.strip("/"), 500, "InternalError", "internal",
+                      f"internal error in the gpu-placement webhook: {type(exc).__name__}: {exc}")
+
+    routes = [Route("/mutate", mutate, methods=["POST"]), Route("/validate", validate, methods=["POST"]),
+              *ops_routes(ready)]
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
+    app.state.admission = admission  # for tests and the demo: the policy cache and reservations
+    return app

@@ -1,0 +1,227 @@
+"""RFC 6902 JSON Patches that shape a pod, computed from the pod as it is, so they are idempotent.
+
+Every operation compares the pod with what it should be and emits only the difference: a pod that
+already went through (the API server may call a mutating webhook again after other webhooks ran)
+gets an empty patch. Missing parents are created whole (`add /spec/tolerations [...]`), never
+appended into (`add /spec/tolerations/-` on a pod without tolerations is an error).
+
+Node affinity: Kubernetes ORs `nodeSelectorTerms` and ANDs the expressions inside one term. Adding a
+constraint C to a pod whose terms are T1..Tn therefore means (T1 or .. or Tn) and C: C goes into every
+term, and a C that is itself a choice (several pools: P1 or .. or Pm) multiplies the terms out to
+Ti and Pj. Terms that already imply C are kept as they are, which is also what makes the patch empty
+the second time. An empty term matches no node in Kubernetes; it is kept empty, so it still matches none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from gpu_placement import names as n
+from gpu_placement.config import Config, Pool
+from gpu_placement.pods import GpuRequests, effective_gpu_requests
+from webhook.policy import Sharing
+from webhook.quantities import to_count
+
+__all__ = ["Patch", "admitted_value", "escape", "gpu_patch", "protect_patch", "tolerates_gpu_taint"]
+
+Patch = list[dict[str, Any]]
+Expression = dict[str, Any]
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+_DEFAULT_SCHEDULER = "default-scheduler"
+GPU_PRESENT_TRUE = {n.GPU_PRESENT: "true"}
+_KEEP_OFF_GPU: Expression = {"key": n.GPU_PRESENT, "operator": "NotIn", "values": ["true"]}
+
+
+def escape(token: str) -> str:
+    """One JSON Pointer reference token (RFC 6901): `~` first, then `/`."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def gpu_patch(pod: Mapping[str, Any], sharing: Sharing, pools: Sequence[Pool], memory_default: str | None,
+              config: Config) -> Patch:
+    """Shape a GPU pod: resource rewrite, tolerations, node selection, scheduler, our annotations."""
+    spec: Mapping[str, Any] = pod.get("spec") or {}
+    ops: Patch = []
+    target = sharing.resource(config)
+    rewritten = _rewrite_resources(spec, target, ops) if target != n.GPU_RESOURCE else spec
+    wanted = [*config.gpu_tolerations, *(t for pool in pools for t in pool.tolerations)]
+    _add_tolerations(spec, wanted, ops)
+    selector = dict(GPU_PRESENT_TRUE)
+    if len(pools) == 1:
+        selector.update(pools[0].node_selector)
+    _set_node_selector(spec, selector, ops)
+    if len(pools) > 1 and all(pool.node_selector for pool in pools):
+        # A pool without a nodeSelector admits every node, so then the choice constrains nothing.
+        choices = [[{"key": key, "operator": "In", "values": [value]}
+                    for key, value in sorted(pool.node_selector.items())] for pool in pools]
+        _require(spec, choices, ops)
+    scheduler = spec.get("schedulerName") or ""
+    if scheduler in ("", _DEFAULT_SCHEDULER):
+        ops.append({"op": "replace" if "schedulerName" in spec else "add", "path": "/spec/schedulerName",
+                    "value": config.scheduler_name})
+        scheduler = config.scheduler_name
+    meta: Mapping[str, Any] = pod.get("metadata") or {}
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    gpus = effective_gpu_requests(rewritten, config.is_gpu_resource)
+    wanted_annotations = {n.ANN_ADMITTED: admitted_value(sharing, gpus, pools, scheduler)}
+    if memory_default is not None and n.ANN_GPU_MEMORY not in annotations:
+        # The extender charges memory by this annotation; writing the namespace default on the pod
+        # makes the charge independent of later namespace changes and visible to the user.
+        wanted_annotations[n.ANN_GPU_MEMORY] = memory_default
+    _set_annotations(pod, wanted_annotations, ops)
+    return ops
+
+
+def admitted_value(sharing: Sharing, gpus: GpuRequests, pools: Sequence[Pool], scheduler: str) -> str:
+    """What /mutate decided, as compact JSON with sorted keys (the same decision gives the same text)."""
+    return orjson.dumps({"sharing": sharing.text, "resources": dict(gpus), "pools": [pool.name for pool in pools],
+                         "scheduler": scheduler}, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def tolerates_gpu_taint(spec: Mapping[str, Any], config: Config) -> bool:
+    """A toleration for the GPU nodes' taint key (nvidia.com/gpu, or a key of gpuTolerations), or a
+    bare `operator: Exists`, which tolerates every taint."""
+    keys = {n.GPU_RESOURCE, *(t.get("key") for t in config.gpu_tolerations if t.get("key"))}
+    for toleration in spec.get("tolerations") or ():
+        key = toleration.get("key") or ""
+        if key in keys or (not key and toleration.get("operator") == "Exists"):
+            return True
+    return False
+
+
+def protect_patch(pod: Mapping[str, Any]) -> Patch:
+    """Keep a pod that asks for no GPU off GPU nodes: `nvidia.com/gpu.present NotIn [true]`, required."""
+    ops: Patch = []
+    _require(pod.get("spec") or {}, [[_KEEP_OFF_GPU]], ops)
+    return ops
+
+
+# -- pieces --------------------------------------------------------------------------------------------
+
+def _rewrite_resources(spec: Mapping[str, Any], target: str, ops: Patch) -> dict[str, Any]:
+    """nvidia.com/gpu → target in requests and limits of every container; returns the spec's containers
+    as they will be, for the admitted record."""
+    after: dict[str, Any] = {}
+    for field in ("initContainers", "containers"):
+        containers = spec.get(field)
+        if not containers:
+            continue
+        after[field] = []
+        for index, container in enumerate(containers):
+            resources: Mapping[str, Any] = container.get("resources") or {}
+            new_resources: dict[str, Any] = {}
+            for section in ("requests", "limits"):
+                values: Mapping[str, Any] | None = resources.get(section)
+                if not values or n.GPU_RESOURCE not in values:
+                    if values:
+                        new_resources[section] = values
+                    continue
+                base = f"/spec/{field}/{index}/resources/{section}/"
+                new_values = {k: v for k, v in values.items() if k != n.GPU_RESOURCE}
+                ops.append({"op": "remove", "path": base + escape(n.GPU_RESOURCE)})
+                if target in values:  # both given: the pod asks for the sum of them
+                    total = str(to_count(values[n.GPU_RESOURCE]) + to_count(values[target]))
+                    ops.append({"op": "replace", "path": base + escape(target), "value": total})
+                    new_values[target] = total
+                else:
+                    ops.append({"op": "add", "path": base + escape(target), "value": values[n.GPU_RESOURCE]})
+                    new_values[target] = values[n.GPU_RESOURCE]
+                new_resources[section] = new_values
+            after[field].append({"resources": new_resources, "restartPolicy": container.get("restartPolicy")})
+    return after
+
+
+def _toleration_key(toleration: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    return (toleration.get("key") or "", toleration.get("operator") or "Equal", toleration.get("value") or "",
+            toleration.get("effect") or "")
+
+
+def _add_tolerations(spec: Mapping[str, Any], wanted: Iterable[Mapping[str, Any]], ops: Patch) -> None:
+    existing = spec.get("tolerations")
+    have = {_toleration_key(t) for t in existing or ()}
+    missing = []
+    for toleration in wanted:
+        key = _toleration_key(toleration)
+        if key not in have:
+            have.add(key)
+            missing.append(dict(toleration))
+    if not missing:
+        return
+    if existing is None:
+        ops.append({"op": "add", "path": "/spec/tolerations", "value": missing})
+    else:
+        ops.extend({"op": "add", "path": "/spec/tolerations/-", "value": t} for t in missing)
+
+
+def _set_node_selector(spec: Mapping[str, Any], wanted: Mapping[str, str], ops: Patch) -> None:
+    existing = spec.get("nodeSelector")
+    if existing is None:
+        ops.append({"op": "add", "path": "/spec/nodeSelector", "value": dict(wanted)})
+        return
+    for key, value in wanted.items():
+        if existing.get(key) != value:
+            # The pool is the platform team's choice: it wins over a pod's own value for the same label.
+            ops.append({"op": "replace" if key in existing else "add", "path": "/spec/nodeSelector/" + escape(key),
+                        "value": value})
+
+
+def _require(spec: Mapping[str, Any], choices: list[list[Expression]], ops: Patch) -> None:
+    """AND (choice 1 OR choice 2 ...) into the pod's required node affinity."""
+    affinity = spec.get("affinity")
+    node = (affinity or {}).get("nodeAffinity")
+    required = (node or {}).get(_REQUIRED)
+    terms = (required or {}).get("nodeSelectorTerms")
+    merged = _and_terms(terms or [], choices)
+    if merged is None:
+        return
+    if affinity is None:
+        ops.append({"op": "add", "path": "/spec/affinity",
+                    "value": {"nodeAffinity": {_REQUIRED: {"nodeSelectorTerms": merged}}}})
+    elif node is None:
+        ops.append({"op": "add", "path": "/spec/affinity/nodeAffinity",
+                    "value": {_REQUIRED: {"nodeSelectorTerms": merged}}})
+    elif required is None:
+        ops.append({"op": "add", "path": f"/spec/affinity/nodeAffinity/{_REQUIRED}",
+                    "value": {"nodeSelectorTerms": merged}})
+    else:
+        ops.append({"op": "replace" if "nodeSelectorTerms" in required else "add",
+                    "path": f"/spec/affinity/nodeAffinity/{_REQUIRED}/nodeSelectorTerms", "value": merged})
+
+
+def _and_terms(terms: list[dict[str, Any]], choices: list[list[Expression]]) -> list[dict[str, Any]] | None:
+    """(T1 or .. or Tn) and (C1 or .. or Cm) as terms; None when the terms already imply it."""
+    if not terms:
+        return [{"matchExpressions": [dict(e) for e in choice]} for choice in choices]
+    merged: list[dict[str, Any]] = []
+    changed = False
+    for term in terms:
+        expressions = term.get("matchExpressions") or []
+        if not expressions and not term.get("matchFields"):
+            merged.append(term)  # matches no node; ANDing into it would make it match some
+            continue
+        if any(all(e in expressions for e in choice) for choice in choices):
+            merged.append(term)
+            continue
+        changed = True
+        for choice in choices:
+            added = [dict(e) for e in choice if e not in expressions]
+            merged.append({**term, "matchExpressions": [*expressions, *added]})
+    return merged if changed else None
+
+
+def _set_annotations(pod: Mapping[str, Any], wanted: Mapping[str, str], ops: Patch) -> None:
+    meta = pod.get("metadata")
+    if meta is None:
+        ops.append({"op": "add", "path": "/metadata", "value": {"annotations": dict(wanted)}})
+        return
+    annotations = meta.get("annotations")
+    if annotations is None:
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": dict(wanted)})
+        return
+    for key, value in wanted.items():
+        if annotations.get(key) != value:
+            ops.append({"op": "replace" if key in annotations else "add",
+                        "path": "/metadata/annotations/" + escape(key), "value": value})
