@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -44,6 +45,7 @@ _CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 _EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")
 _READ_SIZE = 65536  # for a stream that is not chunked: read what has arrived, up to this much
 _STEADY_SECONDS = 1.0  # a watch open this long counts as progress, even with nothing to say
+_CONNECTION_PREFIX = re.compile(r"^<?\w*Connection(Pool)?\(host=[^)]*\)>?: ")
 
 
 class _Stopped(Exception):
@@ -238,10 +240,12 @@ class LiveSource:
                 if response.status != 200:
                     raise _classify(api_error(response), listing=True)
                 body = response.read()
-            except urllib3.exceptions.HTTPError as exc:
-                raise self._no_answer(exc) from None
-            finally:
-                self._forget(state, response)
+            except BaseException as exc:
+                self._forget(state, response, reuse=False)
+                if isinstance(exc, urllib3.exceptions.HTTPError):
+                    raise self._no_answer(exc) from None
+                raise
+            self._forget(state, response, reuse=True)  # read to the end: the connection serves the next page
             self._up(state)
             metrics.heard_from_source()
             page = orjson.loads(body)
@@ -253,6 +257,11 @@ class LiveSource:
             del page
             yield from items
             del items
+            if not self._frozen:
+                # While the first lists come in, each page's records go out of the collector's sight at
+                # once: otherwise every full collection walks the growing heap again (2.9 s of GC
+                # within a 150,000-pod list, measured; 0.4 s this way). `_freeze_once` rescans it all.
+                gc.freeze()
             if token is None:
                 return
 
@@ -270,7 +279,8 @@ class LiveSource:
                 return
             self._frozen = True
         start = time.monotonic()
-        gc.collect()  # cyclic garbage frozen now would never be freed
+        gc.unfreeze()  # what the pages froze on the way, back for one full collection:
+        gc.collect()  # cyclic garbage frozen for good would never be freed
         gc.freeze()
         log.info("view ready; %d objects moved out of the garbage collector's sight in %.2f s",
                  gc.get_freeze_count(), time.monotonic() - start)
@@ -298,7 +308,7 @@ class LiveSource:
                 state.progressed = True
             raise _Restart("cut", f"stream cut: {_reason(exc)}") from None
         finally:
-            self._forget(state, response)
+            self._forget(state, response, reuse=False)  # a watch connection is not worth reusing
         if self._stop.is_set():
             raise _Stopped
         if time.monotonic() - opened >= _STEADY_SECONDS:
@@ -345,14 +355,24 @@ class LiveSource:
             self._open[state.kind] = response
         return response
 
-    def _forget(self, state: _Kind, response: urllib3.BaseHTTPResponse) -> None:
+    def _forget(self, state: _Kind, response: urllib3.BaseHTTPResponse, reuse: bool) -> None:
         with self._open_lock:
             self._open.pop(state.kind, None)
-        response.close()  # a watch connection is not worth reusing; a list's was read to the end
+        if reuse:
+            response.release_conn()
+        else:
+            response.close()
 
     def _no_answer(self, exc: Exception) -> _Restart:
-        if isinstance(exc, urllib3.exceptions.ConnectTimeoutError | urllib3.exceptions.ReadTimeoutError):
-            return _Restart("unavailable", f"API server did not answer ({_reason(exc)})", failed=True)
+        # NewConnectionError (refused, no route) is a ConnectTimeoutError subclass: test it first.
+        if isinstance(exc, urllib3.exceptions.NewConnectionError):
+            return _Restart("unavailable", f"API server unreachable ({_reason(exc)})", failed=True)
+        if isinstance(exc, urllib3.exceptions.ConnectTimeoutError):
+            return _Restart("unavailable", f"API server did not answer within {self.settings.connect_timeout:g} s "
+                                           f"({_reason(exc)})", failed=True)
+        if isinstance(exc, urllib3.exceptions.ReadTimeoutError):
+            return _Restart("unavailable", f"API server did not answer within {self.settings.read_timeout:g} s "
+                                           f"({_reason(exc)})", failed=True)
         return _Restart("unavailable", f"API server unreachable ({_reason(exc)})", failed=True)
 
 
@@ -408,9 +428,10 @@ def _classify(error: ApiError, listing: bool) -> _Restart:
 
 
 def _reason(exc: BaseException) -> str:
+    """urllib3's message without its `HTTPSConnection(host=..., port=...): ` prefix."""
     reason = getattr(exc, "reason", None)
-    text = str(reason if isinstance(reason, BaseException) else exc)
-    return " ".join(text.split())[:300] or type(exc).__name__
+    text = " ".join(str(reason if isinstance(reason, BaseException) else exc).split())
+    return _CONNECTION_PREFIX.sub("", text)[:300] or type(exc).__name__
 
 
 def _shutdown(response: urllib3.BaseHTTPResponse) -> None:
