@@ -1,0 +1,175 @@
+"""`ApiBinder` against the fake API server, and `/bind` end to end: the Binding is created through the
+API, the GPU reservation holds until the watch shows the pod bound, and every refusal is a sentence."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from kubernetes.client import ApiClient
+
+from extender.app import create_app
+from extender.binding import ApiBinder, BindError
+from gpu_placement.config import Config
+from gpu_placement.demo_cluster import make_node, make_pod, validator_pod
+from gpu_placement.ingest import Ingest
+from gpu_placement.kube import WatchSettings
+from gpu_placement.live import LiveSource
+from gpu_placement.placement import Placement
+from gpu_placement.serving import ServerThread, make_server
+from gpu_placement.view import ClusterView
+from tests.fakeapi import FakeApiServer
+
+pytestmark = pytest.mark.timeout(30)
+
+GPU = "nvidia.com/gpu"
+Extender = tuple[httpx.Client, ClusterView, list[str]]  # client, the live view, reservations made
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 2.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+    return value
+
+
+@pytest.fixture
+def api(fake_api: FakeApiServer) -> Iterator[ApiClient]:
+    fake_api.load([make_node("gpu-1", "h100x8"), make_node("gpu-2", "h100x8"),
+                   make_pod("default", "trainer", gpus={GPU: 2})])
+    client = fake_api.api_client()
+    yield client
+    client.close()
+
+
+def uid(fake: FakeApiServer, name: str = "trainer") -> str:
+    pod = fake.get("Pod", name, "default")
+    assert pod is not None
+    return str(pod["metadata"]["uid"])
+
+
+def test_bind_creates_the_binding(fake_api: FakeApiServer, api: ApiClient) -> None:
+    ApiBinder(api).bind("default", "trainer", uid(fake_api), "gpu-1")
+    pod = fake_api.get("Pod", "trainer", "default")
+    assert pod is not None and pod["spec"]["nodeName"] == "gpu-1"
+    request = next(r for r in fake_api.requests_log if r.verb == "create")
+    assert request.path == "/api/v1/namespaces/default/pods/trainer/binding"
+
+
+def test_already_bound_is_a_409_sentence(fake_api: FakeApiServer, api: ApiClient) -> None:
+    fake_api.bind("default", "trainer", "gpu-2")
+    with pytest.raises(BindError) as info:
+        ApiBinder(api).bind("default", "trainer", uid(fake_api), "gpu-1")
+    message = str(info.value)
+    assert message.startswith("pod default/trainer cannot be bound to gpu-1: already bound")
+    assert 'already assigned to node "gpu-2"' in message  # the API server's own words
+
+
+def test_replaced_pod_is_a_409_uid_mismatch(api: ApiClient) -> None:
+    with pytest.raises(BindError, match=r"replaced \(UID changed\).*Precondition failed: UID in precondition: old-uid"):
+        ApiBinder(api).bind("default", "trainer", "old-uid", "gpu-1")
+
+
+def test_pod_gone_is_a_404_sentence(api: ApiClient) -> None:
+    with pytest.raises(BindError, match=r"^pod default/ghost no longer exists"):
+        ApiBinder(api).bind("default", "ghost", "", "gpu-1")
+
+
+def test_forbidden_names_the_rbac_rule(fake_api: FakeApiServer, api: ApiClient) -> None:
+    fake_api.fail_next(1, 403, path="/api/v1/namespaces/default/pods/trainer/binding",
+                       message='pods "trainer" is forbidden: User "system:serviceaccount:gpu:gpu-placement" cannot '
+                               'create resource "pods/binding" in API group "" in the namespace "default"')
+    with pytest.raises(BindError) as info:
+        ApiBinder(api).bind("default", "trainer", uid(fake_api), "gpu-1")
+    assert "forbidden: grant the service account RBAC `create` on `pods/binding`" in str(info.value)
+    assert "system:serviceaccount:gpu:gpu-placement" in str(info.value)
+
+
+def test_other_statuses_carry_the_status_message(fake_api: FakeApiServer, api: ApiClient) -> None:
+    fake_api.fail_next(1, 500, path="/api/v1/namespaces/default/pods/trainer/binding", message="etcd is sad")
+    with pytest.raises(BindError, match=r"refused: HTTP 500 InternalError: etcd is sad"):
+        ApiBinder(api).bind("default", "trainer", uid(fake_api), "gpu-1")
+
+
+def test_api_down_is_a_did_not_answer_sentence(fake_api: FakeApiServer, api: ApiClient) -> None:
+    pod_uid = uid(fake_api)
+    fake_api.down()
+    start = time.monotonic()
+    with pytest.raises(BindError, match=r"API server did not answer within 0\.5 s \(.*refused"):
+        ApiBinder(api, timeout=(0.5, 0.5)).bind("default", "trainer", pod_uid, "gpu-1")
+    assert time.monotonic() - start < 1.0
+
+
+def test_slow_api_is_a_did_not_answer_sentence(fake_api: FakeApiServer, api: ApiClient) -> None:
+    fake_api.delay = 1.0
+    start = time.monotonic()
+    with pytest.raises(BindError, match=r"API server did not answer within 0\.3 s \(.*timed out"):
+        ApiBinder(api, timeout=(0.5, 0.3)).bind("default", "trainer", uid(fake_api), "gpu-1")
+    assert time.monotonic() - start < 0.9
+
+
+# -- /bind end to end ------------------------------------------------------------------------------
+
+@pytest.fixture
+def extender(fake_api: FakeApiServer, api: ApiClient) -> Iterator[Extender]:
+    fake_api.load([validator_pod("gpu-1"), validator_pod("gpu-2")])
+    config = Config()
+    view = ClusterView(config)
+    settings = WatchSettings(server_timeout=30, client_timeout=35.0, backoff_initial=0.05, backoff_max=0.3)
+    source = LiveSource(view, Ingest(config), api, settings)
+    reserved: list[str] = []
+    reserve = view.reserve
+
+    def spy(pod: str, node: str, *args: Any) -> Any:
+        reserved.append(f"{pod}@{node}")
+        return reserve(pod, node, *args)
+
+    view.reserve = spy  # type: ignore[method-assign]
+    source.start()
+    try:
+        wait_for(lambda: source.ready, 5.0, "the live view")
+        app = create_app(view, Placement(view, config), ApiBinder(api), source.readiness)
+        with ServerThread(make_server(app, "127.0.0.1", 0)) as server, \
+                httpx.Client(base_url=server.url(""), timeout=10) as client:
+            yield client, view, reserved
+    finally:
+        source.stop()
+        gc.unfreeze()
+
+
+def bind(client: httpx.Client, name: str, node: str, pod_uid: str = "") -> str:
+    body = {"PodName": name, "PodNamespace": "default", "PodUID": pod_uid, "Node": node}
+    response = client.post("/bind", content=orjson.dumps(body), headers={"Content-Type": "application/json"})
+    assert response.status_code == 200
+    return str(response.json()["Error"])
+
+
+def test_bind_reserves_until_the_watch_shows_the_pod_bound(fake_api: FakeApiServer, extender: Extender) -> None:
+    client, view, reserved = extender
+    assert client.get("/readyz").status_code == 200
+    assert bind(client, "trainer", "gpu-1", uid(fake_api)) == ""
+    assert reserved == ["default/trainer@gpu-1"]  # held from before the API call
+    pod = fake_api.get("Pod", "trainer", "default")
+    assert pod is not None and pod["spec"]["nodeName"] == "gpu-1"
+    wait_for(lambda: view.pods["default/trainer"].node == "gpu-1", what="the watch to show the pod bound")
+    wait_for(lambda: not view.reservations, what="the reservation released")
+    assert view.free_units[GPU]["gpu-1"] == view.free_units[GPU]["gpu-2"] - 2  # the pod's own charge now
+
+
+def test_refused_bind_releases_the_reservation(fake_api: FakeApiServer, extender: Extender) -> None:
+    client, view, reserved = extender
+    fake_api.fail_next(1, 403, path="/api/v1/namespaces/default/pods/trainer/binding")
+    error = bind(client, "trainer", "gpu-1", uid(fake_api))
+    assert "pods/binding" in error and reserved == ["default/trainer@gpu-1"]
+    assert not view.reservations and view.free_units[GPU]["gpu-1"] == view.free_units[GPU]["gpu-2"]
+    fake_api.delete("Pod", "trainer", "default")
+    wait_for(lambda: "default/trainer" not in view.pods, what="the pod deleted in the view")
+    assert bind(client, "trainer", "gpu-2").startswith("pod default/trainer no longer exists")
+    assert reserved == ["default/trainer@gpu-1"]  # a pod the view does not hold: nothing to reserve
