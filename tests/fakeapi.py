@@ -578,6 +578,10 @@ class FakeApiServer:
         if self._serving is not None:
             return
         sock = socket.create_server((self.host, self._port), backlog=2048)  # SO_REUSEADDR: same port again
+        # No Nagle, as kube-apiserver (Go) has none: create_server's socket has proto 0, so asyncio does not
+        # set TCP_NODELAY on accepted connections, and every answer written as headers + body waited ~40 ms
+        # for the client's delayed ACK. Accepted sockets inherit the option from the listener on Linux.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._port = int(sock.getsockname()[1])
         config = uvicorn.Config(self.app, lifespan="off", log_config=None, access_log=False, http="httptools",
                                 ws="none", timeout_keep_alive=120,
