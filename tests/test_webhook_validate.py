@@ -1,0 +1,272 @@
+"""POST /validate over HTTPS: GPU access, quota with this replica's reservations, escalation, bad
+annotations, exempt namespaces, dry runs and audit mode. Pods go through /mutate first, as the API
+server sends them (Webhook.admit), unless a test means to skip it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpu_placement.demo_cluster import make_pod
+from tests.test_webhook_helpers import TEST_CONFIG, Webhook, certificates, serving, user_pod
+from webhook.certs import CertBundle
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> CertBundle:
+    return certificates(Path(tmp_path_factory.mktemp("certs")))
+
+
+@pytest.fixture(scope="module")
+def served(bundle: CertBundle) -> Iterator[Webhook]:
+    with serving(bundle) as hook:
+        yield hook
+
+
+@pytest.fixture
+def hook(served: Webhook) -> Webhook:
+    served.reset()
+    return served
+
+
+@pytest.fixture(scope="module")
+def served_audit(bundle: CertBundle) -> Iterator[Webhook]:
+    with serving(bundle, {**TEST_CONFIG, "mode": "audit"}) as hook:
+        yield hook
+
+
+@pytest.fixture
+def audit(served_audit: Webhook) -> Webhook:
+    served_audit.reset()
+    return served_audit
+
+
+def denial(verdict: dict) -> str:
+    assert verdict["allowed"] is False, verdict
+    status = verdict["status"]
+    assert status["code"] == 403 and status["reason"] == "Forbidden" and status["status"] == "Failure"
+    return status["message"]
+
+
+# -- access and quota ----------------------------------------------------------------------------------
+
+def test_a_namespace_without_gpu_access(hook: Webhook) -> None:
+    _, verdict = hook.admit(user_pod("web", None, gpus={"nvidia.com/gpu": 1}), "web")
+    assert denial(verdict) == (
+        "namespace web has no GPU access: it has no gpu-placement.io/quota annotation and the default namespace "
+        "policy is deny, and this pod asks for 1 nvidia.com/gpu: ask the platform team to set gpu-placement.io/quota "
+        "on namespace web, e.g. gpu-placement.io/quota=nvidia.com/gpu=1")
+
+
+def test_pods_without_gpus_are_always_allowed(hook: Webhook) -> None:
+    _, verdict = hook.admit(user_pod("web", None, image="nginx:1.27"), "web")
+    assert verdict == {"uid": verdict["uid"], "allowed": True}
+
+
+def test_over_quota_names_namespace_resource_figures_and_annotation(hook: Webhook) -> None:
+    # research: quota 2, two running pods with 1 each; a Succeeded pod with 4 does not count.
+    _, verdict = hook.admit(user_pod("research", "sweep", gpus={"nvidia.com/gpu": 4}), "research")
+    assert denial(verdict) == (
+        "namespace research may use 2 nvidia.com/gpu (gpu-placement.io/quota); 2 are in use and this pod asks 4 "
+        "more: lower the request or raise the quota on the namespace")
+
+
+def test_within_quota_then_over_it_by_what_this_replica_just_admitted(hook: Webhook) -> None:
+    first, verdict = hook.admit(user_pod("team-a", "a", gpus={"nvidia.com/gpu": 3}), "team-a")
+    assert verdict["allowed"] is True
+    _, verdict = hook.admit(user_pod("team-a", "b", gpus={"nvidia.com/gpu": 2}), "team-a")
+    assert denial(verdict) == (
+        "namespace team-a may use 4 nvidia.com/gpu (gpu-placement.io/quota); 3 are in use (3 of them admitted "
+        "moments ago) and this pod asks 2 more: lower the request or raise the quota on the namespace")
+    # The view sees the first pod: it is counted once, not twice.
+    stored = hook.create(first, "team-a")
+    assert hook.app.state.admission.reservations.pending("team-a") == {}
+    _, verdict = hook.admit(user_pod("team-a", "c", gpus={"nvidia.com/gpu": 1}), "team-a")
+    assert verdict["allowed"] is True
+    # Both gone: the quota is free again.
+    hook.ingest.event(hook.view, "pods", "DELETED", stored)
+    hook.create(user_pod("team-a", "c", gpus={"nvidia.com/gpu": 1}), "team-a")
+    _, verdict = hook.admit(user_pod("team-a", "d", gpus={"nvidia.com/gpu": 3}), "team-a")
+    assert verdict["allowed"] is True
+
+
+def test_a_finished_pod_frees_its_share(hook: Webhook) -> None:
+    running = make_pod("team-a", "run", gpus={"nvidia.com/gpu": 4}, node="gpu-1")
+    hook.ingest.event(hook.view, "pods", "ADDED", running)
+    _, verdict = hook.admit(user_pod("team-a", "next", gpus={"nvidia.com/gpu": 1}), "team-a")
+    assert "4 are in use" in denial(verdict)
+    running["status"]["phase"] = "Succeeded"
+    hook.ingest.event(hook.view, "pods", "MODIFIED", running)
+    assert hook.admit(user_pod("team-a", "next", gpus={"nvidia.com/gpu": 1}), "team-a")[1]["allowed"] is True
+
+
+def test_reservations_expire(hook: Webhook) -> None:
+    assert hook.admit(user_pod("team-a", "a", gpus={"nvidia.com/gpu": 4}), "team-a")[1]["allowed"] is True
+    assert hook.admit(user_pod("team-a", "b", gpus={"nvidia.com/gpu": 1}), "team-a")[1]["allowed"] is False
+    hook.clock[0] += hook.config.reservation_ttl_seconds + 1  # the create failed after us: never seen
+    assert hook.admit(user_pod("team-a", "b", gpus={"nvidia.com/gpu": 1}), "team-a")[1]["allowed"] is True
+
+
+def test_a_pod_recreated_under_the_same_name_is_not_mistaken_for_the_old_one(hook: Webhook) -> None:
+    old = make_pod("team-a", "worker-0", gpus={"nvidia.com/gpu": 1}, node="gpu-1", uid="old-uid")
+    hook.ingest.event(hook.view, "pods", "ADDED", old)
+    new = user_pod("team-a", "worker-0", gpus={"nvidia.com/gpu": 2}, uid="new-uid")
+    assert hook.admit(new, "team-a")[1]["allowed"] is True
+    assert hook.app.state.admission.reservations.pending("team-a") == {"nvidia.com/gpu": 2}
+
+
+def test_dry_runs_reserve_nothing(hook: Webhook) -> None:
+    for _ in range(3):
+        _, verdict = hook.admit(user_pod("team-a", "try", gpus={"nvidia.com/gpu": 3}), "team-a", dry_run=True)
+        assert verdict["allowed"] is True
+    assert len(hook.app.state.admission.reservations) == 0
+    assert hook.admit(user_pod("team-a", "real", gpus={"nvidia.com/gpu": 4}), "team-a")[1]["allowed"] is True
+
+
+def test_a_pod_without_a_name_yet_is_held_by_its_uid(hook: Webhook) -> None:
+    for _ in range(2):
+        pod = user_pod("team-a", None, gpus={"nvidia.com/gpu": 2})
+        assert hook.admit(pod, "team-a")[1]["allowed"] is True
+    _, verdict = hook.admit(user_pod("team-a", None, gpus={"nvidia.com/gpu": 1}), "team-a")
+    assert "4 are in use (4 of them admitted moments ago)" in denial(verdict)
+
+
+def test_init_containers_count_by_the_effective_request_rule(hook: Webhook) -> None:
+    pod = user_pod("research", "init")
+    pod["spec"]["initContainers"] = [{"name": "prep", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]
+    _, verdict = hook.admit(pod, "research")
+    assert "this pod asks 3 more" in denial(verdict)
+
+
+def test_a_resource_the_quota_does_not_list(hook: Webhook) -> None:
+    pod = user_pod("team-a", "light", gpus={"nvidia.com/gpu": 1}, annotations={"gpu-placement.io/sharing": "shared"})
+    _, verdict = hook.admit(pod, "team-a")
+    assert denial(verdict) == (
+        "namespace team-a may not use nvidia.com/gpu.shared: its gpu-placement.io/quota lists only nvidia.com/gpu=4 "
+        "and this pod asks for 1 nvidia.com/gpu.shared: ask for a listed resource, or add "
+        "nvidia.com/gpu.shared=<count> to gpu-placement.io/quota on the namespace")
+
+
+def test_rewritten_resources_count_against_their_own_quota(hook: Webhook) -> None:
+    for index in range(4):
+        _, verdict = hook.admit(user_pod("inference", f"s{index}", gpus={"nvidia.com/gpu": 1}), "inference")
+        assert verdict["allowed"] is True
+    _, verdict = hook.admit(user_pod("inference", "s4", gpus={"nvidia.com/gpu": 1}), "inference")
+    assert "namespace inference may use 4 nvidia.com/gpu.shared" in denial(verdict)
+
+
+# -- escalation --------------------------------------------------------------------------------------
+
+def test_a_pod_may_not_widen_its_namespaces_sharing(hook: Webhook) -> None:
+    pod = user_pod("inference", "greedy", gpus={"nvidia.com/gpu": 1},
+                   annotations={"gpu-placement.io/sharing": "exclusive"})
+    _, verdict = hook.admit(pod, "inference")
+    assert denial(verdict) == (
+        "pod inference/greedy asks gpu-placement.io/sharing=exclusive, more than namespace inference gives "
+        "(gpu-placement.io/sharing=shared on namespace inference): a pod may narrow its namespace's sharing, never "
+        "widen it; remove the annotation from the pod")
+
+
+def test_a_pod_the_mutating_webhook_missed(hook: Webhook) -> None:
+    verdict = hook.validate(user_pod("inference", "raw", gpus={"nvidia.com/gpu": 1}), "inference")
+    message = denial(verdict)
+    assert message == (
+        "pod inference/raw asks for 1 nvidia.com/gpu, but GPUs here are served as shared (gpu-placement.io/sharing="
+        "shared on namespace inference), so nvidia.com/gpu should have been rewritten to nvidia.com/gpu.shared: the "
+        "gpu-placement mutating webhook did not run for this pod; check the MutatingWebhookConfiguration, or ask for "
+        "nvidia.com/gpu.shared directly")
+
+
+@pytest.mark.parametrize(("ns", "resource", "annotations"), [
+    ("inference", "nvidia.com/mig-1g.10gb", {}),
+    ("mig-lab", "nvidia.com/mig-3g.40gb", {}),
+    ("mig-lab", "nvidia.com/gpu.shared", {"gpu-placement.io/sharing": "mig-3g.40gb"}),
+])
+def test_other_escalations(hook: Webhook, ns: str, resource: str, annotations: dict[str, str]) -> None:
+    verdict = hook.validate(user_pod(ns, "x", gpus={resource: 1}, annotations=annotations), ns)
+    message = denial(verdict)
+    assert f"more than namespace {ns} gives" in message
+
+
+def test_narrower_asks_are_fine(hook: Webhook) -> None:
+    pod = user_pod("flex", "share", gpus={"nvidia.com/gpu.shared": 2})  # asked directly, no annotation
+    assert hook.admit(pod, "flex")[1]["allowed"] is True
+    pod = user_pod("flex", "share2", gpus={"nvidia.com/gpu": 1}, annotations={"gpu-placement.io/sharing": "shared"})
+    assert hook.admit(pod, "flex")[1]["allowed"] is True
+
+
+# -- annotations ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("annotations", "phrase"), [
+    ({"gpu-placement.io/cuda": "twelve"}, 'gpu-placement.io/cuda="twelve" on pod team-a/odd: '),
+    ({"gpu-placement.io/gpu-memory": "４Gi"}, "U+FF14 FULLWIDTH DIGIT FOUR"),
+    ({"gpu-placement.io/sharing": "shared\u200f"}, 'gpu-placement.io/sharing="shared\\u200f" on pod team-a/odd'),
+    ({"gpu-placement.io/gpu-products": "H100 🚀"}, "U+1F680 ROCKET"),
+    ({"gpu-placement.io/gpu-memory": "1e999999999"}, '"1e999999999" is not a quantity'),
+    ({"gpu-placement.io/min-compute-capability": "eight"}, "gpu-placement.io/min-compute-capability"),
+])
+def test_bad_pod_annotations_are_clean_denials(hook: Webhook, annotations: dict[str, str], phrase: str) -> None:
+    _, verdict = hook.admit(user_pod("team-a", "odd", gpus={"nvidia.com/gpu": 1}, annotations=annotations), "team-a")
+    message = denial(verdict)
+    assert phrase in message
+    assert message.startswith(next(iter(annotations)))
+
+
+def test_several_problems_are_numbered(hook: Webhook) -> None:
+    pod = user_pod("research", "typo", gpus={"nvidia.com/gpu": 1}, annotations={"gpu-placement.io/cuda": "twelve"})
+    message = denial(hook.admit(pod, "research")[1])
+    assert message.startswith('2 problems: (1) gpu-placement.io/cuda="twelve" on pod research/typo')
+    assert "; (2) namespace research may use 2 nvidia.com/gpu" in message
+
+
+def test_unknown_namespace_annotations_warn_in_enforce_mode_too(hook: Webhook) -> None:
+    hook.ingest.event(hook.view, "namespaces", "MODIFIED", {"metadata": {"name": "team-a", "annotations": {
+        "gpu-placement.io/quota": "nvidia.com/gpu=4", "gpu-placement.io/pool": "training"}}})
+    _, verdict = hook.admit(user_pod("team-a", "w", gpus={"nvidia.com/gpu": 1}), "team-a")
+    assert verdict["allowed"] is True
+    assert verdict["warnings"][0].startswith("annotation gpu-placement.io/pool on namespace team-a is not read")
+
+
+# -- exempt, audit ---------------------------------------------------------------------------------------
+
+def test_exempt_namespaces_are_always_allowed(hook: Webhook) -> None:
+    pod = user_pod("kube-system", "anything", gpus={"nvidia.com/gpu": 64},
+                   annotations={"gpu-placement.io/sharing": "🙂"})
+    mutated, verdict = hook.admit(pod, "kube-system")
+    assert mutated == pod
+    assert verdict == {"uid": verdict["uid"], "allowed": True}
+
+
+def test_audit_mode_allows_and_warns_with_the_same_text(hook: Webhook, audit: Webhook) -> None:
+    cases = [(user_pod("research", "sweep", gpus={"nvidia.com/gpu": 4}), "research"),
+             (user_pod("web", "gpu", gpus={"nvidia.com/gpu": 1}), "web"),
+             (user_pod("inference", "greedy", gpus={"nvidia.com/gpu": 1},
+                       annotations={"gpu-placement.io/sharing": "exclusive"}), "inference"),
+             (user_pod("team-a", "typo", gpus={"nvidia.com/gpu": 1}, annotations={"gpu-placement.io/cuda": "x"}),
+              "team-a")]
+    for pod, ns in cases:
+        enforced = denial(hook.admit(pod, ns, dry_run=True)[1])
+        _, verdict = audit.admit(pod, ns, dry_run=True)
+        assert verdict["allowed"] is True and "status" not in verdict
+        assert verdict["warnings"] == [enforced]
+
+
+def test_audit_mode_still_counts_what_it_let_in(audit: Webhook) -> None:
+    _, verdict = audit.admit(user_pod("team-a", "a", gpus={"nvidia.com/gpu": 4}), "team-a")
+    assert verdict == {"uid": verdict["uid"], "allowed": True}
+    _, verdict = audit.admit(user_pod("team-a", "b", gpus={"nvidia.com/gpu": 1}), "team-a")
+    assert verdict["allowed"] is True
+    assert verdict["warnings"] == ["namespace team-a may use 4 nvidia.com/gpu (gpu-placement.io/quota); 4 are in use "
+                                   "(4 of them admitted moments ago) and this pod asks 1 more: lower the request or "
+                                   "raise the quota on the namespace"]
+
+
+def test_default_allow_lets_namespaces_without_quota_use_gpus(bundle: CertBundle) -> None:
+    with serving(bundle, {**TEST_CONFIG, "defaultNamespacePolicy": "allow"}) as hook:
+        for index in range(3):
+            _, verdict = hook.admit(user_pod("web", f"g{index}", gpus={"nvidia.com/gpu": 8}), "web")
+            assert verdict == {"uid": verdict["uid"], "allowed": True}
