@@ -1,0 +1,132 @@
+{{/* Names. Cluster-scoped objects (ClusterRoles, webhook configurations) use the fullname, so two
+releases with different names do not collide. */}}
+{{- define "gpu-placement.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpu-placement.fullname" -}}
+{{- if contains .Chart.Name .Release.Name }}
+{{- .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "gpu-placement.schedulerName" -}}{{ include "gpu-placement.fullname" . }}-scheduler{{- end }}
+{{- define "gpu-placement.webhookName" -}}{{ include "gpu-placement.fullname" . }}-webhook{{- end }}
+{{- define "gpu-placement.configName" -}}{{ include "gpu-placement.fullname" . }}-config{{- end }}
+{{/* Both webhook configurations share this name: the service patches them by it. */}}
+{{- define "gpu-placement.webhookConfigurationName" -}}{{ include "gpu-placement.fullname" . }}{{- end }}
+{{- define "gpu-placement.certSecretName" -}}{{ include "gpu-placement.fullname" . }}-webhook-tls{{- end }}
+{{- define "gpu-placement.certificateName" -}}{{ include "gpu-placement.fullname" . }}-webhook{{- end }}
+
+{{- define "gpu-placement.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "gpu-placement.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpu-placement
+{{- end }}
+
+{{/* Selector labels of one component: call with (dict "ctx" $ "component" "scheduler"). */}}
+{{- define "gpu-placement.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpu-placement.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "gpu-placement.componentLabels" -}}
+{{ include "gpu-placement.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "gpu-placement.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/* Exempt namespaces: the configured ones plus the release namespace (the webhook's own pods must
+never wait for the webhook). Used by both the ConfigMap and the namespaceSelectors. */}}
+{{- define "gpu-placement.exemptNamespaces" -}}
+{{- append .Values.exemptNamespaces .Release.Namespace | uniq | toJson }}
+{{- end }}
+
+{{/* Every GPU resource kube-scheduler must send to the extender (managedResources). */}}
+{{- define "gpu-placement.managedResources" -}}
+{{- concat .Values.gpuResources (list .Values.sharedResource) .Values.migResources | uniq | toJson }}
+{{- end }}
+
+{{/* The service configuration (CONTRACT.md section 8): .Values.config plus the shared top-level keys. */}}
+{{- define "gpu-placement.config" -}}
+{{- $config := deepCopy .Values.config }}
+{{- $_ := set $config "schedulerName" .Values.schedulerName }}
+{{- $_ = set $config "gpuResources" .Values.gpuResources }}
+{{- $_ = set $config "sharedResource" .Values.sharedResource }}
+{{- $_ = set $config "exemptNamespaces" (include "gpu-placement.exemptNamespaces" . | fromJsonArray) }}
+{{- toYaml $config }}
+{{- end }}
+
+{{/* The restricted Pod Security profile, for every container. */}}
+{{- define "gpu-placement.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+readOnlyRootFilesystem: true
+allowPrivilegeEscalation: false
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "gpu-placement.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* CEL for matchConditions, written out over several lines. `object` is the Pod being created;
+optional fields are guarded with has(), since reading an absent field is an error (and an error
+means failurePolicy). */}}
+{{- define "gpu-placement.cel.list" -}}
+{{- $quoted := list }}
+{{- range . }}{{ $quoted = append $quoted (printf "'%s'" .) }}{{ end -}}
+[{{ join ", " $quoted }}]
+{{- end }}
+
+{{- define "gpu-placement.cel.isGpuResource" -}}
+r in {{ include "gpu-placement.cel.list" (concat .Values.gpuResources (list .Values.sharedResource) | uniq) }} || r.startsWith('nvidia.com/mig-')
+{{- end }}
+
+{{- define "gpu-placement.cel.containerAsksGpu" -}}
+has(c.resources) && (
+  (has(c.resources.requests) && c.resources.requests.exists(r, {{ include "gpu-placement.cel.isGpuResource" . }})) ||
+  (has(c.resources.limits) && c.resources.limits.exists(r, {{ include "gpu-placement.cel.isGpuResource" . }})))
+{{- end }}
+
+{{/* Any container or init container requests or limits a GPU resource. */}}
+{{- define "gpu-placement.cel.asksGpu" -}}
+object.spec.containers.exists(c,{{ include "gpu-placement.cel.containerAsksGpu" . | nindent 2 }}) ||
+(has(object.spec.initContainers) && object.spec.initContainers.exists(c,{{ include "gpu-placement.cel.containerAsksGpu" . | nindent 2 }}))
+{{- end }}
+
+{{/* Tolerates the GPU taint: a key from config.gpuTolerations (nvidia.com/gpu by default), or a bare
+`operator: Exists`, which tolerates every taint. */}}
+{{- define "gpu-placement.cel.toleratesGpuTaint" -}}
+{{- $keys := list "nvidia.com/gpu" }}
+{{- range .Values.config.gpuTolerations }}{{ if .key }}{{ $keys = append $keys .key }}{{ end }}{{ end -}}
+has(object.spec.tolerations) && object.spec.tolerations.exists(t,
+  (has(t.key) && t.key in {{ include "gpu-placement.cel.list" ($keys | uniq) }}) ||
+  ((!has(t.key) || t.key == '') && has(t.operator) && t.operator == 'Exists'))
+{{- end }}
+
+{{- define "gpu-placement.cel.isDaemonSetPod" -}}
+has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(o, o.kind == 'DaemonSet')
+{{- end }}

@@ -1,0 +1,905 @@
+"""The Helm chart (charts/gpu-placement), rendered for real by Helm v4 in-process (helm_python).
+
+Every rendered manifest is checked against the Kubernetes OpenAPI schemas (kubernetes-validate,
+strict: unknown fields fail), and the parts that must agree with the code are cross-checked against
+it: the service config parses with `gpu_placement.config.parse_config`, every container's args
+parse with the CLI's own parser, the extender verbs and webhook paths are routes the apps serve,
+ports and names line up between the scheduler config, containers, Services and RBAC. The webhook
+matchConditions are evaluated on sample pods with a small evaluator for the CEL subset they use.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "gpu-placement"
+NAMESPACE = "gpu-placement"
+
+Doc = dict[str, Any]
+
+# Kinds whose schemas are CRDs, not core Kubernetes: skipped by name in the schema check, nothing else.
+CRD_KINDS = {
+    ("cert-manager.io/v1", "Issuer"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+}
+# The newest Kubernetes the validator ships, and the oldest the chart claims (Chart.yaml kubeVersion).
+K8S_VERSIONS = (kubernetes_validate.utils.latest_version(), "1.30")
+SERVICE_IMAGE_CONTAINERS = {"extender", "webhook"}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    values: dict[str, Any]
+    release: str = "gpu-placement"
+    namespace: str = NAMESPACE
+
+
+CASES = [
+    Case("default", {}),
+    Case("cert-manager", {"certManager": {"enabled": True}}),
+    Case("audit-ignore", {"config": {"mode": "audit"},
+                          "webhook": {"mutating": {"failurePolicy": "Ignore"},
+                                      "validating": {"failurePolicy": "Ignore"}, "timeoutSeconds": 10}}),
+    Case("custom", {
+        "schedulerName": "gpu-batch",
+        "gpuResources": ["nvidia.com/gpu", "example.com/accelerator"],
+        "sharedResource": "nvidia.com/gpu.timesliced",
+        "migResources": ["nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"],
+        "exemptNamespaces": ["kube-system", "gpu-operator", "monitoring"],
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "image": {"repository": "registry.example.com/platform/gpu-placement",
+                  "digest": "sha256:" + "ab" * 32},
+        "config": {
+            "pools": {
+                "training": {"nodeSelector": {"pool": "training"},
+                             "tolerations": [{"key": "pool", "operator": "Equal", "value": "training",
+                                              "effect": "NoSchedule"}]},
+                "inference": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}},
+            },
+            "gpuTolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                               {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}],
+            "defaultNamespacePolicy": "deny",
+            "scoring": {"strategy": "spread", "weights": {"upgradeRequired": 5}},
+            "telemetry": {"url": "http://nvidia-dcgm-exporter.gpu-operator:9400/metrics", "refreshSeconds": 10},
+            "validator": {"required": False},
+            "reservationTTLSeconds": 30,
+        },
+    }, release="gpu", namespace="platform-gpu"),
+    Case("exposed-single", {
+        "scheduler": {"replicas": 1, "extender": {"listenHost": "0.0.0.0", "port": 9999, "weight": 2,
+                                                  "httpTimeout": "3s"}},
+        "webhook": {"replicas": 1, "port": 9443},
+        "serviceMonitor": {"enabled": True},
+        "config": {"protectGpuNodes": False},
+        "logLevel": "debug",
+    }),
+]
+
+
+@dataclass
+class Rendered:
+    case: Case
+    values: dict[str, Any]  # merged with the chart defaults
+    docs: list[Doc]
+
+    def all(self, kind: str) -> list[Doc]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def one(self, kind: str, name: str | None = None) -> Doc:
+        found = [d for d in self.all(kind) if name is None or d["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
+        return found[0]
+
+    def deployment(self, component: str) -> Doc:
+        found = [d for d in self.all("Deployment")
+                 if d["metadata"]["labels"]["app.kubernetes.io/component"] == component]
+        assert len(found) == 1
+        return found[0]
+
+    def container(self, name: str) -> Doc:
+        found = [c for d in self.all("Deployment") for c in d["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == name]
+        assert len(found) == 1, name
+        return found[0]
+
+    def config_text(self) -> str:
+        cm = self.one("ConfigMap", f"{fullname(self.case)}-config")
+        return str(cm["data"]["config.yaml"])
+
+    def scheduler_config(self) -> Doc:
+        cm = self.one("ConfigMap", f"{fullname(self.case)}-scheduler")
+        return dict(yaml.safe_load(cm["data"]["scheduler-config.yaml"]))
+
+
+def fullname(case: Case) -> str:
+    return case.release if "gpu-placement" in case.release else f"{case.release}-gpu-placement"
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm_python.Chart]:
+    with helm_python.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def _render(chart: helm_python.Chart, case: Case) -> Rendered:
+    files = chart.render(case.values, name=case.release, namespace=case.namespace)
+    docs = [doc for path, text in sorted(files.items()) if path.endswith(".yaml")
+            for doc in yaml.safe_load_all(text) if doc]
+    assert any(path.endswith("templates/NOTES.txt") for path in files)
+    return Rendered(case, chart.merge_values(case.values), docs)
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[c.name for c in CASES])
+def rendered(request: pytest.FixtureRequest, chart: helm_python.Chart) -> Rendered:
+    return _render(chart, request.param)
+
+
+def _case(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)
+
+
+def _flag(args: list[str], flag: str) -> str:
+    assert args.count(flag) == 1, f"{flag} given {args.count(flag)} times in {args}"
+    return args[args.index(flag) + 1]
+
+
+def _port(listen: str) -> int:
+    return int(listen.rpartition(":")[2])
+
+
+def _mounts(deployment: Doc, container: Doc) -> dict[str, Doc]:
+    """mountPath -> the pod volume mounted there."""
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"].get("volumes", [])}
+    return {m["mountPath"]: volumes[m["name"]] | {"readOnly": m.get("readOnly", False)}
+            for m in container.get("volumeMounts", [])}
+
+
+def _volume_for(path: str, mounts: dict[str, Doc]) -> Doc:
+    matches = [mount for mount in mounts if path.startswith(mount.rstrip("/") + "/")]
+    assert matches, f"{path} is in no mounted volume ({sorted(mounts)})"
+    return mounts[max(matches, key=len)]
+
+
+# ---- Helm ---------------------------------------------------------------------------------------
+
+
+def test_helm_lint_is_clean() -> None:
+    for case in CASES:
+        report = helm_python.lint(CHART, case.values, strict=True, namespace=case.namespace)
+        assert report["errors"] == [], (case.name, report)
+        problems = [m for m in report["messages"] if m["severity"] >= 2]
+        assert problems == [], (case.name, problems)
+
+
+def test_chart_metadata() -> None:
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert meta["apiVersion"] == "v2"
+    assert meta["name"] == "gpu-placement"
+    assert (CHART / "templates" / "NOTES.txt").is_file()
+    assert (CHART / "templates" / "_helpers.tpl").is_file()
+
+
+@pytest.mark.parametrize("values, where", [
+    ({"webhook": {"timeoutSeconds": 30}}, "/webhook/timeoutSeconds"),
+    ({"webhook": {"timeoutSeconds": 0}}, "/webhook/timeoutSeconds"),
+    ({"config": {"mode": "loud"}}, "/config/mode"),
+    ({"webhook": {"validating": {"failurePolicy": "Maybe"}}}, "/webhook/validating/failurePolicy"),
+    ({"webhook": {"mutating": {"failurePolicy": "fail"}}}, "/webhook/mutating/failurePolicy"),
+    ({"config": {"scoring": {"strategy": "random"}}}, "/config/scoring/strategy"),
+    ({"config": {"defaultNamespacePolicy": "maybe"}}, "/config/defaultNamespacePolicy"),
+    ({"config": {"scoring": {"weights": {"xidErrors": 11}}}}, "/config/scoring/weights/xidErrors"),
+    ({"config": {"schedulerName": "x"}}, "/config"),  # top-level only: one source of truth
+    ({"config": {"exemptNamespaces": ["a"]}}, "/config"),
+    ({"config": {"colour": "blue"}}, "/config"),
+    ({"replicas": 3}, ""),
+    ({"schedulerName": "Not A Name"}, "/schedulerName"),
+    ({"migResources": ["nvidia.com/gpu"]}, "/migResources/0"),
+    ({"gpuResources": []}, "/gpuResources"),
+    ({"scheduler": {"extender": {"listenHost": "10.0.0.1"}}}, "/scheduler/extender/listenHost"),
+    ({"scheduler": {"extender": {"httpTimeout": "5 seconds"}}}, "/scheduler/extender/httpTimeout"),
+    ({"certManager": {"enabled": "yes"}}, "/certManager/enabled"),
+    ({"serviceMonitor": {"enabled": 1}}, "/serviceMonitor/enabled"),
+])
+def test_schema_rejects_bad_values(chart: helm_python.Chart, values: dict[str, Any], where: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError) as caught:
+        chart.render(values, name="gpu-placement", namespace=NAMESPACE)
+    assert f"at '{where}" in str(caught.value), str(caught.value)
+
+
+def test_schema_covers_every_default_value() -> None:
+    """Every key in values.yaml is declared in values.schema.json (which forbids unknown keys)."""
+    import json
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(value: Any, node: Doc, path: str) -> None:
+        if not isinstance(value, dict):
+            return
+        props = node.get("properties")
+        if props is None:
+            assert "additionalProperties" in node, f"{path}: no schema for its keys"
+            return
+        assert node.get("additionalProperties") is False, f"{path}: unknown keys are not rejected"
+        for key, child in value.items():
+            assert key in props, f"{path}.{key} is not in values.schema.json"
+            walk(child, props[key], f"{path}.{key}")
+
+    walk(values, schema, "")
+
+
+# ---- Kubernetes schemas -------------------------------------------------------------------------
+
+
+def test_manifests_match_kubernetes_schemas(rendered: Rendered) -> None:
+    skipped = []
+    for doc in rendered.docs:
+        if (doc["apiVersion"], doc["kind"]) in CRD_KINDS:
+            skipped.append(doc["kind"])
+            continue
+        for version in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} (Kubernetes {version}): "
+                            f"{exc.message} at {'.'.join(map(str, exc.absolute_path))}")
+    expected = ({"Issuer", "Certificate"} if rendered.values["certManager"]["enabled"] else set()) | (
+        {"ServiceMonitor"} if rendered.values["serviceMonitor"]["enabled"] else set())
+    assert set(skipped) == expected
+
+
+def test_every_object_is_labelled_and_namespaced(rendered: Rendered) -> None:
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                      "ValidatingWebhookConfiguration"}
+    for doc in rendered.docs:
+        meta = doc["metadata"]
+        assert meta["labels"]["app.kubernetes.io/instance"] == rendered.case.release
+        if doc["kind"] in cluster_scoped:
+            assert "namespace" not in meta
+            assert meta["name"].startswith(fullname(rendered.case))
+        elif meta["name"].endswith("extension-apiserver-authentication-reader"):
+            assert meta["namespace"] == "kube-system"
+        else:
+            assert meta["namespace"] == rendered.case.namespace, (doc["kind"], meta["name"])
+
+
+# ---- the service config and the CLI ---------------------------------------------------------------
+
+
+def test_rendered_config_parses_with_the_service(rendered: Rendered) -> None:
+    from gpu_placement.config import parse_config
+
+    data = yaml.safe_load(rendered.config_text())
+    config = parse_config(data)
+    v = rendered.values
+    assert config.scheduler_name == v["schedulerName"]
+    assert list(config.gpu_resources) == v["gpuResources"]
+    assert config.shared_resource == v["sharedResource"]
+    assert config.exempt_namespaces == {*v["exemptNamespaces"], rendered.case.namespace}
+    assert config.mode == v["config"]["mode"]
+    assert config.scoring.strategy == v["config"]["scoring"]["strategy"]
+    assert set(config.pools) == set(v["config"]["pools"])
+    for mig in v["migResources"]:
+        assert config.is_gpu_resource(mig)
+
+
+def test_config_error_is_what_bad_config_raises() -> None:
+    from gpu_placement.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError):
+        parse_config({"mode": "loud"})
+
+
+def test_every_container_of_the_service_parses_with_the_cli(rendered: Rendered) -> None:
+    from gpu_placement.cli import build_parser
+
+    seen = set()
+    for deployment in rendered.all("Deployment"):
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            if container["name"] not in SERVICE_IMAGE_CONTAINERS:
+                continue
+            seen.add(container["name"])
+            assert "command" not in container, "the image's ENTRYPOINT is gpu-placement"
+            args = build_parser().parse_args(container["args"])
+            assert args.command == "serve"
+            assert args.components == (container["name"],)
+            assert args.kubeconfig is None and args.snapshot is None, "in-cluster API config"
+            mounts = _mounts(deployment, container)
+            config_volume = _volume_for(args.config, mounts)
+            assert config_volume["configMap"]["name"] == f"{fullname(rendered.case)}-config"
+            assert args.config.endswith("/config.yaml")
+            assert args.log_level == rendered.values["logLevel"]
+    assert seen == SERVICE_IMAGE_CONTAINERS
+
+
+# ---- the scheduler --------------------------------------------------------------------------------
+
+
+def test_scheduler_configuration(rendered: Rendered) -> None:
+    v = rendered.values
+    sched = rendered.scheduler_config()
+    assert sched["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert sched["kind"] == "KubeSchedulerConfiguration"
+    assert [p["schedulerName"] for p in sched["profiles"]] == [v["schedulerName"]]
+    election = sched["leaderElection"]
+    assert election["leaderElect"] is True
+    assert election["resourceName"] == v["schedulerName"]
+    assert election["resourceNamespace"] == rendered.case.namespace
+    [extender] = sched["extenders"]
+    verbs = {key: value for key, value in extender.items() if key.endswith("Verb")}
+    assert verbs == {"filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind"}
+    assert extender["nodeCacheCapable"] is True
+    assert extender["enableHTTPS"] is False
+    assert extender["ignorable"] is False
+    assert extender["weight"] == v["scheduler"]["extender"]["weight"]
+    assert extender["httpTimeout"] == v["scheduler"]["extender"]["httpTimeout"]
+    managed = [r["name"] for r in extender["managedResources"]]
+    assert managed == [*v["gpuResources"], v["sharedResource"], *v["migResources"]]
+    assert all(r["ignoredByScheduler"] is False for r in extender["managedResources"])
+
+
+def test_extender_url_is_the_sidecar_listener(rendered: Rendered) -> None:
+    from gpu_placement.cli import build_parser
+
+    [extender] = rendered.scheduler_config()["extenders"]
+    match = re.fullmatch(r"http://127\.0\.0\.1:(\d+)", extender["urlPrefix"])
+    assert match, extender["urlPrefix"]
+    args = build_parser().parse_args(rendered.container("extender")["args"])
+    host, port = args.extender_listen
+    assert port == int(match.group(1)) == rendered.values["scheduler"]["extender"]["port"]
+    assert host == rendered.values["scheduler"]["extender"]["listenHost"]
+    # Same pod: loopback reaches it.
+    deployment = rendered.deployment("scheduler")
+    names = [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]]
+    assert names == ["kube-scheduler", "extender"]
+
+
+def test_scheduler_containers(rendered: Rendered) -> None:
+    v = rendered.values["scheduler"]
+    deployment = rendered.deployment("scheduler")
+    assert deployment["spec"]["replicas"] == v["replicas"]
+    container = rendered.container("kube-scheduler")
+    assert container["image"] == f"registry.k8s.io/kube-scheduler:{v['image']['tag']}"
+    [config_flag] = [a for a in container["command"] if a.startswith("--config=")]
+    path = config_flag.split("=", 1)[1]
+    volume = _volume_for(path, _mounts(deployment, container))
+    assert volume["configMap"]["name"] == f"{fullname(rendered.case)}-scheduler"
+    assert path.rsplit("/", 1)[1] in rendered.one("ConfigMap", volume["configMap"]["name"])["data"]
+    assert not any(a.startswith("--kubeconfig") for a in container["command"])
+    # Extender probes hit its own loopback listener, /readyz and /healthz.
+    extender = rendered.container("extender")
+    port = v["extender"]["port"]
+    probe_text = {kind: " ".join(extender[kind]["exec"]["command"]) for kind in ("readinessProbe", "livenessProbe")}
+    assert f"http://127.0.0.1:{port}/readyz" in probe_text["readinessProbe"]
+    assert f"http://127.0.0.1:{port}/healthz" in probe_text["livenessProbe"]
+
+
+def test_scheduler_rbac(rendered: Rendered) -> None:
+    name = fullname(rendered.case)
+    sa = f"{name}-scheduler"
+    ns = rendered.case.namespace
+    subject = [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]
+    bound = {(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+             for b in rendered.all("ClusterRoleBinding") + rendered.all("RoleBinding") if b["subjects"] == subject}
+    assert ("ClusterRole", "system:kube-scheduler", None) in bound
+    assert ("ClusterRole", "system:volume-scheduler", None) in bound
+    assert ("Role", "extension-apiserver-authentication-reader", "kube-system") in bound
+    assert ("ClusterRole", f"{name}-extender", None) in bound
+    assert ("Role", f"{sa}-leader-election", ns) in bound
+    lease_rules = rendered.one("Role", f"{sa}-leader-election")["rules"]
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]} in lease_rules
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+            "resourceNames": [rendered.scheduler_config()["leaderElection"]["resourceName"]],
+            "verbs": ["get", "update"]} in lease_rules
+    extender_rules = rendered.one("ClusterRole", f"{name}-extender")["rules"]
+    assert extender_rules == [
+        {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+    ]
+    assert rendered.deployment("scheduler")["spec"]["template"]["spec"]["serviceAccountName"] == sa
+
+
+def test_scheduler_pdb_only_with_a_standby(rendered: Rendered) -> None:
+    pdbs = [p for p in rendered.all("PodDisruptionBudget") if p["metadata"]["name"].endswith("-scheduler")]
+    assert len(pdbs) == (1 if rendered.values["scheduler"]["replicas"] > 1 else 0)
+
+
+# ---- the webhook ----------------------------------------------------------------------------------
+
+
+def _webhooks(rendered: Rendered) -> tuple[Doc, Doc]:
+    name = fullname(rendered.case)
+    mutating = rendered.one("MutatingWebhookConfiguration", name)
+    validating = rendered.one("ValidatingWebhookConfiguration", name)
+    return mutating, validating
+
+
+def test_webhook_configurations(rendered: Rendered) -> None:
+    v = rendered.values["webhook"]
+    service = rendered.one("Service", f"{fullname(rendered.case)}-webhook")
+    for config, path, policy in zip(_webhooks(rendered), ("/mutate", "/validate"),
+                                    (v["mutating"]["failurePolicy"], v["validating"]["failurePolicy"]),
+                                    strict=True):
+        [hook] = config["webhooks"]
+        assert hook["clientConfig"]["service"] == {"name": service["metadata"]["name"],
+                                                   "namespace": rendered.case.namespace, "path": path, "port": 443}
+        assert hook["sideEffects"] == "None"
+        assert hook["admissionReviewVersions"] == ["v1"]
+        assert hook["timeoutSeconds"] == v["timeoutSeconds"] <= 10
+        assert hook["failurePolicy"] == policy
+        assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                  "resources": ["pods"], "scope": "Namespaced"}]
+        assert hook["matchConditions"], "only pods that matter are sent"
+    mutating, validating = _webhooks(rendered)
+    assert mutating["webhooks"][0]["reinvocationPolicy"] == "IfNeeded"
+    assert "reinvocationPolicy" not in validating["webhooks"][0]
+
+
+def test_webhook_paths_are_the_routes_the_apps_serve(rendered: Rendered, tmp_path: Path) -> None:
+    """The chart's extender verbs and webhook paths against the apps built by the code, from the
+    rendered config."""
+    from gpu_placement.config import parse_config
+    from gpu_placement.service import core_from_snapshot
+
+    snapshot = tmp_path / "empty.yaml"
+    snapshot.write_text("apiVersion: v1\nkind: List\nitems: []\n")
+    core = core_from_snapshot(parse_config(yaml.safe_load(rendered.config_text())), snapshot)
+    try:
+        extender_routes = {r.path: r.methods for r in core.extender_app(1 << 20).routes}
+        webhook_routes = {r.path: r.methods for r in core.webhook_app().routes}
+    finally:
+        core.stop()
+    [extender] = rendered.scheduler_config()["extenders"]
+    for key in ("filterVerb", "prioritizeVerb", "bindVerb"):
+        assert "POST" in (extender_routes[f"/{extender[key]}"] or set())
+    for config in _webhooks(rendered):
+        assert "POST" in (webhook_routes[config["webhooks"][0]["clientConfig"]["service"]["path"]] or set())
+    for ops in ("/healthz", "/readyz", "/metrics"):
+        assert ops in extender_routes and ops in webhook_routes
+
+
+def test_webhook_service_reaches_the_listener(rendered: Rendered) -> None:
+    from gpu_placement.cli import build_parser
+
+    container = rendered.container("webhook")
+    args = build_parser().parse_args(container["args"])
+    host, port = args.webhook_listen
+    assert host == "0.0.0.0"
+    service = rendered.one("Service", f"{fullname(rendered.case)}-webhook")
+    [service_port] = service["spec"]["ports"]
+    assert service_port["port"] == 443
+    assert service_port["targetPort"] == port == rendered.values["webhook"]["port"]
+    assert [p["containerPort"] for p in container["ports"]] == [port]
+    pod_labels = rendered.deployment("webhook")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    scheduler_labels = rendered.deployment("scheduler")["spec"]["template"]["metadata"]["labels"]
+    assert not service["spec"]["selector"].items() <= scheduler_labels.items()
+    for kind, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        probe = container[kind]["httpGet"]
+        assert (probe["path"], probe["scheme"], probe["port"]) == (path, "HTTPS", "https")
+
+
+def test_exempt_namespaces_match_the_config(rendered: Rendered) -> None:
+    config = yaml.safe_load(rendered.config_text())
+    expected = {*rendered.values["exemptNamespaces"], rendered.case.namespace}
+    assert set(config["exemptNamespaces"]) == expected
+    for webhook_config in _webhooks(rendered):
+        selector = webhook_config["webhooks"][0]["namespaceSelector"]
+        assert selector == {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                                                  "values": sorted(expected, key=config["exemptNamespaces"].index)}]}
+
+
+def test_managed_resources_cover_every_gpu_resource_of_the_config(rendered: Rendered) -> None:
+    config = yaml.safe_load(rendered.config_text())
+    [extender] = rendered.scheduler_config()["extenders"]
+    managed = {r["name"] for r in extender["managedResources"]}
+    assert {*config["gpuResources"], config["sharedResource"]} <= managed
+    assert all(r.startswith("nvidia.com/mig-") for r in managed - {*config["gpuResources"], config["sharedResource"]})
+
+
+def test_webhook_certificates(rendered: Rendered) -> None:
+    from gpu_placement.cli import build_parser
+
+    name = fullname(rendered.case)
+    ns = rendered.case.namespace
+    service = f"{name}-webhook"
+    secret = f"{name}-webhook-tls"
+    deployment = rendered.deployment("webhook")
+    container = rendered.container("webhook")
+    args = build_parser().parse_args(container["args"])
+    mounts = _mounts(deployment, container)
+    if rendered.values["certManager"]["enabled"]:
+        assert not args.manage_certs
+        for path in (args.tls_cert, args.tls_key):
+            volume = _volume_for(path, mounts)
+            assert volume["secret"]["secretName"] == secret and volume["readOnly"]
+        assert (args.tls_cert, args.tls_key) == ("/certs/tls.crt", "/certs/tls.key")
+        issuers = {i["metadata"]["name"]: i["spec"] for i in rendered.all("Issuer")}
+        certs = {c["metadata"]["name"]: c["spec"] for c in rendered.all("Certificate")}
+        serving = certs[f"{name}-webhook"]
+        assert serving["secretName"] == secret
+        assert serving["dnsNames"] == [service, f"{service}.{ns}", f"{service}.{ns}.svc",
+                                       f"{service}.{ns}.svc.cluster.local"]
+        ca_issuer = issuers[serving["issuerRef"]["name"]]
+        ca_cert = next(c for c in certs.values() if c["secretName"] == ca_issuer["ca"]["secretName"])
+        assert ca_cert["isCA"] is True
+        assert issuers[ca_cert["issuerRef"]["name"]] == {"selfSigned": {}}
+        for config in _webhooks(rendered):
+            assert config["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{ns}/{name}-webhook"}
+        assert not [r for r in rendered.all("Role") if r["metadata"]["name"].endswith("-certs")]
+        return
+    assert args.manage_certs and args.tls_cert is None
+    assert (args.cert_secret, args.service, args.namespace) == (secret, service, ns)
+    assert args.webhook_configuration == name
+    for config in _webhooks(rendered):
+        assert config["metadata"]["name"] == args.webhook_configuration
+        assert "annotations" not in config["metadata"]
+    cert_dir = _volume_for(args.cert_dir + "/tls.crt", mounts)
+    assert "emptyDir" in cert_dir and not cert_dir["readOnly"], "the root filesystem is read-only"
+    assert args.cert_dir == "/tmp/certs"
+    assert not rendered.all("Certificate")
+    # RBAC: the Secret and Lease by name where the verb allows it, both webhook configurations by name.
+    rules = rendered.one("Role", f"{name}-webhook-certs")["rules"]
+    assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret],
+            "verbs": ["get", "update", "patch"]} in rules
+    assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]} in rules
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [f"{secret}-lock"],
+            "verbs": ["get", "update"]} in rules
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]} in rules
+    assert all("resourceNames" in r or r["verbs"] == ["create"] for r in rules)
+    [cluster_rule] = rendered.one("ClusterRole", f"{name}-webhook-certs")["rules"]
+    assert cluster_rule == {"apiGroups": ["admissionregistration.k8s.io"],
+                            "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+                            "resourceNames": [name], "verbs": ["get", "patch"]}
+
+
+def test_webhook_rbac_reads_the_view(rendered: Rendered) -> None:
+    name = fullname(rendered.case)
+    assert rendered.one("ClusterRole", f"{name}-webhook")["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]}]
+    assert rendered.deployment("webhook")["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-webhook"
+
+
+def test_webhook_availability(rendered: Rendered) -> None:
+    v = rendered.values["webhook"]
+    deployment = rendered.deployment("webhook")
+    assert deployment["spec"]["replicas"] == v["replicas"]
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pdbs = [p for p in rendered.all("PodDisruptionBudget") if p["metadata"]["name"].endswith("-webhook")]
+    if v["replicas"] < 2:
+        assert pdbs == [], "minAvailable 1 with one replica would block node drains"
+        return
+    [pdb] = pdbs
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert any(c["topologyKey"] == "kubernetes.io/hostname" and c["whenUnsatisfiable"] == "DoNotSchedule"
+               for c in spread)
+
+
+# ---- security ------------------------------------------------------------------------------------
+
+
+def test_pods_are_locked_down(rendered: Rendered) -> None:
+    accounts = {sa["metadata"]["name"]: sa for sa in rendered.all("ServiceAccount")}
+    assert len(accounts) == 2, "separate ServiceAccounts for scheduler and webhook"
+    for deployment in rendered.all("Deployment"):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is True, "both pods talk to the API server"
+        assert accounts[pod["serviceAccountName"]]["automountServiceAccountToken"] is False
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert "hostNetwork" not in pod and "hostPID" not in pod
+        for container in pod["containers"]:
+            sc = container["securityContext"]
+            assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
+            assert sc["readOnlyRootFilesystem"] is True
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"] == {"drop": ["ALL"]}
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert container["resources"]["requests"] and container["resources"]["limits"]
+            assert "livenessProbe" in container and "readinessProbe" in container
+            for mount in container.get("volumeMounts", []):
+                volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+                assert mount.get("readOnly") or "emptyDir" in volume, (container["name"], mount)
+
+
+def test_pods_roll_when_the_config_changes(chart: helm_python.Chart) -> None:
+    def annotations(values: dict[str, Any]) -> dict[str, dict[str, str]]:
+        docs = _render(chart, Case("x", values)).all("Deployment")
+        return {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["annotations"] for d in docs}
+
+    before = annotations({})
+    after = annotations({"config": {"scoring": {"strategy": "spread"}}})
+    for name in before:
+        assert before[name]["checksum/config"] != after[name]["checksum/config"]
+
+
+def test_image(rendered: Rendered) -> None:
+    image = rendered.values["image"]
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    expected = (f"{image['repository']}@{image['digest']}" if image["digest"]
+                else f"{image['repository']}:{image['tag'] or app_version}")
+    for name in SERVICE_IMAGE_CONTAINERS:
+        assert rendered.container(name)["image"] == expected
+
+
+# ---- metrics --------------------------------------------------------------------------------------
+
+
+def test_service_monitor(rendered: Rendered) -> None:
+    monitors = rendered.all("ServiceMonitor")
+    if not rendered.values["serviceMonitor"]["enabled"]:
+        assert monitors == []
+        return
+    [monitor] = monitors
+    spec = monitor["spec"]
+    for key, value in rendered.values["serviceMonitor"]["labels"].items():
+        assert monitor["metadata"]["labels"][key] == value
+    selected = [s for s in rendered.all("Service")
+                if spec["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
+    ports = {p["name"] for s in selected for p in s["spec"]["ports"]}
+    endpoints = {e["port"]: e for e in spec["endpoints"]}
+    assert set(endpoints) <= ports
+    assert endpoints["https"]["path"] == "/metrics" and endpoints["https"]["scheme"] == "https"
+    assert endpoints["https"]["tlsConfig"]["ca"]["secret"]["name"] == f"{fullname(rendered.case)}-webhook-tls"
+    exposed = rendered.values["scheduler"]["extender"]["listenHost"] != "127.0.0.1"
+    assert ("extender" in endpoints) == exposed
+    if exposed:
+        assert endpoints["extender"]["path"] == "/metrics"
+
+
+# ---- matchConditions: the CEL, evaluated on sample pods ------------------------------------------
+
+
+class CelError(Exception):
+    """What CEL raises too: a field read that is not there, or an unsupported construct."""
+
+
+_TOKEN = re.compile(r"\s*(?:(\|\||&&|==|!=|[!().,\[\]])|('(?:[^'\\]|\\.)*')|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def _tokens(text: str) -> list[str]:
+    out, pos = [], 0
+    text = text.rstrip()
+    while pos < len(text):
+        match = _TOKEN.match(text, pos)
+        if not match:
+            raise CelError(f"cannot read {text[pos:pos + 20]!r}")
+        out.append(match.group(0).strip())
+        pos = match.end()
+    return out
+
+
+class _Cel:
+    """A parser and evaluator for the CEL the chart's matchConditions use: ||, &&, !, ==, !=, in,
+    field selection, string and list literals, has(), .exists() on lists and maps, .startsWith().
+    Like CEL, selecting a field that is absent is an error, so a missing has() guard fails here."""
+
+    def __init__(self, text: str) -> None:
+        self.tokens, self.pos = _tokens(text), 0
+        self.ast = self.parse_or()
+        if self.pos != len(self.tokens):
+            raise CelError(f"unexpected {self.tokens[self.pos]!r}")
+
+    def peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self, expected: str | None = None) -> str:
+        token = self.peek()
+        if token is None or (expected is not None and token != expected):
+            raise CelError(f"expected {expected!r}, found {token!r}")
+        self.pos += 1
+        return token
+
+    def parse_or(self) -> Any:
+        node = self.parse_and()
+        while self.peek() == "||":
+            self.take()
+            node = ("||", node, self.parse_and())
+        return node
+
+    def parse_and(self) -> Any:
+        node = self.parse_unary()
+        while self.peek() == "&&":
+            self.take()
+            node = ("&&", node, self.parse_unary())
+        return node
+
+    def parse_unary(self) -> Any:
+        if self.peek() == "!":
+            self.take()
+            return ("!", self.parse_unary())
+        node = self.parse_member()
+        if self.peek() in ("==", "!=", "in"):
+            op = self.take()
+            node = (op, node, self.parse_member())
+        return node
+
+    def parse_member(self) -> Any:
+        node = self.parse_primary()
+        while self.peek() == ".":
+            self.take()
+            field = self.take()
+            if self.peek() == "(":
+                self.take()
+                args = [self.parse_or()]
+                while self.peek() == ",":
+                    self.take()
+                    args.append(self.parse_or())
+                self.take(")")
+                node = ("call", field, node, args)
+            else:
+                node = ("select", node, field)
+        return node
+
+    def parse_primary(self) -> Any:
+        token = self.take()
+        if token == "(":
+            node = self.parse_or()
+            self.take(")")
+            return node
+        if token == "[":
+            items = [] if self.peek() == "]" else [self.parse_or()]
+            while self.peek() == ",":
+                self.take()
+                items.append(self.parse_or())
+            self.take("]")
+            return ("list", items)
+        if token.startswith("'"):
+            return ("str", token[1:-1])
+        if token == "has":
+            self.take("(")
+            arg = self.parse_member()
+            self.take(")")
+            if arg[0] != "select":
+                raise CelError("has() takes a field selection")
+            return ("has", arg)
+        return ("ident", token)
+
+    def eval(self, node: Any, env: dict[str, Any]) -> Any:
+        op = node[0]
+        if op == "||":
+            return self.truth(node[1], env) or self.truth(node[2], env)
+        if op == "&&":
+            return self.truth(node[1], env) and self.truth(node[2], env)
+        if op == "!":
+            return not self.truth(node[1], env)
+        if op in ("==", "!="):
+            left, right = self.eval(node[1], env), self.eval(node[2], env)
+            return (left == right) == (op == "==")
+        if op == "in":
+            return self.eval(node[1], env) in self.eval(node[2], env)
+        if op == "str":
+            return node[1]
+        if op == "list":
+            return [self.eval(item, env) for item in node[1]]
+        if op == "ident":
+            if node[1] not in env:
+                raise CelError(f"undeclared reference {node[1]}")
+            return env[node[1]]
+        if op == "select":
+            target = self.eval(node[1], env)
+            if not isinstance(target, dict) or node[2] not in target:
+                raise CelError(f"no such key: {node[2]}")
+            return target[node[2]]
+        if op == "has":
+            target = self.eval(node[1][1], env)
+            if not isinstance(target, dict):
+                raise CelError("has() on a non-object")
+            return node[1][2] in target
+        if op == "call":
+            _, name, target_node, args = node
+            target = self.eval(target_node, env)
+            if name == "startsWith":
+                return str(target).startswith(self.eval(args[0], env))
+            if name == "exists":
+                if args[0][0] != "ident":
+                    raise CelError("exists() needs a variable")
+                items = list(target) if isinstance(target, dict | list) else None
+                if items is None:
+                    raise CelError("exists() on a non-collection")
+                return any(self.truth(args[1], {**env, args[0][1]: item}) for item in items)
+            raise CelError(f"unsupported function {name}")
+        raise CelError(f"unsupported {op}")
+
+    def truth(self, node: Any, env: dict[str, Any]) -> bool:
+        value = self.eval(node, env)
+        if not isinstance(value, bool):
+            raise CelError(f"no such overload: {value!r} is not a bool")
+        return value
+
+    def __call__(self, pod: Doc) -> bool:
+        return self.truth(self.ast, {"object": pod})
+
+
+def _pod(*containers: Doc, init: list[Doc] | None = None, tolerations: list[Doc] | None = None,
+         owner: str | None = None) -> Doc:
+    spec: Doc = {"containers": list(containers) or [{"name": "main", "image": "busybox"}]}
+    if init is not None:
+        spec["initContainers"] = init
+    if tolerations is not None:
+        spec["tolerations"] = tolerations
+    meta: Doc = {"generateName": "p-"}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": "o", "uid": "u"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def _asks(kind: str, resource: str) -> Doc:
+    return {"name": "c", "image": "cuda", "resources": {kind: {"cpu": "1", resource: "1"}}}
+
+
+CPU = {"name": "c", "image": "app", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
+EMPTY_RESOURCES = {"name": "c", "image": "app", "resources": {}}
+
+# (description, pod, sent to /mutate with protectGpuNodes, sent to /validate)
+SAMPLE_PODS: list[tuple[str, Callable[[Rendered], Doc], bool, bool]] = [
+    ("plain pod", lambda r: _pod(), False, False),
+    ("cpu requests only", lambda r: _pod(CPU, EMPTY_RESOURCES), False, False),
+    ("gpu request", lambda r: _pod(_asks("requests", "nvidia.com/gpu")), True, True),
+    ("gpu limit only", lambda r: _pod(CPU, _asks("limits", "nvidia.com/gpu")), True, True),
+    ("shared resource", lambda r: _pod(_asks("requests", r.values["sharedResource"])), True, True),
+    ("mig by prefix", lambda r: _pod(_asks("limits", "nvidia.com/mig-2g.20gb")), True, True),
+    ("every configured resource", lambda r: _pod(*[_asks("requests", x) for x in r.values["gpuResources"]]),
+     True, True),
+    ("gpu in init container", lambda r: _pod(CPU, init=[_asks("requests", "nvidia.com/gpu")]), True, True),
+    ("cpu init container", lambda r: _pod(CPU, init=[CPU, EMPTY_RESOURCES]), False, False),
+    ("gpu-like name", lambda r: _pod(_asks("requests", "nvidia.com/gpux")), False, False),
+    ("tolerates the gpu taint", lambda r: _pod(CPU, tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}]),
+     True, False),
+    ("bare Exists", lambda r: _pod(tolerations=[{"operator": "Exists"}]), True, False),
+    ("Exists with empty key", lambda r: _pod(tolerations=[{"key": "", "operator": "Exists"}]), True, False),
+    ("other taint", lambda r: _pod(tolerations=[{"key": "database", "operator": "Equal", "value": "db"},
+                                                {"operator": "Equal", "value": "x"}]), False, False),
+    ("DaemonSet tolerating everything", lambda r: _pod(tolerations=[{"operator": "Exists"}], owner="DaemonSet"),
+     False, False),
+    ("ReplicaSet tolerating everything", lambda r: _pod(tolerations=[{"operator": "Exists"}], owner="ReplicaSet"),
+     True, False),
+    ("DaemonSet asking for a gpu", lambda r: _pod(_asks("requests", "nvidia.com/gpu"), owner="DaemonSet"),
+     True, True),
+]
+
+
+def test_match_conditions_send_only_pods_that_matter(rendered: Rendered) -> None:
+    mutating, validating = _webhooks(rendered)
+    [mutate] = [_Cel(c["expression"]) for c in mutating["webhooks"][0]["matchConditions"]]
+    [validate] = [_Cel(c["expression"]) for c in validating["webhooks"][0]["matchConditions"]]
+    protect = rendered.values["config"]["protectGpuNodes"]
+    for description, make, to_mutate, to_validate in SAMPLE_PODS:
+        pod = make(rendered)
+        gpu = to_validate
+        assert mutate(pod) == (to_mutate if protect else gpu), f"/mutate, {description}"
+        assert validate(pod) == to_validate, f"/validate, {description}"
+
+
+def test_match_conditions_honour_custom_tolerations() -> None:
+    """A key from config.gpuTolerations counts as the GPU taint too (custom case: `dedicated`)."""
+    case = _case("custom")
+    with helm_python.Chart.load(CHART) as loaded:
+        mutating, _ = _webhooks(_render(loaded, case))
+    [mutate] = [_Cel(c["expression"]) for c in mutating["webhooks"][0]["matchConditions"]]
+    assert mutate(_pod(tolerations=[{"key": "dedicated", "operator": "Equal", "value": "gpu"}]))
+    assert mutate(_pod(_asks("requests", "example.com/accelerator")))
+
+
+def test_cel_evaluator_catches_unguarded_fields() -> None:
+    """The evaluator is as strict as CEL: this is what makes the has() guards above meaningful."""
+    with pytest.raises(CelError):
+        _Cel("object.spec.initContainers.exists(c, c.name == 'x')")(_pod())
+    with pytest.raises(CelError):
+        _Cel("object.spec.containers.exists(c, c.resources.limits.exists(r, r == 'x'))")(_pod(CPU))
+    assert _Cel("has(object.spec.initContainers) && object.spec.initContainers.exists(c, c.name == 'x')")(
+        _pod(init=[{"name": "x"}]))
