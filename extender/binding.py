@@ -13,7 +13,7 @@ from gpu_placement.pods import PodRecord, pod_key
 from gpu_placement.snapshot import SnapshotSource
 from gpu_placement.view import ClusterView
 
-__all__ = ["BindError", "Binder", "SnapshotBinder"]
+__all__ = ["ApiBinder", "BindError", "Binder", "SnapshotBinder"]
 
 
 class BindError(Exception):

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +47,7 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    namespace = str(meta.get("namespace") or "default")
+    namespace = sys.intern(str(meta.get("namespace") or "default"))  # one string per namespace, not per pod
     labels = meta.get("labels") or {}
     validator_ready = _is_ready(status) if is_validator(namespace, labels) else None
     try:
@@ -57,7 +58,7 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         namespace=namespace,
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
-        node=spec.get("nodeName") or None,
+        node=sys.intern(spec["nodeName"]) if spec.get("nodeName") else None,
         active=status.get("phase") not in _TERMINAL,
         gpus=gpus,
         memory_annotation=(meta.get("annotations") or {}).get(n.ANN_GPU_MEMORY),

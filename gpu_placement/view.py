@@ -169,11 +169,17 @@ class ClusterView:
 
     def _replace(self, kind: str, current: dict[str, Any], fresh: dict[str, Any], delete: Callable[[str], None],
                  upsert: Callable[[Any], None]) -> None:
-        """A full relist of one kind: apply only the differences, so a relist costs what changed."""
+        """A full relist of one kind: apply only the differences, so a relist costs what changed.
+
+        `fresh` is complete before the lock is taken (a live source hands in records built from pages
+        as they arrive: no network I/O may happen under the lock), and the comparison runs outside it
+        too; only the changes are applied under it, so readers wait for what changed, not for 150,000
+        equal records to be compared."""
+        changed = [record for key, record in fresh.items() if current.get(key) != record]
         with self.lock:
-            for key in current.keys() - fresh.keys():
+            for key in current.keys() - fresh.keys():  # C-level set work; other threads may write meanwhile
                 delete(key)
-            for record in fresh.values():
+            for record in changed:
                 upsert(record)
             self.listed.add(kind)
 
