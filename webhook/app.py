@@ -59,8 +59,15 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
             review = parse_review(body)
         except ReviewError as exc:
             return refuse(verb, 400, "BadRequest", exc.problem, str(exc))
-        decision = decide(review)
-        encoded = encode_review(decision.response)
+        try:
+            decision = decide(review)
+            encoded = encode_review(decision.response)
+        except Exception as exc:
+            # Answered here rather than by Starlette's error middleware: that one re-raises to the
+            # server after answering, and uvicorn then drops the connection, with the answer
+            # sometimes still unsent on a TLS connection.
+            log.exception("webhook %s failed for request %s", verb, review["uid"])
+            return refuse(verb, 500, "InternalError", "internal", _internal(exc))
         counter = decided.get(decision.reason)
         if counter is None:
             counter = decided[decision.reason] = metrics.DECISIONS.labels("webhook", decision.reason)
@@ -86,11 +93,14 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
 
     async def crashed(request: Request, exc: Exception) -> ORJSONResponse:
         log.exception("webhook %s failed", request.url.path)
-        return refuse(request.url.path.strip("/"), 500, "InternalError", "internal",
-                      f"internal error in the gpu-placement webhook: {type(exc).__name__}: {exc}")
+        return refuse(request.url.path.strip("/"), 500, "InternalError", "internal", _internal(exc))
 
     routes = [Route("/mutate", mutate, methods=["POST"]), Route("/validate", validate, methods=["POST"]),
               *ops_routes(ready)]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
     app.state.admission = admission  # for tests and the demo: the policy cache and reservations
     return app
+
+
+def _internal(exc: Exception) -> str:
+    return f"internal error in the gpu-placement webhook: {type(exc).__name__}: {exc}"
