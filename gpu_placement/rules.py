@@ -101,8 +101,7 @@ def _readiness(node: NodeFacts, validator: ValidatorState, req: Requirements, co
         return _reject(NO_GPU, f"{name} has no {n.GPU_PRESENT}=true label (GPU Feature Discovery found no GPU)")
     for resource, _count in req.gpus:
         if node.allocatable.get(resource, 0) == 0:
-            return _reject(NO_GPU, f"{name} has 0 allocatable {resource}: the device plugin has not "
-                                   "registered it (driver or toolkit validation failed, or devices unhealthy)")
+            return _reject(NO_GPU, _no_resource(node, resource))
     if config.validator.required:
         where = f"(namespace {config.validator.namespace}, {config.validator.selector.text})"
         if validator.pod is None:
@@ -118,6 +117,18 @@ def _readiness(node: NodeFacts, validator: ValidatorState, req: Requirements, co
         return _reject(MIG_RECONFIGURING, f"{name} is applying a MIG layout "
                                           f"({n.MIG_CONFIG_STATE}={node.mig_config_state})")
     return None
+
+
+def _no_resource(node: NodeFacts, resource: str) -> str:
+    """Why a node with GPUs has none of this resource: three different fixes."""
+    offered = sorted(res for res, count in node.allocatable.items() if count > 0)
+    if node.capacity.get(resource, 0) > 0:
+        return (f"{node.name} has 0 allocatable of its {node.capacity[resource]} {resource}: the device plugin "
+                "marked them unhealthy")
+    if offered:
+        return f"{node.name} offers no {resource} (it offers {', '.join(offered)})"
+    return (f"{node.name} has 0 allocatable {resource}: the device plugin has not registered its GPUs "
+            "(driver or container toolkit validation failed)")
 
 
 def _compatibility(node: NodeFacts, req: Requirements) -> Rejection | None:
