@@ -42,12 +42,14 @@ Post = Callable[[str, str, dict[str, Any]], tuple[int, Any]]
 class Outcome:
     pod: str
     story: str
-    webhook: str
-    changes: str
+    decision: str = ""  # allowed / DENIED
+    changes: str = ""
+    denial: str = ""  # the webhook's message
     needs: str = ""
-    node: str = ""
+    placed: str = ""  # node, "Pending" or "default scheduler"
     score: str = ""
-    rejected: str = ""
+    rejected: str = ""  # nodes rejected, counted by reason
+    why: str = ""  # for a pending pod: the reason that matters most
 
 
 def run_demo(config: Config | None = None, out: Any = None) -> int:
@@ -100,10 +102,15 @@ def write_snapshot(path: str) -> int:
     return 0
 
 
+# Reasons that say something about this pod rather than about a broken node: the ones to show first.
+_POD_SPECIFIC = ("InsufficientGPUMemory", "InsufficientGPU", "DriverTooOld", "ComputeCapability", "ProductMismatch",
+                 "UnknownDriver", "UnknownGPUMemory", "BadAnnotation")
+
+
 def _one(core: Core, post: Post, labels: dict[str, dict[str, str]], story: str, pod: dict[str, Any]) -> Outcome:
     meta = pod["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    outcome = Outcome(f"{namespace}/{name}", story, "", "")
+    outcome = Outcome(f"{namespace}/{name}", story)
     status, review = post("webhook", "/mutate?timeout=10s", _review(pod, namespace))
     response = review.get("response", {}) if status == 200 else {}
     patch = orjson.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
@@ -112,14 +119,18 @@ def _one(core: Core, post: Post, labels: dict[str, dict[str, str]], story: str, 
     status, review = post("webhook", "/validate?timeout=10s", _review(pod, namespace))
     verdict = review.get("response", {}) if status == 200 else {"status": {"message": str(review)}}
     if not verdict.get("allowed"):
-        outcome.webhook = "DENIED: " + (verdict.get("status") or {}).get("message", "")
+        outcome.decision, outcome.denial = "DENIED", (verdict.get("status") or {}).get("message", "")
         return outcome
-    outcome.webhook = "allowed" + "".join(f" (warning: {w})" for w in verdict.get("warnings") or ())
+    outcome.decision = "allowed" + "".join(f" (warning: {w})" for w in verdict.get("warnings") or ())
     # The API server stores the pod; the view hears of it as a watch would tell it.
     pod.setdefault("status", {})["phase"] = "Pending"
     core.ingest.event(core.view, "pods", "ADDED", pod)
     req = core.placement.requirements(pod)
     outcome.needs = req.describe()
+    if not req.wants_gpu:  # kube-scheduler calls the extender only for pods with a managed resource
+        outcome.placed = "(default scheduler)"
+        outcome.needs = "no GPU: kube-scheduler does not call the extender for it"
+        return outcome
     names = [node for node in sorted(core.view.nodes) if _selected(labels.get(node, {}), pod)]
     args = {"Pod": pod, "Nodes": None, "NodeNames": names}
     _, result = post("extender", "/filter", args)
@@ -127,20 +138,29 @@ def _one(core: Core, post: Post, labels: dict[str, dict[str, str]], story: str, 
     rejected = {**result.get("FailedNodes", {}), **result.get("FailedAndUnresolvableNodes", {})}
     counts = Counter(reason.split(":", 1)[0] for reason in rejected.values())
     skipped = len(core.view.nodes) - len(names)
-    outcome.rejected = ", ".join(f"{count} {code}" for code, count in counts.most_common()) + (
-        f"{', ' if counts else ''}{skipped} outside its node selector" if skipped else "")
+    outcome.rejected = ", ".join([f"{count} {code}" for code, count in counts.most_common()] +
+                                 ([f"{skipped} outside its node selector"] if skipped else []))
     if not passed:
-        outcome.node = "Pending"
-        example = next(iter(sorted(rejected.values(), key=lambda r: r.split(":", 1)[0])), "")
-        outcome.score = example
+        outcome.placed = "Pending"
+        ranked = sorted(rejected.items(), key=lambda item: (_rank(item[1]), item[0]))
+        node, reason = ranked[0] if ranked else ("", "no node matches its node selector")
+        preempt = " (FailedNodes: preemption may help)" if node in result.get("FailedNodes", {}) else ""
+        outcome.why = reason + preempt
         return outcome
     _, scores = post("extender", "/prioritize", {**args, "NodeNames": passed})
     best = max(scores, key=lambda hp: (hp["Score"], hp["Host"]))
     _, bound = post("extender", "/bind", {"PodName": name, "PodNamespace": namespace,
                                           "PodUID": meta.get("uid", ""), "Node": best["Host"]})
-    outcome.node = best["Host"] if not bound.get("Error") else f"bind failed: {bound['Error']}"
-    outcome.score = f"score {best['Score']}/10 of {len(passed)} passing"
+    outcome.placed = best["Host"] if not bound.get("Error") else f"bind failed: {bound['Error']}"
+    others = ", ".join(f"{hp['Host']} {hp['Score']}" for hp in sorted(scores, key=lambda hp: -hp["Score"])
+                       if hp["Host"] != best["Host"])
+    outcome.score = f"{best['Score']}/10" + (f" (others: {others})" if others else "")
     return outcome
+
+
+def _rank(reason: str) -> int:
+    code = reason.split(":", 1)[0]
+    return _POD_SPECIFIC.index(code) if code in _POD_SPECIFIC else len(_POD_SPECIFIC)
 
 
 def _review(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
@@ -168,24 +188,43 @@ def _matches(node_labels: dict[str, str], expression: dict[str, Any]) -> bool:
 
 
 def _changes(patch: list[dict[str, Any]]) -> str:
+    """The patch in a few words: resources rewritten, fields set, annotations written."""
     if not patch:
         return "none"
-    parts = []
+    parts: list[str] = []
+    removed = [op["path"] for op in patch if op["op"] == "remove" and "/resources/" in op["path"]]
+    added = [op["path"] for op in patch if op["op"] == "add" and "/resources/" in op["path"]]
+    for old, new in dict.fromkeys(zip((_leaf(p) for p in removed), (_leaf(p) for p in added), strict=False)):
+        parts.append(f"{old} -> {new}")
     for op in patch:
-        path = op["path"].replace("~1", "/").replace("~0", "~")
+        path = op["path"]
         if "/resources/" in path:
-            parts.append("resource " + path.rsplit("/", 1)[-1])
-        else:
-            parts.append(path.split("/")[2] if path.count("/") > 1 else path.strip("/"))
+            continue
+        field = path.split("/")[2] if path.startswith("/spec/") else (
+            "annotation " + _leaf(path) if "/annotations" in path else path.strip("/"))
+        parts.append(field.removeprefix("annotation gpu-placement.io/"))
     return ", ".join(dict.fromkeys(parts))
 
 
+def _leaf(path: str) -> str:
+    return path.rsplit("/", 1)[-1].replace("~1", "/").replace("~0", "~")
+
+
 def _print(outcomes: list[Outcome], out: Any) -> None:
-    print("\nADMISSION (webhook: /mutate then /validate)", file=out)
-    print(table(["POD", "STORY", "PATCHED", "DECISION"],
-                [[o.pod, o.story, o.changes, o.webhook] for o in outcomes]), file=out)
-    print("\nSCHEDULING (extender: /filter, /prioritize, /bind)", file=out)
-    rows = [[o.pod, o.node, o.rejected or "-", o.score] for o in outcomes if o.needs]
-    print(table(["POD", "PLACED ON", "NODES REJECTED", "SCORE / WHY NOT"], rows), file=out)
-    print("\nWHAT EACH POD NEEDED", file=out)
-    print(table(["POD", "NEEDS"], [[o.pod, o.needs] for o in outcomes if o.needs]), file=out)
+    print("\nADMISSION (webhook: /mutate, then /validate, as the API server calls them)", file=out)
+    print(table(["POD", "STORY", "DECISION", "PATCHED"],
+                [[o.pod, o.story, o.decision, o.changes] for o in outcomes]), file=out)
+    for o in outcomes:
+        if o.denial:
+            print(f"  denied {o.pod}: {o.denial}", file=out)
+    print("\nSCHEDULING (extender: /filter, /prioritize, /bind, as kube-scheduler calls them)", file=out)
+    admitted = [o for o in outcomes if o.placed]
+    print(table(["POD", "PLACED ON", "SCORE", "OTHER NODES REJECTED"],
+                [[o.pod, o.placed, o.score or "-", o.rejected or "-"] for o in admitted]), file=out)
+    for o in admitted:
+        if o.why:
+            print(f"  {o.pod} waits: {o.why}", file=out)
+    print("\nWHAT EACH ADMITTED POD NEEDED (pod annotation, namespace default, or inferred from its image)", file=out)
+    print(table(["POD", "NEEDS"], [[o.pod, o.needs] for o in admitted]), file=out)
+    print("\nTry it on a pod of yours: gpu-placement demo --write-snapshot cluster.json; "
+          "gpu-placement explain POD.yaml --snapshot cluster.json", file=out)

@@ -230,7 +230,7 @@ def _device_fit(node: NodeFacts, req: Requirements) -> Rejection | Need:
                                                    f"{req.memory_mib} MiB per device ({req.memory_source})")
             if req.memory_mib > device:
                 return _reject(INSUFFICIENT_GPU_MEMORY, f"the pod asks {req.memory_mib} MiB per device "
-                                                        f"({req.memory_source}); a {resource} on {node.name} "
+                                                        f"({req.memory_source}); each {resource} on {node.name} "
                                                         f"has {device} MiB")
         need.append((resource, count, charge(node, resource, count, req.memory_mib)))
     return tuple(need)

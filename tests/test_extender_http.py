@@ -241,7 +241,7 @@ def test_an_ask_bigger_than_any_device_is_unresolvable(demo: Extender) -> None:
                          ["h100-single", "a100-vgpu"])
     assert answer["FailedNodes"] == {}
     assert answer["FailedAndUnresolvableNodes"]["h100-single"] == (
-        "InsufficientGPUMemory: the pod asks 122880 MiB per device (pod annotation); a nvidia.com/gpu on "
+        "InsufficientGPUMemory: the pod asks 122880 MiB per device (pod annotation); each nvidia.com/gpu on "
         "h100-single has 81559 MiB")
 
 
