@@ -240,6 +240,27 @@ def test_schema_covers_every_default_value() -> None:
     walk(values, schema, "")
 
 
+def test_every_value_is_in_the_docs_table() -> None:
+    """docs/deploy.md lists every key of values.yaml (maps the user fills in count as one key)."""
+    opaque = {"resources", "nodeSelector", "tolerations", "affinity", "podAnnotations", "labels", "pools",
+              "telemetry", "gpuTolerations", "imagePullSecrets"}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    docs = (ROOT / "docs" / "deploy.md").read_text()
+
+    def keys(node: dict[str, Any], prefix: str) -> Iterator[str]:
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict) and value and key not in opaque:
+                yield from keys(value, path + ".")
+            else:
+                yield path
+
+    missing = [key for key in keys(values, "") if f"| `{key}` |" not in docs]
+    assert missing == [], f"not in the values table of docs/deploy.md: {missing}"
+    assert "helm install gpu-placement charts/gpu-placement -n gpu-placement --create-namespace" in docs
+    assert "helm rollback gpu-placement <rev>" in docs
+
+
 # ---- Kubernetes schemas -------------------------------------------------------------------------
 
 
@@ -337,7 +358,17 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
     assert election["leaderElect"] is True
     assert election["resourceName"] == v["schedulerName"]
     assert election["resourceNamespace"] == rendered.case.namespace
+    # kube-scheduler decodes its config strictly: an unknown field stops it. Fields of
+    # KubeSchedulerConfiguration, LeaderElectionConfiguration and Extender (kubescheduler.config.k8s.io/v1).
+    assert set(sched) <= {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection",
+                          "percentageOfNodesToScore", "podInitialBackoffSeconds", "podMaxBackoffSeconds",
+                          "profiles", "extenders", "delayCacheUntilActive"}
+    assert set(sched["leaderElection"]) <= {"leaderElect", "leaseDuration", "renewDeadline", "retryPeriod",
+                                            "resourceLock", "resourceName", "resourceNamespace"}
     [extender] = sched["extenders"]
+    assert set(extender) <= {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb",
+                             "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources",
+                             "ignorable"}
     verbs = {key: value for key, value in extender.items() if key.endswith("Verb")}
     assert verbs == {"filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind"}
     assert extender["nodeCacheCapable"] is True
@@ -515,12 +546,14 @@ def test_webhook_certificates(rendered: Rendered) -> None:
     name = fullname(rendered.case)
     ns = rendered.case.namespace
     service = f"{name}-webhook"
-    secret = f"{name}-webhook-tls"
+    cert_manager = rendered.values["certManager"]["enabled"]
+    # Separate Secrets, so switching certManager.enabled never meets the other source's Secret.
+    secret = f"{name}-webhook-cert-manager-tls" if cert_manager else f"{name}-webhook-tls"
     deployment = rendered.deployment("webhook")
     container = rendered.container("webhook")
     args = build_parser().parse_args(container["args"])
     mounts = _mounts(deployment, container)
-    if rendered.values["certManager"]["enabled"]:
+    if cert_manager:
         assert not args.manage_certs
         for path in (args.tls_cert, args.tls_key):
             volume = _volume_for(path, mounts)
@@ -654,7 +687,10 @@ def test_service_monitor(rendered: Rendered) -> None:
     endpoints = {e["port"]: e for e in spec["endpoints"]}
     assert set(endpoints) <= ports
     assert endpoints["https"]["path"] == "/metrics" and endpoints["https"]["scheme"] == "https"
-    assert endpoints["https"]["tlsConfig"]["ca"]["secret"]["name"] == f"{fullname(rendered.case)}-webhook-tls"
+    webhook_container = rendered.container("webhook")
+    secrets = {v["secret"]["secretName"] for v in rendered.deployment("webhook")["spec"]["template"]["spec"]["volumes"]
+               if "secret" in v} or {_flag(webhook_container["args"], "--cert-secret")}
+    assert {endpoints["https"]["tlsConfig"]["ca"]["secret"]["name"]} == secrets
     exposed = rendered.values["scheduler"]["extender"]["listenHost"] != "127.0.0.1"
     assert ("extender" in endpoints) == exposed
     if exposed:
@@ -883,6 +919,26 @@ def test_match_conditions_send_only_pods_that_matter(rendered: Rendered) -> None
         gpu = to_validate
         assert mutate(pod) == (to_mutate if protect else gpu), f"/mutate, {description}"
         assert validate(pod) == to_validate, f"/validate, {description}"
+
+
+def test_match_conditions_agree_with_the_code(rendered: Rendered) -> None:
+    """On every sample pod, the CEL sends exactly the pods the service's own rules act on: GPU pods
+    (effective GPU requests) to both, and taint-tolerating non-DaemonSet pods to /mutate."""
+    from gpu_placement.config import parse_config
+    from gpu_placement.pods import effective_gpu_requests
+    from webhook.patches import tolerates_gpu_taint
+
+    config = parse_config(yaml.safe_load(rendered.config_text()))
+    mutating, validating = _webhooks(rendered)
+    [mutate] = [_Cel(c["expression"]) for c in mutating["webhooks"][0]["matchConditions"]]
+    [validate] = [_Cel(c["expression"]) for c in validating["webhooks"][0]["matchConditions"]]
+    for description, make, _, _ in SAMPLE_PODS:
+        pod = make(rendered)
+        gpu = bool(effective_gpu_requests(pod["spec"], config.is_gpu_resource))
+        daemonset = any(o["kind"] == "DaemonSet" for o in pod["metadata"].get("ownerReferences", []))
+        protect = config.protect_gpu_nodes and not daemonset and tolerates_gpu_taint(pod["spec"], config)
+        assert validate(pod) == gpu, description
+        assert mutate(pod) == (gpu or protect), description
 
 
 def test_match_conditions_honour_custom_tolerations() -> None:

@@ -17,7 +17,11 @@ releases with different names do not collide. */}}
 {{- define "gpu-placement.configName" -}}{{ include "gpu-placement.fullname" . }}-config{{- end }}
 {{/* Both webhook configurations share this name: the service patches them by it. */}}
 {{- define "gpu-placement.webhookConfigurationName" -}}{{ include "gpu-placement.fullname" . }}{{- end }}
-{{- define "gpu-placement.certSecretName" -}}{{ include "gpu-placement.fullname" . }}-webhook-tls{{- end }}
+{{/* The two certificate sources use different Secrets: cert-manager's is type kubernetes.io/tls and
+has no ca.key, so the service could neither reuse nor overwrite it when certManager.enabled is switched. */}}
+{{- define "gpu-placement.certSecretName" -}}
+{{- include "gpu-placement.fullname" . }}-webhook-{{ if .Values.certManager.enabled }}cert-manager-{{ end }}tls
+{{- end }}
 {{- define "gpu-placement.certificateName" -}}{{ include "gpu-placement.fullname" . }}-webhook{{- end }}
 
 {{- define "gpu-placement.labels" -}}
