@@ -1,0 +1,291 @@
+"""Webhook latency and throughput: the real service app over TLS on 127.0.0.1, one core.
+
+The server runs in a child process pinned to one CPU (the service's webhook app, built by
+`gpu_placement.service.core_from_objects` over the embedded demo cluster, behind the same uvicorn +
+ReloadingTLS listener `serve` uses, with a self-signed certificate). The load comes from `wrk`
+(keep-alive, on another CPU when there is one) when it is installed, else from a bounded Python
+loop over one keep-alive `http.client` connection, which measures the client as much as the server.
+
+Four cases: /mutate and /validate, each for a GPU pod (rewritten, tolerations, pools, quota check
+and reservation) and for a pod without GPUs. Every case is checked once for the expected answer
+before it is timed. Only loopback traffic; every loop is bounded; the child exits by itself.
+
+    .venv/bin/python benchmarks/webhook_bench.py [--seconds 5] [--connections 4] [--python-client]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import os
+import re
+import shutil
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TARGET_P99_MS = 5.0
+TARGET_RPS = 1000.0
+CHILD_DEADLINE_S = 300  # the server child stops by itself after this, whatever happens to us
+
+
+# -- the server child --------------------------------------------------------------------------------
+
+def serve(cert_dir: str, cpu: int | None) -> int:
+    from gpu_placement.config import parse_config
+    from gpu_placement.demo import DEMO_CONFIG
+    from gpu_placement.demo_cluster import demo_objects
+    from gpu_placement.logs import setup_logging
+    from gpu_placement.service import core_from_objects
+    from gpu_placement.serving import ServerThread
+    from webhook.tls import ReloadingTLS, make_server
+
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    setup_logging("warning")
+    core = core_from_objects(parse_config(DEMO_CONFIG), demo_objects())
+    tls = ReloadingTLS(Path(cert_dir) / "tls.crt", Path(cert_dir) / "tls.key")
+    with ServerThread(make_server(core.webhook_app(), "127.0.0.1", 0, tls=tls)) as server:
+        print(server.port, flush=True)
+        deadline = time.monotonic() + CHILD_DEADLINE_S
+        # Runs until the parent closes our stdin (or the deadline passes).
+        import select
+
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([sys.stdin], [], [], 1.0)
+            if ready and not sys.stdin.readline():
+                break
+    return 0
+
+
+# -- requests ----------------------------------------------------------------------------------------
+
+def _review(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": namespace,
+        "operation": "CREATE", "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+        "object": pod, "dryRun": False}}
+
+
+def _cases() -> list[tuple[str, str, bytes, dict[str, Any]]]:
+    """(name, path, body, what the answer must hold)."""
+    from gpu_placement.demo_cluster import make_pod
+    from gpu_placement.patching import apply_patch
+
+    gpu = make_pod("team-a", "bench-0", gpus={"nvidia.com/gpu": 1},
+                   image="nvcr.io/nvidia/pytorch:24.05-py3", labels={"app": "trainer", "pod-template-hash": "7d4b9c"})
+    del gpu["status"]
+    gpu["metadata"]["generateName"] = "trainer-7d4b9c-"
+    gpu["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "trainer-7d4b9c",
+                                           "uid": "rs-1", "controller": True, "blockOwnerDeletion": True}]
+    gpu["spec"]["containers"][0]["env"] = [{"name": f"VAR_{i}", "value": "x" * 20} for i in range(10)]
+    gpu["spec"]["volumes"] = [{"name": "kube-api-access", "projected": {"sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}}]
+    cpu = make_pod("web", "frontend-0", image="nginx:1.27", labels={"app": "frontend"})
+    del cpu["status"]
+    # What /mutate gives the GPU pod is what /validate then sees.
+    mutate_gpu = orjson.dumps(_review(gpu, "team-a"))
+    return [
+        ("mutate  GPU pod", "/mutate?timeout=10s", mutate_gpu, {"allowed": True, "patch": True}),
+        ("validate GPU pod", "/validate?timeout=10s", b"", {"allowed": True, "from": ("team-a", gpu, apply_patch)}),
+        ("mutate  CPU pod", "/mutate?timeout=10s", orjson.dumps(_review(cpu, "web")),
+         {"allowed": True, "patch": False}),
+        ("validate CPU pod", "/validate?timeout=10s", orjson.dumps(_review(cpu, "web")), {"allowed": True}),
+    ]
+
+
+def _post(conn: http.client.HTTPSConnection, path: str, body: bytes) -> dict[str, Any]:
+    conn.request("POST", path, body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    if response.status != 200:
+        raise SystemExit(f"{path}: HTTP {response.status}: {data[:300]!r}")
+    return orjson.loads(data)["response"]
+
+
+def _prepare(port: int, ca: Path) -> list[tuple[str, str, bytes]]:
+    """Each case's body, checked once for the expected answer."""
+    context = ssl.create_default_context(cafile=str(ca))
+    conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=10)
+    prepared = []
+    last_patch: list[dict[str, Any]] = []
+    try:
+        for name, path, body, expect in _cases():
+            if "from" in expect:
+                namespace, pod, apply = expect["from"]
+                body = orjson.dumps(_review(apply(pod, last_patch), namespace))
+            answer = _post(conn, path, body)
+            patched = "patch" in answer
+            if answer["allowed"] is not expect["allowed"] or expect.get("patch", patched) != patched:
+                raise SystemExit(f"{name}: unexpected answer {answer}")
+            if "patch" in answer:
+                last_patch = orjson.loads(base64.b64decode(answer["patch"]))
+            prepared.append((name, path, body))
+    finally:
+        conn.close()
+    return prepared
+
+
+# -- what the server itself spent ------------------------------------------------------------------------
+
+_BUCKET = re.compile(r'^gpu_placement_request_seconds_bucket\{component="webhook",le="([^"]+)",verb="(\w+)"\} (\S+)$',
+                     re.M)
+
+
+def _buckets(port: int, ca: Path, verb: str) -> dict[float, float]:
+    """The webhook's own latency histogram for verb (cumulative counts by upper bound), from /metrics."""
+    conn = http.client.HTTPSConnection("localhost", port, context=ssl.create_default_context(cafile=str(ca)),
+                                       timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    return {float(le): float(count) for le, v, count in _BUCKET.findall(text) if v == verb}
+
+
+def _handler_p99_ms(before: dict[float, float], after: dict[float, float]) -> float:
+    """Upper bound of the histogram bucket holding the 99th percentile of the requests in between."""
+    counts = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
+    total = counts[-1][1]
+    for le, cumulative in counts:
+        if cumulative >= 0.99 * total:
+            return le * 1000
+    return float("inf")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- load: wrk, or a bounded Python loop ---------------------------------------------------------------
+
+_WRK_LATENCY = re.compile(r"^\s*(50|99)%\s+([\d.]+)(us|ms|s)\s*$", re.M)
+_UNIT_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
+
+
+def _wrk(port: int, path: str, body: bytes, seconds: float, connections: int, cpu: int | None,
+         work: Path) -> tuple[float, float, float, str]:
+    script = work / "post.lua"
+    text = body.decode()
+    if "]==]" in text:
+        raise SystemExit("the request body cannot be embedded in the wrk script")
+    script.write_text(f'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+                      f"wrk.body = [==[{text}]==]\n")
+    command = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "--timeout", "5s",
+               "-s", str(script), f"https://127.0.0.1:{port}{path}"]
+    if cpu is not None and shutil.which("taskset"):
+        command = ["taskset", "-c", str(cpu), *command]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 30, check=True).stdout
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise SystemExit(f"wrk saw errors:\n{out}")
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
+    latency = {p: float(v) * _UNIT_MS[u] for p, v, u in _WRK_LATENCY.findall(out)}
+    return rps, latency["50"], latency["99"], f"wrk -t1 -c{connections} -d{max(1, round(seconds))}s"
+
+
+def _python_loop(port: int, path: str, body: bytes, seconds: float, ca: Path,
+                 max_requests: int = 20_000) -> tuple[float, float, float, str]:
+    context = ssl.create_default_context(cafile=str(ca))
+    conn = http.client.HTTPSConnection("localhost", port, context=context, timeout=10)
+    latencies: list[float] = []
+    try:
+        for _ in range(200):  # warm-up: connection, caches
+            _post(conn, path, body)
+        start = time.perf_counter()
+        deadline = start + seconds
+        while len(latencies) < max_requests and time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            response.read()
+            latencies.append((time.perf_counter() - t0) * 1000)
+            if response.status != 200:
+                raise SystemExit(f"{path}: HTTP {response.status}")
+        elapsed = time.perf_counter() - start
+    finally:
+        conn.close()
+    cuts = statistics.quantiles(latencies, n=100)
+    return len(latencies) / elapsed, cuts[49], cuts[98], "python http.client, 1 keep-alive connection"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="per case (default 5)")
+    parser.add_argument("--connections", type=int, default=4, help="wrk keep-alive connections (default 4)")
+    parser.add_argument("--python-client", action="store_true", help="use the Python loop even when wrk is there")
+    parser.add_argument("--serve", metavar="CERT_DIR", help=argparse.SUPPRESS)
+    parser.add_argument("--cpu", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        return serve(args.serve, args.cpu)
+
+    from webhook.certs import write_bundle
+
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpu = cpus[0]
+    client_cpu = cpus[1] if len(cpus) > 1 else None
+    use_wrk = shutil.which("wrk") is not None and not args.python_client
+    with tempfile.TemporaryDirectory(prefix="webhook-bench-") as tmp:
+        work = Path(tmp)
+        bundle = write_bundle(work / "certs", "gpu-placement-webhook", "gpu-placement", ("localhost", "127.0.0.1"))
+        child = subprocess.Popen([sys.executable, __file__, "--serve", str(work / "certs"), "--cpu", str(server_cpu)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            port = int(child.stdout.readline())
+            cases = _prepare(port, bundle.ca_cert)
+            rows = []
+            for name, path, body in cases:
+                verb = path.strip("/").split("?")[0]
+                buckets, cpu_before, start = _buckets(port, bundle.ca_cert, verb), _cpu_seconds(child.pid), time.time()
+                if use_wrk:
+                    rps, p50, p99, how = _wrk(port, path, body, args.seconds, args.connections, client_cpu, work)
+                else:
+                    rps, p50, p99, how = _python_loop(port, path, body, args.seconds, bundle.ca_cert)
+                served = rps * (time.time() - start)
+                cpu_us = (_cpu_seconds(child.pid) - cpu_before) / max(served, 1) * 1e6
+                handler = _handler_p99_ms(buckets, _buckets(port, bundle.ca_cert, verb))
+                rows.append((name, rps, p50, p99, how, handler, cpu_us))
+        finally:
+            if child.stdin:
+                child.stdin.close()
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    print(f"webhook over TLS on 127.0.0.1: server pinned to CPU {server_cpu} (one uvicorn event loop), client "
+          f"{'on CPU ' + str(client_cpu) if client_cpu is not None else 'sharing it'}; load: {rows[0][4]}; "
+          f"{args.seconds:g} s per case")
+    print(f"targets: p99 <= {TARGET_P99_MS:g} ms and >= {TARGET_RPS:,.0f} req/s on one core\n")
+    print(f"{'case':<18} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7}  {'p99 <= 5 ms':<11} {'req/s >= 1,000':<14}"
+          f" {'handler p99':>12} {'server CPU/req':>15} {'1-core capacity':>16}")
+    for name, rps, p50, p99, _, handler, cpu_us in rows:
+        latency_ok = "PASS" if p99 <= TARGET_P99_MS else "MISS"
+        rate_ok = "PASS" if rps >= TARGET_RPS else "MISS"
+        print(f"{name:<18} {rps:>7,.0f} {p50:>7.2f} {p99:>7.2f}  {latency_ok:<11} {rate_ok:<14} "
+              f"{'<= ' + format(handler, 'g') + ' ms':>12} {cpu_us:>12,.0f} us {1e6 / cpu_us:>10,.0f} req/s")
+    print("\nreq/s, p50, p99: end to end as the client saw them (TLS, HTTP, queueing behind other connections).\n"
+          "handler p99: the webhook's own time per request (parse, decide, encode), as a bucket bound of its\n"
+          "  gpu_placement_request_seconds histogram. server CPU/req: CPU time of the server process (TLS,\n"
+          "  uvicorn, Starlette, the webhook) per request; 1-core capacity = 1 s / that.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
