@@ -96,8 +96,9 @@ def review(pod: Any, ns: str, *, operation: str = "CREATE", dry_run: bool = Fals
     request: Obj = {"uid": uid or f"uid-{next(_uids)}", "kind": kind or POD_KIND, "resource": resource or PODS,
                     "namespace": ns, "operation": operation, "userInfo": {"username": "alice"},
                     "object": pod, "dryRun": dry_run}
-    if isinstance(pod, dict):
-        request["name"] = (pod.get("metadata") or {}).get("name", "")
+    meta = pod.get("metadata") if isinstance(pod, dict) else None
+    if isinstance(meta, dict) and isinstance(meta.get("name", ""), str):
+        request["name"] = meta.get("name", "")
     if sub:
         request["subResource"] = sub
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}

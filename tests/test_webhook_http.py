@@ -4,7 +4,9 @@ strings, keep-alive, the ops routes and the per-decision debug log line."""
 
 from __future__ import annotations
 
+import copy
 import logging
+import random
 import ssl
 import time
 from collections.abc import Iterator
@@ -12,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonpatch
 import orjson
 import pytest
 
-from tests.test_webhook_helpers import Webhook, certificates, review, serving, user_pod
+from tests.test_webhook_helpers import Webhook, certificates, patch_of, review, serving, user_pod
 from webhook.app import MAX_BODY
 from webhook.certs import CertBundle
 
@@ -197,3 +200,49 @@ def test_ops_routes_and_metrics(hook: Webhook) -> None:
     assert 'gpu_placement_requests_total{component="webhook",status="200",verb="mutate"}' in metrics
     assert 'gpu_placement_bad_requests_total{component="webhook",problem="not_json"}' in metrics
     assert 'gpu_placement_decisions_total{component="webhook",reason="Mutated"}' in metrics
+
+
+def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    if prefix:
+        yield prefix
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(doc, list):
+        for index, value in enumerate(doc):
+            yield from _paths(value, (*prefix, index))
+
+
+def test_hostile_pods_never_crash_the_webhook(hook: Webhook) -> None:
+    """Fields of a rich pod replaced by values of the wrong type or odd text: every answer is a 200
+    AdmissionReview, and every patch applies and is idempotent."""
+    base = user_pod("multi", "f", gpus={"nvidia.com/gpu": 1}, annotations={"gpu-placement.io/sharing": "shared"})
+    spec = base["spec"]
+    spec["initContainers"] = [{"name": "i", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    spec["nodeSelector"] = {"a": "b"}
+    spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}], "matchFields": []}]}}}
+    base["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "r"}]
+    odd = [None, 0, -1, 1e300, 1.5, "", "x", [], {}, [1], [None], {"a": 1}, True, "４", "1e999999999", "\u200f",
+           [{}], [{"a": []}], "🚀"]
+    paths = list(_paths(base))
+    rng = random.Random(7)
+    for _ in range(150):
+        pod = copy.deepcopy(base)
+        for _ in range(rng.randint(1, 3)):
+            path = rng.choice(paths)
+            node: Any = pod
+            try:
+                for key in path[:-1]:
+                    node = node[key]
+                if isinstance(node, dict) == isinstance(path[-1], str):
+                    node[path[-1]] = copy.deepcopy(rng.choice(odd))
+            except (KeyError, IndexError, TypeError):
+                pass  # an earlier change replaced the parent
+        ns = rng.choice(["multi", "inference", "web", "mig-lab"])
+        response = hook.answer("/mutate", review(pod, ns))
+        if response["allowed"] and "patch" in response:
+            mutated = jsonpatch.apply_patch(pod, patch_of(response))
+            assert "patch" not in hook.answer("/mutate", review(mutated, ns))
+        hook.answer("/validate", review(pod, ns, dry_run=True))

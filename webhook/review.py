@@ -236,6 +236,10 @@ def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]) ->
         return f"spec.nodeName must be a string, got {_type(spec['nodeName'])}"
     if not _list_of_objects(spec.get("tolerations")):
         return "spec.tolerations must be a list of tolerations"
+    for index, toleration in enumerate(spec.get("tolerations") or ()):
+        for field in ("key", "operator", "value", "effect"):
+            if not isinstance(toleration.get(field, ""), str | None):
+                return f"spec.tolerations[{index}].{field} must be a string, got {_type(toleration[field])}"
     if not _str_map(spec.get("nodeSelector")):
         return "spec.nodeSelector must map label keys to string values"
     problem = _check_affinity(spec.get("affinity"))
