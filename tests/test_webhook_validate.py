@@ -119,6 +119,13 @@ def test_a_pod_recreated_under_the_same_name_is_not_mistaken_for_the_old_one(hoo
     assert hook.app.state.admission.reservations.pending("team-a") == {"nvidia.com/gpu": 2}
 
 
+def test_a_retried_call_for_the_same_pod_is_not_counted_twice(hook: Webhook) -> None:
+    mutated, verdict = hook.admit(user_pod("team-a", "a", gpus={"nvidia.com/gpu": 3}), "team-a")
+    assert verdict["allowed"] is True
+    assert hook.validate(mutated, "team-a")["allowed"] is True  # the API server timed out and called again
+    assert hook.app.state.admission.reservations.pending("team-a") == {"nvidia.com/gpu": 3}
+
+
 def test_dry_runs_reserve_nothing(hook: Webhook) -> None:
     for _ in range(3):
         _, verdict = hook.admit(user_pod("team-a", "try", gpus={"nvidia.com/gpu": 3}), "team-a", dry_run=True)

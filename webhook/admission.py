@@ -120,7 +120,7 @@ class Admission:
             if not escalations and policy.quota is not None:
                 with self.view.lock:
                     used = dict(self.view.namespace_usage.get(namespace) or {})
-                    pending = self.reservations.pending(namespace)
+                    pending = self.reservations.pending(namespace, exclude=subject.key)
                 problems += quota_problems(namespace, policy.quota, used, pending, gpus)
         texts = [text for _, text in problems]
         warnings = list(policy.warnings)

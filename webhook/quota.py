@@ -44,14 +44,18 @@ class Reservations:
         self._by_namespace: dict[str, dict[str, _Held]] = {}
         self._next_sweep = 0.0
 
-    def pending(self, namespace: str) -> dict[str, int]:
-        """GPU asks held for the namespace, after dropping what the view has seen or what expired."""
+    def pending(self, namespace: str, exclude: str = "") -> dict[str, int]:
+        """GPU asks held for the namespace, after dropping what the view has seen or what expired.
+        `exclude`: the pod being decided, whose own earlier hold (the API server retried a call that
+        timed out) must not count against it."""
         held = self._by_namespace.get(namespace)
         if not held:
             return {}
         self._prune(namespace, held, self.view.clock())
         total: dict[str, int] = {}
-        for item in held.values():
+        for key, item in held.items():
+            if key == exclude:
+                continue
             for resource, count in item.gpus:
                 total[resource] = total.get(resource, 0) + count
         return total
