@@ -18,7 +18,7 @@ from typing import Any
 
 from gpu_placement import names as n
 from gpu_placement.config import Config
-from gpu_placement.pods import GpuRequests, effective_gpu_requests
+from gpu_placement.pods import GpuRequests
 from gpu_placement.view import ClusterView
 from webhook.patches import gpu_patch, protect_patch, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
@@ -71,8 +71,7 @@ class Admission:
     def _mutate(self, uid: str, subject: Subject) -> Decision:
         config, pod = self.config, subject.pod
         spec = pod["spec"]
-        gpus = effective_gpu_requests(spec, config.is_gpu_resource)
-        if not gpus:
+        if not subject.gpus:
             if (config.protect_gpu_nodes and not spec.get("nodeName") and not _is_daemonset_pod(pod)
                     and tolerates_gpu_taint(spec, config)):
                 ops = protect_patch(pod)
@@ -85,7 +84,7 @@ class Admission:
             return self._decision(allowed(uid, warnings=problems), POLICY_BROKEN, subject, problems)
         sharing = self._sharing(policy, subject)
         pools = [config.pools[name] for name in policy.pools]
-        ops = gpu_patch(pod, sharing, pools, policy.gpu_memory, config)
+        ops = gpu_patch(pod, subject.gpus, sharing, pools, policy.gpu_memory, config)
         return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
 
     def _sharing(self, policy: NamespacePolicy, subject: Subject) -> Sharing:
@@ -102,8 +101,7 @@ class Admission:
         return self._guarded(request, self._validate)
 
     def _validate(self, uid: str, subject: Subject) -> Decision:
-        config, pod = self.config, subject.pod
-        gpus = effective_gpu_requests(pod["spec"], config.is_gpu_resource)
+        config, pod, gpus = self.config, subject.pod, subject.gpus
         if not gpus:
             return self._decision(allowed(uid), NO_GPU, subject)
         namespace = subject.namespace

@@ -40,13 +40,21 @@ def escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-def gpu_patch(pod: Mapping[str, Any], sharing: Sharing, pools: Sequence[Pool], memory_default: str | None,
-              config: Config) -> Patch:
-    """Shape a GPU pod: resource rewrite, tolerations, node selection, scheduler, our annotations."""
+def gpu_patch(pod: Mapping[str, Any], gpus: GpuRequests, sharing: Sharing, pools: Sequence[Pool],
+              memory_default: str | None, config: Config) -> Patch:
+    """Shape a GPU pod (whose effective GPU request is `gpus`): resource rewrite, tolerations, node
+    selection, scheduler, our annotations."""
     spec: Mapping[str, Any] = pod.get("spec") or {}
     ops: Patch = []
     target = sharing.resource(config)
-    rewritten = _rewrite_resources(spec, target, ops) if target != n.GPU_RESOURCE else spec
+    if target != n.GPU_RESOURCE:
+        rewritten = _rewrite_resources(spec, target, ops)
+        asked = dict(gpus)
+        if target in asked:  # both names asked for somewhere: the effective rule must be run again
+            gpus = effective_gpu_requests(rewritten, config.is_gpu_resource)
+        elif n.GPU_RESOURCE in asked:  # a pure rename: the effective request is the same figure
+            asked[target] = asked.pop(n.GPU_RESOURCE)
+            gpus = tuple(sorted(asked.items()))
     wanted = [*config.gpu_tolerations, *(t for pool in pools for t in pool.tolerations)]
     _add_tolerations(spec, wanted, ops)
     selector = dict(GPU_PRESENT_TRUE)
@@ -65,7 +73,6 @@ def gpu_patch(pod: Mapping[str, Any], sharing: Sharing, pools: Sequence[Pool], m
         scheduler = config.scheduler_name
     meta: Mapping[str, Any] = pod.get("metadata") or {}
     annotations: Mapping[str, str] = meta.get("annotations") or {}
-    gpus = effective_gpu_requests(rewritten, config.is_gpu_resource)
     wanted_annotations = {n.ANN_ADMITTED: admitted_value(sharing, gpus, pools, scheduler)}
     if memory_default is not None and n.ANN_GPU_MEMORY not in annotations:
         # The extender charges memory by this annotation; writing the namespace default on the pod

@@ -18,7 +18,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 
-from gpu_placement.pods import effective_gpu_requests
+from gpu_placement.pods import GpuRequests, effective_gpu_requests
 from gpu_placement.quantity import QuantityError
 from webhook.quantities import QuantityProblem, to_count
 from webhook.text import quoted
@@ -160,6 +160,7 @@ class Subject:
     key: str  # namespace/name as the view will know it; a uid-based stand-in when there is no name yet
     uid: str
     dry_run: bool
+    gpus: GpuRequests  # Kubernetes' effective GPU request of the pod, by resource as written
 
 
 def subject_of(request: AdmissionRequest, is_gpu_resource: Callable[[str], bool]) -> Subject | None:
@@ -193,6 +194,10 @@ def subject_of(request: AdmissionRequest, is_gpu_resource: Callable[[str], bool]
     problem = check_pod(obj, is_gpu_resource)
     if problem:
         raise BadPod(f"request.object {problem}")
+    try:
+        gpus = effective_gpu_requests(obj["spec"], is_gpu_resource)
+    except QuantityError as exc:  # check_pod vetted every GPU quantity; kept as a backstop
+        raise BadPod(f"request.object asks for a GPU resource in a form that is not a quantity: {exc}") from None
     meta = obj.get("metadata") or {}
     namespace = request.get("namespace") or meta.get("namespace") or "default"
     pod_name = meta.get("name") or request.get("name") or ""
@@ -200,7 +205,7 @@ def subject_of(request: AdmissionRequest, is_gpu_resource: Callable[[str], bool]
     shown = pod_name or f"{meta.get('generateName') or ''}*"
     # Validating admission runs after the API server generated the name; mutating admission before.
     key = f"{namespace}/{pod_name}" if pod_name else f"{namespace}/ unnamed {uid or request['uid']}"
-    return Subject(obj, namespace, shown, key, uid, request.get("dryRun", False) is True)
+    return Subject(obj, namespace, shown, key, uid, request.get("dryRun", False) is True, gpus)
 
 
 def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]) -> str | None:
@@ -245,10 +250,6 @@ def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]) ->
     problem = _check_affinity(spec.get("affinity"))
     if problem:
         return f"spec.affinity{problem}"
-    try:
-        effective_gpu_requests(spec, is_gpu_resource)
-    except QuantityError as exc:
-        return f"asks for a GPU resource in a form that is not a quantity: {exc}"
     return None
 
 
