@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             assert child.stdout is not None and child.stdin is not None
             port = int(child.stdout.readline())
             cases = _prepare(port, bundle.ca_cert)
+            if use_wrk:  # warm-up, not reported: first requests, allocator, caches
+                _wrk(port, cases[0][1], cases[0][2], 1, args.connections, client_cpu, work)
             rows = []
             for name, path, body in cases:
                 verb = path.strip("/").split("?")[0]
