@@ -212,7 +212,11 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
 
         async def endpoint(request: Request) -> ORJSONResponse:
             start = time.perf_counter()
-            response = await handler(request)
+            try:
+                response = await handler(request)
+            except Exception as exc:  # answered here: through the error middleware the body can be lost
+                log.exception("extender %s failed", verb)
+                return refuse(verb, 500, "internal", f"internal error: {type(exc).__name__}: {exc}")
             timer.observe(time.perf_counter() - start)
             if response.status_code == 200:
                 metrics.REQUESTS.labels("extender", verb, "200").inc()

@@ -15,7 +15,7 @@ from importlib import resources
 __all__ = ["DriverTable", "Version", "VersionError", "driver_table", "format_version", "parse_version"]
 
 Version = tuple[int, ...]
-_VERSION = re.compile(r"^\d+(?:\.\d+){0,3}$")
+_VERSION = re.compile(r"^\d{1,9}(?:\.\d{1,9}){0,3}$", re.ASCII)  # ASCII digits, bounded: labels are untrusted
 
 
 class VersionError(ValueError):

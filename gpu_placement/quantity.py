@@ -13,7 +13,10 @@ __all__ = ["QuantityError", "parse_quantity", "quantity_to_int", "quantity_to_mi
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1,
             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$")
+# ASCII digits only (Kubernetes rejects "４"), a bounded length and exponent: the text is untrusted and
+# `Fraction(10) ** 999999999` would stall whoever parses it.
+_QUANTITY = re.compile(r"^([+-]?(?:\d{1,30}\.?\d{0,30}|\.\d{1,30}))"
+                       r"(?:([eE][+-]?\d{1,2})|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$", re.ASCII)
 _MIB = 2**20
 
 
@@ -38,6 +41,8 @@ def parse_quantity(value: str | int | float) -> Fraction:
 
 def quantity_to_int(value: str | int | float) -> int:
     """A count, as Kubernetes rounds extended resources: up to the next whole unit."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 30:
+        return int(value)  # the common case ("1", "8"), without the exact-fraction parser
     amount = parse_quantity(value)
     return -(-amount.numerator // amount.denominator)
 
@@ -47,4 +52,6 @@ def quantity_to_mib(value: str | int | float) -> int:
     amount = parse_quantity(value) / _MIB
     if amount <= 0:
         raise QuantityError(f"{value!r} is not a positive amount of memory")
+    if amount < 1:  # "16384" is bytes to Kubernetes, but almost always meant MiB
+        raise QuantityError(f"{value!r} is less than 1Mi (a plain number counts bytes, not MiB)")
     return -(-amount.numerator // amount.denominator)

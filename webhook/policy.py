@@ -20,7 +20,6 @@ from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.cuda import Version, parse_version
 from gpu_placement.namespaces import NamespaceRecord
-from gpu_placement.quantity import parse_quantity
 from webhook.quantities import QuantityProblem, to_count, to_mib
 from webhook.text import first_non_ascii, quoted
 
@@ -265,13 +264,9 @@ def _parse_pools(text: str, config: Config) -> tuple[str, ...]:
 
 def _parse_memory(text: str) -> int:
     try:
-        mib = to_mib(text)
+        return to_mib(text)  # refuses less than 1Mi: plain numbers are bytes, and "16384" is a trap
     except QuantityProblem as exc:
         raise ValueError(str(exc)) from None
-    if parse_quantity(text) < 2**20:
-        # Plain numbers are bytes, but GPU Feature Discovery's labels are MiB: "16384" is a trap.
-        raise ValueError(f"{quoted(text)} is less than 1Mi (a plain number counts bytes, not MiB)")
-    return mib
 
 
 def _parse_products(text: str) -> frozenset[str]:
