@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.fakeapi import FakeApiServer
+from tests.test_webhook_helpers import Webhook, certificates, serving
+from webhook.certs import CertBundle
 
 # ---- fake Kubernetes API server (tests/fakeapi.py) -------------------------------------------------
 
@@ -22,3 +25,28 @@ def fake_api() -> Iterator[FakeApiServer]:
         server.stop()
 
 # ---- end of fake Kubernetes API server -------------------------------------------------------------
+
+
+# ---- the webhook over real HTTPS (tests/test_webhook_helpers.py) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> CertBundle:
+    """A CA and serving pair for localhost, made once per test module."""
+    return certificates(Path(tmp_path_factory.mktemp("certs")))
+
+
+@pytest.fixture(scope="module")
+def served(bundle: CertBundle) -> Iterator[Webhook]:
+    """The webhook app over HTTPS on loopback, one server per test module."""
+    with serving(bundle) as hook:
+        yield hook
+
+
+@pytest.fixture
+def hook(served: Webhook) -> Webhook:
+    """The module's webhook with its view and reservations reset for this test."""
+    served.reset()
+    return served
+
+# ---- end of the webhook over real HTTPS ------------------------------------------------------------

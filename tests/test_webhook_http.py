@@ -18,28 +18,11 @@ import jsonpatch
 import orjson
 import pytest
 
-from tests.test_webhook_helpers import Webhook, certificates, patch_of, review, serving, user_pod
+from tests.test_webhook_helpers import Webhook, certificates, patch_of, review, user_pod
 from webhook.app import MAX_BODY
 from webhook.certs import CertBundle
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> CertBundle:
-    return certificates(Path(tmp_path_factory.mktemp("certs")))
-
-
-@pytest.fixture(scope="module")
-def served(bundle: CertBundle) -> Iterator[Webhook]:
-    with serving(bundle) as hook:
-        yield hook
-
-
-@pytest.fixture
-def hook(served: Webhook) -> Webhook:
-    served.reset()
-    return served
 
 
 def status_of(response: httpx.Response, code: int) -> str:

@@ -4,8 +4,6 @@ field by field and read as a V1Pod, then sent again to prove the patch is empty 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -16,7 +14,6 @@ from tests.test_webhook_helpers import (
     TEST_CONFIG,
     Webhook,
     as_v1pod,
-    certificates,
     find,
     patch_of,
     review,
@@ -32,23 +29,6 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 TRAINING_TOLERATION = {"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"}
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 KEEP_OFF = {"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]}
-
-
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> CertBundle:
-    return certificates(Path(tmp_path_factory.mktemp("certs")))
-
-
-@pytest.fixture(scope="module")
-def served(bundle: CertBundle) -> Iterator[Webhook]:
-    with serving(bundle) as hook:
-        yield hook
-
-
-@pytest.fixture
-def hook(served: Webhook) -> Webhook:
-    served.reset()
-    return served
 
 
 def admitted(pod: dict[str, Any]) -> dict[str, Any]:

@@ -4,16 +4,13 @@ once per namespace change; then the same sentences as a user sees them over HTTP
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from gpu_placement.config import parse_config
 from gpu_placement.demo_cluster import namespace
 from gpu_placement.namespaces import NamespaceRecord
-from tests.test_webhook_helpers import TEST_CONFIG, Webhook, certificates, serving, user_pod
-from webhook.certs import CertBundle
+from tests.test_webhook_helpers import TEST_CONFIG, Webhook, user_pod
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, parse_policy, parse_sharing, pod_annotation_problems
 
 pytestmark = pytest.mark.timeout(30)
@@ -172,23 +169,6 @@ def test_the_cache_parses_once_per_record() -> None:
 
 
 # -- as a user sees it -------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> CertBundle:
-    return certificates(Path(tmp_path_factory.mktemp("certs")))
-
-
-@pytest.fixture(scope="module")
-def served(bundle: CertBundle) -> Iterator[Webhook]:
-    with serving(bundle) as hook:
-        yield hook
-
-
-@pytest.fixture
-def hook(served: Webhook) -> Webhook:
-    served.reset()
-    return served
-
 
 def test_a_broken_namespace_annotation_denies_gpu_pods_with_its_sentence(hook: Webhook) -> None:
     _, verdict = hook.admit(user_pod("broken", gpus={"nvidia.com/gpu": 1}), "broken")

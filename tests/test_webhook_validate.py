@@ -5,32 +5,14 @@ server sends them (Webhook.admit), unless a test means to skip it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from gpu_placement.demo_cluster import make_pod
-from tests.test_webhook_helpers import TEST_CONFIG, Webhook, certificates, serving, user_pod
+from tests.test_webhook_helpers import TEST_CONFIG, Webhook, serving, user_pod
 from webhook.certs import CertBundle
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> CertBundle:
-    return certificates(Path(tmp_path_factory.mktemp("certs")))
-
-
-@pytest.fixture(scope="module")
-def served(bundle: CertBundle) -> Iterator[Webhook]:
-    with serving(bundle) as hook:
-        yield hook
-
-
-@pytest.fixture
-def hook(served: Webhook) -> Webhook:
-    served.reset()
-    return served
 
 
 @pytest.fixture(scope="module")
