@@ -3,6 +3,7 @@ and a clean stop on SIGTERM."""
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import socket
@@ -118,3 +119,36 @@ def test_serve_without_webhook_tls_is_a_usage_error(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 2
     assert "the webhook always serves TLS" in result.stderr
+
+
+def test_serve_against_an_api_server_manages_its_webhook_certificate(fake_api: object, tmp_path: Path) -> None:
+    """`serve --kubeconfig K --manage-certs`: lists the cluster, creates the Secret, patches both caBundles,
+    and serves TLS that an API server holding that caBundle trusts."""
+    from tests.fakeapi import FakeApiServer
+    from tests.test_rotation import CONFIG, NS, SECRET, SERVICE, webhook_configurations
+
+    api: FakeApiServer = fake_api  # type: ignore[assignment]
+    webhook_configurations(api)
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    ports = {"extender": free_port(), "webhook": free_port()}
+    process = subprocess.Popen(
+        [SCRIPT, "serve", "--kubeconfig", str(kubeconfig), "--extender-listen", f"127.0.0.1:{ports['extender']}",
+         "--webhook-listen", f"127.0.0.1:{ports['webhook']}", "--manage-certs", "--cert-secret", SECRET,
+         "--service", SERVICE, "--namespace", NS, "--webhook-configuration", CONFIG,
+         "--cert-dir", str(tmp_path / "certs")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_ready(f"http://127.0.0.1:{ports['extender']}/readyz")
+        mutating = api.get("MutatingWebhookConfiguration", CONFIG)
+        assert mutating is not None
+        ca_bundle = mutating["webhooks"][0]["clientConfig"]["caBundle"]
+        trust = ssl.create_default_context(cadata=base64.b64decode(ca_bundle).decode())
+        trust.check_hostname = False  # the certificate names the Service, not 127.0.0.1
+        wait_ready(f"https://127.0.0.1:{ports['webhook']}/readyz", verify=trust)
+        assert api.get("Secret", SECRET, NS) is not None
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
