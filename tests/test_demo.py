@@ -43,3 +43,14 @@ def test_demo_admits_places_and_explains() -> None:
     assert re.search(r"inference/chat-big waits: InsufficientGPUMemory: t4-shared has \d+ MiB of "
                      r"nvidia.com/gpu.shared memory free; the pod needs 4096 MiB \(FailedNodes", text)
     assert "research/huge-model waits: InsufficientGPUMemory: the pod asks 122880 MiB per device" in text
+
+
+def test_demo_shows_every_reason_code_a_scheduler_sees() -> None:
+    out = io.StringIO()
+    run_demo(out=out)
+    text = out.getvalue().split("SCHEDULING", 1)[1].split("WHAT EACH", 1)[0]
+    for code in ("NodeNotReady", "NoGPU", "NotValidated", "DriverUpgrade", "MIGReconfiguring", "DriverTooOld",
+                 "ComputeCapability", "ProductMismatch", "UnknownDriver", "BadLabel", "InsufficientGPUMemory",
+                 "InsufficientGPU"):
+        assert re.search(rf"\d+ {code}\b", text), code
+    assert rows(out.getvalue(), "SCHEDULING")["vision/detector"].split()[1] == "h100-train-2"
