@@ -1,10 +1,7 @@
-"""Quantities from untrusted text, checked before gpu_placement.quantity sees them.
-
-The core parser is exact (fractions) and permissive: Python's `\\d` takes any Unicode digit, so a
-full-width `４` reads as 4, and it raises `1e999999999` to its power, which takes minutes of CPU.
-Kubernetes accepts neither. Here the value must be ASCII, in Kubernetes' grammar, and of a sane
-size; only then is it handed to the core for the arithmetic.
-"""
+"""Quantities from untrusted text, as admission needs them: counts that must be whole and not
+negative, and messages that name what is wrong (a full-width `４`, an RTL mark) so the user can fix
+the manifest. gpu_placement.quantity does the arithmetic; it refuses the same inputs (non-ASCII
+digits, huge exponents) but only says "not a quantity"."""
 
 from __future__ import annotations
 
