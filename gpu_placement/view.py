@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_placement.config import Config
+from gpu_placement.names import ANN_GPU_MEMORY
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.nodes import NodeFacts
 from gpu_placement.pods import GpuRequests, PodRecord
@@ -154,9 +155,21 @@ class ClusterView:
     # -- namespaces ----------------------------------------------------------------------------
     def upsert_namespace(self, record: NamespaceRecord) -> None:
         with self.lock:
-            if self.namespaces.get(record.name) != record:
-                self.namespaces[record.name] = record
-                self._touch()
+            old = self.namespaces.get(record.name)
+            if old == record:
+                return
+            self.namespaces[record.name] = record
+            if old is not None and old.get(ANN_GPU_MEMORY) != record.get(ANN_GPU_MEMORY):
+                self._recharge_namespace(record.name)
+            self._touch()
+
+    def _recharge_namespace(self, namespace: str) -> None:
+        """The namespace's default memory ask changed: pods there without their own ask hold the new one.
+        A scan of the GPU pods charged; namespace annotations change rarely."""
+        for key in [key for key in self._charges if not key.startswith("reservation:")]:
+            pod = self.pods.get(key)
+            if pod is not None and pod.namespace == namespace and pod.memory_annotation is None and pod.node:
+                self._charge(key, pod.node, pod.gpus, self._memory_annotation(pod))
 
     def delete_namespace(self, name: str) -> None:
         with self.lock:
@@ -264,7 +277,7 @@ class ClusterView:
         if pod.memory_annotation is not None:
             return pod.memory_annotation
         namespace = self.namespaces.get(pod.namespace)
-        return namespace.get("gpu-placement.io/gpu-memory") if namespace else None
+        return namespace.get(ANN_GPU_MEMORY) if namespace else None
 
     def _charge(self, key: str, node: str, gpus: GpuRequests, memory_annotation: str | None,
                 refresh: bool = True) -> None:

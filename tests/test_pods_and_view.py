@@ -492,3 +492,19 @@ def test_incremental_view_equals_a_view_rebuilt_from_the_same_objects() -> None:
         rebuilt = _answers(_build_fresh(model, c.view, c.config), _asked(model))
         for kind in _PODS:
             assert cached[kind] == rebuilt[kind], f"step {step} ({change}): {kind}: differs from a rebuilt view"
+
+
+def test_namespace_memory_default_change_recharges_its_pods() -> None:
+    """A share charged by its namespace's gpu-memory default holds the new default once it changes;
+    a pod with its own ask, or in another namespace, keeps what it had."""
+    config = Config()
+    view = ClusterView(config)
+    ingest = Ingest(config)
+    ingest.event(view, "namespaces", "ADDED", namespace("inference", {"gpu-placement.io/gpu-memory": "2Gi"}))
+    ingest.event(view, "nodes", "ADDED", make_node("t4", "t4-timeslicing", shared_resource="nvidia.com/gpu.shared"))
+    ingest.event(view, "pods", "ADDED", make_pod("inference", "a", gpus={"nvidia.com/gpu.shared": 1}, node="t4"))
+    ingest.event(view, "pods", "ADDED", make_pod("inference", "b", gpus={"nvidia.com/gpu.shared": 1}, node="t4",
+                                                annotations={"gpu-placement.io/gpu-memory": "1Gi"}))
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048 - 1024
+    ingest.event(view, "namespaces", "MODIFIED", namespace("inference", {"gpu-placement.io/gpu-memory": "4Gi"}))
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 4096 - 1024
