@@ -41,6 +41,18 @@ def wait_ready(url: str, verify: ssl.SSLContext | bool = False, timeout: float =
     raise AssertionError(f"{url} not ready within {timeout} s")
 
 
+def stop(process: subprocess.Popen[str]) -> None:
+    """SIGTERM, as the kubelet sends it; SIGKILL only if it does not stop."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[dict[str, object]]:
     snapshot = tmp_path / "cluster.json"
@@ -53,13 +65,7 @@ def served(tmp_path: Path) -> Iterator[dict[str, object]]:
     try:
         yield {"process": process, "ports": ports, "snapshot": snapshot, "certs": tmp_path / "certs"}
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
+        stop(process)
 
 
 def test_serve_answers_both_components_and_stops_on_sigterm(served: dict[str, object]) -> None:
@@ -146,9 +152,4 @@ def test_serve_against_an_api_server_manages_its_webhook_certificate(fake_api: o
         wait_ready(f"https://127.0.0.1:{ports['webhook']}/readyz", verify=trust)
         assert api.get("Secret", SECRET, NS) is not None
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        stop(process)

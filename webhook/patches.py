@@ -164,14 +164,19 @@ def _add_tolerations(spec: Mapping[str, Any], wanted: Iterable[Mapping[str, Any]
 
 
 def _set_node_selector(spec: Mapping[str, Any], wanted: Mapping[str, str], ops: Patch) -> None:
-    existing = spec.get("nodeSelector")
+    # The pool is the platform team's choice: it wins over a pod's own value for the same label.
+    _set_entries(spec.get("nodeSelector"), "/spec/nodeSelector", wanted, ops)
+
+
+def _set_entries(existing: Mapping[str, Any] | None, path: str, wanted: Mapping[str, str], ops: Patch) -> None:
+    """Make the map at `path` hold `wanted`: one `add` of the whole map when it is missing (never an
+    add into a parent that is not there), else an add or replace per key that differs."""
     if existing is None:
-        ops.append({"op": "add", "path": "/spec/nodeSelector", "value": dict(wanted)})
+        ops.append({"op": "add", "path": path, "value": dict(wanted)})
         return
     for key, value in wanted.items():
         if existing.get(key) != value:
-            # The pool is the platform team's choice: it wins over a pod's own value for the same label.
-            ops.append({"op": "replace" if key in existing else "add", "path": "/spec/nodeSelector/" + escape(key),
+            ops.append({"op": "replace" if key in existing else "add", "path": f"{path}/{escape(key)}",
                         "value": value})
 
 
@@ -224,11 +229,4 @@ def _set_annotations(pod: Mapping[str, Any], wanted: Mapping[str, str], ops: Pat
     if meta is None:
         ops.append({"op": "add", "path": "/metadata", "value": {"annotations": dict(wanted)}})
         return
-    annotations = meta.get("annotations")
-    if annotations is None:
-        ops.append({"op": "add", "path": "/metadata/annotations", "value": dict(wanted)})
-        return
-    for key, value in wanted.items():
-        if annotations.get(key) != value:
-            ops.append({"op": "replace" if key in annotations else "add",
-                        "path": "/metadata/annotations/" + escape(key), "value": value})
+    _set_entries(meta.get("annotations"), "/metadata/annotations", wanted, ops)
