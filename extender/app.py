@@ -7,6 +7,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import orjson
@@ -148,8 +149,9 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         for code, count in result.reasons.items():
             metrics.DECISIONS.labels("extender", code).inc(count)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("filter pod=%s needs=%s passed=%d rejected=%s", _name(pod), req.describe(),
-                      len(result.passed), dict(result.reasons))
+            short = {name: placement.detail(req, name) for name in islice(orjson.loads(result.failed_json), 20)}
+            log.debug("filter pod=%s needs=%s passed=%d rejected=%s short=%s", _name(pod), req.describe(),
+                      len(result.passed), dict(result.reasons), short)
         return ORJSONResponse(encoded)
 
     async def prioritize(request: Request) -> ORJSONResponse:
@@ -181,7 +183,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
 
     def _bind(namespace: str, name: str, uid: str, node: str) -> str:
         if node not in view.nodes:
-            return unknown_node(node)
+            return unknown_node()
         key = pod_key(namespace, name)
         pod = view.pods.get(key)
         known = recent.get(key)

@@ -115,7 +115,7 @@ class Placement:
             unresolvable = list(map(verdicts.fragments.__getitem__, filterfalse(resolvable.__contains__, known)))
             if len(known) != len(failing):
                 unknown = [name for name in failing if name not in verdicts.fragments]
-                unresolvable += [_fragment(name, unknown_node(name)) for name in unknown]
+                unresolvable += [_fragment(name, unknown_node()) for name in unknown]
                 reasons[UNKNOWN_NODE] += len(unknown)
         return FilterResult(passed, _object(failed), _object(unresolvable), reasons)
 
@@ -154,6 +154,13 @@ class Placement:
                 rows.append(NodeVerdict(name, not reason, reason, scores.get(name, 0) if not reason else 0,
                                         self._detail(name, entry)))
             return rows
+
+    def detail(self, req: Requirements, name: str) -> str:
+        """One node's own figures for this pod (free units and MiB): for `explain` and the debug log,
+        never for a reason, which is the same string on every node with the same cause."""
+        with self.view.lock:
+            verdicts = self._cache.get(req)
+            return self._detail(name, verdicts.entries.get(name) if verdicts else None)
 
     # -- cache maintenance ---------------------------------------------------------------------
     def _verdicts(self, req: Requirements) -> _Verdicts:
@@ -214,10 +221,10 @@ class Placement:
         for resource, units, mib in need:
             free_units = view.free_units.get(resource, {}).get(name, 0)
             if units > free_units:
-                return insufficient_units(name, resource, free_units, units)
+                return insufficient_units(resource, units)
             free_mib = view.free_mib.get(resource, {}).get(name)
             if mib is not None and free_mib is not None and mib > free_mib:
-                return insufficient_memory(name, resource, free_mib, mib)
+                return insufficient_memory(resource, mib)
         return None
 
     def _score(self, name: str, need: Need) -> int:

@@ -56,7 +56,13 @@ def verdict_rows(verdicts: Sequence[NodeVerdict]) -> list[list[str]]:
     """Passing nodes first, best score first, then rejections grouped by reason code."""
     ordered = sorted(verdicts, key=lambda v: (not v.passed, -v.score, v.reason.split(":", 1)[0], v.node))
     return [[v.node, "pass" if v.passed else v.reason.split(":", 1)[0], str(v.score) if v.passed else "-",
-             v.detail if v.passed else v.reason.split(": ", 1)[-1]] for v in ordered]
+             v.detail if v.passed else _why(v)] for v in ordered]
+
+
+def _why(verdict: NodeVerdict) -> str:
+    """The reason kube-scheduler sees, then this node's own figures (which the reason never holds)."""
+    sentence = verdict.reason.split(": ", 1)[-1]
+    return f"{sentence} [{verdict.detail}]" if verdict.detail else sentence
 
 
 VERDICT_HEADER = ["NODE", "VERDICT", "SCORE", "WHY / FIGURES"]

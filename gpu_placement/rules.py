@@ -1,8 +1,12 @@
 """The placement rules: one function per family, one place per reason code.
 
-Every rejection is `Code: sentence`, the sentence naming the node, the fact that failed and what
-the pod needs, so that kube-scheduler's `PodScheduled` condition tells a platform engineer what to
-fix. Rules are pure: facts in, verdict out, no I/O.
+Every rejection is `Code: sentence`, the sentence naming the fact that failed (of the node's class:
+product, driver, CUDA, compute capability, upgrade or MIG state, resource) and what the pod needs,
+so that kube-scheduler's `PodScheduled` condition tells a platform engineer what to fix. A sentence
+never names its node and holds no per-node figure (free MiB, free units, pod names): kube-scheduler
+counts identical strings (`0/1000 nodes are available: 620 DriverTooOld: ...`), so nodes with the
+same cause share one string; the per-node figures are `explain`'s. Rules are pure: facts in,
+verdict out, no I/O.
 """
 
 from __future__ import annotations
@@ -92,29 +96,29 @@ def node_readiness(node: NodeFacts, validator: ValidatorState, config: Config) -
 
 
 def _readiness(node: NodeFacts, validator: ValidatorState, req: Requirements, config: Config) -> Rejection | None:
-    name = node.name
     if not node.ready:
-        return _reject(NODE_NOT_READY, f"{name} {node.ready_message}")
+        whose = "the node's " if node.ready_message.startswith("Ready") else "the node "
+        return _reject(NODE_NOT_READY, whose + node.ready_message)
     if node.unschedulable:
-        return _reject(NODE_NOT_READY, f"{name} is cordoned (spec.unschedulable); uncordon it when it is healthy")
+        return _reject(NODE_NOT_READY, "the node is cordoned (spec.unschedulable); uncordon it when it is healthy")
     if not node.gpu_present:
-        return _reject(NO_GPU, f"{name} has no {n.GPU_PRESENT}=true label (GPU Feature Discovery found no GPU)")
+        return _reject(NO_GPU, f"no {n.GPU_PRESENT}=true label on the node (GPU Feature Discovery found no GPU)")
     for resource, _count in req.gpus:
         if node.allocatable.get(resource, 0) == 0:
             return _reject(NO_GPU, _no_resource(node, resource))
     if config.validator.required:
         where = f"(namespace {config.validator.namespace}, {config.validator.selector.text})"
         if validator.pod is None:
-            return _reject(NOT_VALIDATED, f"no nvidia-operator-validator pod on {name} {where}")
+            return _reject(NOT_VALIDATED, f"no nvidia-operator-validator pod on the node {where}")
         if not validator.ready:
-            return _reject(NOT_VALIDATED, f"nvidia-operator-validator on {name} is not Ready ({validator.pod})")
+            return _reject(NOT_VALIDATED, f"the nvidia-operator-validator pod on the node is not Ready {where}")
     if node.upgrade_state not in (None, n.UPGRADE_DONE, n.UPGRADE_REQUIRED):
-        return _reject(DRIVER_UPGRADE, f"{name} is in a driver upgrade "
+        return _reject(DRIVER_UPGRADE, f"the node is in a driver upgrade "
                                        f"({n.DRIVER_UPGRADE_STATE}={node.upgrade_state})")
     if node.paused:
-        return _reject(DRIVER_UPGRADE, f"{name} has {node.paused}: GPU Operator components are paused")
+        return _reject(DRIVER_UPGRADE, f"the node has {node.paused}: GPU Operator components are paused")
     if node.mig_config_state not in (None, _MIG_SETTLED):
-        return _reject(MIG_RECONFIGURING, f"{name} is applying a MIG layout "
+        return _reject(MIG_RECONFIGURING, f"the node is applying a MIG layout "
                                           f"({n.MIG_CONFIG_STATE}={node.mig_config_state})")
     return None
 
@@ -123,64 +127,62 @@ def _no_resource(node: NodeFacts, resource: str) -> str:
     """Why a node with GPUs has none of this resource: three different fixes."""
     offered = sorted(res for res, count in node.allocatable.items() if count > 0)
     if node.capacity.get(resource, 0) > 0:
-        return (f"{node.name} has 0 allocatable of its {node.capacity[resource]} {resource}: the device plugin "
-                "marked them unhealthy")
+        return f"0 allocatable {resource} on the node (capacity > 0): the device plugin marked them unhealthy"
     if offered:
-        return f"{node.name} offers no {resource} (it offers {', '.join(offered)})"
-    return (f"{node.name} has 0 allocatable {resource}: the device plugin has not registered its GPUs "
+        return f"the node offers no {resource} (it offers {', '.join(offered)})"
+    return (f"0 allocatable {resource} on the node: the device plugin has not registered its GPUs "
             "(driver or container toolkit validation failed)")
 
 
 def _compatibility(node: NodeFacts, req: Requirements) -> Rejection | None:
-    name = node.name
     if req.cuda is not None:
         need = f"the pod needs CUDA >= {v(req.cuda)} ({req.cuda_source})"
         table = driver_table()
         if req.cuda[0] >= 13 and node.compute is not None and node.compute < table.cuda13_min_compute:
-            return _reject(COMPUTE_CAPABILITY, f"{name} ({node.product}) has compute capability "
+            return _reject(COMPUTE_CAPABILITY, f"the node's GPU ({node.product}) has compute capability "
                                                f"{v(node.compute)}; CUDA 13 needs >= {v(table.cuda13_min_compute)}")
         if node.max_cuda is None and node.driver is not None:
             floor = table.min_driver(req.cuda)
             needs = f" (CUDA {v(req.cuda)} needs >= {v(floor)})" if floor else ""
-            return _reject(DRIVER_TOO_OLD, f"{name} driver {v(node.driver)} is older than every CUDA release in "
+            return _reject(DRIVER_TOO_OLD, f"driver {v(node.driver)} is older than every CUDA release in "
                                            f"the driver table{needs}; {need}")
         if node.max_cuda is None:
-            return _reject(UNKNOWN_DRIVER, f"{name} publishes no driver or CUDA version labels "
+            return _reject(UNKNOWN_DRIVER, f"the node publishes no driver or CUDA version labels "
                                            f"({n.DRIVER_FULL}, {n.CUDA_RUNTIME[0]}); {need}")
-        driver = f"driver {v(node.driver)}" if node.driver else "its driver"
+        driver = f"driver {v(node.driver)}" if node.driver else "the node's driver"
         if req.cuda_compat:
             floor = table.compat_floor.get(req.cuda[0])
             if node.max_cuda[0] < req.cuda[0]:
-                return _reject(DRIVER_TOO_OLD, f"{name} {driver} supports CUDA up to {v(node.max_cuda)}, "
+                return _reject(DRIVER_TOO_OLD, f"{driver} supports CUDA up to {v(node.max_cuda)}, "
                                                f"below CUDA {req.cuda[0]}.x even with minor-version "
                                                f"compatibility; {need}")
             if node.max_cuda[0] == req.cuda[0] and node.driver is not None and floor and node.driver < floor:
-                return _reject(DRIVER_TOO_OLD, f"{name} driver {v(node.driver)} is below {v(floor)}, the floor of "
+                return _reject(DRIVER_TOO_OLD, f"driver {v(node.driver)} is below {v(floor)}, the floor of "
                                                f"CUDA {req.cuda[0]}.x minor-version compatibility; {need}")
         elif node.max_cuda < req.cuda[:2]:
-            return _reject(DRIVER_TOO_OLD, f"{name} {driver} supports CUDA up to {v(node.max_cuda)}; {need}")
+            return _reject(DRIVER_TOO_OLD, f"{driver} supports CUDA up to {v(node.max_cuda)}; {need}")
         elif len(req.cuda) > 2 and node.driver is not None:
             floor = table.min_driver(req.cuda)
             if floor is not None and node.driver < floor:
-                return _reject(DRIVER_TOO_OLD, f"{name} driver {v(node.driver)} is below {v(floor)}, the "
+                return _reject(DRIVER_TOO_OLD, f"driver {v(node.driver)} is below {v(floor)}, the "
                                                f"minimum for CUDA {v(req.cuda)}; {need}")
     if req.min_driver is not None:
         if node.driver is None:
-            return _reject(UNKNOWN_DRIVER, f"{name} publishes no driver version ({n.DRIVER_FULL}); "
+            return _reject(UNKNOWN_DRIVER, f"the node publishes no driver version ({n.DRIVER_FULL}); "
                                            f"the pod needs driver >= {v(req.min_driver)}")
         if node.driver < req.min_driver:
-            return _reject(DRIVER_TOO_OLD, f"{name} driver {v(node.driver)} is older than "
+            return _reject(DRIVER_TOO_OLD, f"driver {v(node.driver)} is older than "
                                            f"{v(req.min_driver)} ({n.ANN_MIN_DRIVER})")
     if req.min_compute is not None:
         if node.compute is None:
-            return _reject(UNKNOWN_DRIVER, f"{name} publishes no compute capability ({n.COMPUTE_MAJOR}); "
+            return _reject(UNKNOWN_DRIVER, f"the node publishes no compute capability ({n.COMPUTE_MAJOR}); "
                                            f"the pod needs >= {v(req.min_compute)}")
         if node.compute < req.min_compute:
-            return _reject(COMPUTE_CAPABILITY, f"{name} ({node.product}) has compute capability "
+            return _reject(COMPUTE_CAPABILITY, f"the node's GPU ({node.product}) has compute capability "
                                                f"{v(node.compute)}; the pod needs >= {v(req.min_compute)} "
                                                f"({n.ANN_MIN_COMPUTE})")
     if req.products is not None and not _product_matches(node.product, req.products):
-        return _reject(PRODUCT_MISMATCH, f"{name} has {node.product or 'no ' + n.GPU_PRODUCT + ' label'}; "
+        return _reject(PRODUCT_MISMATCH, f"the node has {node.product or 'no ' + n.GPU_PRODUCT + ' label'}; "
                                          f"the pod accepts {', '.join(sorted(req.products))} ({n.ANN_PRODUCTS})")
     return None
 
@@ -205,7 +207,7 @@ def _label_problems(node: NodeFacts, req: Requirements) -> Rejection | None:
     if req.min_compute is not None or req.cuda is not None:
         relevant.add(n.COMPUTE_MAJOR)
     for label in sorted(relevant & node.problems.keys()):
-        return _reject(BAD_LABEL, f"{node.name} {node.problems[label]}; fix GPU Feature Discovery on that node")
+        return _reject(BAD_LABEL, f"{node.problems[label]}; fix GPU Feature Discovery on the node")
     return None
 
 
@@ -226,24 +228,28 @@ def _device_fit(node: NodeFacts, req: Requirements) -> Rejection | Need:
         device = node.device_memory(resource)
         if req.memory_mib is not None:
             if device is None:
-                return _reject(UNKNOWN_GPU_MEMORY, f"{node.name} publishes no {n.GPU_MEMORY} label; the pod asks "
+                return _reject(UNKNOWN_GPU_MEMORY, f"the node publishes no {n.GPU_MEMORY} label; the pod asks "
                                                    f"{req.memory_mib} MiB per device ({req.memory_source})")
             if req.memory_mib > device:
                 return _reject(INSUFFICIENT_GPU_MEMORY, f"the pod asks {req.memory_mib} MiB per device "
-                                                        f"({req.memory_source}); each {resource} on {node.name} "
-                                                        f"has {device} MiB")
+                                                        f"({req.memory_source}); each {resource} on the node "
+                                                        f"has {device} MiB ({node.product or 'unknown product'})")
         need.append((resource, count, charge(node, resource, count, req.memory_mib)))
     return tuple(need)
 
 
-def insufficient_memory(node: str, resource: str, free: int, need: int) -> str:
-    return (f"{INSUFFICIENT_GPU_MEMORY}: {node} has {max(free, 0)} MiB of {resource} memory free; "
-            f"the pod needs {need} MiB")
+def insufficient_memory(resource: str, need: int) -> str:
+    return (f"{INSUFFICIENT_GPU_MEMORY}: the pod needs {need} MiB of {resource} memory free and the node has "
+            "less (per-node figures: gpu-placement explain)")
 
 
-def insufficient_units(node: str, resource: str, free: int, need: int) -> str:
-    return f"{INSUFFICIENT_GPU}: {node} has {max(free, 0)} {resource} free; the pod needs {need}"
+def insufficient_units(resource: str, need: int) -> str:
+    return f"{INSUFFICIENT_GPU}: the pod needs {need} {resource} free and the node has fewer"
 
 
-def unknown_node(node: str) -> str:
-    return f"{UNKNOWN_NODE}: {node} is not in gpu-placement's view of the cluster (not listed yet, or deleted)"
+UNKNOWN_NODE_MESSAGE = (f"{UNKNOWN_NODE}: the node is not in gpu-placement's view of the cluster "
+                        "(not listed yet, or deleted)")
+
+
+def unknown_node() -> str:
+    return UNKNOWN_NODE_MESSAGE

@@ -84,7 +84,7 @@ def test_driver_at_minimum_passes_and_one_revision_below_fails(cuda: str, min_dr
     low = _below(min_driver)
     below = _labels(low, _runtime_for(low) if labelled and driver_table().max_cuda(parse_version(low)) else None)
     message = verdict(below, pod)
-    assert message.startswith("DriverTooOld: gpu-1 "), message
+    assert message.startswith("DriverTooOld: driver "), message
     assert f"CUDA >= {cuda}" in message  # says what the pod needs
 
 
@@ -102,12 +102,12 @@ def test_major_minor_needs_the_first_release_of_that_minor(minor: tuple[int, int
 def test_driver_older_than_every_table_row_is_too_old_not_unknown() -> None:
     """The node publishes its driver (418.87.01, CUDA 10.1 era); it is known, and too old."""
     message = verdict(_labels("418.87.01"), _pod({"gpu-placement.io/cuda": "11.0"}))
-    assert message.startswith("DriverTooOld: gpu-1 driver 418.87.01 "), message
+    assert message.startswith("DriverTooOld: driver 418.87.01 "), message
 
 
-def test_rejection_names_node_driver_and_need() -> None:
+def test_rejection_names_driver_and_need() -> None:
     message = verdict(_labels("535.129.03", "12.2"), _pod({"gpu-placement.io/cuda": "12.4"}))
-    assert message == ("DriverTooOld: gpu-1 driver 535.129.03 supports CUDA up to 12.2; "
+    assert message == ("DriverTooOld: driver 535.129.03 supports CUDA up to 12.2; "
                        "the pod needs CUDA >= 12.4 (pod annotation)")
 
 
@@ -120,7 +120,7 @@ def test_minor_version_compatibility_floor(cuda: str, floor: str) -> None:
     assert verdict(_labels(floor), compat) == "pass"
     assert verdict(_labels(floor), strict).startswith("DriverTooOld: ")  # without the annotation: the table
     message = verdict(_labels(_below(floor)), compat)
-    assert message.startswith("DriverTooOld: gpu-1 "), f"driver {_below(floor)} for CUDA {cuda} (minor): {message}"
+    assert message.startswith("DriverTooOld: driver "), f"driver {_below(floor)} for CUDA {cuda} (minor): {message}"
     assert "minor-version compatibility" in message
 
 
@@ -146,7 +146,7 @@ def test_cuda_compat_none_is_the_default() -> None:
 def test_cuda_13_needs_compute_capability_7_5() -> None:
     cuda13 = _pod({"gpu-placement.io/cuda": "13.0"})
     volta = verdict(_labels("580.65.06", "13.0", compute="7.0"), cuda13)
-    assert volta.startswith("ComputeCapability: gpu-1 ") and "7.0" in volta and "7.5" in volta
+    assert volta.startswith("ComputeCapability: the node's GPU ") and "7.0" in volta and "7.5" in volta
     assert verdict(_labels("580.65.06", "13.0", compute="7.5"), cuda13) == "pass"  # Turing (T4)
     assert verdict(_labels("580.65.06", "13.0", compute="7.0"), _pod({"gpu-placement.io/cuda": "12.9"})) == "pass"
     image13 = _pod(image="nvcr.io/nvidia/cuda:13.0.0-devel-ubuntu24.04")
@@ -168,7 +168,7 @@ def test_min_driver() -> None:
     assert verdict(_labels("550.54.15"), pod) == "pass"
     assert verdict(_labels("555.42.02"), pod) == "pass"
     old = verdict(_labels("550.54.14"), pod)
-    assert old.startswith("DriverTooOld: gpu-1 driver 550.54.14 ") and "gpu-placement.io/min-driver" in old
+    assert old.startswith("DriverTooOld: driver 550.54.14 ") and "gpu-placement.io/min-driver" in old
     assert verdict(_labels(None, "12.4"), pod).startswith("UnknownDriver: ")  # runtime labels alone: no driver
 
 
@@ -188,7 +188,7 @@ def test_gpu_products(accepted: str, product: str, ok: bool) -> None:
     if ok:
         assert message == "pass"
     else:
-        assert message.startswith(f"ProductMismatch: gpu-1 has {product}; ")
+        assert message.startswith(f"ProductMismatch: the node has {product}; ")
         assert "gpu-placement.io/gpu-products" in message
 
 
@@ -207,7 +207,7 @@ def test_gpu_products_namespace_default_and_pod_override() -> None:
 ], ids=["annotation", "image", "min-driver"])
 def test_missing_driver_labels_fail_a_pod_with_a_requirement(pod: dict[str, Any]) -> None:
     message = verdict(_labels(None), pod)
-    assert message.startswith("UnknownDriver: gpu-1 publishes no driver"), message
+    assert message.startswith("UnknownDriver: the node publishes no driver"), message
 
 
 def test_missing_driver_labels_pass_a_pod_without_requirements() -> None:

@@ -262,4 +262,4 @@ def test_junk_labels_fail_that_node_only() -> None:
         assert "good-1" not in failed and "good-2" not in failed
     passed, failed = verdicts({"nvidia.com/gpu.memory": "abc"})
     assert passed == ["good-1", "good-2"]
-    assert failed["odd"].startswith("BadLabel: odd nvidia.com/gpu.memory='abc'")
+    assert failed["odd"].startswith("BadLabel: nvidia.com/gpu.memory='abc'")

@@ -223,7 +223,8 @@ def test_reservation_reduces_free_and_expires_after_ttl() -> None:
     c.validator("h8")
     c.view.reserve("ml/big", "h8", ((GPU, 8),), None)
     assert c.free("h8") == (0, 0)
-    assert c.verdict("h8", gpus={GPU: 1}).startswith("InsufficientGPU: h8 has 0 nvidia.com/gpu free")
+    assert c.verdict("h8", gpus={GPU: 1}) == (
+        "InsufficientGPU: the pod needs 1 nvidia.com/gpu free and the node has fewer")
     c.now += 29.9
     assert c.verdict("h8", gpus={GPU: 1}).startswith("InsufficientGPU")
     c.now += 0.2  # past reservationTTLSeconds: the pod was never seen bound
@@ -267,11 +268,11 @@ def test_validator_missing_not_ready_ready() -> None:
     c = Cluster()
     c.node("gpu-1", "h100")
     missing = c.verdict("gpu-1", gpus={GPU: 1})
-    assert missing.startswith("NotValidated: no nvidia-operator-validator pod on gpu-1")
+    assert missing.startswith("NotValidated: no nvidia-operator-validator pod on the node")
     assert "gpu-operator" in missing and "app=nvidia-operator-validator" in missing  # where it looked
     c.validator("gpu-1", ready=False)
-    assert c.verdict("gpu-1", gpus={GPU: 1}) == ("NotValidated: nvidia-operator-validator on gpu-1 is not Ready "
-                                                 "(gpu-operator/nvidia-operator-validator-gpu-1)")
+    assert c.verdict("gpu-1", gpus={GPU: 1}) == ("NotValidated: the nvidia-operator-validator pod on the node is "
+                                                 "not Ready (namespace gpu-operator, app=nvidia-operator-validator)")
     c.validator("gpu-1", ready=True)
     assert c.verdict("gpu-1", gpus={GPU: 1}) == "pass"
     c.view.delete_pod("gpu-operator/nvidia-operator-validator-gpu-1")
@@ -309,8 +310,9 @@ def test_validation_can_be_switched_off() -> None:
 def test_telemetry_narrows_free_memory(cluster: Cluster) -> None:
     cluster.view.set_telemetry({"h8": Telemetry(free_mib=50_000, xid_errors=0, at=cluster.now)})
     assert cluster.free("h8") == (8, 50_000)
-    assert cluster.verdict("h8", gpus={GPU: 1}) == (f"InsufficientGPUMemory: h8 has 50000 MiB of {GPU} memory free; "
-                                                    f"the pod needs {H100} MiB")
+    assert cluster.verdict("h8", gpus={GPU: 1}) == (f"InsufficientGPUMemory: the pod needs {H100} MiB of {GPU} memory "
+                                                    "free and the node has less (per-node figures: gpu-placement "
+                                                    "explain)")
     cluster.view.set_telemetry({"h8": Telemetry(free_mib=10 * H100, xid_errors=0, at=cluster.now)})
     assert cluster.free("h8") == (8, 8 * H100)  # telemetry narrows, never widens
     cluster.view.set_telemetry({})

@@ -115,7 +115,7 @@ def test_serve_reloads_the_snapshot_when_it_changes(served: dict[str, object]) -
         if failed:
             break
         time.sleep(0.2)
-    assert failed["h100-single"].startswith("DriverUpgrade: h100-single is in a driver upgrade")
+    assert failed["h100-single"].startswith("DriverUpgrade: the node is in a driver upgrade")
 
 
 def test_serve_without_webhook_tls_is_a_usage_error(tmp_path: Path) -> None:

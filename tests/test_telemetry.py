@@ -33,7 +33,8 @@ def test_telemetry_narrows_memory_and_goes_stale() -> None:
     assert "h100-single" in core.placement.filter(req, ["h100-single"]).passed
     source.refresh()
     result = core.placement.filter(req, ["h100-single", "a100-vgpu"])
-    assert result.failed["h100-single"].startswith("InsufficientGPUMemory: h100-single has 1024 MiB")
+    assert result.failed["h100-single"].startswith("InsufficientGPUMemory: ")
+    assert core.view.free_mib["nvidia.com/gpu"]["h100-single"] == 1024  # what DCGM says is left
     before = dict(core.placement.scores(req, ["a100-vgpu"]))["a100-vgpu"]
     assert before <= 10 - Config().scoring.xid_errors  # XID errors cost their weight
 
