@@ -21,7 +21,7 @@ from extender.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResul
 from gpu_placement import metrics
 from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
 from gpu_placement.placement import FilterResult, Placement
-from gpu_placement.pods import GpuRequests, pod_key
+from gpu_placement.pods import pod_key
 from gpu_placement.requirements import Requirements
 from gpu_placement.rules import unknown_node
 from gpu_placement.view import ClusterView
@@ -91,7 +91,7 @@ def _json_object(body: bytes, what: str) -> Any:
 
 def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: Callable[[], tuple[bool, str]],
                max_body: int = DEFAULT_MAX_BODY) -> Starlette:
-    recent: OrderedDict[str, tuple[str, GpuRequests, str | None]] = OrderedDict()
+    recent: OrderedDict[str, tuple[str, Requirements]] = OrderedDict()  # pod -> (UID, what /filter judged)
     last_filter: list[_LastFilter | None] = [None]
 
     def refuse(verb: str, status: int, problem: str, message: str) -> ORJSONResponse:
@@ -107,11 +107,10 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         except BodyTooLarge as exc:
             return refuse(verb, 413, "too_large", f"{exc} (raise it with --extender-max-body-bytes)")
 
-    def remember(pod: dict[str, Any], gpus: GpuRequests) -> None:
+    def remember(pod: dict[str, Any], req: Requirements) -> None:
         meta = pod.get("metadata") or {}
         key = pod_key(meta.get("namespace") or "default", meta.get("name") or "")
-        recent[key] = (str(meta.get("uid") or ""), gpus, (meta.get("annotations") or {}).get(
-            "gpu-placement.io/gpu-memory"))
+        recent[key] = (str(meta.get("uid") or ""), req)
         recent.move_to_end(key)
         if len(recent) > _RECENT_PODS:
             recent.popitem(last=False)
@@ -131,8 +130,8 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             return args
         pod, names, objects = args
         req = placement.requirements(pod)
-        if req.gpus:
-            remember(pod, req.gpus)
+        if req.wants_gpu:
+            remember(pod, req)
         view.expire_reservations()
         cached = last_filter[0]
         if (cached is not None and objects is None and cached.generation == view.generation and cached.req == req
@@ -182,22 +181,53 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         return ORJSONResponse({"Error": error})
 
     def _bind(namespace: str, name: str, uid: str, node: str) -> str:
+        key = pod_key(namespace, name)
+        with view.lock:  # the fit is checked and the memory reserved in one step: no other bind in between
+            reserved = _recheck_and_reserve(key, uid, node)
+            if isinstance(reserved, str):
+                return reserved
+        try:
+            binder.bind(namespace, name, uid, node)  # network I/O: outside the lock
+        except BindError as exc:
+            if reserved and not exc.ambiguous:
+                view.release(key)
+            return str(exc) + ("; its GPUs stay reserved until the pod is seen bound or deleted, or "
+                               "reservationTTLSeconds passes" if reserved and exc.ambiguous else "")
+        return ""
+
+    def _recheck_and_reserve(key: str, uid: str, node: str) -> bool | str:
+        """Whether a reservation was made, or why the bind is refused. kube-scheduler binds
+        asynchronously: other pods may have been bound since this one's /filter, so its verdict is
+        taken again now, with every reservation counted."""
+        view.expire_reservations()
         if node not in view.nodes:
             return unknown_node()
-        key = pod_key(namespace, name)
         pod = view.pods.get(key)
+        if pod is not None and pod.node:
+            return False  # already bound: the binder says to which node
         known = recent.get(key)
-        gpus, memory = (pod.gpus, pod.memory_annotation) if pod else (known[1], known[2]) if known else ((), None)
-        reserved = bool(gpus) and not (pod and pod.node)
-        if reserved:
-            view.reserve(key, node, gpus, memory)
-        try:
-            binder.bind(namespace, name, uid, node)
-        except BindError as exc:
-            if reserved:
-                view.release(key)
-            return str(exc)
-        return ""
+        if known is None:
+            if pod is None or not pod.gpus:
+                return False  # a pod with no GPU: nothing to check or hold
+            return (f"pod {key} was not filtered by this extender (restarted since its /filter?); "
+                    "kube-scheduler retries it")
+        filtered_uid, req = known
+        if uid and filtered_uid and uid != filtered_uid:
+            return f"pod {key} has UID {uid}, not {filtered_uid} as filtered: it was replaced; kube-scheduler retries"
+        if not req.wants_gpu:
+            return False
+        held = view.reservations.get(key)  # a retry after an ambiguous failure: its own hold does not count
+        if held is not None:
+            view.release(key)
+        problem = placement.recheck(req, node)
+        if problem is not None:
+            if held is not None:
+                view.reserve(key, held.node, held.gpus, held.memory_annotation)
+            metrics.DECISIONS.labels("extender", "BindRefused").inc()
+            return f"{problem} (checked again at /bind; kube-scheduler retries the pod)"
+        memory = f"{req.memory_mib}Mi" if req.memory_mib is not None else None  # the ask /filter judged
+        view.reserve(key, node, req.gpus, memory)
+        return True
 
     async def not_found(request: Request, exc: Exception) -> ORJSONResponse:
         status = getattr(exc, "status_code", 404)

@@ -17,7 +17,15 @@ __all__ = ["ApiBinder", "BindError", "Binder", "SnapshotBinder"]
 
 
 class BindError(Exception):
-    """The binding was refused; the message says by whom and why, for the extender's `Error`."""
+    """The binding was refused; the message says by whom and why, for the extender's `Error`.
+
+    `ambiguous`: the request went out and no answer came back (read timeout, connection cut), so the
+    Binding may exist. The reservation is then kept until the watch shows the pod bound, deleted or
+    the reservation expires: releasing it could let the next pod take memory this one holds."""
+
+    def __init__(self, message: str, ambiguous: bool = False) -> None:
+        super().__init__(message)
+        self.ambiguous = ambiguous
 
 
 class Binder(Protocol):
@@ -79,9 +87,10 @@ class ApiBinder:
             raise BindError(f"binding {namespace}/{name} to {node} failed: API server did not answer within "
                             f"{self.timeout[0]:g} s ({_why(exc)})") from None
         except urllib3.exceptions.HTTPError as exc:
+            sent = isinstance(exc, (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError))
             within = self.timeout[1] if isinstance(exc, urllib3.exceptions.ReadTimeoutError) else self.timeout[0]
             raise BindError(f"binding {namespace}/{name} to {node} failed: API server did not answer within "
-                            f"{within:g} s ({_why(exc)})") from None
+                            f"{within:g} s ({_why(exc)})", ambiguous=sent) from None
         raise BindError(_bind_refusal(error, namespace, name, node))
 
 

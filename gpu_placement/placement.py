@@ -119,6 +119,20 @@ class Placement:
                 reasons[UNKNOWN_NODE] += len(unknown)
         return FilterResult(passed, _object(failed), _object(unresolvable), reasons)
 
+    def recheck(self, req: Requirements, name: str) -> str | None:
+        """None when the pod fits on the node now, reservations included; else the reason. For `/bind`,
+        which calls it under the view's lock in one step with making the reservation."""
+        view = self.view
+        with view.lock:
+            facts = view.nodes.get(name)
+            if facts is None:
+                return unknown_node()
+            verdicts = self._cache.get(req)
+            if verdicts is not None:  # kept current by every change of the node and of what is free on it
+                return None if name in verdicts.passing else verdicts.messages.get(name, unknown_node())
+            entry = check_node(facts, view.validator_state(name), req, self.config)
+            return entry.message if entry.__class__ is Rejection else self._shortfall(name, entry)  # type: ignore
+
     def scores(self, req: Requirements, names: Sequence[str]) -> list[tuple[str, int]]:
         if not req.wants_gpu:
             return [(name, 0) for name in names]

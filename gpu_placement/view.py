@@ -148,6 +148,7 @@ class ClusterView:
             old = self.pods.pop(key, None)
             if old is not None:
                 self._unaccount(key, old)
+            self.release(key)  # a pod deleted between /bind and the watch holds nothing any more
 
     def replace_pods(self, records: Iterable[PodRecord]) -> None:
         self._replace("pods", self.pods, {pod.key: pod for pod in records}, self.delete_pod, self.upsert_pod)

@@ -135,7 +135,7 @@ def extender(fake_api: FakeApiServer, api: ApiClient) -> Iterator[Extender]:
     source.start()
     try:
         wait_for(lambda: source.ready, 5.0, "the live view")
-        app = create_app(view, Placement(view, config), ApiBinder(api), source.readiness)
+        app = create_app(view, Placement(view, config), ApiBinder(api, timeout=(1.0, 0.5)), source.readiness)
         with ServerThread(make_server(app, "127.0.0.1", 0)) as server, \
                 httpx.Client(base_url=server.url(""), timeout=10) as client:
             yield client, view, reserved
@@ -151,9 +151,19 @@ def bind(client: httpx.Client, name: str, node: str, pod_uid: str = "") -> str:
     return str(response.json()["Error"])
 
 
+def filter_(client: httpx.Client, fake: FakeApiServer, name: str = "trainer") -> list[str]:
+    """kube-scheduler's /filter before its /bind: the verdict /bind takes again."""
+    pod = fake.get("Pod", name, "default")
+    body = {"Pod": pod, "Nodes": None, "NodeNames": ["gpu-1", "gpu-2"]}
+    response = client.post("/filter", content=orjson.dumps(body), headers={"Content-Type": "application/json"})
+    assert response.status_code == 200
+    return list(response.json()["NodeNames"])
+
+
 def test_bind_reserves_until_the_watch_shows_the_pod_bound(fake_api: FakeApiServer, extender: Extender) -> None:
     client, view, reserved = extender
     assert client.get("/readyz").status_code == 200
+    assert filter_(client, fake_api) == ["gpu-1", "gpu-2"]
     assert bind(client, "trainer", "gpu-1", uid(fake_api)) == ""
     assert reserved == ["default/trainer@gpu-1"]  # held from before the API call
     pod = fake_api.get("Pod", "trainer", "default")
@@ -165,6 +175,7 @@ def test_bind_reserves_until_the_watch_shows_the_pod_bound(fake_api: FakeApiServ
 
 def test_refused_bind_releases_the_reservation(fake_api: FakeApiServer, extender: Extender) -> None:
     client, view, reserved = extender
+    assert filter_(client, fake_api) == ["gpu-1", "gpu-2"]
     fake_api.fail_next(1, 403, path="/api/v1/namespaces/default/pods/trainer/binding")
     error = bind(client, "trainer", "gpu-1", uid(fake_api))
     assert "pods/binding" in error and reserved == ["default/trainer@gpu-1"]
@@ -172,4 +183,26 @@ def test_refused_bind_releases_the_reservation(fake_api: FakeApiServer, extender
     fake_api.delete("Pod", "trainer", "default")
     wait_for(lambda: "default/trainer" not in view.pods, what="the pod deleted in the view")
     assert bind(client, "trainer", "gpu-2").startswith("pod default/trainer no longer exists")
-    assert reserved == ["default/trainer@gpu-1"]  # a pod the view does not hold: nothing to reserve
+    assert not view.reservations  # held for the API call, released on its definite "no"
+
+
+def test_an_unanswered_bind_keeps_the_reservation_until_the_watch_decides(fake_api: FakeApiServer,
+                                                                           extender: Extender) -> None:
+    """A read timeout: the Binding may exist. Releasing the hold would let the next pod take the
+    memory this one may already be using; the watch settles it."""
+    client, view, _ = extender
+    assert filter_(client, fake_api) == ["gpu-1", "gpu-2"]
+    fake_api.delay = 1.0
+    error = bind(client, "trainer", "gpu-1", uid(fake_api))
+    assert "did not answer within 0.5 s" in error and "stay reserved" in error
+    assert view.reservations["default/trainer"].node == "gpu-1"
+    assert view.free_units[GPU]["gpu-1"] == view.free_units[GPU]["gpu-2"] - 2
+    fake_api.delay = 0.0
+    time.sleep(0.3)  # the watch shows the pod still unbound: the hold stays
+    assert view.pods["default/trainer"].node is None and "default/trainer" in view.reservations
+    # kube-scheduler retries the pod: its own hold does not count against it, and is not doubled
+    assert filter_(client, fake_api) == ["gpu-1", "gpu-2"]
+    assert bind(client, "trainer", "gpu-1", uid(fake_api)) == ""
+    wait_for(lambda: view.pods["default/trainer"].node == "gpu-1", 5.0, "the watch to show the pod bound")
+    wait_for(lambda: not view.reservations, what="the reservation handed over to the pod's own charge")
+    assert view.free_units[GPU]["gpu-1"] == view.free_units[GPU]["gpu-2"] - 2

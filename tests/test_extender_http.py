@@ -335,6 +335,11 @@ def _bind(extender: Extender, namespace: str, name: str, node: str, uid: str = "
 def test_bind_a_pod_the_view_holds(fresh: Extender) -> None:
     one = api_pod(name="next-1")
     assert "h100-train-1" in fresh.filter(one, ["h100-train-1"])["NodeNames"]  # 2 of 8 free
+    unfiltered = _bind(fresh, "team-a", "queued", "h100-train-1", uid="uid-team-a-queued").json()["Error"]
+    assert unfiltered.startswith("pod team-a/queued was not filtered by this extender")  # nothing to re-check
+    assert fresh.core.view.pods["team-a/queued"].node is None and not fresh.core.view.reservations
+    queued = make_pod("team-a", "queued", gpus={GPU: 2})
+    assert fresh.filter(queued, ["h100-train-1"])["NodeNames"] == ["h100-train-1"]
     response = _bind(fresh, "team-a", "queued", "h100-train-1", uid="uid-team-a-queued")
     assert response.status_code == 200 and response.json() == {"Error": ""}
     assert fresh.core.view.pods["team-a/queued"].node == "h100-train-1"
@@ -356,6 +361,7 @@ def test_bind_a_pod_seen_only_in_filter_reserves_its_memory(fresh: Extender) -> 
 
 
 def test_bind_refusals_are_error_sentences(fresh: Extender) -> None:
+    fresh.filter(make_pod("team-a", "queued", gpus={GPU: 2}), ["h100-train-1"])
     unknown = _bind(fresh, "team-a", "queued", "ghost-node")
     assert unknown.status_code == 200
     assert unknown.json()["Error"].startswith("UnknownNode: ")

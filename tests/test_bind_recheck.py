@@ -1,0 +1,91 @@
+"""`/bind` takes the verdict again, with reservations, in one step with making its own (contract section 3).
+
+kube-scheduler's binding cycle is asynchronous: pod B's /filter can run before pod A's /bind. Two
+10Gi shares on one 15 GiB time-sliced T4 both pass /filter; only one may be bound.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+import pytest
+
+from gpu_placement.demo_cluster import make_node, make_pod, validator_pod
+from tests.test_extender_http import Extender
+
+SHARED = "nvidia.com/gpu.shared"
+T4 = "t4-ts"
+ASK = {"gpu-placement.io/gpu-memory": "10Gi"}
+
+
+@pytest.fixture
+def t4() -> Iterator[Extender]:
+    node = make_node(T4, "t4-timeslicing", labels={"nvidia.com/gpu.replicas": "2",
+                                                   "nvidia.com/gpu.sharing-strategy": "time-slicing"},
+                     shared_resource=SHARED)  # 15360 MiB, two shares advertised as nvidia.com/gpu.shared
+    extender = Extender([node, validator_pod(T4), make_node("cpu-1", None)])
+    yield extender
+    extender.close()
+
+
+def _pod(name: str) -> dict[str, Any]:
+    return make_pod("inference", name, gpus={SHARED: 1}, annotations=ASK, image="registry.example.com/chat:1")
+
+
+def _bind(extender: Extender, name: str, node: str = T4) -> str:
+    response = extender.post("bind", {"PodName": name, "PodNamespace": "inference",
+                                      "PodUID": f"uid-inference-{name}", "Node": node})
+    assert response.status_code == 200
+    return str(response.json()["Error"])
+
+
+def _together(*calls: Callable[[], Any]) -> list[Any]:
+    """Start the calls at the same moment, on their own connections."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], Any]) -> Any:
+        barrier.wait()
+        return call()
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))
+
+
+def test_concurrent_filter_filter_bind_bind_never_overcommits(t4: Extender) -> None:
+    view = t4.core.view
+    for round_ in range(8):
+        a, b = f"chat-{round_}-a", f"chat-{round_}-b"
+        for name in (a, b):  # created: the watch shows them Pending
+            t4.core.ingest.event(view, "pods", "ADDED", _pod(name))
+        filters = _together(*(partial(t4.filter, _pod(name), [T4]) for name in (a, b)))
+        assert [answer["NodeNames"] for answer in filters] == [[T4], [T4]]  # each fits alone
+        errors = _together(*(partial(_bind, t4, name) for name in (a, b)))
+        assert sorted(bool(error) for error in errors) == [False, True], errors
+        refused = next(error for error in errors if error)
+        assert refused.startswith(f"InsufficientGPUMemory: the pod needs 10240 MiB of {SHARED} memory free")
+        assert "checked again at /bind" in refused
+        assert view.free_mib[SHARED][T4] == 15360 - 10240  # one share held, never -5120
+        bound = [key for key in (f"inference/{a}", f"inference/{b}") if view.pods[key].node]
+        assert len(bound) == 1 and view.pods[bound[0]].node == T4 and not view.reservations
+        for key in (f"inference/{a}", f"inference/{b}"):  # the bound one ends, the refused one is deleted
+            view.delete_pod(key)
+        assert view.free_mib[SHARED][T4] == 15360
+
+
+def test_bind_to_a_node_filter_rejected_is_refused(t4: Extender) -> None:
+    answer = t4.filter(_pod("chat-x"), [T4, "cpu-1"])
+    assert answer["NodeNames"] == [T4] and set(answer["FailedAndUnresolvableNodes"]) == {"cpu-1"}
+    error = _bind(t4, "chat-x", "cpu-1")
+    assert error.startswith("NoGPU: ") and "kube-scheduler retries" in error
+    assert not t4.core.view.reservations and "inference/chat-x" not in t4.core.view.pods
+
+
+def test_bind_of_a_pod_never_filtered_is_refused(t4: Extender) -> None:
+    assert _bind(t4, "chat-y") == ""  # neither filtered nor in the view: no GPU known, nothing to hold
+    t4.core.ingest.event(t4.core.view, "pods", "ADDED", _pod("chat-z"))  # the watch shows it, unfiltered
+    assert _bind(t4, "chat-z").startswith("pod inference/chat-z was not filtered by this extender")
+    assert t4.core.view.pods["inference/chat-z"].node is None
