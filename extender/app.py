@@ -115,6 +115,21 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if len(recent) > _RECENT_PODS:
             recent.popitem(last=False)
 
+    listed = [False]  # latched: a view once listed in full keeps serving (a dead API server changes nothing)
+
+    def not_ready(verb: str) -> str | None:
+        """Why the view cannot decide yet: before every kind's first full list (a restart, a leader
+        failover) a verdict would miss validators, nodes or the pods holding memory."""
+        if listed[0]:
+            return None
+        ok, why = ready()
+        if ok:
+            listed[0] = True
+            return None
+        metrics.DECISIONS.labels("extender", "ViewNotReady").inc()
+        log.info("extender %s answered Error: view not ready: %s", verb, why)
+        return f"view not ready: {why}; kube-scheduler retries the pod with backoff"
+
     async def extender_args(request: Request, verb: str) -> ParsedArgs | ORJSONResponse:
         body = await read(request, verb)
         if isinstance(body, ORJSONResponse):
@@ -129,6 +144,9 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if isinstance(args, ORJSONResponse):
             return args
         pod, names, objects = args
+        waiting = not_ready("filter")
+        if waiting is not None:  # 200 with Error: kube-scheduler shows the sentence (a non-200 loses it)
+            return ORJSONResponse(_NOT_DECIDED | {"Error": waiting})
         req = placement.requirements(pod)
         if req.wants_gpu:
             remember(pod, req)
@@ -158,6 +176,10 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if isinstance(args, ORJSONResponse):
             return args
         pod, names, _ = args
+        waiting = not_ready("prioritize")
+        if waiting is not None:  # HostPriorityList has no Error field: a non-200 is kube-scheduler's error
+            metrics.REQUESTS.labels("extender", "prioritize", "503").inc()
+            return ORJSONResponse({"Error": waiting}, status_code=503)
         return ORJSONResponse(placement.scores_json(placement.requirements(pod), names))
 
     async def bind(request: Request) -> ORJSONResponse:
@@ -172,6 +194,10 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         except WireError as exc:
             return refuse("bind", 400, "malformed", str(exc))
         namespace, name, node, uid = args["PodNamespace"], args["PodName"], args["Node"], str(args.get("PodUID") or "")
+        waiting = not_ready("bind")
+        if waiting is not None:
+            metrics.BINDINGS.labels("error").inc()
+            return ORJSONResponse({"Error": waiting})
         error = await run_in_threadpool(_bind, namespace, name, uid, node)
         metrics.BINDINGS.labels("error" if error else "ok").inc()
         if error:
@@ -258,6 +284,9 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
 
     routes = [timed("filter", filter_), timed("prioritize", prioritize), timed("bind", bind), *ops_routes(ready)]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
+
+
+_NOT_DECIDED = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}}
 
 
 def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -> bytes:
