@@ -39,6 +39,14 @@ def _components(text: str) -> tuple[str, ...]:
     return parts
 
 
+def _resources(text: str) -> tuple[str, ...]:
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not names or any("/" not in name for name in names):
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of resource names, e.g. "
+                                         "nvidia.com/gpu,nvidia.com/mig-1g.10gb")
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-placement", description="GPU placement for Kubernetes clusters that "
                                      "run the NVIDIA GPU Operator: scheduler extender and admission webhook.")
@@ -59,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--extender-tls-key", metavar="FILE")
     serve.add_argument("--extender-max-body-bytes", type=int, default=64 * 2**20, metavar="N",
                        help="largest extender request accepted (default 64 MiB); larger ones get 413")
+    serve.add_argument("--managed-resources", type=_resources, metavar="R1,R2,...",
+                       help="the managedResources of kube-scheduler's extender configuration: warn (log and "
+                       "metric) about GPU resources nodes offer beyond them, which bypass the extender")
     serve.add_argument("--webhook-listen", type=_listen, default=("0.0.0.0", 8443), metavar="HOST:PORT",
                        help="webhook address (default 0.0.0.0:8443, always TLS)")
     serve.add_argument("--tls-cert", metavar="FILE", help="webhook serving certificate (reloaded when it changes)")

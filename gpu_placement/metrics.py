@@ -30,6 +30,9 @@ WATCH_RESTARTS = Counter("gpu_placement_watch_restarts", "Watch restarts, by kin
 SOURCE_UP = Gauge("gpu_placement_source_up", "1 while the cluster source (API server or snapshot) is healthy.")
 SNAPSHOT_RELOADS = Counter("gpu_placement_snapshot_reloads", "Snapshot reloads, by result.", ["result"])
 BINDINGS = Counter("gpu_placement_bindings", "Bind calls, by result.", ["result"])
+UNMANAGED_GPU_NODES = Gauge("gpu_placement_unmanaged_gpu_resource_nodes",
+                            "Nodes offering a GPU resource missing from kube-scheduler's managedResources.",
+                            ["resource"])
 CERT_EXPIRY = Gauge("gpu_placement_certificate_expiry_timestamp_seconds",
                     "Unix time at which the serving certificate expires.", ["listener"])
 

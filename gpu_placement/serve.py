@@ -60,6 +60,10 @@ def serve(args: argparse.Namespace) -> int:
             else core_from_cluster(config, args.kubeconfig))
     servers = []
     try:
+        if "extender" in args.components and args.managed_resources:
+            from extender.managed import UnmanagedResources
+
+            UnmanagedResources(core.view, args.managed_resources)
         if "extender" in args.components:
             tls = (ReloadingTLS(args.extender_tls_cert, args.extender_tls_key) if args.extender_tls_cert else None)
             host, port = args.extender_listen

@@ -57,6 +57,7 @@ CASES = [
         "gpuResources": ["nvidia.com/gpu", "example.com/accelerator"],
         "sharedResource": "nvidia.com/gpu.timesliced",
         "migResources": ["nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"],
+        "extraMigResources": ["nvidia.com/mig-1g.24gb.gfx"],
         "exemptNamespaces": ["kube-system", "gpu-operator", "monitoring"],
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "image": {"repository": "registry.example.com/platform/gpu-placement",
@@ -78,8 +79,8 @@ CASES = [
         },
     }, release="gpu", namespace="platform-gpu"),
     Case("exposed-single", {
-        "scheduler": {"replicas": 1, "extender": {"listenHost": "0.0.0.0", "port": 9999, "weight": 2,
-                                                  "httpTimeout": "3s"}},
+        "scheduler": {"replicas": 1, "image": {"tag": "v1.31.4"},
+                      "extender": {"listenHost": "0.0.0.0", "port": 9999, "weight": 2, "httpTimeout": "3s"}},
         "webhook": {"replicas": 1, "port": 9443},
         "serviceMonitor": {"enabled": True},
         "config": {"protectGpuNodes": False},
@@ -109,8 +110,7 @@ class Rendered:
         return found[0]
 
     def container(self, name: str) -> Doc:
-        found = [c for d in self.all("Deployment") for c in d["spec"]["template"]["spec"]["containers"]
-                 if c["name"] == name]
+        found = [c for d in self.all("Deployment") for c in _pod_containers(d) if c["name"] == name]
         assert len(found) == 1, name
         return found[0]
 
@@ -121,6 +121,12 @@ class Rendered:
     def scheduler_config(self) -> Doc:
         cm = self.one("ConfigMap", f"{fullname(self.case)}-scheduler")
         return dict(yaml.safe_load(cm["data"]["scheduler-config.yaml"]))
+
+
+def _pod_containers(deployment: Doc) -> list[Doc]:
+    """Init containers (the extender is a native sidecar) and containers."""
+    pod = deployment["spec"]["template"]["spec"]
+    return [*pod.get("initContainers", []), *pod["containers"]]
 
 
 def fullname(case: Case) -> str:
@@ -328,7 +334,7 @@ def test_every_container_of_the_service_parses_with_the_cli(rendered: Rendered) 
 
     seen = set()
     for deployment in rendered.all("Deployment"):
-        for container in deployment["spec"]["template"]["spec"]["containers"]:
+        for container in _pod_containers(deployment):
             if container["name"] not in SERVICE_IMAGE_CONTAINERS:
                 continue
             seen.add(container["name"])
@@ -377,7 +383,14 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
     assert extender["weight"] == v["scheduler"]["extender"]["weight"]
     assert extender["httpTimeout"] == v["scheduler"]["extender"]["httpTimeout"]
     managed = [r["name"] for r in extender["managedResources"]]
-    assert managed == [*v["gpuResources"], v["sharedResource"], *v["migResources"]]
+    assert managed == [*v["gpuResources"], v["sharedResource"], *v["migResources"], *v["extraMigResources"]]
+    # kube-scheduler filters every node before the extender sees them (the default samples big clusters)
+    assert sched["percentageOfNodesToScore"] == 100
+    # and the extender knows the list, to warn about GPU resources nodes offer beyond it
+    from gpu_placement.cli import build_parser
+
+    args = build_parser().parse_args(rendered.container("extender")["args"])
+    assert list(args.managed_resources) == managed
     assert all(r["ignoredByScheduler"] is False for r in extender["managedResources"])
 
 
@@ -393,8 +406,8 @@ def test_extender_url_is_the_sidecar_listener(rendered: Rendered) -> None:
     assert host == rendered.values["scheduler"]["extender"]["listenHost"]
     # Same pod: loopback reaches it.
     deployment = rendered.deployment("scheduler")
-    names = [c["name"] for c in deployment["spec"]["template"]["spec"]["containers"]]
-    assert names == ["kube-scheduler", "extender"]
+    names = [c["name"] for c in _pod_containers(deployment)]
+    assert names == ["extender", "kube-scheduler"]
 
 
 def test_scheduler_containers(rendered: Rendered) -> None:
@@ -402,7 +415,13 @@ def test_scheduler_containers(rendered: Rendered) -> None:
     deployment = rendered.deployment("scheduler")
     assert deployment["spec"]["replicas"] == v["replicas"]
     container = rendered.container("kube-scheduler")
-    assert container["image"] == f"registry.k8s.io/kube-scheduler:{v['image']['tag']}"
+    repository, _, tag = container["image"].rpartition(":")
+    assert repository == "registry.k8s.io/kube-scheduler"
+    if v["image"]["tag"]:
+        assert tag == v["image"]["tag"]
+    else:  # the cluster's own version (Helm's capabilities when rendered offline), no provider suffix
+        match = re.fullmatch(r"v1\.(\d+)\.\d+", tag)
+        assert match and int(match.group(1)) >= 30, tag
     [config_flag] = [a for a in container["command"] if a.startswith("--config=")]
     path = config_flag.split("=", 1)[1]
     volume = _volume_for(path, _mounts(deployment, container))
@@ -635,7 +654,7 @@ def test_pods_are_locked_down(rendered: Rendered) -> None:
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         assert "hostNetwork" not in pod and "hostPID" not in pod
-        for container in pod["containers"]:
+        for container in _pod_containers(deployment):
             sc = container["securityContext"]
             assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 65532
             assert sc["readOnlyRootFilesystem"] is True
@@ -959,3 +978,52 @@ def test_cel_evaluator_catches_unguarded_fields() -> None:
         _Cel("object.spec.containers.exists(c, c.resources.limits.exists(r, r == 'x'))")(_pod(CPU))
     assert _Cel("has(object.spec.initContainers) && object.spec.initContainers.exists(c, c.name == 'x')")(
         _pod(init=[{"name": "x"}]))
+
+
+# ---- issue 8: the scheduler sees every node, every MIG profile, and starts after the extender ------
+
+# MIG profiles NVIDIA publishes (mig-parted's default config, deployments/systemd/config-default.yaml),
+# as the device plugin advertises them (`+me` becomes `.me`).
+PUBLISHED_MIG = {
+    "A30-24GB": ["1g.6gb", "1g.6gb.me", "2g.12gb", "2g.12gb.me", "4g.24gb"],
+    "A100-40GB": ["1g.5gb", "1g.5gb.me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
+    "A100-80GB, H100-80GB": ["1g.10gb", "1g.10gb.me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    "H100 NVL": ["1g.12gb", "1g.12gb.me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"],
+    "H100-96GB": ["1g.12gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"],
+    "H200-141GB": ["1g.18gb", "1g.18gb.me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
+    "B200": ["1g.23gb", "1g.23gb.me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"],
+}
+
+
+def test_default_managed_resources_cover_every_published_mig_profile() -> None:
+    default = _render_default()
+    [extender] = default.scheduler_config()["extenders"]
+    managed = {r["name"] for r in extender["managedResources"]}
+    for gpu, profiles in PUBLISHED_MIG.items():
+        missing = [p for p in profiles if f"nvidia.com/mig-{p}" not in managed]
+        assert not missing, f"{gpu}: {missing}"
+    assert {"nvidia.com/gpu", "nvidia.com/gpu.shared"} <= managed
+
+
+def test_extra_mig_resources_extend_the_defaults(chart: helm_python.Chart) -> None:
+    extra = _render(chart, Case("extra", {"extraMigResources": ["nvidia.com/mig-1g.24gb.gfx"]}))
+    [extender] = extra.scheduler_config()["extenders"]
+    managed = [r["name"] for r in extender["managedResources"]]
+    assert managed[-1] == "nvidia.com/mig-1g.24gb.gfx" and "nvidia.com/mig-7g.180gb" in managed
+
+
+def test_extender_is_a_native_sidecar_that_starts_first(rendered: Rendered) -> None:
+    pod = rendered.deployment("scheduler")["spec"]["template"]["spec"]
+    [sidecar] = pod["initContainers"]
+    assert sidecar["name"] == "extender" and sidecar["restartPolicy"] == "Always"
+    # kubelet starts the next container once a sidecar's startup probe passes: the view is listed
+    port = rendered.values["scheduler"]["extender"]["port"]
+    startup = " ".join(sidecar["startupProbe"]["exec"]["command"])
+    assert f"http://127.0.0.1:{port}/readyz" in startup
+    assert sidecar["startupProbe"]["periodSeconds"] * sidecar["startupProbe"]["failureThreshold"] >= 300
+    assert [c["name"] for c in pod["containers"]] == ["kube-scheduler"]
+
+
+def _render_default() -> Rendered:
+    with helm_python.Chart.load(CHART) as loaded:
+        return _render(loaded, _case("default"))

@@ -61,7 +61,15 @@ never wait for the webhook). Used by both the ConfigMap and the namespaceSelecto
 
 {{/* Every GPU resource kube-scheduler must send to the extender (managedResources). */}}
 {{- define "gpu-placement.managedResources" -}}
-{{- concat .Values.gpuResources (list .Values.sharedResource) .Values.migResources | uniq | toJson }}
+{{- concat .Values.gpuResources (list .Values.sharedResource) .Values.migResources .Values.extraMigResources | uniq | toJson }}
+{{- end }}
+
+{{/* kube-scheduler's image tag: the value, else the cluster's own version (never newer than the API
+server, as the skew policy requires), without a provider suffix: v1.31.4-eks-1552ad0 -> v1.31.4. */}}
+{{- define "gpu-placement.schedulerImageTag" -}}
+{{- if .Values.scheduler.image.tag }}{{ .Values.scheduler.image.tag }}
+{{- else }}{{- $v := semver .Capabilities.KubeVersion.Version }}{{ printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch }}
+{{- end }}
 {{- end }}
 
 {{/* The service configuration (CONTRACT.md section 8): .Values.config plus the shared top-level keys. */}}
