@@ -7,9 +7,10 @@ changed and we redo that node only, so a request costs set operations over the n
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from itertools import filterfalse
 from typing import Any
 
@@ -32,8 +33,13 @@ from gpu_placement.view import ClusterView
 __all__ = ["FilterResult", "NodeVerdict", "Placement"]
 
 MAX_SCORE = 10
-_CACHE_SIZE = 64  # kinds of pod remembered; each costs a few entries per node (about 1.5 KiB a node)
+# Kinds of pod remembered, bounded by memory rather than by count: a kind costs about 330 bytes a node
+# (tracemalloc, 5,000 nodes: 1.4-1.7 MB a kind), so 128 MiB holds about 75 kinds at 5,000 nodes and
+# 400 at 1,000.
+_CACHE_BYTES = 128 * 2**20
+_PER_NODE_BYTES = 250  # table slots, score piece, Need tuple: a kind's cost per node besides its fragments
 _EMPTY = b"{}"
+_NO_NODES: Mapping[str, Any] = {}  # the default of per-resource lookups: not a new dict per call
 
 
 @dataclass(slots=True)
@@ -80,13 +86,19 @@ class _Verdicts:
     fragments: dict[str, bytes] = field(default_factory=dict)  # failing nodes: b'"n1":"Code: sentence"'
     codes: dict[str, str] = field(default_factory=dict)  # failing nodes: the reason code
     resolvable: set[str] = field(default_factory=set)  # failing nodes preemption could help
+    by_class: dict[int, Rejection | Need] = field(default_factory=dict)  # static verdict per node class
+    size: int = 0  # estimated bytes, for the cache's memory bound
 
 
 class Placement:
     def __init__(self, view: ClusterView, config: Config) -> None:
         self.view = view
         self.config = config
-        self._cache: OrderedDict[Requirements, _Verdicts] = OrderedDict()
+        self._cache: OrderedDict[Requirements, _Verdicts] = OrderedDict()  # keyed on decision inputs only
+        self._cache_bytes = 0
+        self._keys: dict[Requirements, Requirements] = {}  # a pod's Requirements -> its cache key
+        self._classes: dict[str, int] = {}  # node -> the id of its class (see _node_class)
+        self._class_ids: dict[Hashable, int] = {}  # everything a static verdict depends on -> a small id
         view.subscribe(self._node_changed, self._free_changed)
 
     # -- requests ------------------------------------------------------------------------------
@@ -127,10 +139,11 @@ class Placement:
             facts = view.nodes.get(name)
             if facts is None:
                 return unknown_node()
-            verdicts = self._cache.get(req)
+            key = _decision_key(req)
+            verdicts = self._cache.get(key)
             if verdicts is not None:  # kept current by every change of the node and of what is free on it
                 return None if name in verdicts.passing else verdicts.messages.get(name, unknown_node())
-            entry = check_node(facts, view.validator_state(name), req, self.config)
+            entry = check_node(facts, view.validator_state(name), key, self.config)
             return entry.message if entry.__class__ is Rejection else self._shortfall(name, entry)  # type: ignore
 
     def scores(self, req: Requirements, names: Sequence[str]) -> list[tuple[str, int]]:
@@ -173,29 +186,91 @@ class Placement:
         """One node's own figures for this pod (free units and MiB): for `explain` and the debug log,
         never for a reason, which is the same string on every node with the same cause."""
         with self.view.lock:
-            verdicts = self._cache.get(req)
+            verdicts = self._cache.get(_decision_key(req))
             return self._detail(name, verdicts.entries.get(name) if verdicts else None)
 
     # -- cache maintenance ---------------------------------------------------------------------
     def _verdicts(self, req: Requirements) -> _Verdicts:
-        verdicts = self._cache.get(req)
+        key = self._keys.get(req)
+        if key is None:
+            if len(self._keys) > 4096:  # pods come and go; the keys they map to stay in the cache
+                self._keys.clear()
+            key = self._keys[req] = _decision_key(req)
+        verdicts = self._cache.get(key)
         if verdicts is not None:
-            self._cache.move_to_end(req)
+            self._cache.move_to_end(key)
             return verdicts
-        verdicts = _Verdicts(req)
-        for name in self.view.nodes:
-            self._redo(verdicts, name)
-        self._cache[req] = verdicts
-        if len(self._cache) > _CACHE_SIZE:
-            self._cache.popitem(last=False)
+        verdicts = _Verdicts(key)
+        self._build(verdicts)
+        verdicts.size = _PER_NODE_BYTES * len(verdicts.entries) + sum(map(len, verdicts.fragments.values()))
+        self._cache[key] = verdicts
+        self._cache_bytes += verdicts.size
+        while self._cache_bytes > _CACHE_BYTES and len(self._cache) > 1:  # least recently used first
+            _, evicted = self._cache.popitem(last=False)
+            self._cache_bytes -= evicted.size
         return verdicts
+
+    def _build(self, verdicts: _Verdicts) -> None:
+        """Every node's verdict for a new kind of pod: `_redo` for all nodes, unrolled. A static
+        rejection is one class lookup and a few stores; only nodes that pass statically are placed
+        against what is free. This is the cold /filter, so it avoids a call per node where it can."""
+        view, config, req = self.view, self.config, verdicts.req
+        by_class, entries, classes = verdicts.by_class, verdicts.entries, self._classes
+        scores, score_json, messages = verdicts.scores, verdicts.score_json, verdicts.messages
+        fragments, codes, resolvable = verdicts.fragments, verdicts.codes, verdicts.resolvable
+        passing = verdicts.passing
+        messages_json: dict[str, bytes] = {}
+        dumps = orjson.dumps
+        for name, facts in view.nodes.items():
+            node_class = classes.get(name) or self._node_class(name, facts)
+            entry = by_class.get(node_class)
+            if entry is None:
+                entry = by_class[node_class] = check_node(facts, view.validator_state(name), req, config)
+            entries[name] = entry
+            if entry.__class__ is not Rejection:  # a fresh kind has nothing to clear: _place without it
+                shortfall = self._shortfall(name, entry)  # type: ignore[arg-type]
+                if shortfall is None:
+                    scores[name] = score = self._score(name, entry)  # type: ignore[arg-type]
+                    score_json[name] = b'{"Host":%b,"Score":%d}' % (dumps(name), score)
+                    passing.add(name)
+                else:
+                    _set_score(verdicts, name, 0)
+                    _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, True)
+                continue
+            message = entry.message  # type: ignore[union-attr]
+            encoded = messages_json.get(message)
+            if encoded is None:
+                encoded = messages_json[message] = b":" + dumps(message)
+            name_json = dumps(name)
+            scores[name] = 0
+            score_json[name] = b'{"Host":%b,"Score":0}' % name_json
+            messages[name] = message
+            fragments[name] = name_json + encoded
+            codes[name] = entry.code  # type: ignore[union-attr]
+            if entry.resolvable:  # type: ignore[union-attr]
+                resolvable.add(name)
 
     def _node_changed(self, name: str | None) -> None:
         if name is None:
             self._cache.clear()
+            self._cache_bytes = 0
+            self._classes.clear()
+            self._class_ids.clear()
             return
+        self._classes.pop(name, None)
         for verdicts in self._cache.values():
             self._redo(verdicts, name)
+
+    def _node_class(self, name: str, facts: NodeFacts) -> int:
+        """What the static verdict of a node depends on besides the pod: its facts but its name, and
+        whether its validator is there and Ready. Nodes of one class get one `check_node` per kind of
+        pod, so a new kind costs a call per class (tens), not per node (thousands)."""
+        class_id = self._classes.get(name)
+        if class_id is None:  # the key is hashed here once, not at every lookup (tuples do not cache it)
+            validator = self.view.validator_state(name)
+            key = (_facts_key(facts), validator.pod is None, validator.ready)
+            class_id = self._classes[name] = self._class_ids.setdefault(key, len(self._class_ids))
+        return class_id
 
     def _free_changed(self, name: str) -> None:
         for verdicts in self._cache.values():
@@ -211,7 +286,11 @@ class Placement:
             verdicts.passing.discard(name)
             _clear_failure(verdicts, name)
             return
-        entry = check_node(facts, self.view.validator_state(name), verdicts.req, self.config)
+        node_class = self._node_class(name, facts)
+        entry = verdicts.by_class.get(node_class)
+        if entry is None:
+            entry = verdicts.by_class[node_class] = check_node(facts, self.view.validator_state(name), verdicts.req,
+                                                               self.config)
         verdicts.entries[name] = entry
         if entry.__class__ is Rejection:
             _set_score(verdicts, name, 0)
@@ -233,10 +312,10 @@ class Placement:
     def _shortfall(self, name: str, need: Need) -> str | None:
         view = self.view
         for resource, units, mib in need:
-            free_units = view.free_units.get(resource, {}).get(name, 0)
+            free_units = view.free_units.get(resource, _NO_NODES).get(name, 0)
             if units > free_units:
                 return insufficient_units(resource, units)
-            free_mib = view.free_mib.get(resource, {}).get(name)
+            free_mib = view.free_mib.get(resource, _NO_NODES).get(name)
             if mib is not None and free_mib is not None and mib > free_mib:
                 return insufficient_memory(resource, mib)
         return None
@@ -247,8 +326,8 @@ class Placement:
         view = self.view
         fills = []
         for resource, units, mib in need:
-            capacity = view.capacity_mib.get(resource, {}).get(name)
-            free = view.free_mib.get(resource, {}).get(name)
+            capacity = view.capacity_mib.get(resource, _NO_NODES).get(name)
+            free = view.free_mib.get(resource, _NO_NODES).get(name)
             if mib is None or not capacity or free is None:  # memory unknown: count devices instead
                 facts = view.nodes[name]
                 capacity, free, mib = facts.allocatable.get(resource, 0), view.free_units[resource][name], units
@@ -261,9 +340,9 @@ class Placement:
     def _penalty(self, facts: NodeFacts) -> int:
         weights = self.config.scoring
         penalty = weights.upgrade_required if facts.upgrade_state == "upgrade-required" else 0
-        if facts.unhealthy_devices:
+        if facts.capacity and facts.unhealthy_devices:
             penalty += weights.unhealthy_devices
-        reading = self.view.telemetry.get(facts.name)
+        reading = self.view.telemetry.get(facts.name) if self.view.telemetry else None
         if reading is not None and reading.xid_errors:
             penalty += weights.xid_errors
         return penalty
@@ -273,12 +352,38 @@ class Placement:
             return ""
         parts = []
         for resource, units, mib in entry:  # type: ignore[union-attr]
-            free_units = self.view.free_units.get(resource, {}).get(name, 0)
-            free_mib = self.view.free_mib.get(resource, {}).get(name)
+            free_units = self.view.free_units.get(resource, _NO_NODES).get(name, 0)
+            free_mib = self.view.free_mib.get(resource, _NO_NODES).get(name)
             memory = f", needs {mib} MiB of {free_mib} MiB free" if mib is not None and free_mib is not None else ""
             parts.append(f"{units}x {resource} of {free_units} free{memory}")
         penalty = self._penalty(self.view.nodes[name])
         return "; ".join(parts) + (f"; score -{penalty} (upgrade/unhealthy/XID)" if penalty else "")
+
+
+_FACT_FIELDS = tuple(f.name for f in fields(NodeFacts) if f.name != "name")
+
+
+def _facts_key(facts: NodeFacts) -> Hashable:
+    return tuple(_hashable(getattr(facts, name)) for name in _FACT_FIELDS)
+
+
+def _hashable(value: object) -> Hashable:
+    if isinstance(value, dict):
+        return tuple(sorted(value.items()))
+    if isinstance(value, (list, set, frozenset)):
+        return tuple(sorted(value))
+    return value  # type: ignore[return-value]
+
+
+def _decision_key(req: Requirements) -> Requirements:
+    """The pod's requirements without what does not decide anything: which container an inferred
+    CUDA version came from. Two pods differing only in container names share one cache entry, and
+    the reasons built from it say "(image tag)", never a container's name."""
+    cuda_source = req.cuda_source.split(" of container ", 1)[0]
+    memory_source = req.memory_source.split(" of container ", 1)[0]
+    if cuda_source == req.cuda_source and memory_source == req.memory_source:
+        return req
+    return replace(req, cuda_source=cuda_source, memory_source=memory_source)
 
 
 def _fragment(name: str, message: str) -> bytes:
@@ -302,6 +407,7 @@ def _set_score(verdicts: _Verdicts, name: str, score: int) -> None:
 def _set_failure(verdicts: _Verdicts, name: str, code: str, message: str, resolvable: bool) -> None:
     verdicts.passing.discard(name)
     if verdicts.messages.get(name) != message:
+        message = sys.intern(message)  # one string per cause, not one per node
         verdicts.messages[name] = message
         verdicts.fragments[name] = _fragment(name, message)
         verdicts.codes[name] = code

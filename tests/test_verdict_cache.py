@@ -1,0 +1,81 @@
+"""The verdict cache (contract section 3, issue 8): keyed on what decides, bounded by memory.
+
+Two pods that need the same thing share one entry whatever their containers are called; nodes of one
+class get one static verdict per kind of pod; the cache holds as many kinds as fit in its memory
+budget, not a fixed count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpu_placement import placement as placement_module
+from gpu_placement.config import Config
+from gpu_placement.demo_cluster import demo_objects, make_pod
+from gpu_placement.rules import Rejection, check_node
+from gpu_placement.service import core_from_objects
+
+
+def _pod(name: str, container: str, image: str = "nvcr.io/nvidia/cuda:13.0.0-runtime-ubuntu24.04",
+         annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    pod = make_pod("research", name, gpus={"nvidia.com/gpu": 1}, image=image, annotations=annotations)
+    pod["spec"]["containers"][0]["name"] = container
+    return pod
+
+
+def test_pods_differing_only_in_container_names_share_one_entry() -> None:
+    core = core_from_objects(Config(), demo_objects())
+    names = sorted(core.view.nodes)
+    first = core.placement.filter(core.placement.requirements(_pod("sim-a", "main")), names)
+    second = core.placement.filter(core.placement.requirements(_pod("sim-b", "trainer")), names)
+    assert len(core.placement._cache) == 1
+    assert (first.passed, first.failed, first.unresolvable) == (second.passed, second.failed, second.unresolvable)
+    too_old = first.unresolvable["h100-single"]
+    assert too_old.endswith("the pod needs CUDA >= 13.0.0 (image tag)")  # no container name in a reason
+    assert "main" not in too_old and "trainer" not in too_old
+    # what decides still splits: another CUDA version is another entry
+    core.placement.filter(core.placement.requirements(
+        _pod("sim-c", "main", image="nvcr.io/nvidia/cuda:12.4.1-runtime-ubuntu22.04")), names)
+    assert len(core.placement._cache) == 2
+
+
+def test_class_verdicts_equal_a_check_of_every_node() -> None:
+    core = core_from_objects(Config(), demo_objects())
+    view, placement = core.view, core.placement
+    pods = [_pod("a", "main"), _pod("b", "main", image="registry.example.com/app:1"),
+            _pod("c", "main", annotations={"gpu-placement.io/min-driver": "550",
+                                           "gpu-placement.io/gpu-memory": "20Gi"}),
+            make_pod("inference", "d", gpus={"nvidia.com/gpu.shared": 1},
+                     annotations={"gpu-placement.io/gpu-memory": "2Gi"}),
+            make_pod("mig-lab", "e", gpus={"nvidia.com/mig-1g.10gb": 1})]
+    for pod in pods:
+        req = placement.requirements(pod)
+        placement.filter(req, sorted(view.nodes))
+        verdicts = placement._cache[placement_module._decision_key(req)]
+        for name, facts in view.nodes.items():
+            direct = check_node(facts, view.validator_state(name), placement_module._decision_key(req), core.config)
+            cached = verdicts.entries[name]
+            assert cached == direct, (pod["metadata"]["name"], name)
+            assert (cached.__class__ is Rejection) == (direct.__class__ is Rejection)
+
+
+def test_the_cache_is_bounded_by_memory_not_by_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    core = core_from_objects(Config(), demo_objects())
+    names = sorted(core.view.nodes)
+
+    def kinds(n: int, start: int = 0) -> None:
+        for i in range(start, start + n):  # a different minimum driver each: a different kind
+            req = core.placement.requirements(_pod(f"p{i}", "main", annotations={
+                "gpu-placement.io/min-driver": f"{400 + i}.1"}))
+            core.placement.filter(req, names)
+
+    kinds(100)  # a small cluster: far more than the old 64 kinds fit
+    assert len(core.placement._cache) == 100
+    sizes = [v.size for v in core.placement._cache.values()]
+    assert all(size > 0 for size in sizes) and core.placement._cache_bytes == sum(sizes)
+    monkeypatch.setattr(placement_module, "_CACHE_BYTES", 10 * max(sizes))
+    kinds(1, start=100)  # the next kind evicts the least recently used until the budget holds
+    assert core.placement._cache_bytes <= 10 * max(sizes) and len(core.placement._cache) <= 11
+    assert core.placement._cache_bytes == sum(v.size for v in core.placement._cache.values())
