@@ -95,13 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
                       "List (JSON) to FILE, for `nodes` and `explain`")
 
     explain = commands.add_parser("explain", help="what the webhook would change, and every node's verdict")
-    explain.add_argument("pod_file", metavar="POD_FILE", help="a Pod as JSON or YAML")
-    explain.add_argument("--snapshot", metavar="PATH", required=True)
-    explain.add_argument("--namespace", metavar="NS", help="namespace to admit the pod into")
+    explain.add_argument("pod_file", metavar="POD_FILE|pod/NAME", help="a Pod as JSON or YAML, or pod/NAME: a pod "
+                         "that exists (in the cluster, or in --snapshot)")
+    _cluster_arguments(explain)
+    explain.add_argument("-n", "--namespace", metavar="NS", help="namespace of pod/NAME, or to admit the file's pod "
+                         "into (default: the pod's own, else the context's)")
+    explain.add_argument("--all", action="store_true", dest="show_all",
+                         help="every node, not counts and a few examples per reason")
+    explain.add_argument("-o", "--output", choices=["text", "json"], default="text")
     explain.add_argument("--config", metavar="FILE")
 
     nodes = commands.add_parser("nodes", help="one line per node: readiness, product, GPUs, driver, CUDA, memory")
-    nodes.add_argument("--snapshot", metavar="PATH", required=True)
+    _cluster_arguments(nodes)
     nodes.add_argument("--config", metavar="FILE")
 
     certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle")
@@ -109,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--service", metavar="NAME", required=True)
     certs.add_argument("--namespace", metavar="NS", required=True)
     return parser
+
+
+def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the cluster comes from: a snapshot, or a live API server as kubectl finds it."""
+    parser.add_argument("--snapshot", metavar="PATH", help="a file or folder of Kubernetes JSON/YAML instead of "
+                        "the cluster")
+    parser.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig (default: $KUBECONFIG, else "
+                        "~/.kube/config, as kubectl)")
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,9 +158,10 @@ def _extra_errors() -> tuple[type[Exception], ...]:
 
     extra: list[type[Exception]] = [serve.UsageError]
     try:
+        from gpu_placement.fetch import FetchError
         from gpu_placement.kube import KubeConfigError
 
-        extra.append(KubeConfigError)
+        extra += [KubeConfigError, FetchError]
     except ImportError:  # pragma: no cover - the live source is optional at import time
         pass
     return tuple(extra)
@@ -158,11 +173,24 @@ def _config(path: str | None) -> Config:
 
 def _nodes(args: argparse.Namespace) -> int:
     from gpu_placement.report import NODE_HEADER, node_rows, table
-    from gpu_placement.service import core_from_snapshot
 
-    core = core_from_snapshot(_config(args.config), args.snapshot)
+    core, _ = _core(args)
     print(table(NODE_HEADER, node_rows(core.view)))
     return 0
+
+
+def _core(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The view of `--snapshot`, else of the live cluster read once; and the live access, if any."""
+    from gpu_placement.service import core_from_objects, core_from_snapshot
+
+    if args.snapshot:
+        if args.kubeconfig or args.context:
+            raise UsageError("--snapshot and --kubeconfig/--context exclude each other: one cluster at a time")
+        return core_from_snapshot(_config(args.config), args.snapshot), None
+    from gpu_placement.fetch import connect, fetch_objects
+
+    access = connect(args.kubeconfig, args.context)
+    return core_from_objects(_config(args.config), fetch_objects(access)), access
 
 
 def read_pod_file(path: str) -> dict[str, Any]:
@@ -181,13 +209,35 @@ def read_pod_file(path: str) -> dict[str, Any]:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from gpu_placement.explain import explain_pod
-    from gpu_placement.service import core_from_snapshot
+    from gpu_placement.explain import explain_json, explain_pod
 
-    pod = read_pod_file(args.pod_file)
-    core = core_from_snapshot(_config(args.config), args.snapshot)
-    print(explain_pod(core, pod, args.namespace))
+    core, access = _core(args)
+    kind, _, name = args.pod_file.partition("/")
+    if kind in ("pod", "pods", "po") and name and not Path(args.pod_file).exists():
+        namespace = args.namespace or (access.namespace if access else "default")
+        pod = _existing_pod(args, access, namespace, name)
+    else:
+        pod = read_pod_file(args.pod_file)
+        namespace = args.namespace
+    if args.output == "json":
+        print(orjson.dumps(explain_json(core, pod, namespace), option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(explain_pod(core, pod, namespace, show_all=args.show_all))
     return 0
+
+
+def _existing_pod(args: argparse.Namespace, access: Any, namespace: str, name: str) -> dict[str, Any]:
+    if access is not None:
+        from gpu_placement.fetch import fetch_pod
+
+        return fetch_pod(access, namespace, name)
+    from gpu_placement.snapshot import read_objects
+
+    for obj in read_objects(args.snapshot):
+        meta = obj.get("metadata") or {}
+        if obj.get("kind") == "Pod" and meta.get("name") == name and (meta.get("namespace") or "default") == namespace:
+            return obj
+    raise UsageError(f"pod {namespace}/{name} is not in {args.snapshot}")
 
 
 def _certs(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import copy
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,10 +14,11 @@ from starlette.applications import Starlette
 
 from gpu_placement import asgi
 from gpu_placement.patching import apply_patch
+from gpu_placement.placement import NodeVerdict
 from gpu_placement.report import VERDICT_HEADER, table, verdict_rows
 from gpu_placement.service import Core
 
-__all__ = ["Admission", "admission_review", "admit", "explain_pod"]
+__all__ = ["Admission", "Explanation", "admission_review", "admit", "explain", "explain_json", "explain_pod"]
 
 
 @dataclass(slots=True)
@@ -56,12 +58,42 @@ def _b64(text: str) -> bytes:
     return base64.b64decode(text)
 
 
-def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None) -> str:
+_FULL_TABLE_UP_TO = 30  # nodes; past this the output groups rejections (`--all` shows every node)
+_CANDIDATES = 10
+
+
+@dataclass(slots=True)
+class Explanation:
+    pod: str  # namespace/name
+    admission: Admission
+    needs: str
+    verdicts: list[NodeVerdict]
+
+    @property
+    def best(self) -> NodeVerdict | None:
+        """The first candidate: highest score, then name (kube-scheduler picks among equals at random)."""
+        return min((v for v in self.verdicts if v.passed), key=lambda v: (-v.score, v.node), default=None)
+
+    def counts(self) -> Counter[str]:
+        return Counter("pass" if v.passed else v.reason.split(":", 1)[0] for v in self.verdicts)
+
+
+def explain(core: Core, pod: dict[str, Any], namespace: str | None) -> Explanation:
     meta = pod.setdefault("metadata", {})
     namespace = namespace or meta.get("namespace") or "default"
     name = meta.get("name") or meta.get("generateName") or "?"
-    lines = [f"pod {namespace}/{name}", "", "webhook:"]
     admission = admit(core.webhook_app(), pod, namespace)
+    req = core.placement.requirements(admission.pod)
+    return Explanation(f"{namespace}/{name}", admission, req.describe(), core.placement.explain(req))
+
+
+def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None, show_all: bool = False,
+                examples: int = 3) -> str:
+    """For people: on a big cluster, counts by verdict, the best candidates, and a few examples per
+    rejection with their own figures; every node with `show_all` (or on a small cluster)."""
+    found = explain(core, pod, namespace)
+    admission = found.admission
+    lines = [f"pod {found.pod}", "", "webhook:"]
     if admission.patch:
         for op in admission.patch:
             value = f" = {orjson.dumps(op['value']).decode()}" if "value" in op else ""
@@ -71,10 +103,46 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None) -> str:
     lines.append(f"  {'allowed' if admission.allowed else 'DENIED'}" +
                  (f": {admission.message}" if admission.message else ""))
     lines += [f"  warning: {w}" for w in admission.warnings]
-    req = core.placement.requirements(admission.pod)
-    lines += ["", f"extender: needs {req.describe()}"]
-    verdicts = core.placement.explain(req)
-    best = max((v for v in verdicts if v.passed), key=lambda v: (v.score, v.node), default=None)
+    lines += ["", f"extender: needs {found.needs}"]
+    best = found.best
     lines.append(f"  would go to {best.node} (score {best.score})" if best else "  no node can take it")
-    lines += ["", table(VERDICT_HEADER, verdict_rows(verdicts))]
+    counts = found.counts()
+    lines.append(f"  {len(found.verdicts)} nodes: " + ", ".join(f"{n} {what}" for what, n in counts.most_common()))
+    if show_all or len(found.verdicts) <= _FULL_TABLE_UP_TO:
+        lines += ["", table(VERDICT_HEADER, verdict_rows(found.verdicts))]
+        return "\n".join(lines)
+    passing = [v for v in found.verdicts if v.passed]
+    if passing:
+        top = sorted(passing, key=lambda v: (-v.score, v.node))[:_CANDIDATES]
+        lines += ["", f"candidates, best first ({len(top)} of {len(passing)}; --all for every node):",
+                  table(["NODE", "SCORE", "FIGURES"], [[v.node, str(v.score), v.detail] for v in top])]
+    groups: dict[str, list[NodeVerdict]] = {}
+    for verdict in found.verdicts:
+        if not verdict.passed:
+            groups.setdefault(verdict.reason, []).append(verdict)
+    if groups:
+        lines += ["", f"rejected, by reason ({examples} examples each, with their own figures; --all for every "
+                      "node):"]
+        for reason, members in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
+            lines.append(f"  {len(members):>6}  {reason}")
+            shown = sorted(members, key=lambda v: v.node)[:examples]
+            for verdict in shown:
+                lines.append(f"          {verdict.node}" + (f"  [{verdict.detail}]" if verdict.detail else ""))
+            if len(members) > len(shown):
+                lines.append(f"          ... and {len(members) - len(shown)} more")
     return "\n".join(lines)
+
+
+def explain_json(core: Core, pod: dict[str, Any], namespace: str | None) -> dict[str, Any]:
+    """For scripts: everything, every node."""
+    found = explain(core, pod, namespace)
+    admission = found.admission
+    best = found.best
+    return {"pod": found.pod,
+            "webhook": {"patch": admission.patch, "allowed": admission.allowed, "message": admission.message,
+                        "warnings": admission.warnings},
+            "needs": found.needs, "best": {"node": best.node, "score": best.score} if best else None,
+            "counts": dict(found.counts()),
+            "nodes": [{"node": v.node, "verdict": "pass" if v.passed else v.reason.split(":", 1)[0],
+                       "score": v.score, "reason": v.reason, "figures": v.detail}
+                      for v in sorted(found.verdicts, key=lambda v: (not v.passed, -v.score, v.node))]}

@@ -1,0 +1,93 @@
+"""One-shot reads of a live cluster for `explain` and `nodes`: the kubeconfig kubectl would use, the
+objects the view needs, and one pod by name. No watch: a command reads once and exits."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+import urllib3
+from kubernetes import config as kube_config
+from kubernetes.client import ApiClient
+
+from gpu_placement import kube
+
+__all__ = ["ClusterAccess", "FetchError", "connect", "fetch_objects", "fetch_pod"]
+
+_TIMEOUT = (5.0, 60.0)
+_LISTS = (("Namespace", "/api/v1/namespaces"), ("Node", "/api/v1/nodes"), ("Pod", "/api/v1/pods"))
+
+
+class FetchError(Exception):
+    """The cluster could not be read; the message says which call and why."""
+
+
+class ClusterAccess:
+    def __init__(self, api: ApiClient, context: str, namespace: str) -> None:
+        self.api = api
+        self.context = context  # for messages: which cluster was asked
+        self.namespace = namespace  # the context's namespace, as kubectl uses it when -n is not given
+
+
+def connect(kubeconfig: str | None, context: str | None) -> ClusterAccess:
+    """The kubeconfig kubectl would use: `--kubeconfig`, else the first file of `$KUBECONFIG`, else
+    `~/.kube/config`; its current context unless `--context` names another."""
+    path = kubeconfig or next((p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p), None) \
+        or str(Path("~/.kube/config").expanduser())
+    api = kube.load_api_client(path, context)
+    try:
+        contexts, current = kube_config.list_kube_config_contexts(config_file=str(Path(path).expanduser()))
+    except Exception:  # already loaded once above: a second read failing is not worth more than a default
+        contexts, current = [], None
+    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
+    chosen = chosen or {}
+    namespace = (chosen.get("context") or {}).get("namespace") or "default"
+    return ClusterAccess(api, str(chosen.get("name") or context or "?"), namespace)
+
+
+def fetch_objects(access: ClusterAccess, page_size: int = 500) -> list[dict[str, Any]]:
+    """Every namespace, node and pod, each with its `kind` set (list items carry none), paged as
+    kubectl pages them."""
+    objects: list[dict[str, Any]] = []
+    for kind, path in _LISTS:
+        token = ""
+        while True:
+            query: list[tuple[str, str | int | bool]] = [("limit", page_size)]
+            if token:
+                query.append(("continue", token))
+            page = _get(access, path, query)
+            for item in page.get("items") or ():
+                item["kind"] = kind
+                objects.append(item)
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                break
+    return objects
+
+
+def fetch_pod(access: ClusterAccess, namespace: str, name: str) -> dict[str, Any]:
+    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+    pod = _get(access, path, [], missing=f"pod {namespace}/{name} not found (context {access.context})")
+    pod.setdefault("kind", "Pod")
+    return pod
+
+
+def _get(access: ClusterAccess, path: str, query: list[tuple[str, str | int | bool]],
+         missing: str | None = None) -> dict[str, Any]:
+    try:
+        response = kube.request(access.api, "GET", path, query=query, timeout=_TIMEOUT)
+        if response.status == 200:
+            try:
+                return dict(orjson.loads(response.read()))
+            finally:
+                response.release_conn()
+        error = kube.api_error(response)
+    except urllib3.exceptions.HTTPError as exc:
+        raise FetchError(f"GET {path} (context {access.context}): the API server did not answer: "
+                         f"{' '.join(str(exc).split())[:200]}") from None
+    if error.status == 404 and missing:
+        raise FetchError(missing)
+    raise FetchError(f"GET {path} (context {access.context}): {error}")

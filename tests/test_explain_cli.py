@@ -1,0 +1,103 @@
+"""`explain` and `nodes` against a live cluster, as kubectl finds it, and as a kubectl plugin.
+
+The fake API server holds the demo cluster and a pending pod; `kubectl-gpu_placement explain pod/NAME
+-n NS` (the console script kubectl runs for `kubectl gpu-placement ...`) reads it through the
+kubeconfig and explains it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from gpu_placement.cli import main
+from gpu_placement.demo_cluster import demo_objects, make_node, make_pod, validator_pod
+from tests.fakeapi import FakeApiServer
+
+PLUGIN = str(Path(sys.executable).with_name("kubectl-gpu_placement"))
+PENDING = make_pod("team-a", "train-waiting", gpus={"nvidia.com/gpu": 1},
+                   image="nvcr.io/nvidia/cuda:13.0.0-runtime-ubuntu24.04")
+
+
+@pytest.fixture
+def cluster(fake_api: FakeApiServer, tmp_path: Path) -> Path:
+    fake_api.load([*demo_objects(), PENDING])
+    return fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+def _plugin(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PLUGIN, *args], capture_output=True, text=True, timeout=60, check=False,
+                          env={**os.environ, **(env or {})})
+
+
+def test_kubectl_plugin_explains_a_pending_pod(cluster: Path) -> None:
+    result = _plugin("explain", "pod/train-waiting", "-n", "team-a", "--kubeconfig", str(cluster))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("pod team-a/train-waiting\n")
+    assert "extender: needs 1x nvidia.com/gpu; CUDA >= 13.0.0 (image tag of container main)" in out
+    assert "would go to a100-vgpu" in out
+    rows = {line.split()[0]: line.split()[1] for line in out.split("NODE ", 1)[1].splitlines()[1:] if line}
+    assert rows["a100-vgpu"] == "pass" and rows["h100-single"] == "DriverTooOld" and len(rows) == 15
+
+
+def test_default_kubeconfig_and_context_as_kubectl(cluster: Path, tmp_path: Path) -> None:
+    """No --kubeconfig: $KUBECONFIG, its current context and that context's namespace (kubectl's rules)."""
+    home = tmp_path / "home"
+    (home / ".kube").mkdir(parents=True)
+    (home / ".kube" / "config").write_text(cluster.read_text().replace("namespace: default", "namespace: team-a"))
+    result = _plugin("explain", "pod/train-waiting", "-o", "json", env={"HOME": str(home), "KUBECONFIG": ""})
+    assert result.returncode == 0, result.stderr
+    answer = orjson.loads(result.stdout)
+    assert answer["pod"] == "team-a/train-waiting" and answer["best"] == {"node": "a100-vgpu", "score": 10}
+    assert len(answer["nodes"]) == 15 and answer["counts"]["pass"] == 1
+    missing = _plugin("explain", "pod/nope", "--kubeconfig", str(cluster), "--context", "fake")
+    assert missing.returncode == 2 and "pod default/nope not found (context fake)" in missing.stderr
+    wrong = _plugin("nodes", "--kubeconfig", str(cluster), "--context", "elsewhere")
+    assert wrong.returncode == 2 and "elsewhere" in wrong.stderr and len(wrong.stderr.strip().splitlines()) == 1
+
+
+def test_nodes_against_the_cluster(cluster: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["nodes", "--kubeconfig", str(cluster)]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert len(rows) == 15 and rows["h100-not-validated"].split()[1] == "NotValidated"
+
+
+def _big(tmp_path: Path, size: int = 120) -> Path:
+    objects: list[dict[str, Any]] = []
+    for i in range(size):
+        name = f"gpu-{i:03d}"
+        labels = {} if i % 3 == 0 else {  # the published H100 x8 set has 535.129.03 (CUDA 12.2): a third keep it
+            "nvidia.com/cuda.driver-version.full": "550.54.15", "nvidia.com/cuda.runtime-version.major": "12",
+            "nvidia.com/cuda.runtime-version.minor": "4"}
+        objects += [make_node(name, "h100x8", labels=labels), validator_pod(name)]
+        objects += [make_pod("ml", f"{name}-job-{j}", gpus={"nvidia.com/gpu": 1}, node=name) for j in range(i % 9)]
+    path = tmp_path / "big.json"
+    path.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    return path
+
+
+def test_a_big_cluster_reads_as_counts_candidates_and_examples(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    snapshot = _big(tmp_path)
+    pod_file = tmp_path / "pod.json"
+    pod_file.write_bytes(orjson.dumps(make_pod("ml", "wide", gpus={"nvidia.com/gpu": 4},
+                                               annotations={"gpu-placement.io/cuda": "12.4"})))
+    assert main(["explain", str(pod_file), "--snapshot", str(snapshot)]) == 0
+    out = capsys.readouterr().out
+    assert "  120 nodes: 41 pass, 40 DriverTooOld, 39 InsufficientGPU" in out
+    assert "would go to gpu-004 (score 10)" in out  # the first candidate
+    assert "candidates, best first (10 of 41; --all for every node):" in out
+    assert "rejected, by reason (3 examples each" in out
+    assert "      40  DriverTooOld: driver 535.129.03 supports CUDA up to 12.2; the pod needs CUDA >= 12.4" in out
+    assert "      39  InsufficientGPU: the pod needs 4 nvidia.com/gpu free and the node has fewer" in out
+    assert "          gpu-005  [4x nvidia.com/gpu of 3 free" in out  # an example with its own figures
+    assert "... and 36 more" in out and len(out.splitlines()) < 60
+    assert main(["explain", str(pod_file), "--snapshot", str(snapshot), "--all"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) > 120
