@@ -291,8 +291,11 @@ _NOT_DECIDED = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndU
 
 def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -> bytes:
     if objects is None:  # the common form (nodeCacheCapable): joined from pieces, no re-encoding
-        return (b'{"Nodes":null,"NodeNames":' + orjson.dumps(result.passed) + b',"FailedNodes":' +
-                result.failed_json + b',"FailedAndUnresolvableNodes":' + result.unresolvable_json + b',"Error":""}')
+        if result.encoded is None:  # a result replayed for an unchanged kind is encoded once
+            result.encoded = (b'{"Nodes":null,"NodeNames":' + orjson.dumps(result.passed) + b',"FailedNodes":' +
+                              result.failed_json + b',"FailedAndUnresolvableNodes":' + result.unresolvable_json +
+                              b',"Error":""}')
+        return result.encoded
     keep = set(result.passed)  # answer in the form asked: the passing Node objects themselves
     answer: ExtenderFilterResult = {
         "Nodes": {"apiVersion": "v1", "kind": "NodeList", "metadata": {},

@@ -8,6 +8,7 @@ changed and we redo that node only, so a request costs set operations over the n
 from __future__ import annotations
 
 import sys
+from bisect import bisect_left, insort
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -37,7 +38,7 @@ MAX_SCORE = 10
 # (tracemalloc, 5,000 nodes: 1.4-1.7 MB a kind), so 128 MiB holds about 75 kinds at 5,000 nodes and
 # 400 at 1,000.
 _CACHE_BYTES = 128 * 2**20
-_PER_NODE_BYTES = 250  # table slots, score piece, Need tuple: a kind's cost per node besides its fragments
+_PER_NODE_BYTES = 320  # table slots, score piece, Need tuple, last answer: a kind's cost per node besides its fragments
 _EMPTY = b"{}"
 _NO_NODES: Mapping[str, Any] = {}  # the default of per-resource lookups: not a new dict per call
 
@@ -52,6 +53,7 @@ class FilterResult:
     failed_json: bytes = _EMPTY  # node -> reason preemption may fix (FailedNodes)
     unresolvable_json: bytes = _EMPTY  # node -> reason it cannot (FailedAndUnresolvableNodes)
     reasons: Counter[str] = field(default_factory=Counter)  # code -> nodes, for metrics
+    encoded: bytes | None = None  # the NodeNames-form response, kept by the extender when it encodes it
 
     @property
     def failed(self) -> dict[str, str]:
@@ -88,6 +90,25 @@ class _Verdicts:
     resolvable: set[str] = field(default_factory=set)  # failing nodes preemption could help
     by_class: dict[int, Rejection | Need] = field(default_factory=dict)  # static verdict per node class
     size: int = 0  # estimated bytes, for the cache's memory bound
+    version: int = 0  # bumped when a node's pass/fail, reason or resolvability changes: the filter answer
+    changed: set[str] = field(default_factory=set)  # nodes whose bump the last answer has not taken in yet
+    answer: _Answer | None = None  # the last filter's answer, patched node by node while few changed
+
+
+@dataclass(slots=True)
+class _Answer:
+    """One kind's last filter answer in parts, so that a change of a few nodes patches it in place of
+    walking every name again: positions of the passing names (the answer keeps the order asked), the
+    failure pieces by node (JSON objects: no order), and each failing node's code for the counts."""
+
+    version: int
+    names: list[str]
+    result: FilterResult
+    positions: dict[str, int]
+    passed: list[int]  # sorted positions in `names`
+    failed: dict[str, bytes]
+    unresolvable: dict[str, bytes]
+    codes: dict[str, str]
 
 
 class Placement:
@@ -107,29 +128,26 @@ class Placement:
         return requirements_for(pod, self.view.namespaces.get(namespace), self.config.is_gpu_resource)
 
     def filter(self, req: Requirements, names: Sequence[str]) -> FilterResult:
-        """Set membership in C over the names asked, and the failure maps joined from pieces encoded
-        when each node last changed; Python work only for names not in the view."""
+        """This kind's answer for these names: its last one while no verdict it depends on changed,
+        else built by `_answer`."""
         if not req.wants_gpu:
             return FilterResult(list(names))
         view = self.view
         view.expire_reservations()
+        names = names if isinstance(names, list) else list(names)
         with view.lock:
             verdicts = self._verdicts(req)
-            passing = verdicts.passing
-            passed = list(filter(passing.__contains__, names))
-            if len(passed) == len(names):
-                return FilterResult(passed)
-            failing = list(filterfalse(passing.__contains__, names))
-            known = list(filter(verdicts.fragments.__contains__, failing))
-            reasons: Counter[str] = Counter(map(verdicts.codes.__getitem__, known))
-            resolvable = verdicts.resolvable
-            failed = list(map(verdicts.fragments.__getitem__, filter(resolvable.__contains__, known)))
-            unresolvable = list(map(verdicts.fragments.__getitem__, filterfalse(resolvable.__contains__, known)))
-            if len(known) != len(failing):
-                unknown = [name for name in failing if name not in verdicts.fragments]
-                unresolvable += [_fragment(name, unknown_node()) for name in unknown]
-                reasons[UNKNOWN_NODE] += len(unknown)
-        return FilterResult(passed, _object(failed), _object(unresolvable), reasons)
+            last = verdicts.answer
+            if last is not None and last.names == names:
+                if last.version == verdicts.version:
+                    # Nothing this kind's answer depends on changed (a pod bound on a node that still
+                    # passes, a heartbeat): the same answer, without walking the names again.
+                    return last.result
+                if len(verdicts.changed) <= _PATCH_AT_MOST:
+                    return _patch(verdicts, last)
+            verdicts.answer = _answer(verdicts, names)
+            verdicts.changed.clear()
+            return verdicts.answer.result
 
     def recheck(self, req: Requirements, name: str) -> str | None:
         """None when the pod fits on the node now, reservations included; else the reason. For `/bind`,
@@ -285,6 +303,8 @@ class Placement:
                 table.pop(name, None)
             verdicts.passing.discard(name)
             _clear_failure(verdicts, name)
+            verdicts.version += 1
+            verdicts.changed.add(name)
             return
         node_class = self._node_class(name, facts)
         entry = verdicts.by_class.get(node_class)
@@ -303,7 +323,10 @@ class Placement:
         if shortfall is None:
             _set_score(verdicts, name, self._score(name, need))
             _clear_failure(verdicts, name)
-            verdicts.passing.add(name)
+            if name not in verdicts.passing:
+                verdicts.passing.add(name)
+                verdicts.version += 1
+                verdicts.changed.add(name)
         else:
             _set_score(verdicts, name, 0)
             _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, True)
@@ -386,6 +409,66 @@ def _decision_key(req: Requirements) -> Requirements:
     return replace(req, cuda_source=cuda_source, memory_source=memory_source)
 
 
+_PATCH_AT_MOST = 64  # changed nodes an answer is patched for; past this, walking every name is as cheap
+
+
+def _answer(verdicts: _Verdicts, names: list[str]) -> _Answer:
+    """Set membership in C over the names asked, and the failure maps joined from pieces encoded
+    when each node last changed; Python work only for names not in the view."""
+    passing, fragments, codes = verdicts.passing, verdicts.fragments, verdicts.codes
+    positions = {name: i for i, name in enumerate(names)}
+    passed = [i for i, name in enumerate(names) if name in passing]
+    if len(passed) == len(names):
+        return _Answer(verdicts.version, names, FilterResult(list(names)), positions, passed, {}, {}, {})
+    failing = list(filterfalse(passing.__contains__, names))
+    known = list(filter(fragments.__contains__, failing))
+    resolvable = verdicts.resolvable
+    failed = {name: fragments[name] for name in filter(resolvable.__contains__, known)}
+    unresolvable = {name: fragments[name] for name in filterfalse(resolvable.__contains__, known)}
+    failing_codes = {name: codes[name] for name in known}
+    if len(known) != len(failing):
+        for name in failing:
+            if name not in fragments:
+                unresolvable[name] = _fragment(name, unknown_node())
+                failing_codes[name] = UNKNOWN_NODE
+    answer = _Answer(verdicts.version, names, FilterResult([]), positions, passed, failed, unresolvable, failing_codes)
+    answer.result = _result(answer)
+    return answer
+
+
+def _patch(verdicts: _Verdicts, answer: _Answer) -> FilterResult:
+    """The last answer with the few nodes whose verdict changed since put right; the others are as
+    they were, so only these are looked at (and the pieces joined again)."""
+    for name in verdicts.changed:
+        position = answer.positions.get(name)
+        if position is None:  # not asked about
+            continue
+        index = bisect_left(answer.passed, position)
+        if index < len(answer.passed) and answer.passed[index] == position:
+            del answer.passed[index]
+        answer.failed.pop(name, None)
+        answer.unresolvable.pop(name, None)
+        answer.codes.pop(name, None)
+        if name in verdicts.passing:
+            insort(answer.passed, position)
+        elif name in verdicts.fragments:
+            (answer.failed if name in verdicts.resolvable else answer.unresolvable)[name] = verdicts.fragments[name]
+            answer.codes[name] = verdicts.codes[name]
+        else:
+            answer.unresolvable[name] = _fragment(name, unknown_node())
+            answer.codes[name] = UNKNOWN_NODE
+    verdicts.changed.clear()
+    answer.version = verdicts.version
+    answer.result = _result(answer)
+    return answer.result
+
+
+def _result(answer: _Answer) -> FilterResult:
+    names = answer.names
+    return FilterResult([names[i] for i in answer.passed], _object(list(answer.failed.values())),
+                        _object(list(answer.unresolvable.values())), Counter(answer.codes.values()))
+
+
 def _fragment(name: str, message: str) -> bytes:
     return orjson.dumps(name) + b":" + orjson.dumps(message)
 
@@ -405,19 +488,27 @@ def _set_score(verdicts: _Verdicts, name: str, score: int) -> None:
 
 
 def _set_failure(verdicts: _Verdicts, name: str, code: str, message: str, resolvable: bool) -> None:
+    changed = name in verdicts.passing or (name in verdicts.resolvable) != resolvable
     verdicts.passing.discard(name)
     if verdicts.messages.get(name) != message:
         message = sys.intern(message)  # one string per cause, not one per node
         verdicts.messages[name] = message
         verdicts.fragments[name] = _fragment(name, message)
         verdicts.codes[name] = code
+        changed = True
     if resolvable:
         verdicts.resolvable.add(name)
     else:
         verdicts.resolvable.discard(name)
+    if changed:
+        verdicts.version += 1
+        verdicts.changed.add(name)
 
 
 def _clear_failure(verdicts: _Verdicts, name: str) -> None:
+    if name in verdicts.messages:
+        verdicts.version += 1
+        verdicts.changed.add(name)
     for table in (verdicts.messages, verdicts.fragments, verdicts.codes):
         table.pop(name, None)
     verdicts.resolvable.discard(name)

@@ -79,3 +79,20 @@ def test_the_cache_is_bounded_by_memory_not_by_count(monkeypatch: pytest.MonkeyP
     kinds(1, start=100)  # the next kind evicts the least recently used until the budget holds
     assert core.placement._cache_bytes <= 10 * max(sizes) and len(core.placement._cache) <= 11
     assert core.placement._cache_bytes == sum(v.size for v in core.placement._cache.values())
+
+
+def test_a_kinds_answer_is_replayed_until_one_of_its_verdicts_changes() -> None:
+    core = core_from_objects(Config(), demo_objects())
+    names = sorted(core.view.nodes)
+    req = core.placement.requirements(make_pod("team-a", "one", gpus={"nvidia.com/gpu": 1}))
+    first = core.placement.filter(req, names)
+    # a GPU pod bound where the node still passes: the view changed, this kind's answer did not
+    core.ingest.event(core.view, "pods", "ADDED", make_pod("team-a", "x", gpus={"nvidia.com/gpu": 1},
+                                                           node="h100-train-1"))
+    assert core.placement.filter(req, names) is first
+    assert core.placement.filter(req, names[:-1]) is not first  # other names asked: another answer
+    # the single H100 filled: its verdict flips, the answer is built again and says so
+    core.ingest.event(core.view, "pods", "ADDED", make_pod("team-a", "y", gpus={"nvidia.com/gpu": 1},
+                                                           node="h100-single"))
+    again = core.placement.filter(req, names)
+    assert again is not first and "h100-single" in again.failed and "h100-single" in first.passed
