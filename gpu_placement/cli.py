@@ -216,6 +216,10 @@ def _explain(args: argparse.Namespace) -> int:
     if kind in ("pod", "pods", "po") and name and not Path(args.pod_file).exists():
         namespace = args.namespace or (access.namespace if access else "default")
         pod = _existing_pod(args, access, namespace, name)
+        # explained as if it were being created: its own quota count and memory must not stand in its way
+        from gpu_placement.pods import pod_key
+
+        core.view.delete_pod(pod_key(namespace, name))
     else:
         pod = read_pod_file(args.pod_file)
         namespace = args.namespace

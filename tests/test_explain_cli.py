@@ -101,3 +101,15 @@ def test_a_big_cluster_reads_as_counts_candidates_and_examples(tmp_path: Path,
     assert "... and 36 more" in out and len(out.splitlines()) < 60
     assert main(["explain", str(pod_file), "--snapshot", str(snapshot), "--all"]) == 0
     assert len(capsys.readouterr().out.splitlines()) > 120
+
+
+def test_an_existing_pod_does_not_count_against_its_own_quota(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """research may use 2 GPUs and holds none: its pending pod asking for 2 fits, though the view
+    already counts it as the namespace's usage."""
+    waiting = make_pod("research", "sweep-0", gpus={"nvidia.com/gpu": 2})
+    snapshot = tmp_path / "cluster.json"
+    snapshot.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "List", "items": [*demo_objects(), waiting]}))
+    assert main(["explain", "pod/sweep-0", "-n", "research", "--snapshot", str(snapshot)]) == 0
+    out = capsys.readouterr().out
+    assert "\n  allowed" in out and "DENIED" not in out
