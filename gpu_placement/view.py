@@ -86,6 +86,7 @@ class ClusterView:
         self._expiry: list[tuple[float, str]] = []
         self._listeners: list[NodeListener] = []
         self._free_listeners: list[Callable[[str], None]] = []
+        self._namespace_listeners: list[Callable[[str], None]] = []
 
     # -- reading -------------------------------------------------------------------------------
     def validator_state(self, node: str) -> ValidatorState:
@@ -107,6 +108,11 @@ class ClusterView:
         what is free on a node changed. Both are called under `lock`."""
         self._listeners.append(on_node)
         self._free_listeners.append(on_free)
+
+    def subscribe_namespaces(self, on_namespace: Callable[[str], None]) -> None:
+        """`on_namespace(name)`: that namespace was added, changed or deleted (a relist calls it for
+        each difference only). Called under `lock`: keep it to noting the name."""
+        self._namespace_listeners.append(on_namespace)
 
     # -- nodes ---------------------------------------------------------------------------------
     def upsert_node(self, facts: NodeFacts) -> None:
@@ -162,6 +168,8 @@ class ClusterView:
             if old is not None and old.get(ANN_GPU_MEMORY) != record.get(ANN_GPU_MEMORY):
                 self._recharge_namespace(record.name)
             self._touch()
+            for listener in self._namespace_listeners:
+                listener(record.name)
 
     def _recharge_namespace(self, namespace: str) -> None:
         """The namespace's default memory ask changed: pods there without their own ask hold the new one.
@@ -175,6 +183,8 @@ class ClusterView:
         with self.lock:
             if self.namespaces.pop(name, None) is not None:
                 self._touch()
+                for listener in self._namespace_listeners:
+                    listener(name)
 
     def replace_namespaces(self, records: Iterable[NamespaceRecord]) -> None:
         self._replace("namespaces", self.namespaces, {record.name: record for record in records},

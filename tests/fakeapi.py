@@ -3,7 +3,8 @@
 What the service touches is served the way kube-apiserver serves it, so the real `kubernetes`
 client (generated models or `_preload_content=False`) and our own list+watch loop run unchanged:
 
-    core v1                        nodes, namespaces (cluster-scoped); pods, secrets, configmaps
+    core v1                        nodes, namespaces (cluster-scoped); pods, secrets, configmaps,
+                                   resourcequotas (stored and validated: spec.hard names and quantities)
     coordination.k8s.io/v1         leases
     admissionregistration.k8s.io/v1  mutating- and validatingwebhookconfigurations (cluster-scoped)
 
@@ -22,11 +23,12 @@ messages. Test code drives it from its own thread: `add`/`update`/`upsert`/`patc
 `fail_next`, `requests_log`/`count`/`counts`, `open_watches`/`wait_for_watches`.
 
 Not modelled: defaulting beyond a pod's Pending phase and a namespace's Active phase and name
-label, admission, RBAC, managedFields and server-side apply, graceful pod deletion (pods go at
-once), namespace cleanup of the objects inside, protobuf/CBOR and gzip (always plain JSON),
-strategic-merge list semantics (merge keys), LIST resourceVersionMatch=Exact (served as the
-current state), and the watch cache's 3 s wait and 504 for a resourceVersion from the future
-(the watch simply waits for it).
+label, admission (so no quota admission; and no quota controller: a ResourceQuota's status stays
+as written), garbage collection by ownerReferences, RBAC, managedFields and server-side apply,
+graceful pod deletion (pods go at once), namespace cleanup of the objects inside, protobuf/CBOR
+and gzip (always plain JSON), strategic-merge list semantics (merge keys), LIST
+resourceVersionMatch=Exact (served as the current state), and the watch cache's 3 s wait and 504
+for a resourceVersion from the future (the watch simply waits for it).
 """
 
 from __future__ import annotations
@@ -114,6 +116,8 @@ RESOURCES: tuple[Resource, ...] = (
              short_names=("po",)),
     Resource("", "v1", "secrets", "secret", "Secret", True, fields=("type",)),
     Resource("", "v1", "configmaps", "configmap", "ConfigMap", True, short_names=("cm",)),
+    Resource("", "v1", "resourcequotas", "resourcequota", "ResourceQuota", True, has_status=True,
+             short_names=("quota",)),
     Resource("coordination.k8s.io", "v1", "leases", "lease", "Lease", True),
     Resource(_ADMISSION, "v1", "mutatingwebhookconfigurations", "mutatingwebhookconfiguration",
              "MutatingWebhookConfiguration", False),
@@ -1442,6 +1446,8 @@ class FakeApiServer:
             obj["status"] = {"phase": "Active"}
         elif res.kind == "Secret":
             _secret_data(obj)
+        elif res.kind == "ResourceQuota":
+            _check_quota(res, obj)
 
     def _replace(self, res: Resource, ns: str | None, name: str, sub: str | None, body: Obj, dry_run: bool) -> Obj:
         obj = self._check_body(res, body)
@@ -1473,6 +1479,8 @@ class FakeApiServer:
                 obj["status"] = _copy(old["status"])
         if res.kind == "Secret":
             _secret_data(obj)
+        elif res.kind == "ResourceQuota" and sub is None:
+            _check_quota(res, obj)
         self._keep_identity(obj, old)
         if dry_run:
             return _with_kind(res, obj)
@@ -1638,3 +1646,32 @@ def _secret_data(obj: Obj) -> None:
         for key, value in string_data.items():
             data[key] = base64.b64encode(str(value).encode()).decode()
     obj.setdefault("type", "Opaque")
+
+
+_QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+_QUALIFIED = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_STANDARD_QUOTA = frozenset({"pods", "services", "replicationcontrollers", "resourcequotas", "secrets", "configmaps",
+                             "persistentvolumeclaims", "services.nodeports", "services.loadbalancers", "cpu",
+                             "memory", "ephemeral-storage", "requests.cpu", "requests.memory",
+                             "requests.ephemeral-storage", "requests.storage", "limits.cpu", "limits.memory",
+                             "limits.ephemeral-storage"})
+
+
+def _check_quota(res: Resource, obj: Obj) -> None:
+    """ValidateResourceQuota's checks on spec.hard: a name without a slash must be a standard quota
+    resource (requests.nvidia.com/gpu has one, so it only has to be a qualified name), and every value
+    a non-negative quantity."""
+    name = obj["metadata"].get("name") or ""
+    hard = (obj.get("spec") or {}).get("hard") or {}
+    if not isinstance(hard, dict):
+        raise _invalid(res, name, "spec.hard", "Invalid value: must be a map of resource names to quantities")
+    for key, value in hard.items():
+        where = f"spec.hard[{key}]"
+        if not _QUALIFIED.match(key) or ("/" not in key and key not in _STANDARD_QUOTA
+                                         and not key.startswith(("count/", "hugepages-", "requests.hugepages-"))):
+            raise _invalid(res, name, where, f'Invalid value: "{key}": must be a standard resource for quota')
+        if not isinstance(value, str | int) or not _QUANTITY.match(str(value)):
+            raise _invalid(res, name, where, f'Invalid value: "{value}": must be a quantity')
+        if str(value).startswith("-"):
+            raise _invalid(res, name, where, f'Invalid value: "{value}": must be greater than or equal to 0')

@@ -605,6 +605,35 @@ def test_webhook_rbac_reads_the_view(rendered: Rendered) -> None:
     assert rendered.deployment("webhook")["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-webhook"
 
 
+def test_webhook_quota_mirror_rbac_and_args(rendered: Rendered) -> None:
+    """The mirror runs whatever the certificate mode (its own Lease), never in audit mode, and may do
+    only what it does: ResourceQuotas, and its one Lease."""
+    from gpu_placement.cli import build_parser
+
+    name, ns = fullname(rendered.case), rendered.case.namespace
+    args = build_parser().parse_args(rendered.container("webhook")["args"])
+    roles = {r["metadata"]["name"]: r for r in rendered.all("Role") + rendered.all("ClusterRole")}
+    if rendered.values["config"]["mode"] == "audit":
+        assert args.quota_mirror is False
+        assert f"{name}-webhook-quotas" not in roles and f"{name}-webhook-quota-lease" not in roles
+        return
+    assert args.quota_mirror is True and args.namespace == ns
+    assert args.quota_lease == f"{name}-quota-mirror"
+    assert roles[f"{name}-webhook-quotas"]["rules"] == [
+        {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["get", "list", "create", "update", "delete"]}]
+    lease_role = roles[f"{name}-webhook-quota-lease"]
+    assert lease_role["metadata"]["namespace"] == ns
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [args.quota_lease],
+         "verbs": ["get", "update"]}]
+    bindings = {b["metadata"]["name"]: b for b in rendered.all("RoleBinding") + rendered.all("ClusterRoleBinding")}
+    for binding in (f"{name}-webhook-quotas", f"{name}-webhook-quota-lease"):
+        assert bindings[binding]["roleRef"]["name"] == binding
+        assert bindings[binding]["subjects"] == [{"kind": "ServiceAccount", "name": f"{name}-webhook",
+                                                  "namespace": ns}]
+
+
 def test_webhook_availability(rendered: Rendered) -> None:
     v = rendered.values["webhook"]
     deployment = rendered.deployment("webhook")
