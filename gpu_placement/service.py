@@ -43,7 +43,7 @@ class Core:
     def webhook_app(self) -> Starlette:
         from webhook.app import create_app as create_webhook_app
 
-        return create_webhook_app(self.view, self.config, self.readiness)
+        return create_webhook_app(self.view, self.config, self.readiness, self.api)
 
     def stop(self) -> None:
         for stop in reversed(self.stoppers):

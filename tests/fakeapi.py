@@ -353,6 +353,7 @@ class _Watch:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     pending: bool = False  # a wake-up is already scheduled on the loop
     closed: bool = False
+    stalled: bool = False  # half-open: nothing more is sent, not even the end; the client must give up
 
 
 @dataclass(slots=True)
@@ -711,15 +712,20 @@ class FakeApiServer:
     def resource_version(self) -> str:
         return str(self._rv)
 
-    def add(self, obj: Obj) -> Obj:
-        """Create as given (no defaulting, namespace need not exist); ADDED. 409 if it exists."""
+    def add(self, obj: Obj, keep_uid: bool = False) -> Obj:
+        """Create as given (no defaulting, namespace need not exist); ADDED. 409 if it exists.
+        keep_uid: keep the object's metadata.uid, as the API server stores the uid it gave the object
+        before validating admission ran (tests that play the API server's part need it)."""
         res = self._kind_of(obj)
         obj = _without_kind(_copy(obj))
         with self._lock:
             key = self._key_of(res, obj)
             if key in self._objects[res]:
                 raise ApiStatusError(409, f'{res.qualified} "{key[1]}" already exists', details=_details(res, key[1]))
+            uid = obj["metadata"].get("uid")
             self._stamp_new(obj)
+            if keep_uid and uid:
+                obj["metadata"]["uid"] = uid
             return _with_kind(res, _copy(self._commit(res, key, obj, "ADDED")))
 
     def update(self, obj: Obj) -> Obj:
@@ -835,6 +841,19 @@ class FakeApiServer:
             return 0
         clients = {w.client for w in watches}
         return asyncio.run_coroutine_threadsafe(self._halt(serving.server, clients), serving.loop).result(10)
+
+    def stall_watches(self, kind: str | None = None) -> int:
+        """Make the open watches (of that kind) go silent, as over a half-open connection: no events,
+        no bookmarks, no end, until the client gives up and closes it. Watches opened later are
+        served normally. Returns how many were stalled."""
+        res = self._resource(kind) if kind else None
+        with self._lock:
+            watches = [w for w in self._watches if res is None or w.resource is res]
+            for watch in watches:
+                watch.stalled = True
+                with contextlib.suppress(RuntimeError):
+                    watch.loop.call_soon_threadsafe(watch.wake.set)
+        return len(watches)
 
     def fail_next(self, n: int = 1, status: int = 500, *, message: str | None = None, reason: str | None = None,
                   retry_after: int | None = None, method: str | None = None, path: str | None = None) -> None:
@@ -1278,7 +1297,7 @@ class FakeApiServer:
                 await self._send_lines(watch, send, [self._error_line(expired)])
             else:
                 await self._run_watch(watch, send, initial, end_bookmark, deadline)
-            if not watch.closed:
+            if not watch.closed and not watch.stalled:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             listener.cancel()
@@ -1296,6 +1315,9 @@ class FakeApiServer:
         next_bookmark = loop.time() + self.bookmark_interval
         while not watch.closed:
             watch.wake.clear()
+            if watch.stalled:
+                await watch.wake.wait()  # set again by writes and by the client's disconnect
+                continue
             events, gone = self._collect(watch)
             if gone:
                 await self._send_lines(watch, send, [self._error_line(gone)])

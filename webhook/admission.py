@@ -54,11 +54,14 @@ class Decision:
 
 
 class Admission:
-    def __init__(self, view: ClusterView, config: Config) -> None:
+    def __init__(self, view: ClusterView, config: Config, api: Any = None) -> None:
+        """`api`: the kubernetes ApiClient when there is an API server (holds are then settled by lists
+        of pods, see webhook/holds.py); None with --snapshot."""
         self.view = view
         self.config = config
+        self.api = api
         self.policies = PolicyCache(config)
-        self.reservations = Reservations(view, config.reservation_ttl_seconds)
+        self.reservations = Reservations(view, config.reservation_ttl_seconds, listed=api is not None)
 
     def policy(self, namespace: str) -> NamespacePolicy:
         # One dict read (atomic under the GIL); the cache reparses only when the record changed.
@@ -129,6 +132,9 @@ class Admission:
             response = denied(uid, message)
             if warnings:
                 response["warnings"] = warnings
+            if policy.quota is not None and not subject.dry_run:
+                with self.view.lock:  # an earlier call for this pod allowed it: that create is not happening
+                    self.reservations.release(namespace, subject.key, subject.uid)
             return self._decision(response, problems[0][0], subject, texts)
         if policy.quota is not None and not subject.dry_run:
             with self.view.lock:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement import names as n
@@ -94,7 +95,10 @@ class QuotaMirror:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.step()
+            try:
+                self.step()
+            except Exception:  # a bug, not the network: say so, keep the thread
+                log.exception("quota mirror pass failed")
             self._wake.wait(self.settings.renew_seconds)
             self._wake.clear()
 
@@ -117,7 +121,7 @@ class QuotaMirror:
                 for name in sorted(names):
                     self.reconcile(name)
             self.last_error = None
-        except (ApiError, OSError, ValueError) as exc:  # urllib3's errors are OSError or ValueError subclasses
+        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
             if str(exc) != self.last_error:
                 log.error("quota mirror: %s; retrying in %.0f s", exc, self.settings.renew_seconds)
             self.last_error = str(exc)
