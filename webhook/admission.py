@@ -5,7 +5,7 @@ reason code (for metrics and the debug log); the sentences the user reads name t
 resource, the figures and the annotation to change.
 
 Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, NoGpuAsked, NotAPodCreate,
-Exempt, NamespacePolicyBroken (in this module); BadPod (review.py); BadAnnotation, NoGpuAccess,
+Exempt, NamespacePolicyBroken, NamespaceUnknown (in this module); BadPod (review.py); BadAnnotation, NoGpuAccess,
 Escalation, Allowed (here); OverQuota, NotInQuota (quota.py). In audit mode a would-be denial is
 counted as `Audit<code>`.
 """
@@ -20,6 +20,7 @@ from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.pods import GpuRequests
 from gpu_placement.view import ClusterView
+from webhook.namespace_reader import NamespaceReader
 from webhook.patches import gpu_patch, protect_patch, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
 from webhook.quota import Reservations, quota_problems
@@ -29,6 +30,7 @@ __all__ = ["Admission", "Decision"]
 
 MUTATED, UNCHANGED, KEPT_OFF_GPU = "Mutated", "Unchanged", "KeptOffGpuNodes"
 NO_GPU, NOT_A_POD, EXEMPT, POLICY_BROKEN = "NoGpuAsked", "NotAPodCreate", "Exempt", "NamespacePolicyBroken"
+NAMESPACE_UNKNOWN = "NamespaceUnknown"
 BAD_POD, BAD_ANNOTATION, NO_GPU_ACCESS, ESCALATION, ALLOWED = (
     "BadPod", "BadAnnotation", "NoGpuAccess", "Escalation", "Allowed")
 
@@ -62,10 +64,38 @@ class Admission:
         self.api = api
         self.policies = PolicyCache(config)
         self.reservations = Reservations(view, config.reservation_ttl_seconds, listed=api is not None)
+        self.reader = NamespaceReader(view, api) if api is not None else None
 
     def policy(self, namespace: str) -> NamespacePolicy:
         # One dict read (atomic under the GIL); the cache reparses only when the record changed.
-        return self.policies.get(namespace, self.view.namespaces.get(namespace))
+        record = self.view.namespaces.get(namespace)
+        if record is None and self.reader is not None:
+            record, _ = self.reader.record(namespace)  # read from the API server: the view lags
+        return self.policies.get(namespace, record)
+
+    def namespace_to_read(self, request: AdmissionRequest) -> str | None:
+        """The namespace of a pod CREATE that the view does not have (yet): read it from the API
+        server before deciding. None in the common case, at the cost of one dict lookup."""
+        namespace = request.get("namespace") or ""
+        if self.reader is None or not self.reader.wanted(namespace) or namespace in self.config.exempt_namespaces:
+            return None
+        resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
+        if request.get("operation", "CREATE") != "CREATE" or request.get("subResource") or (
+                resource.get("resource", "pods") != "pods"):
+            return None
+        return namespace
+
+    def _unknown_namespace(self, namespace: str) -> str | None:
+        """The sentence for a namespace the view lacks and the API server did not give us; else None.
+        With --snapshot (no API server) a namespace missing from the files has no annotations."""
+        if self.reader is None:
+            return None
+        record, why = self.reader.record(namespace)
+        if record is not None:
+            return None
+        return (f"namespace {namespace} is not in gpu-placement's view yet and could not be read from the API "
+                f"server ({why}), so its GPU policy (the gpu-placement.io/* annotations) is unknown: try again in "
+                "a few seconds")
 
     # -- /mutate -----------------------------------------------------------------------------------
     def mutate(self, request: AdmissionRequest) -> Decision:
@@ -80,6 +110,9 @@ class Admission:
                 ops = protect_patch(pod)
                 return self._decision(allowed(uid, ops), KEPT_OFF_GPU if ops else UNCHANGED, subject)
             return self._decision(allowed(uid), NO_GPU, subject)
+        unknown = self._unknown_namespace(subject.namespace)
+        if unknown is not None:  # shaped by nothing; /validate refuses it (or, in audit mode, warns)
+            return self._decision(allowed(uid, warnings=[unknown]), NAMESPACE_UNKNOWN, subject, [unknown])
         policy = self.policy(subject.namespace)
         if not policy.shapes_ok:
             # How to shape the pod is unknown; /validate denies it with the same sentences.
@@ -108,6 +141,14 @@ class Admission:
         if not gpus:
             return self._decision(allowed(uid), NO_GPU, subject)
         namespace = subject.namespace
+        unknown = self._unknown_namespace(namespace)
+        if unknown is not None:
+            if config.mode == "audit":
+                return self._decision(allowed(uid, warnings=[unknown]), f"Audit{NAMESPACE_UNKNOWN}", subject,
+                                      [unknown])
+            # 503: nothing is wrong with the pod; the same request a moment later is decided normally.
+            return self._decision(denied(uid, unknown, 503, "ServiceUnavailable"), NAMESPACE_UNKNOWN, subject,
+                                  [unknown])
         policy = self.policy(namespace)
         where = f"pod {namespace}/{subject.name}"
         problems: list[tuple[str, str]] = [(BAD_ANNOTATION, text) for text in policy.errors.values()]

@@ -64,6 +64,9 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
             review = parse_review(body)
         except ReviewError as exc:
             return refuse(verb, 400, "BadRequest", exc.problem, str(exc))
+        namespace = admission.namespace_to_read(review)
+        if namespace is not None:  # the view has not seen it yet: one GET, off the event loop
+            await admission.reader.read(namespace)  # type: ignore[union-attr]
         try:
             decision = decide(review)
             encoded = encode_review(decision.response)
