@@ -1,13 +1,14 @@
 """The two admission decisions: what /mutate changes on a pod, and whether /validate lets it in.
 
-Pure over the request, the cluster view and the configuration: no I/O. Each outcome carries one
+Pure over the request, the cluster view and the configuration: no I/O (a namespace the view lacks
+is read beforehand by the app, webhook/namespace_reader.py). Each outcome carries one
 reason code (for metrics and the debug log); the sentences the user reads name the namespace, the
 resource, the figures and the annotation to change.
 
 Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, NoGpuAsked, NotAPodCreate,
-Exempt, NamespacePolicyBroken, NamespaceUnknown (in this module); BadPod (review.py); BadAnnotation, NoGpuAccess,
-Escalation, Allowed (here); OverQuota, NotInQuota (quota.py). In audit mode a would-be denial is
-counted as `Audit<code>`.
+Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed (in this module); BadPod
+(review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); OverQuota, NotInQuota
+(quota.py). In audit mode a would-be denial is counted as `Audit<code>`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ __all__ = ["Admission", "Decision"]
 
 MUTATED, UNCHANGED, KEPT_OFF_GPU = "Mutated", "Unchanged", "KeptOffGpuNodes"
 NO_GPU, NOT_A_POD, EXEMPT, POLICY_BROKEN = "NoGpuAsked", "NotAPodCreate", "Exempt", "NamespacePolicyBroken"
-NAMESPACE_UNKNOWN = "NamespaceUnknown"
+NAMESPACE_UNKNOWN, ANNOTATIONS_FIXED = "NamespaceUnknown", "AnnotationsFixed"
 BAD_POD, BAD_ANNOTATION, NO_GPU_ACCESS, ESCALATION, ALLOWED = (
     "BadPod", "BadAnnotation", "NoGpuAccess", "Escalation", "Allowed")
 
@@ -134,7 +135,34 @@ class Admission:
 
     # -- /validate ---------------------------------------------------------------------------------
     def validate(self, request: AdmissionRequest) -> Decision:
+        if request.get("operation") == "UPDATE":
+            return self._update(request)
         return self._guarded(request, self._validate)
+
+    def _update(self, request: AdmissionRequest) -> Decision:
+        """A pod UPDATE (the chart sends only those that change a gpu-placement.io/* annotation): those
+        annotations were decided at admission and charge the pod (gpu-memory, sharing, admitted)."""
+        uid, namespace, name = request["uid"], request.get("namespace", ""), request.get("name", "")
+        resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
+        if resource.get("resource", "pods") != "pods" or resource.get("group") or request.get("subResource"):
+            return Decision(allowed(uid), NOT_A_POD, namespace, name)
+        if namespace in self.config.exempt_namespaces:
+            return Decision(allowed(uid), EXEMPT, namespace, name)
+        new, old = request.get("object"), request.get("oldObject")
+        if not isinstance(new, dict) or not isinstance(old, dict):
+            text = "a pod UPDATE carries the pod in request.object and request.oldObject"
+            return Decision(denied(uid, text, 400, "BadRequest"), BAD_POD, namespace, name, [text])
+        changed = _changed_annotations(old, new)
+        if not changed:
+            return Decision(allowed(uid), ALLOWED, namespace, name)
+        keys = ", ".join(changed)
+        verb = "is" if len(changed) == 1 else "are"
+        text = (f"pod {namespace}/{name}: {keys} {verb} fixed at admission (they decide what the pod is charged and "
+                "how it is placed) and cannot be changed on a running pod: delete the pod and create it again with "
+                "the annotations you want")
+        if self.config.mode == "audit":
+            return Decision(allowed(uid, warnings=[text]), f"Audit{ANNOTATIONS_FIXED}", namespace, name, [text])
+        return Decision(denied(uid, text), ANNOTATIONS_FIXED, namespace, name, [text])
 
     def _validate(self, uid: str, subject: Subject) -> Decision:
         config, pod, gpus = self.config, subject.pod, subject.gpus
@@ -240,3 +268,13 @@ class Admission:
 def _is_daemonset_pod(pod: dict[str, Any]) -> bool:
     owners = (pod.get("metadata") or {}).get("ownerReferences") or ()
     return any(owner.get("kind") == "DaemonSet" for owner in owners)
+
+
+def _changed_annotations(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """gpu-placement.io/* annotation keys added, removed or changed between two versions of a pod."""
+    def ours(pod: dict[str, Any]) -> dict[str, Any]:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        return {k: v for k, v in annotations.items() if k.startswith(n.PREFIX)} if isinstance(annotations, dict) else {}
+
+    before, after = ours(old), ours(new)
+    return sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
