@@ -5,7 +5,7 @@ is read beforehand by the app, webhook/namespace_reader.py). Each outcome carrie
 reason code (for metrics and the debug log); the sentences the user reads name the namespace, the
 resource, the figures and the annotation to change.
 
-Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, NoGpuAsked, NotAPodCreate,
+Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, ChoseGpuNodes, NoGpuAsked, NotAPodCreate,
 Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed (in this module); BadPod
 (review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); OverQuota, NotInQuota
 (quota.py). In audit mode a would-be denial is counted as `Audit<code>`.
@@ -22,14 +22,14 @@ from gpu_placement.config import Config
 from gpu_placement.pods import GpuRequests
 from gpu_placement.view import ClusterView
 from webhook.namespace_reader import NamespaceReader
-from webhook.patches import gpu_patch, protect_patch, tolerates_gpu_taint
+from webhook.patches import asks_for_gpu_nodes, gpu_patch, protect_patch, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
 from webhook.quota import Reservations, quota_problems
 from webhook.review import AdmissionRequest, AdmissionResponse, BadPod, Subject, allowed, denied, subject_of
 
 __all__ = ["Admission", "Decision"]
 
-MUTATED, UNCHANGED, KEPT_OFF_GPU = "Mutated", "Unchanged", "KeptOffGpuNodes"
+MUTATED, UNCHANGED, KEPT_OFF_GPU, CHOSE_GPU_NODES = "Mutated", "Unchanged", "KeptOffGpuNodes", "ChoseGpuNodes"
 NO_GPU, NOT_A_POD, EXEMPT, POLICY_BROKEN = "NoGpuAsked", "NotAPodCreate", "Exempt", "NamespacePolicyBroken"
 NAMESPACE_UNKNOWN, ANNOTATIONS_FIXED = "NamespaceUnknown", "AnnotationsFixed"
 BAD_POD, BAD_ANNOTATION, NO_GPU_ACCESS, ESCALATION, ALLOWED = (
@@ -108,6 +108,11 @@ class Admission:
         if not subject.gpus:
             if (config.protect_gpu_nodes and not spec.get("nodeName") and not _is_daemonset_pod(pod)
                     and tolerates_gpu_taint(spec, config)):
+                if asks_for_gpu_nodes(spec):  # its own choice (a node agent, an NCCL check): not trapped
+                    text = (f"pod {subject.namespace}/{subject.name} asks for no GPU but selects GPU nodes itself "
+                            f"({n.GPU_PRESENT}=true), so protectGpuNodes leaves it alone: it takes room on GPU "
+                            "nodes without using a GPU")
+                    return self._decision(allowed(uid, warnings=[text]), CHOSE_GPU_NODES, subject, [text])
                 ops = protect_patch(pod)
                 return self._decision(allowed(uid, ops), KEPT_OFF_GPU if ops else UNCHANGED, subject)
             return self._decision(allowed(uid), NO_GPU, subject)
@@ -121,7 +126,10 @@ class Admission:
             return self._decision(allowed(uid, warnings=problems), POLICY_BROKEN, subject, problems)
         sharing = self._sharing(policy, subject)
         pools = [config.pools[name] for name in policy.pools]
-        ops = gpu_patch(pod, subject.gpus, sharing, pools, policy.gpu_memory, config)
+        # DaemonSet pods keep their scheduler: the controller pins each to its node, and the extender
+        # would refuse nodes the DaemonSet's own tolerations allow.
+        ops = gpu_patch(pod, subject.gpus, sharing, pools, policy.gpu_memory, config,
+                        keep_scheduler=_is_daemonset_pod(pod))
         return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
 
     def _sharing(self, policy: NamespacePolicy, subject: Subject) -> Sharing:
