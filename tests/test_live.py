@@ -330,7 +330,7 @@ def test_a_silent_watch_is_noticed_within_two_bookmark_intervals(live: Callable[
     start = time.monotonic()
     fake_api.add(make_pod("team-a", "late", gpus={GPU: 1}))
     wait_for(lambda: "team-a/late" in h.view.pods, 4 * interval, "the pod after the silent stream")
-    assert time.monotonic() - start <= 2 * interval + 0.5
+    assert time.monotonic() - start <= 2 * interval + 1.0  # two intervals of silence, then a resume
     assert gauge(metrics.WATCH_RESTARTS, "pods", "stalled") == restarts + 1
     assert h.lists() == 0  # resumed from its version, not relisted
 

@@ -119,11 +119,11 @@ def test_a_namespace_event_costs_requests_for_that_namespace_only(fake_api: Fake
     fake_api.clear_log()
     fake_api.set_annotations("Namespace", "team-07", {QUOTA: "nvidia.com/gpu=99"})
     wait_for(lambda: mirrored(fake_api, "team-07") == {"requests.nvidia.com/gpu": "99"}, what="the update")
+    wait_for(lambda: replica.mirror.writes == 21, what="the write counted")
     time.sleep(0.2)
     quota_calls = {(r.verb, r.path) for r in fake_api.requests_log if "resourcequotas" in r.path}
     assert quota_calls == {("get", "/api/v1/namespaces/team-07/resourcequotas/gpu-placement"),
                            ("update", "/api/v1/namespaces/team-07/resourcequotas/gpu-placement")}
-    assert replica.mirror.writes == 21
 
 
 def test_resourcequotas_it_does_not_own_are_never_touched(fake_api: FakeApiServer,
@@ -180,7 +180,8 @@ def test_one_replica_writes_and_another_takes_over_when_it_stops(fake_api: FakeA
     fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=6"})
     # The lease (1 s) runs out; the standby takes it and does a full pass.
     wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "6"}, what="the take-over")
-    assert second.mirror.leading and second.mirror.writes == 1
+    wait_for(lambda: second.mirror.writes == 1, what="the write counted")  # counted once its answer is read
+    assert second.mirror.leading and first.mirror.writes == 1
     lease = fake_api.get("Lease", "quota-lock", "gpu-placement")
     assert lease is not None and lease["spec"]["holderIdentity"] == "replica-b"
 

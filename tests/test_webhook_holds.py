@@ -31,7 +31,7 @@ from webhook.tls import ReloadingTLS, make_server
 pytestmark = pytest.mark.timeout(60)
 
 GPU = "nvidia.com/gpu"
-TTL = 0.3
+TTL = 0.5
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
