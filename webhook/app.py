@@ -105,6 +105,7 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
 
     routes = [Route("/mutate", mutate, methods=["POST"]), Route("/validate", validate, methods=["POST"]),
               *ops_routes(ready)]
+
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         if checker is not None:
