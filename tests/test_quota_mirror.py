@@ -178,6 +178,21 @@ def test_one_replica_writes_and_another_takes_over_when_it_stops(fake_api: FakeA
     assert lease is not None and lease["spec"]["holderIdentity"] == "replica-b"
 
 
+def test_a_clean_stop_hands_the_lease_over_at_once(fake_api: FakeApiServer,
+                                                 replicas: Callable[..., Replica]) -> None:
+    """A rolling update: the stopping leader releases its Lease, so the next one need not wait out
+    the lease duration (30 s here) before mirroring a change."""
+    slow = MirrorSettings(lease_name="quota-lock", lease_seconds=30, renew_seconds=0.05, resync_seconds=3600)
+    namespace(fake_api, "team-a", "nvidia.com/gpu=4")
+    first = replicas("replica-a", slow)
+    wait_for(lambda: mirrored(fake_api, "team-a"), 5.0, what="the mirror")
+    second = replicas("replica-b", slow)
+    first.stop()
+    fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=5"})
+    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "5"}, 3.0, what="the hand-over")
+    assert second.mirror.leading
+
+
 def test_nothing_is_done_before_the_namespaces_are_listed(fake_api: FakeApiServer) -> None:
     fake_api.add({"kind": "Namespace", "metadata": {"name": "gpu-placement"}})
     fake_api.add({"kind": "ResourceQuota", "metadata": {"name": "gpu-placement", "namespace": "default",

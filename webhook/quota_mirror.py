@@ -92,6 +92,12 @@ class QuotaMirror:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self.leading:  # hand over now rather than after lease_seconds (a rolling update)
+            self.leading = False
+            try:
+                self.lease.release()
+            except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+                log.info("quota mirror: could not release the lease (%s); it runs out by itself", exc)
 
     def _run(self) -> None:
         while not self._stop.is_set():
