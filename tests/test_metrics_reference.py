@@ -1,0 +1,88 @@
+"""The metric reference in docs/operations.md is what a running service exports: every family under
+`gpu_placement_` is in the table with its labels, and nothing in the table is missing from /metrics."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpu_placement.demo import write_snapshot
+from gpu_placement.demo_cluster import make_pod
+from tests.test_serve import SCRIPT, free_port, stop, wait_ready
+
+ROOT = Path(__file__).resolve().parent.parent
+ROW = re.compile(r"^\| `(gpu_placement_[a-z_]+)` \|([^|]*)\|", re.MULTILINE)
+# Suffixes the exposition adds to a family's name, by type (histograms keep their own name).
+EXPOSED = {"counter": "_total", "info": "_info"}
+
+
+def documented() -> dict[str, set[str]]:
+    text = (ROOT / "docs" / "operations.md").read_text()
+    section = text[text.index("### Metrics reference"):]
+    return {name: set(re.findall(r"`([a-z_]+)`", labels)) for name, labels in ROW.findall(section)}
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """/metrics of `gpu-placement serve` on the demo cluster, after one pod was rejected everywhere."""
+    tmp = tmp_path_factory.mktemp("metrics")
+    write_snapshot(str(tmp / "cluster.json"))
+    port = free_port()
+    process = subprocess.Popen(
+        [SCRIPT, "serve", "--snapshot", str(tmp / "cluster.json"), "--extender-listen", f"127.0.0.1:{port}",
+         "--webhook-listen", f"127.0.0.1:{free_port()}", "--self-signed", str(tmp / "certs")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_ready(f"{base}/readyz")
+        pod = make_pod("research", "huge", gpus={"nvidia.com/gpu": 1},
+                       annotations={"gpu-placement.io/gpu-memory": "120Gi"})
+        assert httpx.post(f"{base}/filter", json={"Pod": pod, "NodeNames": ["h100-single"]}).json()["NodeNames"] == []
+        yield httpx.get(f"{base}/metrics").text
+    finally:
+        stop(process)
+
+
+def exported(text: str) -> dict[str, set[str] | None]:
+    """Exposed family name -> label names of its samples (None: no samples yet)."""
+    families: dict[str, set[str] | None] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith("gpu_placement_") or family.name.endswith("_created"):
+            continue  # _created: prometheus-client's counter creation times, read as families of their own
+        name = family.name + EXPOSED.get(family.type, "")
+        samples = [s for s in family.samples if not s.name.endswith("_created")]
+        families[name] = ({k for s in samples for k in s.labels if k != "le"} if samples else None)
+    return families
+
+
+def test_every_exported_metric_is_documented_and_every_documented_one_exported(scraped: str) -> None:
+    docs, live = documented(), exported(scraped)
+    assert len(docs) >= 30
+    assert sorted(live.keys() - docs.keys()) == [], "exported but not in docs/operations.md"
+    assert sorted(docs.keys() - live.keys()) == [], "in docs/operations.md but not exported"
+    wrong = {name: (docs[name], labels) for name, labels in live.items() if labels is not None and labels != docs[name]}
+    assert wrong == {}, "documented labels (left) differ from the exported ones (right)"
+
+
+def test_cluster_metrics_are_in_the_scrape(scraped: str) -> None:
+    assert 'gpu_placement_gpu_nodes{product="NVIDIA-H100-80GB-HBM3",verdict="NotValidated"} 1.0' in scraped
+    assert 'gpu_placement_pods_waiting{reason="InsufficientGPUMemory"} 1.0' in scraped
+    assert 'gpu_placement_namespace_quota_limit{namespace="team-a",resource="nvidia.com/gpu"} 16.0' in scraped
+
+
+def test_names_follow_prometheus_conventions(scraped: str) -> None:
+    """`_total` for counters only, base units (`_seconds`, `_bytes`) as the last word."""
+    types = {f.name + EXPOSED.get(f.type, ""): f.type for f in text_string_to_metric_families(scraped)
+             if f.name.startswith("gpu_placement_") and not f.name.endswith("_created")}
+    for name, kind in types.items():
+        assert name.endswith("_total") == (kind == "counter"), name
+        assert not name.endswith("_info") or kind in ("info", "gauge"), name  # text format 0.0.4: a gauge of 1
+        if "seconds" in name or "bytes" in name:
+            assert name.removesuffix("_total").endswith(("_seconds", "_bytes")), name
+        assert not re.search(r"_(mib|ms|milliseconds|minutes|percent)(_|$)", name), name
