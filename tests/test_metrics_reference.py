@@ -4,17 +4,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_placement.demo import write_snapshot
-from gpu_placement.demo_cluster import make_pod
-from tests.test_serve import SCRIPT, free_port, stop, wait_ready
+from tests.live_metrics import scrape_demo_service
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW = re.compile(r"^\| `(gpu_placement_[a-z_]+)` \|([^|]*)\|", re.MULTILINE)
@@ -29,24 +24,8 @@ def documented() -> dict[str, set[str]]:
 
 
 @pytest.fixture(scope="module")
-def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """/metrics of `gpu-placement serve` on the demo cluster, after one pod was rejected everywhere."""
-    tmp = tmp_path_factory.mktemp("metrics")
-    write_snapshot(str(tmp / "cluster.json"))
-    port = free_port()
-    process = subprocess.Popen(
-        [SCRIPT, "serve", "--snapshot", str(tmp / "cluster.json"), "--extender-listen", f"127.0.0.1:{port}",
-         "--webhook-listen", f"127.0.0.1:{free_port()}", "--self-signed", str(tmp / "certs")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_ready(f"{base}/readyz")
-        pod = make_pod("research", "huge", gpus={"nvidia.com/gpu": 1},
-                       annotations={"gpu-placement.io/gpu-memory": "120Gi"})
-        assert httpx.post(f"{base}/filter", json={"Pod": pod, "NodeNames": ["h100-single"]}).json()["NodeNames"] == []
-        yield httpx.get(f"{base}/metrics").text
-    finally:
-        stop(process)
+def scraped(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return scrape_demo_service(tmp_path_factory.mktemp("metrics"))
 
 
 def exported(text: str) -> dict[str, set[str] | None]:
