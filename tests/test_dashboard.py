@@ -5,7 +5,6 @@ series a running service really exports (metric names and label matchers), in va
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,18 +12,13 @@ from typing import Any
 import helm_python
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.live_metrics import promtool, scrape_demo_service
-from tests.test_metrics_reference import documented
+from tests.live_metrics import promtool, scrape_demo_service, selector_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "gpu-placement"
 DASHBOARD = CHART / "dashboards" / "gpu-placement.json"
 SCHEMA_VERSION = 39  # Grafana 10.4 / 11: pinned, so an import never runs a migration we did not test
-SELECTOR = re.compile(r"\b(gpu_placement_[a-z_]+)\b\s*(?:\{([^}]*)\})?")
-MATCHER = re.compile(r'([a-zA-Z_]\w*)\s*(=~|!~|!=|=)\s*"([^"]*)"')
-SUFFIXES = ("_bucket", "_count", "_sum", "_total")
 
 
 def dashboard() -> dict[str, Any]:
@@ -87,38 +81,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_every_panel_selects_series_the_service_exports(scraped: str) -> None:
-    samples: dict[str, list[dict[str, str]]] = {}
-    families: set[str] = set()
-    for family in text_string_to_metric_families(scraped):
-        families.add(family.name)
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append(sample.labels)
-    docs = documented()
-    problems = []
-    for title, expr in expressions():
-        selectors = SELECTOR.findall(expr)
-        assert selectors, f"{title}: no gpu_placement_ metric in {expr}"
-        for name, matchers in selectors:
-            series = samples.get(name)
-            if series is None:  # a family with no series yet (e.g. no watch restarts): its documented labels
-                base = next((name.removesuffix(s) for s in SUFFIXES if name.endswith(s)), name)
-                if base not in families:
-                    problems.append(f"{title}: {name} is not exported")
-                    continue
-                labels = docs.get(name) or docs.get(base) or set()
-                problems += [f"{title}: {name} has no label {label}" for label, _, _ in MATCHER.findall(matchers)
-                             if label not in labels]
-                continue
-            for label, op, value in MATCHER.findall(matchers):
-                if not any(label in s for s in series):
-                    problems.append(f"{title}: {name} has no label {label}")
-                elif op == "=" and not any(s.get(label) == value for s in series):
-                    problems.append(f"{title}: no {name} series has {label}={value!r}")
-                elif op == "=~" and not any(re.fullmatch(value, s.get(label, "")) for s in series):
-                    problems.append(f"{title}: no {name} series has {label} matching {value!r}")
-                elif op == "!~" and all(re.fullmatch(value, s.get(label, "")) for s in series):
-                    problems.append(f"{title}: every {name} series is excluded by {label}!~{value!r}")
-    assert problems == []
+    assert selector_problems(expressions(), scraped) == []
 
 
 def test_panel_queries_are_valid_promql(tmp_path: Path) -> None:

@@ -4,23 +4,14 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.live_metrics import scrape_demo_service
+from tests.live_metrics import documented, scrape_demo_service
 
-ROOT = Path(__file__).resolve().parent.parent
-ROW = re.compile(r"^\| `(gpu_placement_[a-z_]+)` \|([^|]*)\|", re.MULTILINE)
 # Suffixes the exposition adds to a family's name, by type (histograms keep their own name).
 EXPOSED = {"counter": "_total", "info": "_info"}
-
-
-def documented() -> dict[str, set[str]]:
-    text = (ROOT / "docs" / "operations.md").read_text()
-    section = text[text.index("### Metrics reference"):]
-    return {name: set(re.findall(r"`([a-z_]+)`", labels)) for name, labels in ROW.findall(section)}
 
 
 @pytest.fixture(scope="module")
