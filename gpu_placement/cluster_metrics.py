@@ -28,7 +28,7 @@ from gpu_placement.config import Config
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.nodes import NodeFacts
 from gpu_placement.pods import PodRecord
-from gpu_placement.rules import CODES, node_readiness
+from gpu_placement.rules import CODES, UNKNOWN_NODE, node_readiness
 from gpu_placement.view import ClusterView
 
 __all__ = ["NO_POOL", "OK", "TELEMETRY_SUCCESS", "ClusterMetrics", "QuotaOf", "track_cluster", "tracker_for"]
@@ -176,7 +176,7 @@ class ClusterMetrics:
     # -- pods waiting --------------------------------------------------------------------------
     def filtered(self, key: str, passed: bool, reasons: Mapping[str, int]) -> None:
         """The extender's answer for a GPU pod. Rejected on every node it was asked about, for GPU
-        reasons: it waits, for the reason that rejected the most nodes (ties: the order of rules.CODES).
+        reasons: it waits, for the reason of the node that came closest to taking it (see `_rank`).
         Called on the request path: a dict lookup unless the pod starts or stops waiting."""
         current = self.waiting.get(key)
         if passed or not reasons:
@@ -184,7 +184,7 @@ class ClusterMetrics:
                 with self.view.lock:
                     self._unwait(key)
             return
-        reason = max(reasons, key=lambda code: (reasons[code], -_rank(code)))
+        reason = max(reasons, key=_rank)
         if current is not None and current.reason == reason:
             return
         with self.view.lock:
@@ -248,8 +248,9 @@ class ClusterMetrics:
                 limits.add_metric([namespace, resource], value)
                 used.add_metric([namespace, resource], usage.get(resource, 0))
         out += [limits, used]
-        count = GaugeMetricFamily("gpu_placement_pods_waiting", "Pending GPU pods the extender last rejected on every "
-                                  "node it was asked about, by the reason that rejected the most nodes.",
+        count = GaugeMetricFamily("gpu_placement_pods_waiting", "Pending GPU pods the extender last rejected on "
+                                  "every node it was asked about, by the reason of the node that came closest to "
+                                  "taking it.",
                                   labels=["reason"])
         since = GaugeMetricFamily("gpu_placement_pods_waiting_since_timestamp_seconds", "Unix time since which the "
                                   "longest-waiting of those pods has waited, by reason.", labels=["reason"])
@@ -272,7 +273,13 @@ class ClusterMetrics:
 
 
 def _rank(code: str) -> int:
-    return CODES.index(code) if code in CODES else len(CODES)
+    """How far a node got through the checks before this code rejected it. rules.CODES lists the codes
+    in the order the checks run (readiness, compatibility, device fit, free capacity), so a later code
+    is a node that came closer: a pod rejected as InsufficientGPU on one node and NoGPU on twenty waits
+    for capacity, not for GPUs to exist. UnknownNode says nothing about the pod: lowest."""
+    if code == UNKNOWN_NODE or code not in CODES:
+        return -1
+    return CODES.index(code)
 
 
 class _Collector(Collector):

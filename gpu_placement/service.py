@@ -100,6 +100,8 @@ def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
     with core.view.lock:
         for kind in KINDS:
             core.ingest.replace(core.view, kind, by_kind[kind])
+    metrics.heard_from_source()  # the objects are the source, listed in full
+    metrics.SOURCE_UP.set(1)
     freeze_heap()
     return core
 

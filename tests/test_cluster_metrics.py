@@ -4,6 +4,7 @@ time must equal the same aggregates built from scratch, and say what a platform 
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 from typing import Any
 
 import httpx
@@ -149,24 +150,24 @@ def filter_(http: httpx.Client, pod: dict[str, Any], names: list[str]) -> dict[s
 
 def test_pods_waiting_follow_the_extenders_answers(core: Core) -> None:
     """A GPU pod waits when the extender rejected it on every node it was asked about; the reason is
-    the one that rejected the most nodes; it stops waiting when a node passes or the pod is bound."""
+    that of the node that came closest to taking it; it stops waiting when a node passes or the pod is
+    bound."""
     server = ServerThread(make_server(core.extender_app(), "127.0.0.1", 0)).start()
     try:
         http = httpx.Client(base_url=server.url(""), timeout=5)
         huge = make_pod("research", "huge", gpus={GPU: 1}, annotations={"gpu-placement.io/gpu-memory": "120Gi"})
-        result = filter_(http, huge, ["h100-single", "h100-not-validated", "h100-down"])
+        result = filter_(http, huge, ["h100-not-validated", "h100-down"])
         assert result["NodeNames"] == []
-        assert value("gpu_placement_pods_waiting", reason="InsufficientGPUMemory") is None  # 1 node of 3
-        assert value("gpu_placement_pods_waiting", reason="NodeNotReady") == 1  # tie with NotValidated: CODES order
-        assert CODES.index("NodeNotReady") < CODES.index("NotValidated")
-        first = value("gpu_placement_pods_waiting_since_timestamp_seconds", reason="NodeNotReady")
-        filter_(http, huge, ["h100-single", "a100-vgpu", "h100-not-validated"])
-        assert value("gpu_placement_pods_waiting", reason="NodeNotReady") is None
+        assert value("gpu_placement_pods_waiting", reason="NotValidated") == 1  # readiness: got past NodeNotReady
+        first = value("gpu_placement_pods_waiting_since_timestamp_seconds", reason="NotValidated")
+        filter_(http, huge, ["h100-single", "h100-not-validated", "h100-down", "cpu-1", "a10g-unregistered"])
+        assert value("gpu_placement_pods_waiting", reason="NotValidated") is None
+        # One node where only the device's memory failed, four that failed earlier checks.
         assert value("gpu_placement_pods_waiting", reason="InsufficientGPUMemory") == 1
         assert value("gpu_placement_pods_waiting_since_timestamp_seconds", reason="InsufficientGPUMemory") == first
         other = make_pod("research", "small", gpus={GPU: 1})
-        filter_(http, other, ["h100-not-validated"])
-        assert value("gpu_placement_pods_waiting", reason="NotValidated") == 1
+        filter_(http, other, ["h100-not-validated", "not-a-node"])
+        assert value("gpu_placement_pods_waiting", reason="NotValidated") == 1  # UnknownNode ranks lowest
         filter_(http, other, ["h100-not-validated", "h100-single"])  # a node passes: not waiting on a GPU reason
         assert value("gpu_placement_pods_waiting", reason="NotValidated") is None
         huge["spec"]["nodeName"] = "h100-single"  # bound anyway (by hand): the watch says so
@@ -175,3 +176,13 @@ def test_pods_waiting_follow_the_extenders_answers(core: Core) -> None:
         assert Counter(tracked(core).waiting_by) == Counter()
     finally:
         server.stop()
+
+
+def test_codes_are_listed_in_the_order_the_checks_run() -> None:
+    """The waiting reason relies on it: readiness, then compatibility, then device fit, then capacity."""
+    stages = [("NodeNotReady", "NoGPU", "NotValidated", "DriverUpgrade", "MIGReconfiguring"),
+              ("DriverTooOld", "ComputeCapability", "ProductMismatch"), ("UnknownGPUMemory",),
+              ("InsufficientGPUMemory", "InsufficientGPU")]
+    positions = [[CODES.index(code) for code in stage] for stage in stages]
+    for earlier, later in pairwise(positions):
+        assert max(earlier) < min(later)
