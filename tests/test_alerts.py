@@ -60,6 +60,21 @@ def test_service_monitor_renders_all_three_monitoring_objects() -> None:
                for d in render(ENABLED))
 
 
+def test_prometheus_rule_matches_the_crd_shape() -> None:
+    """kubernetes-validate has no schema for this CRD (test_chart skips it by kind); the fields of
+    monitoring.coreos.com/v1 PrometheusRule are few: check them here, promtool checks the rules."""
+    [rule] = [d for d in render(ENABLED) if d["kind"] == "PrometheusRule"]
+    assert set(rule) == {"apiVersion", "kind", "metadata", "spec"} and set(rule["spec"]) == {"groups"}
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", rule["metadata"]["name"])
+    names = [g["name"] for g in rule["spec"]["groups"]]
+    assert len(names) == len(set(names))
+    for group in rule["spec"]["groups"]:
+        assert set(group) <= {"name", "interval", "rules", "limit", "partial_response_strategy", "query_offset"}
+        for item in group["rules"]:
+            assert set(item) <= {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+            assert all(isinstance(v, str) for v in {**item.get("labels", {}), **item.get("annotations", {})}.values())
+
+
 def write_rules(tmp_path: Path, values: dict[str, Any] = ENABLED) -> Path:
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump({"groups": rule_groups(values)}, sort_keys=False))
