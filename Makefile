@@ -4,6 +4,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# promtool checks the chart's alert rules and the dashboard's queries (tests/test_alerts.py,
+# tests/test_dashboard.py). The one on PATH if there is one, else the binary out of Debian's
+# `prometheus` package, unpacked into .venv/bin without installing the package (whose scripts
+# would start a Prometheus server).
+PROMTOOL_ON_PATH ?= $(shell command -v promtool 2>/dev/null)
 
 .PHONY: demo test bench lint install clean
 
@@ -15,12 +20,20 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(BIN)/promtool: | $(BIN)/python
+	@if [ -n "$(PROMTOOL_ON_PATH)" ]; then ln -sf "$(PROMTOOL_ON_PATH)" $@; else \
+	  echo "promtool: unpacking it from the Debian package prometheus"; \
+	  tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cd "$$tmp" && \
+	  { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus; }; } && \
+	  dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/promtool $(CURDIR)/$@; fi
+	@$@ --version | head -1
+
+install: $(STAMP) $(BIN)/promtool
 
 demo: $(STAMP)
 	$(BIN)/gpu-placement demo
 
-test: $(STAMP)
+test: $(STAMP) $(BIN)/promtool
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

@@ -18,6 +18,7 @@ from starlette.routing import Route
 from extender.binding import Binder, BindError
 from extender.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement import metrics
+from gpu_placement.cluster_metrics import tracker_for
 from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
 from gpu_placement.placement import FilterResult, Placement
 from gpu_placement.pods import GpuRequests, pod_key
@@ -91,6 +92,7 @@ def _json_object(body: bytes, what: str) -> Any:
 def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: Callable[[], tuple[bool, str]],
                max_body: int = DEFAULT_MAX_BODY) -> Starlette:
     recent: OrderedDict[str, tuple[str, GpuRequests, str | None]] = OrderedDict()
+    waiting = tracker_for(view)  # pods rejected on every node, for gpu_placement_pods_waiting
     last_filter: list[_LastFilter | None] = [None]
 
     def refuse(verb: str, status: int, problem: str, message: str) -> ORJSONResponse:
@@ -147,6 +149,8 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
                 last_filter[0] = _LastFilter(generation, req, names, result, encoded)
         for code, count in result.reasons.items():
             metrics.DECISIONS.labels("extender", code).inc(count)
+        if waiting is not None and req.gpus:
+            waiting.filtered(_key(pod), bool(result.passed), result.reasons)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("filter pod=%s needs=%s passed=%d rejected=%s", _name(pod), req.describe(),
                       len(result.passed), dict(result.reasons))
@@ -240,6 +244,11 @@ def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -
         "Error": "",
     }
     return orjson.dumps(answer)
+
+
+def _key(pod: dict[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return pod_key(meta.get("namespace") or "default", meta.get("name") or "")
 
 
 def _name(pod: dict[str, Any]) -> str:

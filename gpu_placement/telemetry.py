@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_placement.cluster_metrics import TELEMETRY_SUCCESS
 from gpu_placement.config import Telemetry as TelemetryConfig
 from gpu_placement.view import ClusterView, Telemetry
 
@@ -61,6 +62,7 @@ class TelemetrySource:
         try:
             self._readings = parse_dcgm(self.fetch(str(self.config.url)), now)
             self.last_error = None
+            TELEMETRY_SUCCESS.set(time.time())
         except (OSError, ValueError) as exc:
             if self.last_error is None:
                 log.warning("telemetry from %s failed, keeping readings until stale: %s", self.config.url, exc)

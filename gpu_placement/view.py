@@ -86,7 +86,8 @@ class ClusterView:
         self._expiry: list[tuple[float, str]] = []
         self._listeners: list[NodeListener] = []
         self._free_listeners: list[Callable[[str], None]] = []
-        self._namespace_listeners: list[Callable[[str], None]] = []
+        self._pod_listeners: list[Callable[[str, PodRecord | None], None]] = []
+        self._namespace_listeners: list[Callable[[str, NamespaceRecord | None], None]] = []
 
     # -- reading -------------------------------------------------------------------------------
     def validator_state(self, node: str) -> ValidatorState:
@@ -109,10 +110,27 @@ class ClusterView:
         self._listeners.append(on_node)
         self._free_listeners.append(on_free)
 
-    def subscribe_namespaces(self, on_namespace: Callable[[str], None]) -> None:
-        """`on_namespace(name)`: that namespace was added, changed or deleted (a relist calls it for
-        each difference only). Called under `lock`: keep it to noting the name."""
+    def subscribe_namespaces(self, on_namespace: Callable[[str, NamespaceRecord | None], None]) -> None:
+        """`on_namespace(name, record)`: that namespace was added, changed or deleted (record None; a
+        relist calls it for each difference only). Called under `lock`: keep it to noting the name."""
         self._namespace_listeners.append(on_namespace)
+
+    def subscribe_records(self, on_pod: Callable[[str, PodRecord | None], None],
+                          on_namespace: Callable[[str, NamespaceRecord | None], None]) -> None:
+        """`on_pod(key, record)`, `on_namespace(name, record)`: that object changed (record None:
+        deleted). Called under `lock`."""
+        self._pod_listeners.append(on_pod)
+        self.subscribe_namespaces(on_namespace)
+
+    def reserved(self, node: str) -> dict[str, tuple[int, int]]:
+        """Units and MiB held on `node` by reservations, per resource. Reservations are few: a scan."""
+        held: dict[str, tuple[int, int]] = {}
+        for pod, reservation in self.reservations.items():
+            charged = self._charges.get(f"reservation:{pod}") if reservation.node == node else None
+            for resource, units, mib in charged.items if charged else ():
+                total = held.get(resource, (0, 0))
+                held[resource] = (total[0] + units, total[1] + (mib or 0))
+        return held
 
     # -- nodes ---------------------------------------------------------------------------------
     def upsert_node(self, facts: NodeFacts) -> None:
@@ -148,12 +166,16 @@ class ClusterView:
             self.pods[key] = pod
             self._unaccount(key, old)
             self._account(key, pod)
+            for listener in self._pod_listeners:
+                listener(key, pod)
 
     def delete_pod(self, key: str) -> None:
         with self.lock:
             old = self.pods.pop(key, None)
             if old is not None:
                 self._unaccount(key, old)
+                for listener in self._pod_listeners:
+                    listener(key, None)
 
     def replace_pods(self, records: Iterable[PodRecord]) -> None:
         self._replace("pods", self.pods, {pod.key: pod for pod in records}, self.delete_pod, self.upsert_pod)
@@ -169,7 +191,7 @@ class ClusterView:
                 self._recharge_namespace(record.name)
             self._touch()
             for listener in self._namespace_listeners:
-                listener(record.name)
+                listener(record.name, record)
 
     def _recharge_namespace(self, namespace: str) -> None:
         """The namespace's default memory ask changed: pods there without their own ask hold the new one.
@@ -184,7 +206,7 @@ class ClusterView:
             if self.namespaces.pop(name, None) is not None:
                 self._touch()
                 for listener in self._namespace_listeners:
-                    listener(name)
+                    listener(name, None)
 
     def replace_namespaces(self, records: Iterable[NamespaceRecord]) -> None:
         self._replace("namespaces", self.namespaces, {record.name: record for record in records},

@@ -32,6 +32,7 @@ CRD_KINDS = {
     ("cert-manager.io/v1", "Issuer"),
     ("cert-manager.io/v1", "Certificate"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),  # its rules are checked by promtool (test_alerts.py)
 }
 # The newest Kubernetes the validator ships, and the oldest the chart claims (Chart.yaml kubeVersion).
 K8S_VERSIONS = (kubernetes_validate.utils.latest_version(), "1.30")
@@ -277,7 +278,7 @@ def test_manifests_match_kubernetes_schemas(rendered: Rendered) -> None:
                 pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} (Kubernetes {version}): "
                             f"{exc.message} at {'.'.join(map(str, exc.absolute_path))}")
     expected = ({"Issuer", "Certificate"} if rendered.values["certManager"]["enabled"] else set()) | (
-        {"ServiceMonitor"} if rendered.values["serviceMonitor"]["enabled"] else set())
+        {"ServiceMonitor", "PrometheusRule"} if rendered.values["serviceMonitor"]["enabled"] else set())
     assert set(skipped) == expected
 
 

@@ -31,6 +31,7 @@ from kubernetes.client import ApiClient
 from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.view import ClusterView
 from webhook.lease import Lease, drain
 from webhook.policy import parse_policy
@@ -76,7 +77,7 @@ class QuotaMirror:
         view.subscribe_namespaces(self._changed)
 
     # -- events --------------------------------------------------------------------------------
-    def _changed(self, name: str) -> None:
+    def _changed(self, name: str, _record: NamespaceRecord | None) -> None:
         """View listener (under the view's lock): note the name, wake the loop."""
         with self._dirty_lock:
             self._dirty.add(name)
