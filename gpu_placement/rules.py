@@ -70,6 +70,7 @@ class ValidatorState:
 Need = tuple[tuple[str, int, int | None], ...]
 
 _MIG_SETTLED = "success"
+MPS = "mps"  # nvidia.com/gpu.sharing-strategy value of MPS sharing
 
 
 def _reject(code: str, sentence: str) -> Rejection:
@@ -232,8 +233,25 @@ def _device_fit(node: NodeFacts, req: Requirements) -> Rejection | Need:
                 return _reject(INSUFFICIENT_GPU_MEMORY, f"the pod asks {req.memory_mib} MiB per device "
                                                         f"({req.memory_source}); each {resource} on {node.name} "
                                                         f"has {device} MiB")
+            mps = _mps_cap(node, resource, req.memory_mib)
+            if mps is not None:
+                return mps
         need.append((resource, count, charge(node, resource, count, req.memory_mib)))
     return tuple(need)
+
+
+def _mps_cap(node: NodeFacts, resource: str, ask_mib: int) -> Rejection | None:
+    """MPS: the device plugin's control daemon sets each device's default pinned-memory limit to device
+    memory / replicas (k8s-device-plugin, cmd/mps-control-daemon/mps/daemon.go), so a client that asks for
+    more dies of CUDA OOM at that cap. Preemption cannot raise it: unresolvable."""
+    if node.sharing != MPS or not node.is_shared(resource) or node.device_memory_mib is None:
+        return None
+    if ask_mib <= node.device_memory_mib // node.replicas:
+        return None
+    return _reject(INSUFFICIENT_GPU_MEMORY, f"the pod asks {ask_mib} MiB per device; MPS splits each device's "
+                                            f"memory evenly between its replicas ({n.GPU_MEMORY} / "
+                                            f"{n.GPU_REPLICAS}) and caps every client there, so the ask cannot fit "
+                                            f"a share: lower {n.ANN_GPU_MEMORY} or use a node with fewer replicas")
 
 
 def insufficient_memory(node: str, resource: str, free: int, need: int) -> str:
