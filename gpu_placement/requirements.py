@@ -17,6 +17,7 @@ from gpu_placement.cuda import Version, VersionError, format_version, parse_vers
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.pods import GpuRequests, effective_gpu_requests
 from gpu_placement.quantity import QuantityError, quantity_to_mib
+from gpu_placement.sharing import EXCLUSIVE, Sharing, parse_sharing
 
 __all__ = ["AnnotationError", "Requirements", "infer_cuda", "parse_memory", "requirements_for"]
 
@@ -36,6 +37,7 @@ class Requirements:
     min_driver: Version | None = None
     min_compute: Version | None = None
     products: frozenset[str] | None = None
+    sharing: str = "exclusive"  # the pod's sharing level (namespace's, narrowed by the pod): exclusive, shared, mig-<p>
     error: str | None = None  # a broken annotation or request: no node can be chosen until it is fixed
 
     @property
@@ -55,6 +57,7 @@ class Requirements:
             parts.append(f"compute capability >= {format_version(self.min_compute)}")
         if self.products:
             parts.append("product in " + ",".join(sorted(self.products)))
+        parts.append(f"sharing {self.sharing}")
         return "; ".join(parts)
 
 
@@ -87,10 +90,15 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
         min_driver, _ = _first(pod_ann, {}, n.ANN_MIN_DRIVER, where, "", parse_version)
         min_compute, _ = _first(pod_ann, {}, n.ANN_MIN_COMPUTE, where, "", parse_version)
         products, _ = _first(pod_ann, ns_ann, n.ANN_PRODUCTS, where, ns_where, _parse_products)
+        level, _ = _first({}, ns_ann, n.ANN_SHARING, where, ns_where, _parse_sharing)
+        asked, _ = _first(pod_ann, {}, n.ANN_SHARING, where, "", _parse_sharing)
     except AnnotationError as exc:
         return Requirements(gpus=gpus, error=f"BadAnnotation: {exc}")
+    level = level or EXCLUSIVE
+    if asked is not None and asked.within(level):  # a wider ask is the webhook's to deny: keep the namespace's
+        level = asked
     return Requirements(gpus, memory, memory_source, cuda, cuda_source, compat == "minor",
-                        min_driver, min_compute, products)
+                        min_driver, min_compute, products, level.text)
 
 
 def _first(pod_ann: Mapping[str, str], ns_ann: Mapping[str, str], key: str, where: str, ns_where: str,
@@ -108,6 +116,10 @@ def _first(pod_ann: Mapping[str, str], ns_ann: Mapping[str, str], key: str, wher
 
 def parse_memory(text: str) -> int:
     return quantity_to_mib(text)
+
+
+def _parse_sharing(text: str) -> Sharing:
+    return parse_sharing(text.strip())
 
 
 def _parse_products(text: str) -> frozenset[str]:

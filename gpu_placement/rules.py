@@ -45,9 +45,10 @@ INSUFFICIENT_GPU_MEMORY = "InsufficientGPUMemory"
 INSUFFICIENT_GPU = "InsufficientGPU"
 UNKNOWN_NODE = "UnknownNode"
 BAD_ANNOTATION = "BadAnnotation"
+SHARING_MISMATCH = "SharingMismatch"
 CODES = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING, BAD_LABEL, UNKNOWN_DRIVER,
          DRIVER_TOO_OLD, COMPUTE_CAPABILITY, PRODUCT_MISMATCH, UNKNOWN_GPU_MEMORY, INSUFFICIENT_GPU_MEMORY,
-         INSUFFICIENT_GPU, UNKNOWN_NODE, BAD_ANNOTATION)
+         INSUFFICIENT_GPU, UNKNOWN_NODE, BAD_ANNOTATION, SHARING_MISMATCH)
 # Preemption can free memory and devices on a node; it cannot install a driver, validate a node, or
 # make a device bigger than it is. Static rules therefore never reject as resolvable.
 RESOLVABLE = frozenset({INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU})
@@ -82,7 +83,7 @@ def check_node(node: NodeFacts, validator: ValidatorState, req: Requirements, co
     and whether one device can ever hold the ask. Otherwise, what the pod will take (`Need`)."""
     if req.error is not None:
         return Rejection(BAD_ANNOTATION, req.error)
-    return (_readiness(node, validator, req, config) or _compatibility(node, req)
+    return (_readiness(node, validator, req, config) or _sharing_fit(node, req, config) or _compatibility(node, req)
             or _label_problems(node, req) or _device_fit(node, req))
 
 
@@ -180,19 +181,48 @@ def _compatibility(node: NodeFacts, req: Requirements) -> Rejection | None:
             return _reject(COMPUTE_CAPABILITY, f"{name} ({node.product}) has compute capability "
                                                f"{v(node.compute)}; the pod needs >= {v(req.min_compute)} "
                                                f"({n.ANN_MIN_COMPUTE})")
-    if req.products is not None and not _product_matches(node.product, req.products):
+    if req.products is not None and not _product_matches(node.product, req.products, req.sharing):
         return _reject(PRODUCT_MISMATCH, f"{name} has {node.product or 'no ' + n.GPU_PRODUCT + ' label'}; "
                                          f"the pod accepts {', '.join(sorted(req.products))} ({n.ANN_PRODUCTS})")
     return None
 
 
-def _product_matches(product: str | None, accepted: frozenset[str]) -> bool:
-    """Time-slicing renames the product `<name>-SHARED` and MIG single strategy `<name>-MIG-<profile>`;
-    both are still that product."""
+def _product_matches(product: str | None, accepted: frozenset[str], sharing: str = "exclusive") -> bool:
+    """Time-slicing without renaming calls the product `<name>-SHARED` and MIG single strategy
+    `<name>-MIG-<profile>`: that is still the named GPU only for a pod that asked for that level."""
     if product is None:
         return False
-    base = product.removesuffix("-SHARED").split("-MIG-", 1)[0]
-    return product in accepted or base in accepted
+    if product in accepted:
+        return True
+    name, level = product, "exclusive"
+    if name.endswith("-SHARED"):
+        name, level = name.removesuffix("-SHARED"), "shared"
+    base = name
+    if "-MIG-" in name:
+        base, profile = name.rsplit("-MIG-", 1)
+        level = level if level == "shared" else f"mig-{profile}"
+    return sharing == level and (name in accepted or base in accepted)
+
+
+def _sharing_fit(node: NodeFacts, req: Requirements, config: Config) -> Rejection | None:
+    """An exclusive pod asking for whole GPUs must not get a replica of a shared GPU (time-slicing or MPS
+    without a renamed resource) or a MIG slice advertised as `nvidia.com/gpu` (strategy single)."""
+    if req.sharing != "exclusive":
+        return None
+    for resource, _count in req.gpus:
+        if resource == config.shared_resource or resource.startswith(n.MIG_RESOURCE_PREFIX):
+            continue  # the pod asked for a share or a slice by name
+        if node.is_shared(resource):
+            return _reject(SHARING_MISMATCH, f"the pod's sharing level is exclusive (whole GPUs), but {resource} "
+                                             f"here is a replica of a shared GPU ({n.GPU_REPLICAS} > 1, "
+                                             "time-slicing or MPS); to accept a share, set "
+                                             f"{n.ANN_SHARING}=shared on the pod (allowed in any namespace)")
+        profile = node.mig_single_profile
+        if profile is not None:
+            return _reject(SHARING_MISMATCH, f"the pod's sharing level is exclusive (whole GPUs), but {resource} "
+                                             f"here is a MIG {profile} slice ({n.MIG_STRATEGY}=single); to accept "
+                                             f"that slice, set {n.ANN_SHARING}=mig-{profile} on the pod")
+    return None
 
 
 def _label_problems(node: NodeFacts, req: Requirements) -> Rejection | None:

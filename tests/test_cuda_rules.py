@@ -172,24 +172,33 @@ def test_min_driver() -> None:
     assert verdict(_labels(None, "12.4"), pod).startswith("UnknownDriver: ")  # runtime labels alone: no driver
 
 
-@pytest.mark.parametrize(("accepted", "product", "ok"), [
-    ("Tesla-T4", "Tesla-T4-SHARED", True),  # time-slicing renames the product
-    ("Tesla-T4-SHARED", "Tesla-T4-SHARED", True),
-    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", True),  # MIG single strategy
-    ("NVIDIA-H100-80GB-HBM3,NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-SXM4-80GB", True),
-    (" NVIDIA-H100-80GB-HBM3 , NVIDIA-A100-SXM4-80GB ", "NVIDIA-H100-80GB-HBM3", True),
-    ("NVIDIA-H100-80GB-HBM3,NVIDIA-A100-SXM4-80GB", "NVIDIA-A10G", False),
-    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb-SHARED", True),  # both, as GFD writes it
-    ("NVIDIA-H100", "NVIDIA-H100-80GB-HBM3", False),  # no prefix matching
+@pytest.mark.parametrize(("accepted", "product", "sharing", "expected"), [
+    # Time-slicing without renaming calls the product <name>-SHARED: that GPU only for a pod that asked to share.
+    ("Tesla-T4", "Tesla-T4-SHARED", "shared", "pass"),
+    ("Tesla-T4", "Tesla-T4-SHARED", None, "ProductMismatch"),
+    ("Tesla-T4-SHARED", "Tesla-T4-SHARED", None, "pass"),  # named exactly: the user meant it
+    # MIG single strategy: <name>-MIG-<profile>, that GPU only for a pod that asked for that slice.
+    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "mig-1g.10gb", "pass"),
+    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "mig-2g.20gb", "ProductMismatch"),
+    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "shared", "ProductMismatch"),
+    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", None, "SharingMismatch"),  # exclusive: never
+    ("NVIDIA-H100-80GB-HBM3,NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-SXM4-80GB", None, "pass"),
+    (" NVIDIA-H100-80GB-HBM3 , NVIDIA-A100-SXM4-80GB ", "NVIDIA-H100-80GB-HBM3", None, "pass"),
+    ("NVIDIA-H100-80GB-HBM3,NVIDIA-A100-SXM4-80GB", "NVIDIA-A10G", None, "ProductMismatch"),
+    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb-SHARED", "shared", "pass"),  # both, as GFD writes it
+    ("NVIDIA-H100", "NVIDIA-H100-80GB-HBM3", None, "ProductMismatch"),  # no prefix matching
 ])
-def test_gpu_products(accepted: str, product: str, ok: bool) -> None:
-    message = verdict(_labels("550.54.15", **{"nvidia.com/gpu.product": product}),
-                      _pod({"gpu-placement.io/gpu-products": accepted}))
-    if ok:
+def test_gpu_products(accepted: str, product: str, sharing: str | None, expected: str) -> None:
+    annotations = {"gpu-placement.io/gpu-products": accepted}
+    if sharing is not None:
+        annotations["gpu-placement.io/sharing"] = sharing
+    message = verdict(_labels("550.54.15", **{"nvidia.com/gpu.product": product}), _pod(annotations))
+    if expected == "pass":
         assert message == "pass"
     else:
-        assert message.startswith(f"ProductMismatch: gpu-1 has {product}; ")
-        assert "gpu-placement.io/gpu-products" in message
+        assert message.startswith(f"{expected}: ")
+        assert ("gpu-placement.io/gpu-products" if expected == "ProductMismatch" else "gpu-placement.io/sharing") \
+            in message
 
 
 def test_gpu_products_namespace_default_and_pod_override() -> None:
@@ -288,6 +297,7 @@ BROKEN = [
     ("gpu-placement.io/min-compute-capability", "eight"),
     ("gpu-placement.io/gpu-products", " , "),
     ("gpu-placement.io/gpu-memory", "lots"),
+    ("gpu-placement.io/sharing", "everything"),
 ]
 
 
@@ -328,5 +338,8 @@ def test_broken_namespace_annotation_fails_every_node_and_names_the_namespace(ke
 
 def test_a_good_pod_in_the_same_cluster_passes() -> None:
     passed, unresolvable = _cluster_filter(_pod())
-    assert passed == ["ready", "old"]
+    assert passed == ["ready"]
+    # The T4 time-slices without renaming (nvidia.com/gpu.replicas=8): no whole GPU for an exclusive pod.
+    assert unresolvable["old"].startswith("SharingMismatch: ")
+    assert passed == _cluster_filter(_pod({"gpu-placement.io/sharing": "shared"}))[0][:1]
     assert unresolvable["down"].startswith("NodeNotReady: ") and unresolvable["cpu"].startswith("NoGPU: ")

@@ -321,12 +321,14 @@ def test_telemetry_narrows_free_memory(cluster: Cluster) -> None:
 _PODS = {  # kinds of pod the scheduler asks about, each its own cache entry
     "whole-1-cuda12.2": dict(gpus={GPU: 1}, image="nvcr.io/nvidia/cuda:12.2.0-base-ubuntu22.04"),
     "whole-4": dict(gpus={GPU: 4}),
-    "share-4Gi": dict(gpus={GPU: 1}, annotations={"gpu-placement.io/gpu-memory": "4Gi"}),
+    "share-4Gi": dict(gpus={GPU: 1}, annotations={"gpu-placement.io/gpu-memory": "4Gi",
+                                                  "gpu-placement.io/sharing": "shared"}),
     "mig-1g": dict(gpus={"nvidia.com/mig-1g.10gb": 1}),
     "driver-550": dict(gpus={GPU: 1}, annotations={"gpu-placement.io/min-driver": "550"}),
     "cuda13": dict(gpus={GPU: 1}, image="nvcr.io/nvidia/cuda:13.0.0-base-ubuntu24.04"),
     "t4-only-2Gi": dict(gpus={GPU: 1}, annotations={"gpu-placement.io/gpu-products": "Tesla-T4",
-                                                      "gpu-placement.io/gpu-memory": "2Gi"}),
+                                                      "gpu-placement.io/gpu-memory": "2Gi",
+                                                      "gpu-placement.io/sharing": "shared"}),
 }
 _BASES = ["h100", "h100x8", "t4-timeslicing", "h100-mig-mixed", "a100-vgpu", "a10g-unregistered"]
 _RELABELS: list[dict[str, str]] = [
@@ -481,7 +483,7 @@ def test_placement_cache_equals_a_fresh_placement_after_random_changes() -> None
             if passed:
                 seen.add("pass")
     assert {"pass", "InsufficientGPU", "InsufficientGPUMemory", "NotValidated", "UnknownNode", "DriverUpgrade",
-            "NodeNotReady", "NoGPU", "BadLabel", "MIGReconfiguring"} <= seen, seen
+            "NodeNotReady", "NoGPU", "BadLabel", "MIGReconfiguring", "SharingMismatch"} <= seen, seen
 
 
 def test_incremental_view_equals_a_view_rebuilt_from_the_same_objects() -> None:

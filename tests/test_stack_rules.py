@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpu_placement.demo_cluster import make_node, namespace, validator_pod
+from gpu_placement.ingest import Ingest
 from tests.test_extender_http import Extender, api_pod
 
 GPU = "nvidia.com/gpu"
@@ -75,3 +76,71 @@ def test_mps_ask_within_the_cap_passes_and_time_slicing_has_no_cap(mps: Extender
     # Time-slicing shares the whole framebuffer: a 40Gi ask is the pod's business there.
     big = api_pod(namespace="serve", image=APP_IMAGE, annotations={"gpu-placement.io/gpu-memory": "40Gi"})
     assert verdict(mps.filter(big, ["h100-ts"]), "h100-ts") == "pass"
+
+
+# -- 2. an exclusive pod never lands on a replica or a MIG slice ----------------------------------
+T4_TIMESLICED = make_node("t4-ts", "t4-timeslicing",  # nvidia.com/gpu: 8 replicas of one T4, not renamed
+                          labels={"nvidia.com/gpu.sharing-strategy": "time-slicing"})
+A100_MIG_SINGLE = make_node("a100-mig", "h100", labels={  # MIG single strategy: nvidia.com/gpu = 1g.5gb slices
+    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "nvidia.com/gpu.memory": "4864",
+    "nvidia.com/gpu.count": "7", "nvidia.com/gpu.family": "ampere", "nvidia.com/gpu.compute.major": "8",
+    "nvidia.com/gpu.compute.minor": "0", "nvidia.com/mig.strategy": "single", "nvidia.com/mig.config": "all-1g.5gb",
+    "nvidia.com/gpu.slices.gi": "1", "nvidia.com/gpu.slices.ci": "1", "nvidia.com/gpu.multiprocessors": "14"})
+A100_WHOLE = make_node("a100-whole", "h100", labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+                                                      "nvidia.com/gpu.memory": "40960"})
+SHARING_NODES = ["t4-ts", "a100-mig", "a100-whole"]
+
+
+@pytest.fixture(scope="module")
+def sharing() -> Iterator[Extender]:
+    extender = Extender(cluster(T4_TIMESLICED, A100_MIG_SINGLE, A100_WHOLE))
+    yield extender
+    extender.close()
+
+
+def test_exclusive_pod_is_kept_off_replicas_and_mig_single_slices(sharing: Extender) -> None:
+    answer = sharing.filter(api_pod(namespace="train", image=APP_IMAGE), SHARING_NODES)
+    assert answer["NodeNames"] == ["a100-whole"]
+    assert answer["FailedNodes"] == {}  # preemption cannot turn a slice into a GPU
+    assert answer["FailedAndUnresolvableNodes"] == {
+        "t4-ts": "SharingMismatch: the pod's sharing level is exclusive (whole GPUs), but nvidia.com/gpu here is a "
+                 "replica of a shared GPU (nvidia.com/gpu.replicas > 1, time-slicing or MPS); to accept a share, set "
+                 "gpu-placement.io/sharing=shared on the pod (allowed in any namespace)",
+        "a100-mig": "SharingMismatch: the pod's sharing level is exclusive (whole GPUs), but nvidia.com/gpu here is "
+                    "a MIG 1g.5gb slice (nvidia.com/mig.strategy=single); to accept that slice, set "
+                    "gpu-placement.io/sharing=mig-1g.5gb on the pod"}
+
+
+@pytest.mark.parametrize(("ns", "annotations", "passes"), [
+    # Only an exclusive level is kept off shares and slices; narrower levels take what nvidia.com/gpu gives.
+    ("serve", {}, SHARING_NODES),  # the namespace shares: a replica is what it asked for
+    ("serve", {"gpu-placement.io/sharing": "exclusive"}, SHARING_NODES),  # a pod cannot widen its namespace's
+    ("train", {"gpu-placement.io/sharing": "shared"}, SHARING_NODES),  # a pod may narrow it
+    ("train", {"gpu-placement.io/sharing": "mig-1g.5gb"}, SHARING_NODES),
+])
+def test_the_pod_sharing_level_comes_from_its_namespace_narrowed_by_the_pod(
+        sharing: Extender, ns: str, annotations: dict[str, str], passes: list[str]) -> None:
+    assert sharing.filter(api_pod(namespace=ns, image=APP_IMAGE, annotations=annotations),
+                          SHARING_NODES)["NodeNames"] == passes
+
+
+def test_gpu_products_matches_a_slice_only_for_a_pod_that_asked_for_slices(sharing: Extender) -> None:
+    products = {"gpu-placement.io/gpu-products": "NVIDIA-A100-SXM4-40GB"}
+    exclusive = sharing.filter(api_pod(namespace="train", image=APP_IMAGE, annotations=products), SHARING_NODES)
+    assert exclusive["NodeNames"] == ["a100-whole"]
+    assert exclusive["FailedAndUnresolvableNodes"]["a100-mig"].startswith("SharingMismatch: ")
+    shared = sharing.filter(api_pod(namespace="serve", image=APP_IMAGE, annotations=products), SHARING_NODES)
+    assert shared["NodeNames"] == ["a100-whole"]
+    assert shared["FailedAndUnresolvableNodes"]["a100-mig"].startswith("ProductMismatch: ")
+    slices = sharing.filter(api_pod(namespace="train", image=APP_IMAGE, annotations={
+        **products, "gpu-placement.io/sharing": "mig-1g.5gb"}), SHARING_NODES)
+    assert slices["NodeNames"] == ["a100-mig", "a100-whole"]
+
+
+def test_a_namespace_sharing_change_reaches_the_extender(sharing: Extender) -> None:
+    """The level is read from the view's namespace record: no pod-side copy to go stale."""
+    pod = api_pod(name="late-0", namespace="later", image=APP_IMAGE)
+    assert "t4-ts" not in sharing.filter(pod, SHARING_NODES)["NodeNames"]  # unknown namespace: exclusive
+    sharing.core.view.upsert_namespace(Ingest(sharing.core.config).namespace(
+        namespace("later", {"gpu-placement.io/sharing": "shared"})))
+    assert "t4-ts" in sharing.filter(pod, SHARING_NODES)["NodeNames"]
