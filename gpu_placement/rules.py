@@ -13,6 +13,7 @@ from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.cuda import driver_table
 from gpu_placement.cuda import format_version as v
+from gpu_placement.cudaneed import brand_of, term_holds
 from gpu_placement.nodes import NodeFacts
 from gpu_placement.requirements import Requirements
 
@@ -83,8 +84,8 @@ def check_node(node: NodeFacts, validator: ValidatorState, req: Requirements, co
     and whether one device can ever hold the ask. Otherwise, what the pod will take (`Need`)."""
     if req.error is not None:
         return Rejection(BAD_ANNOTATION, req.error)
-    return (_readiness(node, validator, req, config) or _sharing_fit(node, req, config) or _compatibility(node, req)
-            or _label_problems(node, req) or _device_fit(node, req))
+    return (_readiness(node, validator, req, config) or _sharing_fit(node, req, config) or _image_cuda_fit(node, req)
+            or _compatibility(node, req) or _label_problems(node, req) or _device_fit(node, req))
 
 
 def node_readiness(node: NodeFacts, validator: ValidatorState, config: Config) -> Rejection | None:
@@ -225,15 +226,54 @@ def _sharing_fit(node: NodeFacts, req: Requirements, config: Config) -> Rejectio
     return None
 
 
+def _image_cuda_fit(node: NodeFacts, req: Requirements) -> Rejection | None:
+    """What the images need, judged as the node will judge it: `NVIDIA_REQUIRE_CUDA` alternatives as the
+    container runtime asserts them; a version from a tag with minor-version compatibility (same CUDA
+    major, driver at or above that major's floor) unless the pod set cuda-compat: none."""
+    need = req.image_cuda
+    if need is None:
+        return None
+    table = driver_table()
+    if need.version[0] >= 13 and node.compute is not None and node.compute < table.cuda13_min_compute:
+        return _reject(COMPUTE_CAPABILITY, f"compute capability {v(node.compute)} is below "
+                                           f"{v(table.cuda13_min_compute)}, which CUDA 13 needs; the image needs "
+                                           f"CUDA {v(need.version)} ({need.source})")
+    if node.max_cuda is None and node.driver is None:
+        return _reject(UNKNOWN_DRIVER, f"the node publishes no driver or CUDA version labels ({n.DRIVER_FULL}, "
+                                       f"{n.CUDA_RUNTIME[0]}); the image needs CUDA {v(need.version)} "
+                                       f"({need.source})")
+    driver = f"driver {v(node.driver)}" if node.driver else "the driver"
+    supports = f"supports CUDA up to {v(node.max_cuda)}" if node.max_cuda else "is older than every CUDA release"
+    if need.terms is not None:
+        facts = {"cuda": node.max_cuda, "driver": node.driver, "arch": node.compute, "brand": brand_of(node.product)}
+        if any(term_holds(term, facts) for term in need.terms):
+            return None
+        return _reject(DRIVER_TOO_OLD, f"{driver} {supports} and meets no alternative of {need.source}, so the "
+                                       "container runtime would refuse to start it; use a node with a newer driver")
+    if node.max_cuda is not None and node.max_cuda >= need.version[:2]:
+        return None
+    wanted = f"the image needs CUDA {v(need.version)} ({need.source})"
+    if not need.compat:
+        return _reject(DRIVER_TOO_OLD, f"{driver} {supports}; {wanted} and the pod sets {n.ANN_CUDA_COMPAT}=none")
+    floor = table.compat_floor.get(need.version[0])
+    if node.max_cuda is None or node.max_cuda[0] != need.version[0] or floor is None:
+        return _reject(DRIVER_TOO_OLD, f"{driver} {supports}; {wanted}, and minor-version compatibility stays "
+                                       f"within CUDA {need.version[0]}.x")
+    if node.driver is not None and node.driver < floor:
+        return _reject(DRIVER_TOO_OLD, f"{driver} is below {v(floor)}, the floor of CUDA {need.version[0]}.x "
+                                       f"minor-version compatibility; {wanted}")
+    return None  # same major, driver at or above the floor: the runtime runs it
+
+
 def _label_problems(node: NodeFacts, req: Requirements) -> Rejection | None:
     if not node.problems:
         return None
     relevant = {n.GPU_MEMORY, n.GPU_REPLICAS, "status.allocatable", "status.capacity"}
     relevant.update(f"{n.MIG_PREFIX}{res[len(n.MIG_RESOURCE_PREFIX):]}.memory" for res, _ in req.gpus)
-    if req.cuda is not None or req.min_driver is not None:
+    if req.cuda is not None or req.min_driver is not None or req.image_cuda is not None:
         relevant.update((n.DRIVER_FULL, n.DRIVER_PARTS[0], n.DRIVER_PARTS_OLD[0], n.CUDA_RUNTIME[0],
                          n.CUDA_RUNTIME_OLD[0]))
-    if req.min_compute is not None or req.cuda is not None:
+    if req.min_compute is not None or req.cuda is not None or req.image_cuda is not None:
         relevant.add(n.COMPUTE_MAJOR)
     for label in sorted(relevant & node.problems.keys()):
         return _reject(BAD_LABEL, f"{node.name} {node.problems[label]}; fix GPU Feature Discovery on that node")

@@ -144,3 +144,79 @@ def test_a_namespace_sharing_change_reaches_the_extender(sharing: Extender) -> N
     sharing.core.view.upsert_namespace(Ingest(sharing.core.config).namespace(
         namespace("later", {"gpu-placement.io/sharing": "shared"})))
     assert "t4-ts" in sharing.filter(pod, SHARING_NODES)["NodeNames"]
+
+
+# -- 3. CUDA as the container runtime and minor-version compatibility decide -----------------------
+def _driver(version: str, cuda: str) -> dict[str, str]:
+    major, minor, *_ = version.split(".")
+    return {"nvidia.com/cuda.driver-version.full": version, "nvidia.com/cuda.driver-version.major": major,
+            "nvidia.com/cuda.driver-version.minor": minor, "nvidia.com/cuda.runtime-version.full": cuda,
+            "nvidia.com/cuda.runtime-version.major": cuda.split(".")[0],
+            "nvidia.com/cuda.runtime-version.minor": cuda.split(".")[1]}
+
+
+H100_R535 = make_node("h100-r535", "h100x8")  # published labels: driver 535.129.03, CUDA 12.2, data center
+H100_R545 = make_node("h100-r545", "h100x8", labels=_driver("545.23.08", "12.3"))
+V100_R470 = make_node("v100-r470", "h100x8", labels={**_driver("470.256.02", "11.4"), "nvidia.com/gpu.family": "volta",
+                                                     "nvidia.com/gpu.product": "Tesla-V100-SXM2-16GB",
+                                                     "nvidia.com/gpu.compute.major": "7",
+                                                     "nvidia.com/gpu.compute.minor": "0"})
+CUDA_NODES = ["h100-r535", "h100-r545", "v100-r470"]
+# nvidia/cuda:12.4.1's own NVIDIA_REQUIRE_CUDA, shortened to the brands that matter here.
+REQUIRE_12_4 = ("cuda>=12.4 brand=tesla,driver>=470,driver<471 brand=nvidia,driver>=470,driver<471 "
+                "brand=tesla,driver>=525,driver<526 brand=nvidia,driver>=525,driver<526 "
+                "brand=tesla,driver>=535,driver<536 brand=nvidia,driver>=535,driver<536")
+
+
+@pytest.fixture(scope="module")
+def drivers() -> Iterator[Extender]:
+    extender = Extender(cluster(H100_R535, H100_R545, V100_R470))
+    yield extender
+    extender.close()
+
+
+@pytest.mark.parametrize("image", ["pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime",
+                                   "nvcr.io/nvidia/cuda:12.4.1-runtime-ubuntu22.04",
+                                   "nvcr.io/nvidia/pytorch:24.05-py3"])
+def test_cuda_12_4_images_run_on_r535_by_minor_version_compatibility(drivers: Extender, image: str) -> None:
+    answer = drivers.filter(api_pod(namespace="train", image=image), CUDA_NODES)
+    assert answer["NodeNames"] == ["h100-r535", "h100-r545"]
+    # A CUDA 11 driver is another major: no compatibility crosses it, and the sentence says why.
+    message = answer["FailedAndUnresolvableNodes"]["v100-r470"]
+    assert message.startswith("DriverTooOld: driver 470.256.02 supports CUDA up to 11.4; the image needs CUDA 12.4")
+    assert message.endswith("and minor-version compatibility stays within CUDA 12.x")
+    assert "v100-r470" not in message  # node-independent (contract 3)
+
+
+def test_ngc_release_tag_gets_the_cuda_of_its_release(drivers: Extender) -> None:
+    req = drivers.core.placement.requirements(api_pod(namespace="train", image="nvcr.io/nvidia/pytorch:24.05-py3"))
+    assert req.describe().split("; ")[1] == ("CUDA >= 12.4.1 (NGC pytorch 24.05 of container main, CUDA 12.4.1 by "
+                                              "the NGC support matrix, minor-version compatible)")
+
+
+def test_nvidia_require_cuda_alternatives_decide_as_the_runtime_does(drivers: Extender) -> None:
+    pod = api_pod(namespace="train", image="registry.example.com/team/trainer:7")
+    pod["spec"]["containers"][0]["env"].append({"name": "NVIDIA_REQUIRE_CUDA", "value": REQUIRE_12_4})
+    answer = drivers.filter(pod, CUDA_NODES)
+    # R535 (brand nvidia) and R470 (brand tesla) are listed branches; R545 is neither listed nor CUDA 12.4.
+    assert answer["NodeNames"] == ["h100-r535", "v100-r470"]
+    assert answer["FailedAndUnresolvableNodes"] == {"h100-r545": (
+        "DriverTooOld: driver 545.23.08 supports CUDA up to 12.3 and meets no alternative of NVIDIA_REQUIRE_CUDA of "
+        "container main, so the container runtime would refuse to start it; use a node with a newer driver")}
+    assert "any of 7 alternatives (cuda>=12.4 | brand=tesla,driver>=470,driver<471 | " \
+           "brand=nvidia,driver>=470,driver<471 | ...)" in drivers.core.placement.requirements(pod).describe()
+
+
+def test_an_explicit_cuda_annotation_is_strict_unless_it_says_minor(drivers: Extender) -> None:
+    strict = api_pod(namespace="train", image=APP_IMAGE, annotations={"gpu-placement.io/cuda": "12.4"})
+    answer = drivers.filter(strict, CUDA_NODES)
+    assert answer["NodeNames"] == []
+    assert answer["FailedAndUnresolvableNodes"]["h100-r535"].startswith("DriverTooOld: ")
+    assert "(pod annotation, strict)" in drivers.core.placement.requirements(strict).describe()
+    minor = api_pod(namespace="train", image=APP_IMAGE, annotations={"gpu-placement.io/cuda": "12.4",
+                                                                     "gpu-placement.io/cuda-compat": "minor"})
+    assert drivers.filter(minor, CUDA_NODES)["NodeNames"] == ["h100-r535", "h100-r545"]
+    # cuda-compat: none makes an image's version strict as well
+    none = api_pod(namespace="train", image="nvcr.io/nvidia/cuda:12.4.1-runtime-ubuntu22.04",
+                   annotations={"gpu-placement.io/cuda-compat": "none"})
+    assert drivers.filter(none, CUDA_NODES)["NodeNames"] == []
