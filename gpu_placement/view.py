@@ -25,7 +25,7 @@ from gpu_placement.pods import GpuRequests, PodRecord
 from gpu_placement.requirements import parse_memory
 from gpu_placement.rules import ValidatorState, charge
 
-__all__ = ["ClusterView", "Reservation", "Telemetry"]
+__all__ = ["ClusterView", "Frozen", "Reservation", "Telemetry"]
 
 NodeListener = Callable[[str | None], None]  # a node name, or None for "everything changed"
 _NO_VALIDATOR = ValidatorState(None, False)
@@ -47,6 +47,15 @@ class Telemetry:
     free_mib: int | None  # DCGM_FI_DEV_FB_FREE summed over the node's devices
     xid_errors: int  # recent XID errors seen by DCGM
     at: float
+
+
+@dataclass(slots=True, frozen=True)
+class Frozen:
+    """A bound pod's memory ask as first seen bound, and where it came from."""
+
+    uid: str
+    ask: str | None  # the quantity text charged, None: the unit's memory
+    source: str  # "pod annotation", "namespace ml default", or no ask
 
 
 @dataclass(slots=True)
@@ -82,6 +91,7 @@ class ClusterView:
         self.last_change = 0.0
         self._node_pods: dict[str, set[str]] = {}
         self._charges: dict[str, _Charge] = {}
+        self._frozen: dict[str, Frozen] = {}  # pod key -> its memory ask as first seen bound
         self._used: dict[str, _Used] = {}
         self._expiry: list[tuple[float, str]] = []
         self._listeners: list[NodeListener] = []
@@ -146,6 +156,7 @@ class ClusterView:
     def delete_pod(self, key: str) -> None:
         with self.lock:
             old = self.pods.pop(key, None)
+            self._frozen.pop(key, None)
             if old is not None:
                 self._unaccount(key, old)
 
@@ -159,17 +170,9 @@ class ClusterView:
             if old == record:
                 return
             self.namespaces[record.name] = record
-            if old is not None and old.get(ANN_GPU_MEMORY) != record.get(ANN_GPU_MEMORY):
-                self._recharge_namespace(record.name)
+            # A changed namespace default does not re-charge running pods: their charge was fixed when
+            # they were first seen bound (contract 6); pods bound from now on take the new default.
             self._touch()
-
-    def _recharge_namespace(self, namespace: str) -> None:
-        """The namespace's default memory ask changed: pods there without their own ask hold the new one.
-        A scan of the GPU pods charged; namespace annotations change rarely."""
-        for key in [key for key in self._charges if not key.startswith("reservation:")]:
-            pod = self.pods.get(key)
-            if pod is not None and pod.namespace == namespace and pod.memory_annotation is None and pod.node:
-                self._charge(key, pod.node, pod.gpus, self._memory_annotation(pod))
 
     def delete_namespace(self, name: str) -> None:
         with self.lock:
@@ -274,10 +277,31 @@ class ClusterView:
         self._touch()
 
     def _memory_annotation(self, pod: PodRecord) -> str | None:
+        """The ask a bound pod is charged by, fixed the first time it is seen bound: a later edit of its
+        annotation or of its namespace's default does not change what its process holds."""
+        if pod.node:
+            frozen = self._frozen.get(pod.key)
+            if frozen is None or frozen.uid != pod.uid:  # first sight bound (or a new pod of that name)
+                frozen = self._frozen[pod.key] = Frozen(pod.uid, *self._ask(pod))
+            return frozen.ask
+        return self._ask(pod)[0]
+
+    def _ask(self, pod: PodRecord) -> tuple[str | None, str]:
         if pod.memory_annotation is not None:
-            return pod.memory_annotation
+            return pod.memory_annotation, "pod annotation"
         namespace = self.namespaces.get(pod.namespace)
-        return namespace.get(ANN_GPU_MEMORY) if namespace else None
+        default = namespace.get(ANN_GPU_MEMORY) if namespace else None
+        if default is not None:
+            return default, f"namespace {pod.namespace} default"
+        return None, "no ask: a whole device, or its memory / replicas on a shared one"
+
+    def held(self, key: str) -> tuple[str, tuple[tuple[str, int, int | None], ...], Frozen] | None:
+        """What a bound pod holds, for `explain`: (node, (resource, units, MiB), the frozen ask)."""
+        with self.lock:
+            charge_, frozen = self._charges.get(key), self._frozen.get(key)
+            if charge_ is None or frozen is None:
+                return None
+            return charge_.node, charge_.items, frozen
 
     def _charge(self, key: str, node: str, gpus: GpuRequests, memory_annotation: str | None,
                 refresh: bool = True) -> None:

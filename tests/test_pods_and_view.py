@@ -496,9 +496,9 @@ def test_incremental_view_equals_a_view_rebuilt_from_the_same_objects() -> None:
             assert cached[kind] == rebuilt[kind], f"step {step} ({change}): {kind}: differs from a rebuilt view"
 
 
-def test_namespace_memory_default_change_recharges_its_pods() -> None:
-    """A share charged by its namespace's gpu-memory default holds the new default once it changes;
-    a pod with its own ask, or in another namespace, keeps what it had."""
+def test_namespace_memory_default_change_keeps_what_running_pods_hold() -> None:
+    """A share charged by its namespace's gpu-memory default keeps that charge when the default
+    changes (its process holds what it holds); a pod bound afterwards takes the new default."""
     config = Config()
     view = ClusterView(config)
     ingest = Ingest(config)
@@ -509,4 +509,10 @@ def test_namespace_memory_default_change_recharges_its_pods() -> None:
                                                 annotations={"gpu-placement.io/gpu-memory": "1Gi"}))
     assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048 - 1024
     ingest.event(view, "namespaces", "MODIFIED", namespace("inference", {"gpu-placement.io/gpu-memory": "4Gi"}))
-    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 4096 - 1024
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048 - 1024
+    ingest.event(view, "pods", "ADDED", make_pod("inference", "c", gpus={"nvidia.com/gpu.shared": 1}, node="t4"))
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048 - 1024 - 4096
+    # a status update of the running pod (same uid) keeps its first charge
+    ingest.event(view, "pods", "MODIFIED", make_pod("inference", "a", gpus={"nvidia.com/gpu.shared": 1}, node="t4",
+                                                   phase="Running", labels={"app": "a", "restarted": "1"}))
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048 - 1024 - 4096

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.demo_cluster import make_node, namespace, validator_pod
+from gpu_placement.demo_cluster import make_node, make_pod, namespace, validator_pod
+from gpu_placement.explain import explain_pod
 from gpu_placement.ingest import Ingest
 from tests.test_extender_http import Extender, api_pod
 
@@ -220,3 +221,54 @@ def test_an_explicit_cuda_annotation_is_strict_unless_it_says_minor(drivers: Ext
     none = api_pod(namespace="train", image="nvcr.io/nvidia/cuda:12.4.1-runtime-ubuntu22.04",
                    annotations={"gpu-placement.io/cuda-compat": "none"})
     assert drivers.filter(none, CUDA_NODES)["NodeNames"] == []
+
+
+# -- 4. a running pod's charge is fixed when it is first seen bound -------------------------------
+T4_RENAMED = make_node("t4-shared", "t4-timeslicing", shared_resource=SHARED)  # 8 x 1920 MiB = 15360 MiB
+
+
+@pytest.fixture
+def frozen() -> Iterator[Extender]:
+    running = make_pod("serve", "big", gpus={SHARED: 1}, node="t4-shared", image=APP_IMAGE,
+                       annotations={"gpu-placement.io/gpu-memory": "14Gi"})
+    extender = Extender(cluster(T4_RENAMED, extra=(running,)))
+    yield extender
+    extender.close()
+
+
+def _event(extender: Extender, kind: str, obj: dict[str, Any]) -> None:
+    """What the watch delivers: the object as the API server now has it."""
+    Ingest(extender.core.config).event(extender.core.view, kind, "MODIFIED", obj)
+
+
+def test_an_annotation_edit_on_a_running_pod_frees_nothing(frozen: Extender) -> None:
+    pod = api_pod(name="next-0", namespace="serve", resource=SHARED, image=APP_IMAGE,
+                  annotations={"gpu-placement.io/gpu-memory": "2Gi"})
+    assert frozen.filter(pod, ["t4-shared"])["FailedNodes"]["t4-shared"].startswith("InsufficientGPUMemory: ")
+    # kubectl annotate pod big gpu-placement.io/gpu-memory=1Mi --overwrite: the process still holds 14Gi.
+    _event(frozen, "pods", make_pod("serve", "big", gpus={SHARED: 1}, node="t4-shared", image=APP_IMAGE,
+                                    annotations={"gpu-placement.io/gpu-memory": "1Mi"}))
+    assert frozen.filter(pod, ["t4-shared"])["FailedNodes"]["t4-shared"].startswith("InsufficientGPUMemory: ")
+    assert frozen.core.view.free_mib[SHARED]["t4-shared"] == 15360 - 14336
+
+
+def test_a_namespace_default_change_does_not_recharge_running_pods(frozen: Extender) -> None:
+    _event(frozen, "namespaces", namespace("serve", {"gpu-placement.io/sharing": "shared",
+                                                     "gpu-placement.io/gpu-memory": "512Mi"}))
+    _event(frozen, "pods", make_pod("serve", "small", gpus={SHARED: 1}, node="t4-shared", image=APP_IMAGE))
+    assert frozen.core.view.free_mib[SHARED]["t4-shared"] == 15360 - 14336 - 512
+    _event(frozen, "namespaces", namespace("serve", {"gpu-placement.io/sharing": "shared",
+                                                     "gpu-placement.io/gpu-memory": "4Mi"}))
+    assert frozen.core.view.free_mib[SHARED]["t4-shared"] == 15360 - 14336 - 512  # "small" still holds 512Mi
+    pod = api_pod(name="next-1", namespace="serve", resource=SHARED, image=APP_IMAGE,
+                  annotations={"gpu-placement.io/gpu-memory": "1000Mi"})
+    assert frozen.filter(pod, ["t4-shared"])["FailedNodes"]["t4-shared"].startswith("InsufficientGPUMemory: ")
+
+
+def test_explain_shows_the_frozen_charge_and_where_it_came_from(frozen: Extender) -> None:
+    _event(frozen, "pods", make_pod("serve", "big", gpus={SHARED: 1}, node="t4-shared", image=APP_IMAGE,
+                                    annotations={"gpu-placement.io/gpu-memory": "1Mi"}))
+    text = explain_pod(frozen.core, make_pod("serve", "big", gpus={SHARED: 1}, node="t4-shared", image=APP_IMAGE,
+                                             annotations={"gpu-placement.io/gpu-memory": "1Mi"}), None)
+    assert ("holds 1x nvidia.com/gpu.shared = 14336 MiB on t4-shared, fixed when first seen bound (14Gi from the "
+            "pod annotation); later annotation or namespace-default edits do not change it") in text
