@@ -5,7 +5,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench lint install clean
+SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
+
+.PHONY: demo test bench lint install clean prometheus
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,10 +19,17 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+# The telemetry tests run a real Prometheus (Debian's package: prometheus and promtool).
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  echo "installing Debian's prometheus package for the telemetry tests"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+
 demo: $(STAMP)
 	$(BIN)/gpu-placement demo
 
-test: $(STAMP)
+test: $(STAMP) prometheus
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

@@ -45,8 +45,9 @@ class Reservation:
 @dataclass(slots=True, frozen=True)
 class Telemetry:
     free_mib: int | None  # DCGM_FI_DEV_FB_FREE summed over the node's devices
-    xid_errors: int  # recent XID errors seen by DCGM
+    xid_errors: int  # devices with an XID event in the recent window
     at: float
+    device_free_mib: tuple[int, ...] = ()  # each device's free framebuffer, largest first
 
 
 @dataclass(slots=True, frozen=True)
@@ -363,8 +364,10 @@ class ClusterView:
             unit = facts.unit_memory(resource)
             capacity = unit * units if unit is not None else None
             free = capacity - used.mib.get(resource, 0) if capacity is not None else None
-            if free is not None and reading is not None and reading.free_mib is not None:
-                free = min(free, reading.free_mib)  # what the devices really have left narrows it
+            if free is not None and reading is not None and reading.free_mib is not None and facts.is_shared(resource):
+                # Only shares: a whole device or a MIG slice is the device plugin's to give (allocatable),
+                # and an idle GPU's free framebuffer is always a little below its total (driver reserve).
+                free = min(free, reading.free_mib)
             self.free_units.setdefault(resource, {})[node] = units - used.units.get(resource, 0)
             self.free_mib.setdefault(resource, {})[node] = free
             self.capacity_mib.setdefault(resource, {})[node] = capacity

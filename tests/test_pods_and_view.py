@@ -306,15 +306,22 @@ def test_validation_can_be_switched_off() -> None:
 
 
 # -- telemetry ---------------------------------------------------------------------------------
-def test_telemetry_narrows_free_memory(cluster: Cluster) -> None:
-    cluster.view.set_telemetry({"h8": Telemetry(free_mib=50_000, xid_errors=0, at=cluster.now)})
-    assert cluster.free("h8") == (8, 50_000)
-    assert cluster.verdict("h8", gpus={GPU: 1}) == (f"InsufficientGPUMemory: h8 has 50000 MiB of {GPU} memory free; "
-                                                    f"the pod needs {H100} MiB")
-    cluster.view.set_telemetry({"h8": Telemetry(free_mib=10 * H100, xid_errors=0, at=cluster.now)})
-    assert cluster.free("h8") == (8, 8 * H100)  # telemetry narrows, never widens
+def test_telemetry_narrows_only_shares(cluster: Cluster) -> None:
+    """Whole GPUs follow allocatable: an idle H100's free framebuffer is a little under its total."""
+    idle = tuple([H100 - 500] * 8)
+    cluster.view.set_telemetry({"h8": Telemetry(sum(idle), 0, cluster.now, idle),
+                                "t4": Telemetry(3000, 0, cluster.now, (3000,))})
+    assert cluster.free("h8") == (8, 8 * H100)
+    assert cluster.verdict("h8", gpus={GPU: 8}) == "pass"
+    shared = {"gpu-placement.io/sharing": "shared"}
+    assert cluster.free("t4") == (8, 3000)  # a share: what the device really has left narrows it
+    assert cluster.verdict("t4", gpus={GPU: 1}, annotations={**shared, "gpu-placement.io/gpu-memory": "4Gi"}) == (
+        f"InsufficientGPUMemory: t4 has 3000 MiB of {GPU} memory free; the pod needs 4096 MiB")
+    assert cluster.verdict("t4", gpus={GPU: 1}, annotations={**shared, "gpu-placement.io/gpu-memory": "2Gi"}) == "pass"
+    cluster.view.set_telemetry({"t4": Telemetry(10 * T4, 0, cluster.now, (10 * T4,))})
+    assert cluster.free("t4") == (8, T4)  # telemetry narrows, never widens
     cluster.view.set_telemetry({})
-    assert cluster.verdict("h8", gpus={GPU: 1}) == "pass"
+    assert cluster.free("t4") == (8, T4)
 
 
 # -- the placement cache stays equal to a fresh one --------------------------------------------
