@@ -27,42 +27,43 @@ SHARED = "nvidia.com/gpu.shared"
 APP = "registry.example.com/inference/chat:1.4"
 H100 = 81559
 A10G = 23028
-NOW = time.time()
 STEP = 15.0
+FB, XID = "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_XID_ERRORS"
 
 
-def _series(node: str, gpu: int, metric: str, value: Any, start: float = NOW - 1800, end: float = NOW - STEP
-            ) -> Series:
-    """`value` is a number, or a function of the sample's age in seconds."""
+def _series(now: float, node: str, gpu: int, metric: str, value: Any, quiet_for: float = STEP) -> Series:
+    """Samples of the last half hour up to `quiet_for` seconds ago; `value` is a number, or a function
+    of the sample's age in seconds."""
     samples = []
-    at = start
-    while at <= end:
-        samples.append((at, float(value(NOW - at) if callable(value) else value)))
+    at = now - 1800
+    while at <= now - quiet_for:
+        samples.append((at, float(value(now - at) if callable(value) else value)))
         at += STEP
     return metric, {"Hostname": node, "gpu": str(gpu), "UUID": f"GPU-{node}-{gpu}"}, samples
 
 
-FB, XID = "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_XID_ERRORS"
-SAMPLES = [
-    # Idle GPUs: the driver keeps ~600 MiB, so free is a little below nvidia.com/gpu.memory.
-    _series("h100-single", 0, FB, H100 - 600),
-    *(_series("h100x8-idle", i, FB, H100 - 600) for i in range(8)),
-    # Two A10Gs shared 4 ways: 6000 MiB left on each device, 12000 on the node.
-    *(_series("a10g-shared", i, FB, 6000) for i in range(2)),
-    # XIDs: a recent one; one 29 minutes ago (the gauge still holds 79); an application XID (13) just now.
-    *(_series(node, 0, FB, H100 - 600) for node in ("xid-recent", "xid-old", "xid-app", "xid-none")),
-    _series("xid-recent", 0, XID, lambda age: 79 if age < 180 else 0),
-    _series("xid-old", 0, XID, lambda age: 79 if age < 1740 else 0),
-    _series("xid-app", 0, XID, lambda age: 13 if age < 120 else 0),
-    _series("xid-none", 0, XID, 0),
-    # An exporter that stopped reporting four minutes ago: Prometheus still returns it (5 m lookback).
-    _series("gone-quiet", 0, FB, 100, end=NOW - 240),
-]
+def _samples(now: float) -> list[Series]:
+    return [
+        # Idle GPUs: the driver keeps ~600 MiB, so free is a little below nvidia.com/gpu.memory.
+        _series(now, "h100-single", 0, FB, H100 - 600),
+        *(_series(now, "h100x8-idle", i, FB, H100 - 600) for i in range(8)),
+        # Two A10Gs shared 4 ways: 6000 MiB left on each device, 12000 on the node.
+        *(_series(now, "a10g-shared", i, FB, 6000) for i in range(2)),
+        # XIDs: a recent one; one 29 minutes ago (the gauge still holds 79); an application XID (13) just now.
+        *(_series(now, node, 0, FB, H100 - 600) for node in ("xid-recent", "xid-old", "xid-app", "xid-none")),
+        _series(now, "xid-recent", 0, XID, lambda age: 79 if age < 180 else 0),
+        _series(now, "xid-old", 0, XID, lambda age: 79 if age < 1740 else 0),
+        _series(now, "xid-app", 0, XID, lambda age: 13 if age < 120 else 0),
+        _series(now, "xid-none", 0, XID, 0),
+        # An exporter that stopped reporting four minutes ago: Prometheus still returns it (5 m lookback).
+        _series(now, "gone-quiet", 0, FB, 100, quiet_for=240),
+    ]
 
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
-    server = PrometheusServer(Path(tmp_path_factory.mktemp("prometheus")), openmetrics(SAMPLES))
+    # Samples end "now", when the server starts: their age is what the staleness rules look at.
+    server = PrometheusServer(Path(tmp_path_factory.mktemp("prometheus")), openmetrics(_samples(time.time())))
     yield server
     server.stop()
 
