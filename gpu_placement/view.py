@@ -93,6 +93,7 @@ class ClusterView:
         self._node_pods: dict[str, set[str]] = {}
         self._charges: dict[str, _Charge] = {}
         self._frozen: dict[str, Frozen] = {}  # pod key -> its memory ask as first seen bound
+        self._unseen_namespace: dict[str, set[str]] = {}  # namespace not listed yet -> pods frozen without it
         self._used: dict[str, _Used] = {}
         self._expiry: list[tuple[float, str]] = []
         self._listeners: list[NodeListener] = []
@@ -157,7 +158,8 @@ class ClusterView:
     def delete_pod(self, key: str) -> None:
         with self.lock:
             old = self.pods.pop(key, None)
-            self._frozen.pop(key, None)
+            if self._frozen.pop(key, None) is not None and old is not None:
+                self._unseen_namespace.get(old.namespace, set()).discard(key)
             if old is not None:
                 self._unaccount(key, old)
 
@@ -173,6 +175,12 @@ class ClusterView:
             self.namespaces[record.name] = record
             # A changed namespace default does not re-charge running pods: their charge was fixed when
             # they were first seen bound (contract 6); pods bound from now on take the new default.
+            # Pods seen before their namespace (the kinds are listed in parallel) are fixed now.
+            for key in self._unseen_namespace.pop(record.name, ()):
+                pod = self.pods.get(key)
+                self._frozen.pop(key, None)
+                if pod is not None and pod.node and key in self._charges:
+                    self._charge(key, pod.node, pod.gpus, self._memory_annotation(pod))
             self._touch()
 
     def delete_namespace(self, name: str) -> None:
@@ -284,6 +292,8 @@ class ClusterView:
             frozen = self._frozen.get(pod.key)
             if frozen is None or frozen.uid != pod.uid:  # first sight bound (or a new pod of that name)
                 frozen = self._frozen[pod.key] = Frozen(pod.uid, *self._ask(pod))
+                if pod.memory_annotation is None and pod.namespace not in self.namespaces:
+                    self._unseen_namespace.setdefault(pod.namespace, set()).add(pod.key)
             return frozen.ask
         return self._ask(pod)[0]
 

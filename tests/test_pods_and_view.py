@@ -523,3 +523,18 @@ def test_namespace_memory_default_change_keeps_what_running_pods_hold() -> None:
     ingest.event(view, "pods", "MODIFIED", make_pod("inference", "a", gpus={"nvidia.com/gpu.shared": 1}, node="t4",
                                                    phase="Running", labels={"app": "a", "restarted": "1"}))
     assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048 - 1024 - 4096
+
+
+def test_a_pod_listed_before_its_namespace_takes_the_namespace_default() -> None:
+    """Kinds are listed in parallel: a bound pod may arrive before its namespace. Its charge is fixed
+    once the namespace is seen, and from then on no longer follows the default."""
+    config = Config()
+    view = ClusterView(config)
+    ingest = Ingest(config)
+    ingest.event(view, "nodes", "ADDED", make_node("t4", "t4-timeslicing", shared_resource="nvidia.com/gpu.shared"))
+    ingest.event(view, "pods", "ADDED", make_pod("inference", "a", gpus={"nvidia.com/gpu.shared": 1}, node="t4"))
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 1920  # a share's memory, for now
+    ingest.event(view, "namespaces", "ADDED", namespace("inference", {"gpu-placement.io/gpu-memory": "2Gi"}))
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048
+    ingest.event(view, "namespaces", "MODIFIED", namespace("inference", {"gpu-placement.io/gpu-memory": "4Gi"}))
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048
