@@ -14,6 +14,7 @@ from starlette.applications import Starlette
 from gpu_placement import asgi
 from gpu_placement.patching import apply_patch
 from gpu_placement.report import VERDICT_HEADER, table, verdict_rows
+from gpu_placement.rules import cuda_rule
 from gpu_placement.service import Core
 
 __all__ = ["Admission", "admission_review", "admit", "explain_pod"]
@@ -84,5 +85,8 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None) -> str:
     verdicts = core.placement.explain(req)
     best = max((v for v in verdicts if v.passed), key=lambda v: (v.score, v.node), default=None)
     lines.append(f"  would go to {best.node} (score {best.score})" if best else "  no node can take it")
+    with core.view.lock:  # which CUDA rule lets each passing node run the images, where it is not plain
+        rules = {v.node: cuda_rule(core.view.nodes[v.node], req) for v in verdicts if v.passed}
+    lines += [f"  {node}: {rule}" for node, rule in sorted(rules.items()) if rule]
     lines += ["", table(VERDICT_HEADER, verdict_rows(verdicts))]
     return "\n".join(lines)

@@ -25,6 +25,7 @@ __all__ = [
     "ValidatorState",
     "charge",
     "check_node",
+    "cuda_rule",
     "insufficient_memory",
     "insufficient_units",
     "node_readiness",
@@ -263,6 +264,21 @@ def _image_cuda_fit(node: NodeFacts, req: Requirements) -> Rejection | None:
         return _reject(DRIVER_TOO_OLD, f"{driver} is below {v(floor)}, the floor of CUDA {need.version[0]}.x "
                                        f"minor-version compatibility; {wanted}")
     return None  # same major, driver at or above the floor: the runtime runs it
+
+
+def cuda_rule(node: NodeFacts, req: Requirements) -> str | None:
+    """For `explain`: how a node that passes meets what the images need, when it is not plainly by the
+    driver's own CUDA version."""
+    need = req.image_cuda
+    if need is None or node.max_cuda is None:
+        return None
+    if need.terms is not None:
+        facts = {"cuda": node.max_cuda, "driver": node.driver, "arch": node.compute, "brand": brand_of(node.product)}
+        term = next((term for term in need.terms if term_holds(term, facts)), None)
+        return None if term is None else f"{need.source}: {','.join(''.join(f) for f in term)} holds"
+    if node.max_cuda >= need.version[:2]:
+        return None
+    return f"CUDA {v(need.version)} by minor-version compatibility (the driver supports CUDA {v(node.max_cuda)})"
 
 
 def _label_problems(node: NodeFacts, req: Requirements) -> Rejection | None:

@@ -189,6 +189,18 @@ def test_cuda_12_4_images_run_on_r535_by_minor_version_compatibility(drivers: Ex
     assert "v100-r470" not in message  # node-independent (contract 3)
 
 
+def test_explain_says_which_cuda_rule_lets_each_node_run_the_image(drivers: Extender) -> None:
+    plain = make_pod("train", "tagged", gpus={GPU: 1}, image="nvcr.io/nvidia/cuda:12.4.1-runtime-ubuntu22.04")
+    text = explain_pod(drivers.core, plain, None)
+    assert "  h100-r535: CUDA 12.4.1 by minor-version compatibility (the driver supports CUDA 12.2)" in text
+    assert "  h100-r545: CUDA 12.4.1 by minor-version compatibility (the driver supports CUDA 12.3)" in text
+    required = make_pod("train", "required", gpus={GPU: 1}, image="registry.example.com/team/trainer:7")
+    required["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_REQUIRE_CUDA", "value": REQUIRE_12_4}]
+    text = explain_pod(drivers.core, required, None)
+    assert "  h100-r535: NVIDIA_REQUIRE_CUDA of container main: brand=nvidia,driver>=535,driver<536 holds" in text
+    assert "  v100-r470: NVIDIA_REQUIRE_CUDA of container main: brand=tesla,driver>=470,driver<471 holds" in text
+
+
 def test_ngc_release_tag_gets_the_cuda_of_its_release(drivers: Extender) -> None:
     req = drivers.core.placement.requirements(api_pod(namespace="train", image="nvcr.io/nvidia/pytorch:24.05-py3"))
     assert req.describe().split("; ")[1] == ("CUDA >= 12.4.1 (NGC pytorch 24.05 of container main, CUDA 12.4.1 by "
