@@ -18,7 +18,7 @@ from gpu_placement.cudaneed import CudaNeed, container_need
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.pods import GpuRequests, effective_gpu_requests
 from gpu_placement.quantity import QuantityError, quantity_to_mib
-from gpu_placement.sharing import EXCLUSIVE, Sharing, parse_sharing
+from gpu_placement.sharing import EXCLUSIVE, Sharing, narrowed, parse_sharing
 
 __all__ = ["AnnotationError", "Requirements", "infer_cuda", "parse_memory", "requirements_for"]
 
@@ -95,9 +95,7 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
         asked, _ = _first(pod_ann, {}, n.ANN_SHARING, where, "", _parse_sharing)
     except AnnotationError as exc:
         return Requirements(gpus=gpus, error=f"BadAnnotation: {exc}")
-    level = level or EXCLUSIVE
-    if asked is not None and asked.within(level):  # a wider ask is the webhook's to deny: keep the namespace's
-        level = asked
+    level = narrowed(level or EXCLUSIVE, asked)
     return Requirements(gpus, memory, memory_source, cuda, cuda_source, compat == "minor",
                         min_driver, min_compute, products, level.text, image_cuda)
 

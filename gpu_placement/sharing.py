@@ -17,7 +17,7 @@ from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.text import quoted
 
-__all__ = ["EXCLUSIVE", "SHARED", "Sharing", "effective_sharing", "parse_sharing", "sharing_of_resource"]
+__all__ = ["EXCLUSIVE", "SHARED", "Sharing", "effective_sharing", "narrowed", "parse_sharing", "sharing_of_resource"]
 
 _MIG_PROFILE = re.compile(r"([0-9]{1,2})g\.([0-9]{1,4})gb((?:\.[a-z0-9]+)*)", re.ASCII)
 
@@ -82,14 +82,18 @@ def sharing_of_resource(resource: str, config: Config) -> Sharing:
     return EXCLUSIVE
 
 
+def narrowed(namespace_level: Sharing, asked: Sharing | None) -> Sharing:
+    """The pod's own level when it asked for one within its namespace's; else the namespace's (a wider
+    ask is the webhook's to deny)."""
+    return asked if asked is not None and asked.within(namespace_level) else namespace_level
+
+
 def effective_sharing(namespace_level: Sharing, pod_annotations: Mapping[str, str]) -> Sharing:
-    """The namespace's level narrowed by the pod's own valid, narrower ask; a wider or broken ask is the
-    webhook's to deny, so it leaves the namespace's level. Raises nothing."""
+    """`narrowed` by the pod's annotation as written; a broken one leaves the namespace's level (the
+    webhook denies it). Raises nothing."""
     raw = pod_annotations.get(n.ANN_SHARING)
-    if raw is None:
-        return namespace_level
     try:
-        asked = parse_sharing(raw.strip())
+        asked = parse_sharing(raw.strip()) if raw is not None else None
     except ValueError:
-        return namespace_level
-    return asked if asked.within(namespace_level) else namespace_level
+        asked = None
+    return narrowed(namespace_level, asked)
