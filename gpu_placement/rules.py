@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gpu_placement import names as n
 from gpu_placement.config import Config
-from gpu_placement.cuda import driver_table
+from gpu_placement.cuda import Version, driver_table
 from gpu_placement.cuda import format_version as v
 from gpu_placement.cudaneed import brand_of, term_holds
 from gpu_placement.nodes import NodeFacts
@@ -246,8 +246,7 @@ def _image_cuda_fit(node: NodeFacts, req: Requirements) -> Rejection | None:
     driver = f"driver {v(node.driver)}" if node.driver else "the driver"
     supports = f"supports CUDA up to {v(node.max_cuda)}" if node.max_cuda else "is older than every CUDA release"
     if need.terms is not None:
-        facts = {"cuda": node.max_cuda, "driver": node.driver, "arch": node.compute, "brand": brand_of(node.product)}
-        if any(term_holds(term, facts) for term in need.terms):
+        if any(term_holds(term, _runtime_facts(node)) for term in need.terms):
             return None
         return _reject(DRIVER_TOO_OLD, f"{driver} {supports} and meets no alternative of {need.source}, so the "
                                        "container runtime would refuse to start it; use a node with a newer driver")
@@ -266,6 +265,11 @@ def _image_cuda_fit(node: NodeFacts, req: Requirements) -> Rejection | None:
     return None  # same major, driver at or above the floor: the runtime runs it
 
 
+def _runtime_facts(node: NodeFacts) -> dict[str, Version | str | None]:
+    """The properties NVIDIA's container runtime checks NVIDIA_REQUIRE_* against, from the node's labels."""
+    return {"cuda": node.max_cuda, "driver": node.driver, "arch": node.compute, "brand": brand_of(node.product)}
+
+
 def cuda_rule(node: NodeFacts, req: Requirements) -> str | None:
     """For `explain`: how a node that passes meets what the images need, when it is not plainly by the
     driver's own CUDA version."""
@@ -273,7 +277,7 @@ def cuda_rule(node: NodeFacts, req: Requirements) -> str | None:
     if need is None or node.max_cuda is None:
         return None
     if need.terms is not None:
-        facts = {"cuda": node.max_cuda, "driver": node.driver, "arch": node.compute, "brand": brand_of(node.product)}
+        facts = _runtime_facts(node)
         term = next((term for term in need.terms if term_holds(term, facts)), None)
         return None if term is None else f"{need.source}: {','.join(''.join(f) for f in term)} holds"
     if node.max_cuda >= need.version[:2]:
