@@ -52,7 +52,7 @@ _FIGURES = (
     ("gpu_placement_gpu_memory_used_bytes", "GPU memory charged to bound, non-terminal pods."),
     ("gpu_placement_gpu_memory_reserved_bytes", "GPU memory held by reservations."),
     ("gpu_placement_gpu_memory_free_bytes", "GPU memory free for new pods on nodes whose verdict is OK "
-                                            "(narrowed by DCGM telemetry when configured)."),
+                                            "(shared resources narrowed by DCGM telemetry when configured)."),
 )
 Figures = tuple[int, int, int, int, int, int, int]
 

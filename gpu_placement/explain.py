@@ -14,6 +14,7 @@ from starlette.applications import Starlette
 from gpu_placement import asgi
 from gpu_placement.patching import apply_patch
 from gpu_placement.report import VERDICT_HEADER, table, verdict_rows
+from gpu_placement.rules import cuda_rule
 from gpu_placement.service import Core
 
 __all__ = ["Admission", "admission_review", "admit", "explain_pod"]
@@ -73,8 +74,19 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None) -> str:
     lines += [f"  warning: {w}" for w in admission.warnings]
     req = core.placement.requirements(admission.pod)
     lines += ["", f"extender: needs {req.describe()}"]
+    held = core.view.held(f"{namespace}/{meta.get('name') or ''}")
+    if held is not None:  # already running: what it holds was fixed when it was first seen bound
+        node, items, frozen = held
+        what = ", ".join(f"{units}x {resource}" + (f" = {mib} MiB" if mib is not None else "")
+                         for resource, units, mib in items)
+        ask = f"{frozen.ask} from the {frozen.source}" if frozen.ask is not None else frozen.source
+        lines.append(f"  holds {what} on {node}, fixed when first seen bound ({ask}); later annotation or "
+                     "namespace-default edits do not change it")
     verdicts = core.placement.explain(req)
     best = max((v for v in verdicts if v.passed), key=lambda v: (v.score, v.node), default=None)
     lines.append(f"  would go to {best.node} (score {best.score})" if best else "  no node can take it")
+    with core.view.lock:  # which CUDA rule lets each passing node run the images, where it is not plain
+        rules = {v.node: cuda_rule(core.view.nodes[v.node], req) for v in verdicts if v.passed}
+    lines += [f"  {node}: {rule}" for node, rule in sorted(rules.items()) if rule]
     lines += ["", table(VERDICT_HEADER, verdict_rows(verdicts))]
     return "\n".join(lines)

@@ -72,6 +72,14 @@ class NodeFacts:
         return not resource.startswith(n.MIG_RESOURCE_PREFIX) and self.replicas > 1
 
     @property
+    def mig_single_profile(self) -> str | None:
+        """MIG `single` strategy with MIG on: `nvidia.com/gpu` units are slices, and GFD names the product
+        `<GPU>-MIG-<profile>` (k8s-device-plugin internal/lm/resource.go). The profile, else None."""
+        if self.mig_strategy != "single" or not self.product or "-MIG-" not in self.product:
+            return None
+        return self.product.rsplit("-MIG-", 1)[1]
+
+    @property
     def unhealthy_devices(self) -> int:
         """Devices the device plugin dropped from allocatable (capacity > allocatable)."""
         return sum(max(0, cap - self.allocatable.get(res, 0)) for res, cap in self.capacity.items())

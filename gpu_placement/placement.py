@@ -218,6 +218,11 @@ class Placement:
             free_mib = view.free_mib.get(resource, {}).get(name)
             if mib is not None and free_mib is not None and mib > free_mib:
                 return insufficient_memory(name, resource, free_mib, mib)
+            reading = view.telemetry.get(name)
+            if mib is not None and units and reading is not None and reading.device_free_mib \
+                    and view.nodes[name].is_shared(resource) and mib // units > reading.device_free_mib[0]:
+                # A share lives on one device: the ask must fit the device with the most framebuffer free.
+                return insufficient_memory(name, resource, reading.device_free_mib[0], mib // units)
         return None
 
     def _score(self, name: str, need: Need) -> int:

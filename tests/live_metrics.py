@@ -5,19 +5,17 @@ then /metrics scraped: what the metric reference and the dashboard tests check a
 from __future__ import annotations
 
 import re
-import shutil
 import ssl
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_placement.demo import write_snapshot
 from gpu_placement.demo_cluster import make_pod
 from gpu_placement.explain import admission_review
+from tests.prometheus import tool
 from tests.test_serve import SCRIPT, free_port, stop, wait_ready
 
 __all__ = ["documented", "promtool", "scrape_demo_service", "selector_problems"]
@@ -75,12 +73,7 @@ def selector_problems(expressions: list[tuple[str, str]], scraped: str) -> list[
 
 
 def promtool() -> str:
-    """The promtool `make install` put beside the venv's python (or one on PATH)."""
-    beside = Path(sys.executable).with_name("promtool")
-    found = str(beside) if beside.exists() else shutil.which("promtool")
-    if found is None:
-        pytest.fail("promtool is missing: `make install` (or `make test`) puts it in .venv/bin")
-    return found
+    return tool("promtool")
 
 
 def scrape_demo_service(tmp: Path) -> str:

@@ -73,7 +73,7 @@ CASES = [
                                {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}],
             "defaultNamespacePolicy": "deny",
             "scoring": {"strategy": "spread", "weights": {"upgradeRequired": 5}},
-            "telemetry": {"url": "http://nvidia-dcgm-exporter.gpu-operator:9400/metrics", "refreshSeconds": 10},
+            "telemetry": {"url": "http://prometheus-operated.monitoring:9090", "refreshSeconds": 10},
             "validator": {"required": False},
             "reservationTTLSeconds": 30,
         },

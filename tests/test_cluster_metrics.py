@@ -115,7 +115,9 @@ def test_pods_reservations_telemetry_and_namespaces(core: Core) -> None:
     assert age is not None and 0 <= age < 5
     view.set_telemetry({"h100-train-2": Telemetry(free_mib=1024, xid_errors=0, at=view.clock())})
     free = value("gpu_placement_gpu_memory_free_bytes", resource=GPU, pool="training")
-    assert free == (2 * 81559 + 1024) * 2**20  # h100-train-1's 2 free GPUs; h100-train-2 narrowed to 1 GiB
+    # Whole GPUs follow allocatable, not the framebuffer reading (contract §6): h100-train-1's 2 free
+    # GPUs and h100-train-2's 3 (8 less 5 used), not narrowed to 1 GiB.
+    assert free == 5 * 81559 * 2**20
     assert value("gpu_placement_telemetry_nodes") == 1
     view.release("team-a/next")
     assert value("gpu_placement_gpu_reserved", resource=GPU, pool="training") == 0

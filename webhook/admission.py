@@ -20,6 +20,7 @@ from typing import Any
 from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.pods import GpuRequests
+from gpu_placement.sharing import effective_sharing
 from gpu_placement.view import ClusterView
 from webhook.namespace_reader import NamespaceReader
 from webhook.patches import asks_for_gpu_nodes, gpu_patch, protect_patch, tolerates_gpu_taint
@@ -134,12 +135,8 @@ class Admission:
 
     def _sharing(self, policy: NamespacePolicy, subject: Subject) -> Sharing:
         """The pod's own narrower ask when it has a valid one; the namespace's level otherwise (a wider
-        or broken ask is /validate's to deny)."""
-        annotations = (subject.pod.get("metadata") or {}).get("annotations") or {}
-        if n.ANN_SHARING not in annotations:
-            return policy.sharing
-        asked, _ = pod_annotation_problems({n.ANN_SHARING: annotations[n.ANN_SHARING]}, "")
-        return asked if asked is not None and asked.within(policy.sharing) else policy.sharing
+        or broken ask is /validate's to deny). The extender reads the level with the same rule."""
+        return effective_sharing(policy.sharing, (subject.pod.get("metadata") or {}).get("annotations") or {})
 
     # -- /validate ---------------------------------------------------------------------------------
     def validate(self, request: AdmissionRequest) -> Decision:
