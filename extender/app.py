@@ -19,6 +19,7 @@ from starlette.routing import Route
 from extender.binding import Binder, BindError
 from extender.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement import metrics
+from gpu_placement.cluster_metrics import tracker_for
 from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
 from gpu_placement.placement import FilterResult, Placement
 from gpu_placement.pods import pod_key
@@ -92,6 +93,7 @@ def _json_object(body: bytes, what: str) -> Any:
 def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: Callable[[], tuple[bool, str]],
                max_body: int = DEFAULT_MAX_BODY) -> Starlette:
     recent: OrderedDict[str, tuple[str, Requirements]] = OrderedDict()  # pod -> (UID, what /filter judged)
+    tracker = tracker_for(view)  # pods rejected on every node, for gpu_placement_pods_waiting
     last_filter: list[_LastFilter | None] = [None]
 
     def refuse(verb: str, status: int, problem: str, message: str) -> ORJSONResponse:
@@ -165,6 +167,8 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
                 last_filter[0] = _LastFilter(generation, req, names, result, encoded)
         for code, count in result.reasons.items():
             metrics.DECISIONS.labels("extender", code).inc(count)
+        if tracker is not None and req.gpus:
+            tracker.filtered(_key(pod), bool(result.passed), result.reasons)
         if log.isEnabledFor(logging.DEBUG):
             short = {name: placement.detail(req, name) for name in islice(orjson.loads(result.failed_json), 20)}
             log.debug("filter pod=%s needs=%s passed=%d rejected=%s short=%s", _name(pod), req.describe(),
@@ -304,6 +308,11 @@ def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -
         "Error": "",
     }
     return orjson.dumps(answer)
+
+
+def _key(pod: dict[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return pod_key(meta.get("namespace") or "default", meta.get("name") or "")
 
 
 def _name(pod: dict[str, Any]) -> str:

@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="name of the Mutating- and ValidatingWebhookConfiguration to patch")
     serve.add_argument("--cert-dir", metavar="DIR", default="/tmp/gpu-placement-certs",
                        help="where --manage-certs writes the serving pair (default /tmp/gpu-placement-certs)")
+    serve.add_argument("--quota-mirror", action=argparse.BooleanOptionalAction, default=True,
+                       help="keep a ResourceQuota in each namespace with gpu-placement.io/quota, so the API server "
+                       "enforces it (default on; off in audit mode and with --snapshot)")
+    serve.add_argument("--quota-lease", metavar="NAME", default="gpu-placement-quota-mirror",
+                       help="Lease (in --namespace) that elects the one replica writing ResourceQuotas")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")
@@ -216,17 +221,14 @@ def _explain(args: argparse.Namespace) -> int:
     if kind in ("pod", "pods", "po") and name and not Path(args.pod_file).exists():
         namespace = args.namespace or (access.namespace if access else "default")
         pod = _existing_pod(args, access, namespace, name)
-        # explained as if it were being created: its own quota count and memory must not stand in its way
-        from gpu_placement.pods import pod_key
-
-        core.view.delete_pod(pod_key(namespace, name))
+        existing = True
     else:
         pod = read_pod_file(args.pod_file)
-        namespace = args.namespace
+        namespace, existing = args.namespace, False
     if args.output == "json":
-        print(orjson.dumps(explain_json(core, pod, namespace), option=orjson.OPT_INDENT_2).decode())
+        print(orjson.dumps(explain_json(core, pod, namespace, existing), option=orjson.OPT_INDENT_2).decode())
     else:
-        print(explain_pod(core, pod, namespace, show_all=args.show_all))
+        print(explain_pod(core, pod, namespace, show_all=args.show_all, existing=existing))
     return 0
 
 

@@ -6,7 +6,7 @@ import base64
 import copy
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -16,6 +16,7 @@ from gpu_placement import asgi
 from gpu_placement.patching import apply_patch
 from gpu_placement.placement import NodeVerdict
 from gpu_placement.report import VERDICT_HEADER, table, verdict_rows
+from gpu_placement.rules import cuda_rule
 from gpu_placement.service import Core
 
 __all__ = ["Admission", "Explanation", "admission_review", "admit", "explain", "explain_json", "explain_pod"]
@@ -68,6 +69,8 @@ class Explanation:
     admission: Admission
     needs: str
     verdicts: list[NodeVerdict]
+    holds: str | None = None  # a running pod: what it holds, fixed when it was first seen bound
+    cuda_rules: dict[str, str] = field(default_factory=dict)  # passing node -> the CUDA rule that lets it run
 
     @property
     def best(self) -> NodeVerdict | None:
@@ -78,20 +81,41 @@ class Explanation:
         return Counter("pass" if v.passed else v.reason.split(":", 1)[0] for v in self.verdicts)
 
 
-def explain(core: Core, pod: dict[str, Any], namespace: str | None) -> Explanation:
+def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bool = False) -> Explanation:
+    """`existing`: the pod is in the view already (`explain pod/NAME`); it is judged as if it were
+    being created, so its own quota count and memory do not stand in its way."""
     meta = pod.setdefault("metadata", {})
     namespace = namespace or meta.get("namespace") or "default"
     name = meta.get("name") or meta.get("generateName") or "?"
+    key = f"{namespace}/{meta.get('name') or ''}"
+    holds = _holds(core.view.held(key))
+    if existing:
+        core.view.delete_pod(key)
     admission = admit(core.webhook_app(), pod, namespace)
     req = core.placement.requirements(admission.pod)
-    return Explanation(f"{namespace}/{name}", admission, req.describe(), core.placement.explain(req))
+    verdicts = core.placement.explain(req)
+    with core.view.lock:  # which CUDA rule lets each passing node run the images, where it is not plain
+        rules = {v.node: cuda_rule(core.view.nodes[v.node], req) for v in verdicts if v.passed}
+    return Explanation(f"{namespace}/{name}", admission, req.describe(), verdicts, holds,
+                       {node: rule for node, rule in sorted(rules.items()) if rule})
+
+
+def _holds(held: Any) -> str | None:
+    if held is None:
+        return None
+    node, items, frozen = held  # already running: what it holds was fixed when it was first seen bound
+    what = ", ".join(f"{units}x {resource}" + (f" = {mib} MiB" if mib is not None else "")
+                     for resource, units, mib in items)
+    ask = f"{frozen.ask} from the {frozen.source}" if frozen.ask is not None else frozen.source
+    return (f"holds {what} on {node}, fixed when first seen bound ({ask}); later annotation or namespace-default "
+            "edits do not change it")
 
 
 def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None, show_all: bool = False,
-                examples: int = 3) -> str:
+                examples: int = 3, existing: bool = False) -> str:
     """For people: on a big cluster, counts by verdict, the best candidates, and a few examples per
     rejection with their own figures; every node with `show_all` (or on a small cluster)."""
-    found = explain(core, pod, namespace)
+    found = explain(core, pod, namespace, existing)
     admission = found.admission
     lines = [f"pod {found.pod}", "", "webhook:"]
     if admission.patch:
@@ -104,16 +128,20 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None, show_all
                  (f": {admission.message}" if admission.message else ""))
     lines += [f"  warning: {w}" for w in admission.warnings]
     lines += ["", f"extender: needs {found.needs}"]
+    if found.holds:
+        lines.append(f"  {found.holds}")
     best = found.best
     lines.append(f"  would go to {best.node} (score {best.score})" if best else "  no node can take it")
     counts = found.counts()
     lines.append(f"  {len(found.verdicts)} nodes: " + ", ".join(f"{n} {what}" for what, n in counts.most_common()))
     if show_all or len(found.verdicts) <= _FULL_TABLE_UP_TO:
+        lines += [f"  {node}: {rule}" for node, rule in found.cuda_rules.items()]
         lines += ["", table(VERDICT_HEADER, verdict_rows(found.verdicts))]
         return "\n".join(lines)
     passing = [v for v in found.verdicts if v.passed]
     if passing:
         top = sorted(passing, key=lambda v: (-v.score, v.node))[:_CANDIDATES]
+        lines += [f"  {v.node}: {found.cuda_rules[v.node]}" for v in top if v.node in found.cuda_rules]
         lines += ["", f"candidates, best first ({len(top)} of {len(passing)}; --all for every node):",
                   table(["NODE", "SCORE", "FIGURES"], [[v.node, str(v.score), v.detail] for v in top])]
     groups: dict[str, list[NodeVerdict]] = {}
@@ -133,16 +161,18 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None, show_all
     return "\n".join(lines)
 
 
-def explain_json(core: Core, pod: dict[str, Any], namespace: str | None) -> dict[str, Any]:
+def explain_json(core: Core, pod: dict[str, Any], namespace: str | None, existing: bool = False) -> dict[str, Any]:
     """For scripts: everything, every node."""
-    found = explain(core, pod, namespace)
+    found = explain(core, pod, namespace, existing)
     admission = found.admission
     best = found.best
     return {"pod": found.pod,
             "webhook": {"patch": admission.patch, "allowed": admission.allowed, "message": admission.message,
                         "warnings": admission.warnings},
-            "needs": found.needs, "best": {"node": best.node, "score": best.score} if best else None,
+            "needs": found.needs, "holds": found.holds,
+            "best": {"node": best.node, "score": best.score} if best else None,
             "counts": dict(found.counts()),
             "nodes": [{"node": v.node, "verdict": "pass" if v.passed else v.reason.split(":", 1)[0],
-                       "score": v.score, "reason": v.reason, "figures": v.detail}
+                       "score": v.score, "reason": v.reason, "figures": v.detail,
+                       "cuda_rule": found.cuda_rules.get(v.node, "")}
                       for v in sorted(found.verdicts, key=lambda v: (not v.passed, -v.score, v.node))]}

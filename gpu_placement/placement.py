@@ -341,6 +341,11 @@ class Placement:
             free_mib = view.free_mib.get(resource, _NO_NODES).get(name)
             if mib is not None and free_mib is not None and mib > free_mib:
                 return insufficient_memory(resource, mib)
+            reading = view.telemetry.get(name)
+            if mib is not None and units and reading is not None and reading.device_free_mib \
+                    and view.nodes[name].is_shared(resource) and mib // units > reading.device_free_mib[0]:
+                # A share lives on one device: the ask must fit the device with the most framebuffer free.
+                return insufficient_memory(resource, mib // units)
         return None
 
     def _score(self, name: str, need: Need) -> int:
@@ -404,9 +409,12 @@ def _decision_key(req: Requirements) -> Requirements:
     the reasons built from it say "(image tag)", never a container's name."""
     cuda_source = req.cuda_source.split(" of container ", 1)[0]
     memory_source = req.memory_source.split(" of container ", 1)[0]
-    if cuda_source == req.cuda_source and memory_source == req.memory_source:
+    image_cuda = req.image_cuda
+    if image_cuda is not None and " of container " in image_cuda.source:
+        image_cuda = replace(image_cuda, source=image_cuda.source.split(" of container ", 1)[0])
+    if cuda_source == req.cuda_source and memory_source == req.memory_source and image_cuda is req.image_cuda:
         return req
-    return replace(req, cuda_source=cuda_source, memory_source=memory_source)
+    return replace(req, cuda_source=cuda_source, memory_source=memory_source, image_cuda=image_cuda)
 
 
 _PATCH_AT_MOST = 64  # changed nodes an answer is patched for; past this, walking every name is as cheap
