@@ -1,0 +1,152 @@
+"""Preemption that counts GPU memory: which pods to evict on a node so a higher-priority pod fits.
+
+kube-scheduler's DefaultPreemption picks victims by re-running its in-tree filters, which count GPU
+*units* only. For each node it proposes, this module checks the proposal with the same fit check
+`/filter` uses (free units and memory, reservations and telemetry included) as if the victims were
+gone; where units come free but memory does not, it adds lower-priority GPU pods bound there, lowest
+priority first and as few as will do; and it drops the node when no set of lower-priority pods would
+do, or when the node fails for a reason eviction cannot fix. Pure: view and placement in, plans out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpu_placement.placement import Placement
+from gpu_placement.pods import PodRecord
+from gpu_placement.requirements import Requirements
+from gpu_placement.rules import Need, Rejection, unknown_node
+
+__all__ = ["NodePlan", "Proposal", "Victim", "plan_node", "preempt"]
+
+
+@dataclass(slots=True, frozen=True)
+class Proposal:
+    """One node's victims as kube-scheduler sent them (highest priority first, as it orders them)."""
+
+    uids: tuple[str, ...]
+    pdb_violations: int = 0
+    priorities: tuple[int | None, ...] = ()  # known from the v1.Pod form; empty in the UID-only form
+
+
+@dataclass(slots=True, frozen=True)
+class Victim:
+    uid: str
+    pod: str  # namespace/name, "" when the view does not hold the pod
+    priority: int | None  # None: neither the request nor the view says
+    added: bool  # added by gpu-placement (kube-scheduler's in-tree set did not free the GPU memory)
+
+
+@dataclass(slots=True, frozen=True)
+class NodePlan:
+    """A node and what to evict there, or why eviction cannot make room (`reason`, no victims)."""
+
+    node: str
+    victims: tuple[Victim, ...]  # highest priority first: kube-scheduler reads Pods[0] as the highest
+    pdb_violations: int
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason
+
+
+def preempt(placement: Placement, req: Requirements, priority: int,
+            proposals: Mapping[str, Proposal]) -> dict[str, NodePlan]:
+    """Every proposed node's plan (kept ones have `ok`); work proportional to the nodes and their pods."""
+    view = placement.view
+    view.expire_reservations()
+    with view.lock:
+        return {node: plan_node(placement, req, priority, node, proposal) for node, proposal in proposals.items()}
+
+
+def plan_node(placement: Placement, req: Requirements, priority: int, node: str,
+              proposal: Proposal = Proposal(())) -> NodePlan:
+    """What to evict on `node` so the pod fits; an empty proposal plans from scratch (`explain`).
+    Call under `view.lock`."""
+    view = placement.view
+    entry = placement.entry(req, node) if req.wants_gpu else ()
+    if entry is None:
+        return NodePlan(node, (), proposal.pdb_violations, unknown_node(node))
+    if entry.__class__ is Rejection:
+        return NodePlan(node, (), proposal.pdb_violations, entry.message)  # type: ignore[union-attr]
+    need: Need = entry  # type: ignore[assignment]
+    on_node = {pod.uid: pod for pod in view.pods_on(node) if pod.uid}
+    chosen: list[Victim] = []
+    for index, uid in enumerate(proposal.uids):
+        pod = on_node.get(uid)
+        sent = proposal.priorities[index] if index < len(proposal.priorities) else None
+        known = pod.priority if pod is not None else sent
+        if known is not None and known >= priority:
+            return NodePlan(node, (), proposal.pdb_violations,
+                            f"proposed victim {pod.key if pod else uid} has priority {known}, not below the pod's "
+                            f"{priority}")
+        chosen.append(Victim(uid, pod.key if pod else "", known, False))
+    freed = _freed(view.charge_of, (victim.pod for victim in chosen if victim.pod))
+    shortfall = placement.shortfall(node, need, freed) if need else None
+    if shortfall is not None:
+        taken = {victim.uid for victim in chosen}
+        extra = _more_victims(placement, node, need, priority, freed, [
+            pod for pod in on_node.values() if pod.uid not in taken and pod.active and pod.priority < priority])
+        if extra is None:
+            return NodePlan(node, (), proposal.pdb_violations,
+                            f"{shortfall} even with every lower-priority GPU pod there evicted")
+        chosen = _merge(chosen, [Victim(pod.uid, pod.key, pod.priority, True) for pod in extra])
+    if not chosen:
+        return NodePlan(node, (), proposal.pdb_violations, "the pod fits without evicting anything")
+    return NodePlan(node, tuple(chosen), proposal.pdb_violations)
+
+
+def _freed(charge_of: Callable[[str], Need], keys: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """(units, MiB) per resource that the pods `keys` hold on their node, as the view charged them."""
+    freed: dict[str, tuple[int, int]] = {}
+    for key in keys:
+        for resource, units, mib in charge_of(key):
+            had_units, had_mib = freed.get(resource, (0, 0))
+            freed[resource] = (had_units + units, had_mib + (mib or 0))
+    return freed
+
+
+def _more_victims(placement: Placement, node: str, need: Need, priority: int, freed: dict[str, tuple[int, int]],
+                  candidates: Sequence[PodRecord]) -> list[PodRecord] | None:
+    """The fewest lower-priority pods, lowest priority first, whose eviction (on top of `freed`) makes
+    the pod fit; None when even all of them would not. Greedy by (priority, most memory given back),
+    then a reprieve pass from the highest priority down, as kube-scheduler's own victim selection does."""
+    charge_of = placement.view.charge_of
+    resources = {resource for resource, _, _ in need}
+    useful = [pod for pod in candidates if any(res in resources for res, _, _ in charge_of(pod.key))]
+    useful.sort(key=lambda pod: (pod.priority, -sum(mib or 0 for res, _, mib in charge_of(pod.key)
+                                                    if res in resources), pod.key))
+    taken: list[PodRecord] = []
+    for pod in useful:
+        taken.append(pod)
+        if placement.shortfall(node, need, _plus(freed, _freed(charge_of, [p.key for p in taken]))) is None:
+            break
+    else:
+        return None
+    for pod in sorted(taken, key=lambda p: (-p.priority, p.key)):
+        rest = [p for p in taken if p is not pod]
+        if placement.shortfall(node, need, _plus(freed, _freed(charge_of, [p.key for p in rest]))) is None:
+            taken = rest
+    return taken
+
+
+def _plus(a: Mapping[str, tuple[int, int]], b: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    total = dict(a)
+    for resource, (units, mib) in b.items():
+        had_units, had_mib = total.get(resource, (0, 0))
+        total[resource] = (had_units + units, had_mib + mib)
+    return total
+
+
+def _merge(proposed: list[Victim], added: list[Victim]) -> list[Victim]:
+    """kube-scheduler's victims keep their order; each added one goes before the first victim of known
+    lower priority, so the list stays highest priority first."""
+    merged = list(proposed)
+    for victim in sorted(added, key=lambda v: -(v.priority or 0)):
+        at = next((i for i, other in enumerate(merged)
+                   if other.priority is not None and victim.priority is not None and other.priority < victim.priority),
+                  len(merged))
+        merged.insert(at, victim)
+    return merged
