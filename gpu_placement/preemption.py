@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpu_placement.placement import Placement
-from gpu_placement.pods import PodRecord
+from gpu_placement.pods import PodRecord, pod_priority
 from gpu_placement.requirements import Requirements
 from gpu_placement.rules import Need, Rejection, unknown_node
 
-__all__ = ["NodePlan", "Proposal", "Victim", "plan_node", "preempt"]
+__all__ = ["NodePlan", "Proposal", "Victim", "explain_preemption", "plan_node", "preempt"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -150,3 +151,56 @@ def _merge(proposed: list[Victim], added: list[Victim]) -> list[Victim]:
                   len(merged))
         merged.insert(at, victim)
     return merged
+
+
+def explain_preemption(placement: Placement, req: Requirements, pod: Mapping[str, Any]) -> list[list[str]]:
+    """For `explain`: each node that fails for want of room (FailedNodes), what preemption would evict
+    there, or why it cannot help. Rows of (node, outcome, detail); empty when the pod fits somewhere,
+    asks for no GPU, or may not preempt.
+
+    kube-scheduler's side is simulated as its DefaultPreemption picks victims, counting GPU units
+    only: every lower-priority pod removed, then reprieved from the highest priority down while the
+    units still fit (start times, which break its ties, are not in the view: names do here)."""
+    spec = pod.get("spec") or {}
+    if not req.wants_gpu or spec.get("preemptionPolicy") == "Never":
+        return []
+    priority = pod_priority(spec)
+    view = placement.view
+    with view.lock:
+        names = sorted(view.nodes)
+        result = placement.filter(req, names)
+        if result.passed:
+            return []
+        rows = []
+        for node in sorted(result.failed):
+            need: Need = placement.entry(req, node)  # type: ignore[assignment]  # FailedNodes: never a Rejection
+            in_tree = _in_tree_victims(placement, node, need, priority)
+            plan = plan_node(placement, req, priority, node, Proposal(tuple(p.uid for p in in_tree)))
+            if not plan.ok:
+                rows.append([node, "no", plan.reason])
+            elif not in_tree:  # units free, memory short: kube-scheduler's dry run finds nothing to evict
+                rows.append([node, "not asked", f"would evict {_names(plan.victims)}, but the GPU units are free "
+                             "and only memory is short: kube-scheduler's own dry run finds no victims, so it "
+                             "never asks"])
+            else:
+                rows.append([node, "evict", _names(plan.victims)])
+        return rows
+
+
+def _in_tree_victims(placement: Placement, node: str, need: Need, priority: int) -> list[PodRecord]:
+    charge_of = placement.view.charge_of
+    units_only = tuple((resource, units, None) for resource, units, _ in need)
+    lower = sorted((p for p in placement.view.pods_on(node) if p.active and p.priority < priority and p.uid),
+                   key=lambda p: (-p.priority, p.key))
+    victims = list(lower)
+    if placement.shortfall(node, units_only, _freed(charge_of, [p.key for p in victims])) is not None:
+        return []
+    for pod in lower:  # reprieve the most important first
+        rest = [p for p in victims if p is not pod]
+        if placement.shortfall(node, units_only, _freed(charge_of, [p.key for p in rest])) is None:
+            victims = rest
+    return victims
+
+
+def _names(victims: Iterable[Victim]) -> str:
+    return ", ".join(f"{victim.pod or victim.uid} (priority {victim.priority})" for victim in victims)

@@ -306,3 +306,37 @@ def test_the_view_records_priority_and_a_binding_keeps_it(extender: Extender) ->
     assert bound.node == "t4-a" and bound.priority == 7
     no_priority = make_pod("inference", "plain")
     assert extender.core.ingest.pod(no_priority).priority == 0  # unset: 0, as kube-scheduler reads it
+
+
+# -- explain -----------------------------------------------------------------------------------
+def test_explain_shows_what_preemption_would_evict(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """t4-a: batch-big and batch-low; t4-b: nothing lower-priority frees enough; t4-c: 4 shares free
+    but their memory taken, so kube-scheduler's unit-counting dry run never gets to ask."""
+    from gpu_placement.cli import main
+
+    objects = [*cluster(), _t4("t4-c"), validator_pod("t4-c"),
+               *[_running(f"wide-{i}", "t4-c", 3584, 5) for i in range(4)]]
+    snapshot = tmp_path / "cluster.json"
+    snapshot.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    pod = preemptor()
+    pod_file = tmp_path / "pod.json"
+    pod_file.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "Pod", **pod}))
+    assert main(["explain", str(pod_file), "--snapshot", str(snapshot)]) == 0
+    out = capsys.readouterr().out
+    assert "no node can take it" in out
+    section = out.split("preemption (priority 1000, class inference-critical):\n", 1)[1].splitlines()
+    assert section[0].split() == ["NODE", "PREEMPTION", "WOULD", "EVICT", "/", "WHY", "NOT"]
+    rows = {line.split()[0]: line for line in section[1:]}
+    assert list(rows) == ["t4-a", "t4-b", "t4-c"]
+    assert rows["t4-a"].split(None, 2)[1:] == ["evict", "inference/batch-big (priority 10), "
+                                               "inference/batch-low (priority 5)"]
+    assert rows["t4-b"].split(None, 2)[1] == "no"
+    assert "even with every lower-priority GPU pod there evicted" in rows["t4-b"]
+    assert rows["t4-c"].split()[1:3] == ["not", "asked"]
+    assert "would evict inference/wide-" in rows["t4-c"] and "never asks" in rows["t4-c"]
+    assert "h100-1" not in rows  # NoGPU: preemption cannot help, not listed
+
+    never = {**pod, "spec": {**pod["spec"], "preemptionPolicy": "Never"}}
+    pod_file.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "Pod", **never}))
+    assert main(["explain", str(pod_file), "--snapshot", str(snapshot)]) == 0
+    assert "preemption" not in capsys.readouterr().out.split("no node can take it", 1)[1]
