@@ -103,9 +103,7 @@ def _freed(charge_of: Callable[[str], Need], keys: Iterable[str]) -> dict[str, t
     """(units, MiB) per resource that the pods `keys` hold on their node, as the view charged them."""
     freed: dict[str, tuple[int, int]] = {}
     for key in keys:
-        for resource, units, mib in charge_of(key):
-            had_units, had_mib = freed.get(resource, (0, 0))
-            freed[resource] = (had_units + units, had_mib + (mib or 0))
+        _add(freed, charge_of(key), 1)
     return freed
 
 
@@ -116,29 +114,36 @@ def _more_victims(placement: Placement, node: str, need: Need, priority: int, fr
     then a reprieve pass from the highest priority down, as kube-scheduler's own victim selection does."""
     charge_of = placement.view.charge_of
     resources = {resource for resource, _, _ in need}
-    useful = [pod for pod in candidates if any(res in resources for res, _, _ in charge_of(pod.key))]
-    useful.sort(key=lambda pod: (pod.priority, -sum(mib or 0 for res, _, mib in charge_of(pod.key)
-                                                    if res in resources), pod.key))
-    taken: list[PodRecord] = []
-    for pod in useful:
-        taken.append(pod)
-        if placement.shortfall(node, need, _plus(freed, _freed(charge_of, [p.key for p in taken]))) is None:
+    ranked = []
+    for pod in candidates:
+        key = pod.key
+        items = charge_of(key)
+        if any(resource in resources for resource, _, _ in items):
+            mib = sum(mib or 0 for resource, _, mib in items if resource in resources)
+            ranked.append((pod.priority, -mib, key, pod, items))
+    ranked.sort(key=lambda entry: entry[:3])
+    total = dict(freed)
+    taken = []
+    for entry in ranked:
+        taken.append(entry)
+        _add(total, entry[4], 1)
+        if placement.shortfall(node, need, total) is None:
             break
     else:
         return None
-    for pod in sorted(taken, key=lambda p: (-p.priority, p.key)):
-        rest = [p for p in taken if p is not pod]
-        if placement.shortfall(node, need, _plus(freed, _freed(charge_of, [p.key for p in rest]))) is None:
-            taken = rest
-    return taken
+    for entry in sorted(taken, key=lambda e: (-e[0], e[2])):  # reprieve the most important first
+        _add(total, entry[4], -1)
+        if placement.shortfall(node, need, total) is None:
+            taken.remove(entry)
+        else:
+            _add(total, entry[4], 1)
+    return [entry[3] for entry in taken]
 
 
-def _plus(a: Mapping[str, tuple[int, int]], b: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
-    total = dict(a)
-    for resource, (units, mib) in b.items():
+def _add(total: dict[str, tuple[int, int]], items: Need, sign: int) -> None:
+    for resource, units, mib in items:
         had_units, had_mib = total.get(resource, (0, 0))
-        total[resource] = (had_units + units, had_mib + mib)
-    return total
+        total[resource] = (had_units + sign * units, had_mib + sign * (mib or 0))
 
 
 def _merge(proposed: list[Victim], added: list[Victim]) -> list[Victim]:
