@@ -33,22 +33,17 @@ from gpu_placement.service import core_from_objects
 SHARED = "nvidia.com/gpu.shared"
 
 
-def _running(name: str, node: str, mib: int, priority: int) -> dict[str, object]:
-    pod = make_pod("inference", name, gpus={SHARED: 1}, node=node,
-                   annotations={"gpu-placement.io/gpu-memory": f"{mib}Mi"})
-    pod["spec"]["priority"] = priority
-    return pod
-
-
 def cluster(size: int) -> list[dict[str, object]]:
     objects: list[dict[str, object]] = [namespace("inference", {"gpu-placement.io/sharing": "shared"}),
                                         namespace("gpu-operator")]
     for i in range(size):
         node = f"t4-{i}"
+        load = [(f"low-{i}", 2048, 5), (f"big-{i}", 6144, 10), *[(f"small-{i}-{j}", 1024, 20) for j in range(6)]]
         objects += [make_node(node, "t4-timeslicing", labels={"nvidia.com/gpu.sharing-strategy": "time-slicing"},
                               shared_resource=SHARED), validator_pod(node),
-                    _running(f"low-{i}", node, 2048, 5), _running(f"big-{i}", node, 6144, 10),
-                    *[_running(f"small-{i}-{j}", node, 1024, 20) for j in range(6)]]
+                    *[make_pod("inference", name, gpus={SHARED: 1}, node=node, priority=priority,
+                               annotations={"gpu-placement.io/gpu-memory": f"{mib}Mi"})
+                      for name, mib, priority in load]]
     return objects
 
 

@@ -32,10 +32,8 @@ GOLDEN_PREEMPTION_RESULT = '{"NodeNameToMetaVictims":{"foo":{"Pods":[{"UID":"myu
 
 
 def _running(name: str, node: str, mib: int, priority: int) -> dict[str, Any]:
-    pod = make_pod("inference", name, gpus={SHARED: 1}, node=node,
-                   annotations={"gpu-placement.io/gpu-memory": f"{mib}Mi"})
-    pod["spec"]["priority"] = priority
-    return pod
+    return make_pod("inference", name, gpus={SHARED: 1}, node=node, priority=priority,
+                    annotations={"gpu-placement.io/gpu-memory": f"{mib}Mi"})
 
 
 def _t4(name: str) -> dict[str, Any]:
@@ -296,8 +294,8 @@ def test_the_view_records_priority_and_a_binding_keeps_it(extender: Extender) ->
     view = extender.core.view
     assert view.pods[pod_key("inference", "batch-big")].priority == 10
     assert view.pods[pod_key("inference", "critical-0")].priority == 2000
-    queued = make_pod("inference", "queued", gpus={SHARED: 1}, annotations={"gpu-placement.io/gpu-memory": "1Gi"})
-    queued["spec"]["priority"] = 7
+    queued = make_pod("inference", "queued", gpus={SHARED: 1}, annotations={"gpu-placement.io/gpu-memory": "1Gi"},
+                      priority=7)
     extender.core.view.upsert_pod(extender.core.ingest.pod(queued))
     extender.core.view.delete_pod(pod_key("inference", "batch-big"))  # room for it, should /bind check the fit
     assert extender.post("bind", {"PodName": "queued", "PodNamespace": "inference", "PodUID": uid("queued"),
