@@ -13,7 +13,9 @@ from starlette.applications import Starlette
 
 from gpu_placement import asgi
 from gpu_placement.patching import apply_patch
+from gpu_placement.preemption import explain_preemption
 from gpu_placement.report import VERDICT_HEADER, table, verdict_rows
+from gpu_placement.requirements import Requirements
 from gpu_placement.rules import cuda_rule
 from gpu_placement.service import Core
 
@@ -89,4 +91,17 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None) -> str:
         rules = {v.node: cuda_rule(core.view.nodes[v.node], req) for v in verdicts if v.passed}
     lines += [f"  {node}: {rule}" for node, rule in sorted(rules.items()) if rule]
     lines += ["", table(VERDICT_HEADER, verdict_rows(verdicts))]
+    lines += _preemption(core, req, admission.pod)
     return "\n".join(lines)
+
+
+def _preemption(core: Core, req: Requirements, pod: dict[str, Any]) -> list[str]:
+    rows = explain_preemption(core.placement, req, pod)
+    if not rows:
+        return []
+    spec = pod.get("spec") or {}
+    head = f"preemption (priority {spec.get('priority', 0)}" + (
+        f", class {spec['priorityClassName']}" if spec.get("priorityClassName") else "") + "):"
+    if "priority" not in spec and spec.get("priorityClassName"):
+        head += " spec.priority is unset in this file; the API server sets it from the class, as 0 here"
+    return ["", head, table(["NODE", "PREEMPTION", "WOULD EVICT / WHY NOT"], rows)]
