@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/extender_bench.py
 	$(BIN)/python benchmarks/webhook_bench.py
 	$(BIN)/python benchmarks/cache_bench.py
+	$(BIN)/python benchmarks/preempt_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from extender.binding import Binder, BindError
+from extender.preempt import preempt_endpoint
 from extender.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement import metrics
 from gpu_placement.cluster_metrics import tracker_for
@@ -263,7 +264,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         status = getattr(exc, "status_code", 404)
         return refuse(request.url.path.strip("/") or "root", status, "bad_path",
                       f"{request.method} {request.url.path} is not an extender verb: use POST /filter, "
-                      "/prioritize or /bind")
+                      "/prioritize, /preempt or /bind")
 
     async def crashed(request: Request, exc: Exception) -> ORJSONResponse:
         log.exception("extender %s failed", request.url.path)
@@ -286,7 +287,9 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
 
         return Route(f"/{verb}", endpoint, methods=["POST"])
 
-    routes = [timed("filter", filter_), timed("prioritize", prioritize), timed("bind", bind), *ops_routes(ready)]
+    preempt = preempt_endpoint(placement, ready, read, _json_object, refuse, WireError)
+    routes = [timed("filter", filter_), timed("prioritize", prioritize), timed("bind", bind),
+              timed("preempt", preempt), *ops_routes(ready)]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
 
 

@@ -15,7 +15,9 @@ from starlette.applications import Starlette
 from gpu_placement import asgi
 from gpu_placement.patching import apply_patch
 from gpu_placement.placement import NodeVerdict
+from gpu_placement.preemption import explain_preemption
 from gpu_placement.report import VERDICT_HEADER, table, verdict_rows
+from gpu_placement.requirements import Requirements
 from gpu_placement.rules import cuda_rule
 from gpu_placement.service import Core
 
@@ -69,6 +71,7 @@ class Explanation:
     admission: Admission
     needs: str
     verdicts: list[NodeVerdict]
+    req: Requirements
     holds: str | None = None  # a running pod: what it holds, fixed when it was first seen bound
     cuda_rules: dict[str, str] = field(default_factory=dict)  # passing node -> the CUDA rule that lets it run
 
@@ -96,7 +99,7 @@ def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bo
     verdicts = core.placement.explain(req)
     with core.view.lock:  # which CUDA rule lets each passing node run the images, where it is not plain
         rules = {v.node: cuda_rule(core.view.nodes[v.node], req) for v in verdicts if v.passed}
-    return Explanation(f"{namespace}/{name}", admission, req.describe(), verdicts, holds,
+    return Explanation(f"{namespace}/{name}", admission, req.describe(), verdicts, req, holds,
                        {node: rule for node, rule in sorted(rules.items()) if rule})
 
 
@@ -137,7 +140,7 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None, show_all
     if show_all or len(found.verdicts) <= _FULL_TABLE_UP_TO:
         lines += [f"  {node}: {rule}" for node, rule in found.cuda_rules.items()]
         lines += ["", table(VERDICT_HEADER, verdict_rows(found.verdicts))]
-        return "\n".join(lines)
+        return "\n".join(lines + _preemption(core, found.req, admission.pod))
     passing = [v for v in found.verdicts if v.passed]
     if passing:
         top = sorted(passing, key=lambda v: (-v.score, v.node))[:_CANDIDATES]
@@ -158,7 +161,7 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None, show_all
                 lines.append(f"          {verdict.node}" + (f"  [{verdict.detail}]" if verdict.detail else ""))
             if len(members) > len(shown):
                 lines.append(f"          ... and {len(members) - len(shown)} more")
-    return "\n".join(lines)
+    return "\n".join(lines + _preemption(core, found.req, admission.pod))
 
 
 def explain_json(core: Core, pod: dict[str, Any], namespace: str | None, existing: bool = False) -> dict[str, Any]:
@@ -176,3 +179,15 @@ def explain_json(core: Core, pod: dict[str, Any], namespace: str | None, existin
                        "score": v.score, "reason": v.reason, "figures": v.detail,
                        "cuda_rule": found.cuda_rules.get(v.node, "")}
                       for v in sorted(found.verdicts, key=lambda v: (not v.passed, -v.score, v.node))]}
+
+
+def _preemption(core: Core, req: Requirements, pod: dict[str, Any]) -> list[str]:
+    rows = explain_preemption(core.placement, req, pod)
+    if not rows:
+        return []
+    spec = pod.get("spec") or {}
+    head = f"preemption (priority {spec.get('priority', 0)}" + (
+        f", class {spec['priorityClassName']}" if spec.get("priorityClassName") else "") + "):"
+    if "priority" not in spec and spec.get("priorityClassName"):
+        head += " spec.priority is unset in this file; the API server sets it from the class, as 0 here"
+    return ["", head, table(["NODE", "PREEMPTION", "WOULD EVICT / WHY NOT"], rows)]

@@ -31,7 +31,7 @@ from gpu_placement.rules import (
 )
 from gpu_placement.view import ClusterView
 
-__all__ = ["FilterResult", "NodeVerdict", "Placement"]
+__all__ = ["FilterResult", "Freed", "NodeVerdict", "Placement"]
 
 MAX_SCORE = 10
 # Kinds of pod remembered, bounded by memory rather than by count: a kind costs about 330 bytes a node
@@ -41,6 +41,8 @@ _CACHE_BYTES = 128 * 2**20
 _PER_NODE_BYTES = 320  # table slots, score piece, Need tuple, last answer: a kind's cost per node besides its fragments
 _EMPTY = b"{}"
 _NO_NODES: Mapping[str, Any] = {}  # the default of per-resource lookups: not a new dict per call
+Freed = Mapping[str, tuple[int, int]]  # resource -> (units, MiB) that evicting some pods would give back
+_NOTHING_FREED: Freed = {}
 
 
 @dataclass(slots=True)
@@ -207,6 +209,17 @@ class Placement:
             verdicts = self._cache.get(_decision_key(req))
             return self._detail(name, verdicts.entries.get(name) if verdicts else None)
 
+    # -- preemption ------------------------------------------------------------------------------
+    def entry(self, req: Requirements, name: str) -> Rejection | Need | None:
+        """The node's static verdict for this kind of pod: what it would take, or why it never can;
+        None when the node is not in the view. Call under `view.lock`."""
+        return self._verdicts(req).entries.get(name)
+
+    def shortfall(self, name: str, need: Need, freed: Freed = _NOTHING_FREED) -> str | None:
+        """The `/filter` fit check of a node (reservations and telemetry included) as if pods holding
+        `freed` were gone: None when the pod fits, else the resolvable reason. Call under `view.lock`."""
+        return self._shortfall(name, need, freed)
+
     # -- cache maintenance ---------------------------------------------------------------------
     def _verdicts(self, req: Requirements) -> _Verdicts:
         key = self._keys.get(req)
@@ -332,19 +345,22 @@ class Placement:
             _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, True)
 
     # -- figures -------------------------------------------------------------------------------
-    def _shortfall(self, name: str, need: Need) -> str | None:
+    def _shortfall(self, name: str, need: Need, freed: Freed = _NOTHING_FREED) -> str | None:
+        """Why `need` does not fit what is free on the node (plus what `freed` would give back), or None."""
         view = self.view
         for resource, units, mib in need:
-            free_units = view.free_units.get(resource, _NO_NODES).get(name, 0)
+            freed_units, freed_mib = freed.get(resource, (0, 0))
+            free_units = view.free_units.get(resource, _NO_NODES).get(name, 0) + freed_units
             if units > free_units:
                 return insufficient_units(resource, units)
             free_mib = view.free_mib.get(resource, _NO_NODES).get(name)
-            if mib is not None and free_mib is not None and mib > free_mib:
+            if mib is not None and free_mib is not None and mib > free_mib + freed_mib:
                 return insufficient_memory(resource, mib)
             reading = view.telemetry.get(name)
-            if mib is not None and units and reading is not None and reading.device_free_mib \
+            if mib is not None and units and not freed_mib and reading is not None and reading.device_free_mib \
                     and view.nodes[name].is_shared(resource) and mib // units > reading.device_free_mib[0]:
                 # A share lives on one device: the ask must fit the device with the most framebuffer free.
+                # (Not when victims would be evicted: which device they free, the reading cannot say.)
                 return insufficient_memory(resource, mib // units)
         return None
 

@@ -112,6 +112,11 @@ class ClusterView:
     def pods_on(self, node: str) -> list[PodRecord]:
         return [self.pods[key] for key in self._node_pods.get(node, ())]
 
+    def charge_of(self, key: str) -> tuple[tuple[str, int, int | None], ...]:
+        """What a bound pod holds on its node: (resource, units, MiB or None), as counted in `free_*`."""
+        charge = self._charges.get(key)
+        return charge.items if charge is not None else ()
+
     def used(self, node: str) -> tuple[dict[str, int], dict[str, int]]:
         used = self._used.get(node) or _Used()
         return dict(used.units), dict(used.mib)

@@ -377,7 +377,8 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
                              "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources",
                              "ignorable"}
     verbs = {key: value for key, value in extender.items() if key.endswith("Verb")}
-    assert verbs == {"filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind"}
+    assert verbs == {"filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind",
+                     "preemptVerb": "preempt"}
     assert extender["nodeCacheCapable"] is True
     assert extender["enableHTTPS"] is False
     assert extender["ignorable"] is False
@@ -522,7 +523,7 @@ def test_webhook_paths_are_the_routes_the_apps_serve(rendered: Rendered, tmp_pat
     finally:
         core.stop()
     [extender] = rendered.scheduler_config()["extenders"]
-    for key in ("filterVerb", "prioritizeVerb", "bindVerb"):
+    for key in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb"):
         assert "POST" in (extender_routes[f"/{extender[key]}"] or set())
     for config in _webhooks(rendered):
         assert "POST" in (webhook_routes[config["webhooks"][0]["clientConfig"]["service"]["path"]] or set())
