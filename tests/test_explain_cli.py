@@ -21,6 +21,7 @@ from gpu_placement.demo_cluster import demo_objects, make_node, make_pod, valida
 from tests.fakeapi import FakeApiServer
 
 PLUGIN = str(Path(sys.executable).with_name("kubectl-gpu_placement"))
+DEMO_NODES = sum(1 for obj in demo_objects() if obj["kind"] == "Node")
 PENDING = make_pod("team-a", "train-waiting", gpus={"nvidia.com/gpu": 1},
                    image="nvcr.io/nvidia/cuda:13.0.0-runtime-ubuntu24.04")
 
@@ -44,7 +45,7 @@ def test_kubectl_plugin_explains_a_pending_pod(cluster: Path) -> None:
     assert "extender: needs 1x nvidia.com/gpu; CUDA >= 13.0.0 (image tag of container main" in out
     assert "would go to a100-vgpu" in out
     rows = {line.split()[0]: line.split()[1] for line in out.split("NODE ", 1)[1].splitlines()[1:] if line}
-    assert rows["a100-vgpu"] == "pass" and rows["h100-single"] == "DriverTooOld" and len(rows) == 15
+    assert rows["a100-vgpu"] == "pass" and rows["h100-single"] == "DriverTooOld" and len(rows) == DEMO_NODES
 
 
 def test_default_kubeconfig_and_context_as_kubectl(cluster: Path, tmp_path: Path) -> None:
@@ -56,7 +57,7 @@ def test_default_kubeconfig_and_context_as_kubectl(cluster: Path, tmp_path: Path
     assert result.returncode == 0, result.stderr
     answer = orjson.loads(result.stdout)
     assert answer["pod"] == "team-a/train-waiting" and answer["best"] == {"node": "a100-vgpu", "score": 10}
-    assert len(answer["nodes"]) == 15 and answer["counts"]["pass"] == 1
+    assert len(answer["nodes"]) == DEMO_NODES and answer["counts"]["pass"] == 1
     missing = _plugin("explain", "pod/nope", "--kubeconfig", str(cluster), "--context", "fake")
     assert missing.returncode == 2 and "pod default/nope not found (context fake)" in missing.stderr
     wrong = _plugin("nodes", "--kubeconfig", str(cluster), "--context", "elsewhere")
@@ -66,7 +67,7 @@ def test_default_kubeconfig_and_context_as_kubectl(cluster: Path, tmp_path: Path
 def test_nodes_against_the_cluster(cluster: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["nodes", "--kubeconfig", str(cluster)]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
-    assert len(rows) == 15 and rows["h100-not-validated"].split()[1] == "NotValidated"
+    assert len(rows) == DEMO_NODES and rows["h100-not-validated"].split()[1] == "NotValidated"
 
 
 def _big(tmp_path: Path, size: int = 120) -> Path:
