@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 # would start a Prometheus server).
 PROM_TOOLS := $(BIN)/prometheus $(BIN)/promtool
 
-.PHONY: demo test bench lint install clean
+.PHONY: demo test e2e bench lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ demo: $(STAMP)
 test: $(STAMP) $(PROM_TOOLS)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, built once from
+# Go modules into ~/.cache/gpu-placement, or taken from $$KUBEBUILDER_ASSETS) with the chart installed.
+e2e: $(STAMP)
+	bash tests/e2e/build_control_plane.sh
+	$(BIN)/python -m pytest -q tests/e2e
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
