@@ -26,10 +26,12 @@ import signal
 import socket
 import socketserver
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,6 +238,7 @@ class ServiceProxy:
 
         class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             daemon_threads = True
+            request_queue_size = 512  # the API server opens connections in bursts; 5 drops some
 
         self.server = Server(str(socket_path), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, name="service-proxy", daemon=True)
@@ -377,7 +380,11 @@ class ControlPlane:
             f"--authentication-kubeconfig={kcm_kc}", f"--authorization-kubeconfig={kcm_kc}",
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}", "--leader-elect=false",
             f"--service-account-private-key-file={w / 'sa.key'}", f"--root-ca-file={w / 'ca.crt'}",
-            "--use-service-account-credentials=true", "--controllers=*", "--v=1"])
+            "--use-service-account-credentials=true", "--controllers=*",
+            # One Python thread renews every node's Lease on a 2-core machine shared with other work;
+            # a late round must not look like a node failure (default 50 s). The health tests flip
+            # the Ready condition itself, which the controller acts on at once.
+            "--node-monitor-grace-period=120s", "--v=1"])
         sched_kc = self.api.kubeconfig(w / "scheduler.kubeconfig", sched_token, "system:kube-scheduler")
         self._run("kube-scheduler", [
             str(self.bin_dir / "kube-scheduler"), f"--kubeconfig={sched_kc}",
@@ -408,6 +415,10 @@ class ControlPlane:
 
 
 def start_control_plane(work: Path | None = None) -> ControlPlane:
+    # A CI timeout or `kill` sends SIGTERM, which by default ends Python without finalizers or
+    # atexit: turn it into SystemExit so every child is still stopped.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = work or Path(tempfile.mkdtemp(prefix="gpu-placement-e2e-"))
     plane = ControlPlane(binaries_dir(), work)
     try:
@@ -481,24 +492,40 @@ class Kubelets:
         r.raise_for_status()
 
     def _heartbeats(self) -> None:
-        while not self._stop.wait(self.renew_every):
-            with self._lock:
-                names = [n for n, alive in self.nodes.items() if alive]
-            for name in names:
-                if self._stop.is_set():
-                    return
+        def renew(name: str) -> None:
+            if not self._stop.is_set():
                 with contextlib.suppress(httpx.HTTPError):
                     self._renew(name)
 
+        with ThreadPoolExecutor(4, thread_name_prefix="kubelet-lease") as pool:
+            next_round = time.monotonic()
+            while not self._stop.wait(max(0.0, next_round - time.monotonic())):
+                next_round = time.monotonic() + self.renew_every  # a fixed period, as each kubelet keeps
+                with self._lock:
+                    names = [n for n, alive in self.nodes.items() if alive]
+                list(pool.map(renew, names))
+
     def wait_schedulable(self, names: list[str], timeout: float = 60.0) -> None:
         """Until the node lifecycle controller has lifted its not-ready taint from every node."""
-        def done() -> bool:
+        wanted = set(names)
+
+        def tainted() -> list[str]:
             items = self.api.get("/api/v1/nodes")["items"]
-            by_name = {n["metadata"]["name"]: n for n in items}
-            return all(n in by_name and not any(t["key"].startswith("node.kubernetes.io/")
-                                                 for t in by_name[n]["spec"].get("taints", []))
-                       for n in names)
-        wait_for("nodes without node.kubernetes.io taints", done, timeout=timeout, interval=0.5)
+            found = {n["metadata"]["name"] for n in items}
+            return sorted(wanted - found) + [
+                f"{n['metadata']['name']}:{t['key']}" for n in items if n["metadata"]["name"] in wanted
+                for t in n["spec"].get("taints", []) if t["key"].startswith("node.kubernetes.io/")]
+
+        last: list[str] = []
+
+        def done() -> bool:
+            last[:] = tainted()
+            return not last
+        try:
+            wait_for("nodes without node.kubernetes.io taints", done, timeout=timeout,
+                     interval=0.5 if len(names) < 50 else 5.0)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}: {len(last)} left, e.g. {last[:5]}") from None
 
     # pods
     def add_validator(self, node: str, ready: bool = True) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -161,12 +162,16 @@ def b64(text: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def plane() -> Iterator[ControlPlane]:
+def plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     plane = start_control_plane()
     try:
         yield plane
     finally:
         plane.stop()
+        if request.session.testsfailed:  # every process's log is there
+            print(f"\ne2e: control plane logs kept in {plane.work}")
+        else:
+            shutil.rmtree(plane.work, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
