@@ -49,6 +49,19 @@ class E2E:
         wait_ready(proc, self.webhook_url(pod, "/readyz"))
         return pod
 
+    def upgrade(self, values: Obj) -> None:
+        """`helm upgrade` with these values: the chart re-applied, the webhook pods rolled (the
+        config checksum changed) with fresh processes."""
+        self.docs[:] = render(values)
+        install(self.api, self.docs)
+        self.restart_webhooks()
+
+    def restart_webhooks(self) -> None:
+        for pod in self.webhooks:
+            pod.stop()
+        self.webhooks.clear()
+        self.start_webhook(0)
+
     def route_webhooks(self) -> None:
         assert self.plane.proxy is not None
         service = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/services/{WEBHOOK}")["spec"]

@@ -4,7 +4,6 @@ nothing, and audit mode's would-be denials arriving as API warnings (the `Warnin
 from __future__ import annotations
 
 from tests.e2e.conftest import E2E
-from tests.e2e.deploy import install, render
 
 PREFIX = 'admission webhook "validate.gpu-placement.io" denied the request: '
 
@@ -53,24 +52,12 @@ def test_dry_run_reserves_nothing(e2e: E2E) -> None:
 def test_audit_mode_warnings_arrive_as_api_warnings(e2e: E2E) -> None:
     """`helm upgrade --set config.mode=audit,webhook.validating.failurePolicy=Ignore`, the webhook
     pods rolled (the config checksum changes), then back."""
-    audit = render({"config": {"mode": "audit"}, "webhook": {"validating": {"failurePolicy": "Ignore"}}})
     try:
-        install(e2e.api, audit)
-        e2e.docs[:] = audit
-        for pod in e2e.webhooks:
-            pod.stop()
-        e2e.webhooks.clear()
-        e2e.start_webhook(0)
+        e2e.upgrade({"config": {"mode": "audit"}, "webhook": {"validating": {"failurePolicy": "Ignore"}}})
         ns = e2e.namespace("audited", {"gpu-placement.io/quota": "nvidia.com/gpu=1"})
         r = e2e.gpu_pod(ns, "over", "s2-nowhere", gpus=3)
         assert r.status_code == 201, r.text
         warnings = r.headers.get_list("warning")
         assert any(f"namespace {ns} may use 1 nvidia.com/gpu" in w for w in warnings), warnings
     finally:
-        enforce = render()
-        install(e2e.api, enforce)
-        e2e.docs[:] = enforce
-        for pod in e2e.webhooks:
-            pod.stop()
-        e2e.webhooks.clear()
-        e2e.start_webhook(0)
+        e2e.upgrade({})
