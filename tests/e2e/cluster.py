@@ -16,7 +16,6 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import copy
 import datetime as dt
 import itertools
 import json
@@ -30,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -228,7 +227,6 @@ class ServiceProxy:
     def __init__(self, socket_path: Path) -> None:
         self.socket_path = socket_path
         self.routes: dict[str, list[tuple[str, int]]] = {}
-        self.connects: dict[str, int] = {}
         self._rr = itertools.count()
         proxy = self
 
@@ -257,7 +255,6 @@ class ServiceProxy:
             head += chunk
         target = head.split(b"\r\n", 1)[0].split(b" ")[1].decode()
         backends = self.routes.get(target) or []
-        self.connects[target] = self.connects.get(target, 0) + 1
         upstream = None
         for i in range(len(backends)):
             host, port = backends[(next(self._rr) + i) % len(backends)]
@@ -586,15 +583,3 @@ class Kubelets:
         if pod.get("status", {}).get("phase") == "Pending" and ns != "gpu-operator":
             with contextlib.suppress(httpx.HTTPStatusError):
                 self.set_pod_ready(ns, name, True)
-
-
-def deep(obj: Obj) -> Obj:
-    return copy.deepcopy(obj)
-
-
-@contextlib.contextmanager
-def running(proc: Proc) -> Iterator[Proc]:
-    try:
-        yield proc.start()
-    finally:
-        proc.stop()

@@ -8,11 +8,9 @@ group of its own that its pods select, so tests do not see each other's capacity
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,10 +168,6 @@ def admitted(pod: Obj) -> Obj:
     return dict(json.loads(pod["metadata"]["annotations"]["gpu-placement.io/admitted"]))
 
 
-def b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
 @pytest.fixture(scope="session")
 def plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     plane = start_control_plane()
@@ -203,11 +197,9 @@ def e2e(plane: ControlPlane) -> Iterator[E2E]:
         env.start_webhook(0)
         wait_for("caBundle patched by --manage-certs", env.ca_bundle_trusted, timeout=60, interval=0.5)
         env.start_scheduler()
-        started = time.monotonic()
         wait_for("the scheduler's leader Lease", lambda: api.http.get(
             f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/gpu-placement").status_code == 200,
             timeout=60)
-        plane.startup_seconds_scheduler = time.monotonic() - started  # type: ignore[attr-defined]
         yield env
     finally:
         kubelets.stop()
