@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 # would start a Prometheus server).
 PROM_TOOLS := $(BIN)/prometheus $(BIN)/promtool
 
-.PHONY: demo test bench lint install clean
+.PHONY: demo test e2e e2e-scale bench lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,17 @@ demo: $(STAMP)
 test: $(STAMP) $(PROM_TOOLS)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, built once from
+# Go modules into ~/.cache/gpu-placement, or taken from $$KUBEBUILDER_ASSETS) with the chart installed.
+e2e: $(STAMP)
+	bash tests/e2e/build_control_plane.sh
+	$(BIN)/python -m pytest -q tests/e2e --ignore=tests/e2e/test_9_scale.py
+
+# 1,000 nodes and 2,000 GPU pods through the same path (about 7 minutes here): prints pods/s.
+e2e-scale: $(STAMP)
+	bash tests/e2e/build_control_plane.sh
+	$(BIN)/python -m pytest -q -s tests/e2e/test_9_scale.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

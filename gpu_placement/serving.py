@@ -27,7 +27,12 @@ def make_server(app: Any, host: str, port: int, ssl_context: ssl.SSLContext | No
     """A uvicorn server for app: lifespan on, no access log, logging left to us. With ssl_context it
     serves TLS with exactly that context (uvicorn's `ssl_context_factory` hook, so that uvicorn does
     not build its own from file paths). uvicorn_kwargs override the defaults."""
-    options: dict[str, Any] = {"lifespan": "on", "access_log": False, "log_config": None}
+    # Keep idle connections longer than Go's HTTP clients (the API server calling webhooks,
+    # kube-scheduler calling the extender) keep them: 90 s. With uvicorn's default of 5 s a request
+    # sent as the server closes the connection fails with EOF, which Go does not retry for a POST;
+    # the e2e scale run lost a /mutate that way (failurePolicy Ignore: an unmutated GPU pod).
+    options: dict[str, Any] = {"lifespan": "on", "access_log": False, "log_config": None,
+                               "timeout_keep_alive": 120}
     if ssl_context is not None:
         options["ssl_context_factory"] = lambda _config, _default: ssl_context
     options.update(uvicorn_kwargs)

@@ -1,0 +1,207 @@
+"""Fixtures of the end-to-end suite (`make e2e`; pyproject's norecursedirs keeps it out of `make test`).
+
+One control plane for the whole session (cold start to a ready API is measured), the chart
+installed on it, the webhook and the scheduler pod (kube-scheduler + extender sidecar) running
+from the rendered manifests. Each test makes its own namespace and its own nodes, labelled with a
+group of its own that its pods select, so tests do not see each other's capacity.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.cluster import Api, ControlPlane, Kubelets, start_control_plane, wait_for
+from tests.e2e.deploy import NAMESPACE, Pod, install, render, wait_ready, webhook_port
+
+Obj = dict[str, Any]
+WEBHOOK = "gpu-placement-webhook"
+SCHEDULER = "gpu-placement-scheduler"
+_ids = itertools.count()
+
+
+@dataclass
+class E2E:
+    plane: ControlPlane
+    api: Api
+    kubelets: Kubelets
+    docs: list[Obj]
+    webhooks: list[Pod] = field(default_factory=list)
+    scheduler: Pod | None = None
+
+    # -- the chart's processes
+    def start_webhook(self, replica: int = 0) -> Pod:
+        pod = Pod(self.plane, self.docs, WEBHOOK, replica)
+        proc = pod.start("webhook")
+        # The Service's backends: what the API server reaches through gpu-placement-webhook.gpu-placement.svc.
+        if pod not in self.webhooks:
+            self.webhooks.append(pod)
+        self.route_webhooks()
+        wait_ready(proc, self.webhook_url(pod, "/readyz"))
+        return pod
+
+    def upgrade(self, values: Obj) -> None:
+        """`helm upgrade` with these values: the chart re-applied, the webhook pods rolled (the
+        config checksum changed) with fresh processes."""
+        self.docs[:] = render(values)
+        install(self.api, self.docs)
+        self.restart_webhooks()
+
+    def restart_webhooks(self) -> None:
+        for pod in self.webhooks:
+            pod.stop()
+        self.webhooks.clear()
+        self.start_webhook(0)
+
+    def route_webhooks(self) -> None:
+        assert self.plane.proxy is not None
+        service = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/services/{WEBHOOK}")["spec"]
+        backends = [("127.0.0.1", webhook_port(p, self.docs)) for p in self.webhooks]
+        for port in service["ports"]:
+            self.plane.proxy.route(service["clusterIP"], port["port"], backends)
+
+    def webhook_url(self, pod: Pod, path: str) -> str:
+        return f"https://127.0.0.1:{webhook_port(pod, self.docs)}{path}"
+
+    def start_scheduler(self) -> Pod:
+        pod = self.scheduler or Pod(self.plane, self.docs, SCHEDULER)
+        self.scheduler = pod
+        extender = pod.start("extender")
+        wait_ready(extender, f"{self.extender_url()}/readyz")
+        if "kube-scheduler" not in pod.procs or not pod.procs["kube-scheduler"].alive():
+            pod.start("kube-scheduler")
+        return pod
+
+    def extender_url(self) -> str:
+        assert self.scheduler is not None
+        return f"http://127.0.0.1:{self.scheduler.local_port(8888)}"
+
+    def webhook_requests(self) -> dict[str, float]:
+        """Admission requests answered, per path, summed over the webhook replicas (their /metrics)."""
+        totals: dict[str, float] = {}
+        for pod in self.webhooks:
+            if not pod.procs["webhook"].alive():
+                continue
+            text = httpx.get(self.webhook_url(pod, "/metrics"), verify=False, timeout=5).text
+            for line in text.splitlines():
+                if line.startswith("gpu_placement_request_seconds_count{") and 'component="webhook"' in line:
+                    verb = line.split('verb="', 1)[1].split('"', 1)[0]
+                    totals[verb] = totals.get(verb, 0.0) + float(line.rsplit(" ", 1)[1])
+        return totals
+
+    # -- test objects
+    def namespace(self, prefix: str, annotations: dict[str, str] | None = None) -> str:
+        name = f"{prefix}-{next(_ids)}"
+        self.api.apply({"apiVersion": "v1", "kind": "Namespace",
+                        "metadata": {"name": name, "annotations": annotations or {}}})
+        # The ServiceAccount admission plugin refuses pods until the controller made `default`.
+        wait_for(f"serviceaccount {name}/default",
+                 lambda: self.api.http.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").status_code == 200)
+        return name
+
+    def nodes(self, group: str, specs: list[tuple[str, str | None, dict[str, Any]]],
+              validators: bool = True) -> list[str]:
+        """Nodes `<group>-<suffix>` from fixture bases, labelled e2e-group=<group>, kept alive."""
+        names = []
+        for suffix, base, kwargs in specs:
+            name = f"{group}-{suffix}"
+            labels = {"e2e-group": group, **kwargs.pop("labels", {})}
+            ready_validator = kwargs.pop("validator_ready", True)
+            self.kubelets.add_node(name, base, labels=labels, **kwargs)
+            if validators and ready_validator is not None:
+                self.kubelets.add_validator(name, ready=ready_validator)
+            names.append(name)
+        self.kubelets.wait_schedulable(names)
+        return names
+
+    def gpu_pod(self, namespace: str, name: str, group: str, gpus: int = 1, resource: str = "nvidia.com/gpu",
+                annotations: dict[str, str] | None = None,
+                image: str = "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04", **params: Any) -> httpx.Response:
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
+               "spec": {"nodeSelector": {"e2e-group": group}, "restartPolicy": "Never",
+                        "containers": [{"name": "main", "image": image, "resources": {
+                            "limits": {resource: str(gpus)} if gpus else {},
+                            "requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
+        return self.api.create(f"/api/v1/namespaces/{namespace}/pods", pod, **params)
+
+    def pod(self, namespace: str, name: str) -> Obj:
+        return self.api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+    def wait_bound(self, namespace: str, name: str, timeout: float = 30.0) -> str:
+        try:
+            return str(wait_for(f"pod {namespace}/{name} bound",
+                                lambda: self.pod(namespace, name)["spec"].get("nodeName"), timeout=timeout))
+        except TimeoutError as exc:  # say why, as `kubectl describe` would
+            status = self.pod(namespace, name).get("status", {})
+            raise TimeoutError(f"{exc}; conditions {status.get('conditions')}") from None
+
+    def scheduled_condition(self, namespace: str, name: str, timeout: float = 30.0) -> Obj:
+        def unschedulable() -> Obj | None:
+            for cond in self.pod(namespace, name).get("status", {}).get("conditions", []):
+                if cond["type"] == "PodScheduled" and cond["status"] == "False":
+                    return dict(cond)
+            return None
+        return dict(wait_for(f"pod {namespace}/{name} PodScheduled=False", unschedulable, timeout=timeout))
+
+    def events(self, namespace: str, name: str) -> list[Obj]:
+        items = self.api.get(f"/api/v1/namespaces/{namespace}/events",
+                             fieldSelector=f"involvedObject.name={name}")["items"]
+        return list(items)
+
+    def ca_bundle_trusted(self) -> bool:
+        for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+            obj = self.api.get(f"/apis/admissionregistration.k8s.io/v1/{kind}/gpu-placement")
+            if not all(w["clientConfig"].get("caBundle") for w in obj["webhooks"]):
+                return False
+        return True
+
+
+def admitted(pod: Obj) -> Obj:
+    return dict(json.loads(pod["metadata"]["annotations"]["gpu-placement.io/admitted"]))
+
+
+@pytest.fixture(scope="session")
+def plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    plane = start_control_plane()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+        if request.session.testsfailed:  # every process's log is there
+            print(f"\ne2e: control plane logs kept in {plane.work}")
+        else:
+            shutil.rmtree(plane.work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def e2e(plane: ControlPlane) -> Iterator[E2E]:
+    assert plane.api is not None
+    api = plane.api
+    kubelets = Kubelets(api)
+    docs = render()
+    env = E2E(plane, api, kubelets, docs)
+    try:
+        for ns in ("gpu-operator",):
+            env.api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        wait_for("serviceaccount gpu-operator/default", lambda: api.http.get(
+            "/api/v1/namespaces/gpu-operator/serviceaccounts/default").status_code == 200)
+        install(api, docs)
+        env.start_webhook(0)
+        wait_for("caBundle patched by --manage-certs", env.ca_bundle_trusted, timeout=60, interval=0.5)
+        env.start_scheduler()
+        wait_for("the scheduler's leader Lease", lambda: api.http.get(
+            f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/gpu-placement").status_code == 200,
+            timeout=60)
+        yield env
+    finally:
+        kubelets.stop()
+        for pod in [*env.webhooks, *([env.scheduler] if env.scheduler else [])]:
+            pod.stop()

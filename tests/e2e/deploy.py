@@ -1,0 +1,163 @@
+"""The chart, installed for real on the e2e control plane, and its pods run on this machine.
+
+Rendered by Helm (helm-python-sdk, as tests/test_chart.py does); every object goes through the API
+server by server-side apply. No kubelet runs the Deployments' pods, so `Pod` here plays one: it runs
+a container of the rendered pod template with its exact command and args, its volumes as folders
+(ConfigMaps written out, emptyDirs empty) and its env. What a pod gives that a process on a shared
+machine cannot is rewritten, and only that:
+
+- ports: every "pod" here shares one loopback, so each listen address gets a free port (and the
+  scheduler's extender urlPrefix follows the extender's);
+- identity: no in-cluster service-account mount outside a pod, so each process gets a kubeconfig
+  holding a TokenRequest token of its chart ServiceAccount (`--kubeconfig` for gpu-placement;
+  `clientConnection.kubeconfig` in kube-scheduler's config, which ignores the flag when --config
+  is given). RBAC is exactly what the chart grants those accounts.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import yaml
+
+from tests.e2e.cluster import Api, ControlPlane, Proc, free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "gpu-placement"
+RELEASE = NAMESPACE = "gpu-placement"
+GPU_PLACEMENT = str(Path(sys.executable).parent / "gpu-placement")
+Obj = dict[str, Any]
+
+
+def render(values: Obj | None = None) -> list[Obj]:
+    with helm_python.Chart.load(CHART) as chart:
+        files = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE)
+    return [doc for path, text in sorted(files.items()) if path.endswith(".yaml")
+            for doc in yaml.safe_load_all(text) if doc]
+
+
+def install(api: Api, docs: list[Obj]) -> None:
+    """`helm install --create-namespace`, by server-side apply: namespace, then everything else
+    (RBAC before workloads, the webhook configurations last, as Helm orders kinds)."""
+    api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    order = ["ServiceAccount", "Secret", "ConfigMap", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+             "Service", "Deployment", "PodDisruptionBudget", "MutatingWebhookConfiguration",
+             "ValidatingWebhookConfiguration"]
+    for doc in sorted(docs, key=lambda d: order.index(d["kind"]) if d["kind"] in order else len(order)):
+        api.apply(doc, manager="helm")
+
+
+def find(docs: list[Obj], kind: str, name: str) -> Obj:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, (kind, name)
+    return found[0]
+
+
+@dataclass
+class Pod:
+    """One replica of a rendered Deployment, its containers as local processes."""
+
+    plane: ControlPlane
+    docs: list[Obj]
+    deployment: str
+    replica: int = 0
+    ports: dict[int, int] = field(default_factory=dict)  # container port -> local port
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.template = find(self.docs, "Deployment", self.deployment)["spec"]["template"]
+        self.dir = self.plane.work / f"{self.deployment}-{self.replica}"
+        self.dir.mkdir(exist_ok=True)
+        api = self.plane.api
+        assert api is not None
+        spec = self.template["spec"]
+        self.service_account = spec["serviceAccountName"]
+        token = api.token_for(NAMESPACE, self.service_account)
+        self.kubeconfig = api.kubeconfig(self.dir / "kubeconfig", token, self.service_account)
+        self.volumes: dict[str, Path] = {}
+        for vol in spec.get("volumes", []):
+            path = self.dir / "volumes" / vol["name"]
+            path.mkdir(parents=True, exist_ok=True)
+            if "configMap" in vol:
+                cm = find(self.docs, "ConfigMap", vol["configMap"]["name"])
+                for key, text in cm["data"].items():
+                    (path / key).write_text(text)
+            self.volumes[vol["name"]] = path
+
+    def local_port(self, container_port: int) -> int:
+        if container_port not in self.ports:
+            self.ports[container_port] = free_port()
+        return self.ports[container_port]
+
+    def _mounts(self, container: Obj) -> list[tuple[str, Path]]:
+        return sorted(((m["mountPath"], self.volumes[m["name"]]) for m in container.get("volumeMounts", [])),
+                      key=lambda m: -len(m[0]))
+
+    def _path(self, value: str, mounts: list[tuple[str, Path]]) -> str:
+        if value.startswith("--") and "=" in value:  # --config=/etc/...
+            flag, _, rest = value.partition("=")
+            return f"{flag}={self._path(rest, mounts)}"
+        for mount_path, local in mounts:
+            if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
+                return str(local) + value[len(mount_path.rstrip("/")):]
+        return value
+
+    def _listen(self, value: str) -> str:
+        port = value.rpartition(":")[2]
+        return f"127.0.0.1:{self.local_port(int(port))}"
+
+    def command(self, name: str) -> tuple[list[str], dict[str, str]]:
+        container = next(c for c in self.template["spec"]["containers"] if c["name"] == name)
+        mounts = self._mounts(container)
+        args = [self._path(str(a), mounts) for a in container.get("command", []) + container.get("args", [])]
+        env = {e["name"]: NAMESPACE for e in container.get("env", [])
+               if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace"}
+        if name == "kube-scheduler":
+            args[0] = str(self.plane.bin_dir / "kube-scheduler")
+            config_arg = next(i for i, a in enumerate(args) if a.startswith("--config="))
+            config_path = Path(args[config_arg].split("=", 1)[1])
+            config = yaml.safe_load(config_path.read_text())
+            config["clientConnection"] = {"kubeconfig": str(self.kubeconfig)}
+            for ext in config.get("extenders", []):
+                prefix, _, port = ext["urlPrefix"].rpartition(":")
+                ext["urlPrefix"] = f"{prefix}:{self.local_port(int(port))}"
+            config_path.write_text(yaml.safe_dump(config))
+            kc = str(self.kubeconfig)
+            args += ["--bind-address=127.0.0.1", f"--secure-port={self.local_port(10259)}",
+                     f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}"]
+        else:  # the gpu-placement image: ENTRYPOINT ["gpu-placement"]
+            for i, arg in enumerate(args):
+                if arg in ("--webhook-listen", "--extender-listen"):
+                    args[i + 1] = self._listen(args[i + 1])
+            args = [GPU_PLACEMENT, *args, "--kubeconfig", str(self.kubeconfig)]
+        return args, env
+
+    def start(self, name: str) -> Proc:
+        args, env = self.command(name)
+        proc = Proc(f"{self.deployment}-{self.replica}-{name}", args, self.dir / f"{name}.log", env=env).start()
+        self.procs[name] = proc
+        return proc
+
+    def stop(self, name: str | None = None) -> None:
+        for key in [name] if name else list(self.procs):
+            self.procs[key].stop()
+
+
+def webhook_port(pod: Pod, docs: list[Obj]) -> int:
+    container = next(c for c in pod.template["spec"]["containers"] if c["name"] == "webhook")
+    return pod.local_port(int(container["ports"][0]["containerPort"]))
+
+
+def wait_ready(proc: Proc, url: str, verify: Any = False, timeout: float = 60.0) -> None:
+    import httpx
+
+    def ready() -> bool:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited:\n{proc.tail()}")
+        return httpx.get(url, verify=verify, timeout=2).status_code == 200
+
+    wait_for(f"{proc.name} {url}", ready, timeout=timeout, interval=0.2)

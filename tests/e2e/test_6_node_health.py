@@ -1,0 +1,65 @@
+"""Scenario 6: node health flips reach scheduling within a second, through the real watch: the
+validator pod goes not Ready, a driver upgrade starts, MIG is being reconfigured, the kubelet stops
+posting Ready. Then: a deleted pod frees its GPU memory and a waiting pod lands."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from tests.e2e.conftest import E2E
+
+
+def test_new_pods_avoid_a_node_within_a_second_of_its_health_flipping(e2e: E2E) -> None:
+    group = "s6"
+    a, b = e2e.nodes(group, [("a", "h100x8", {}), ("b", "h100x8", {})])
+    ns = e2e.namespace("health")
+    # A partly used node wins under binpack: without a flip, new pods go to `a`.
+    assert e2e.gpu_pod(ns, "anchor", group).status_code == 201
+    anchor_node = e2e.wait_bound(ns, "anchor")
+    a, b = (a, b) if anchor_node == a else (b, a)
+    node_path = f"/api/v1/nodes/{a}"
+
+    def label(key: str, value: str | None) -> Callable[[], None]:
+        return lambda: e2e.api.merge_patch(node_path, {"metadata": {"labels": {key: value}}}) and None
+
+    flips: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
+        ("validator not Ready", lambda: e2e.kubelets.set_pod_ready("gpu-operator", f"nvidia-operator-validator-{a}",
+                                                                   False),
+         lambda: e2e.kubelets.set_pod_ready("gpu-operator", f"nvidia-operator-validator-{a}", True)),
+        ("driver upgrade", label("nvidia.com/gpu-driver-upgrade-state", "drain-required"),
+         label("nvidia.com/gpu-driver-upgrade-state", None)),
+        ("MIG reconfiguring", label("nvidia.com/mig.config.state", "pending"),
+         label("nvidia.com/mig.config.state", "success")),
+        ("NotReady", lambda: e2e.kubelets.set_ready(a, False), lambda: e2e.kubelets.set_ready(a, True)),
+    ]
+    for i, (what, flip, restore) in enumerate(flips):
+        flip()
+        time.sleep(1.0)
+        assert e2e.gpu_pod(ns, f"during-{i}", group).status_code == 201
+        landed = e2e.wait_bound(ns, f"during-{i}")
+        assert landed == b, f"{what}: a new pod went to {landed}, the flipped node"
+        # Keep `b` emptier than `a`, so binpack keeps preferring `a` once it is back.
+        assert e2e.api.delete(f"/api/v1/namespaces/{ns}/pods/during-{i}").status_code == 200
+        restore()
+        if what == "NotReady":
+            e2e.kubelets.wait_schedulable([a])
+        time.sleep(1.0)
+        assert e2e.gpu_pod(ns, f"after-{i}", group).status_code == 201
+        assert e2e.wait_bound(ns, f"after-{i}") == a, f"{what}: the node did not come back"
+
+
+def test_a_deleted_pod_frees_its_memory_and_a_waiting_pod_lands(e2e: E2E) -> None:
+    group = "s6-memory"
+    [t4] = e2e.nodes(group, [("t4", "t4-timeslicing", {"shared_resource": "nvidia.com/gpu.shared",
+                                                     "labels": {"nvidia.com/gpu.sharing-strategy": "time-slicing"}})])
+    # A T4 has 15 GiB; two pods of 10 GiB each do not fit together, though 8 time-slices are free.
+    ns = e2e.namespace("memory", {"gpu-placement.io/sharing": "shared", "gpu-placement.io/gpu-memory": "10Gi"})
+    cuda11 = "nvcr.io/nvidia/cuda:11.6.2-runtime-ubuntu20.04"  # the T4 fixture's driver is 510.73.08
+    assert e2e.gpu_pod(ns, "first", group, image=cuda11).status_code == 201
+    assert e2e.wait_bound(ns, "first") == t4
+    assert e2e.gpu_pod(ns, "second", group, image=cuda11).status_code == 201
+    cond = e2e.scheduled_condition(ns, "second")
+    assert "InsufficientGPUMemory" in cond["message"], cond
+    assert e2e.api.delete(f"/api/v1/namespaces/{ns}/pods/first").status_code == 200
+    assert e2e.wait_bound(ns, "second", timeout=30) == t4

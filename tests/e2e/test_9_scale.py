@@ -1,0 +1,56 @@
+"""Scenario 9: 1,000 GPU nodes and 2,000 GPU pods through the whole path (webhook, kube-scheduler,
+extender, bind); every pod bound where it can run, none over a node's GPUs; pods/s printed."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.e2e.cluster import wait_for
+from tests.e2e.conftest import E2E
+
+NODES, PODS, GPUS_PER_NODE = 1000, 2000, 8
+
+
+@pytest.mark.timeout(900)
+def test_thousand_nodes_two_thousand_pods(e2e: E2E) -> None:
+    group = "s9"
+    t0 = time.monotonic()
+    names = [f"{group}-{i:04d}" for i in range(NODES)]
+
+    def add(name: str) -> None:
+        e2e.kubelets.add_node(name, "h100x8", labels={"e2e-group": group})
+        e2e.kubelets.add_validator(name)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(add, names))
+    e2e.kubelets.wait_schedulable(names, timeout=180)
+    print(f"\nscale: {NODES} nodes (+ validator pods) made and schedulable in {time.monotonic() - t0:.0f} s")
+
+    ns = e2e.namespace("scale")
+    t1 = time.monotonic()
+
+    def create(i: int) -> int:
+        return e2e.gpu_pod(ns, f"job-{i:05d}", group, gpus=1 + i % 2).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = Counter(pool.map(create, range(PODS)))
+    created = time.monotonic() - t1
+    assert codes == {201: PODS}, codes
+
+    def bound() -> bool:
+        items = e2e.api.get(f"/api/v1/namespaces/{ns}/pods")["items"]
+        return sum(1 for p in items if p["spec"].get("nodeName")) == PODS
+
+    wait_for(f"{PODS} pods bound", bound, timeout=600, interval=2)
+    elapsed = time.monotonic() - t1
+    print(f"scale: {PODS} pods created in {created:.0f} s ({PODS / created:.0f}/s through both webhooks), "
+          f"all bound after {elapsed:.0f} s: {PODS / elapsed:.1f} pods/s end to end")
+    used: Counter[str] = Counter()
+    for p in e2e.api.get(f"/api/v1/namespaces/{ns}/pods")["items"]:
+        used[p["spec"]["nodeName"]] += int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    assert set(used) <= set(names)
+    assert max(used.values()) <= GPUS_PER_NODE, used.most_common(3)
