@@ -111,7 +111,8 @@ class Pod:
         return f"127.0.0.1:{self.local_port(int(port))}"
 
     def command(self, name: str) -> tuple[list[str], dict[str, str]]:
-        container = next(c for c in self.template["spec"]["containers"] if c["name"] == name)
+        spec = self.template["spec"]  # the extender is a native sidecar: an init container that keeps running
+        container = next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name)
         mounts = self._mounts(container)
         args = [self._path(str(a), mounts) for a in container.get("command", []) + container.get("args", [])]
         env = {e["name"]: NAMESPACE for e in container.get("env", [])
