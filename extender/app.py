@@ -17,12 +17,13 @@ from starlette.routing import Route
 
 from extender.binding import Binder, BindError
 from extender.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
-from gpu_placement import metrics
+from gpu_placement import metrics, shape
 from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
 from gpu_placement.placement import FilterResult, Placement
 from gpu_placement.pods import GpuRequests, pod_key
 from gpu_placement.requirements import Requirements
 from gpu_placement.rules import unknown_node
+from gpu_placement.shape import ShapeError
 from gpu_placement.view import ClusterView
 
 __all__ = ["DEFAULT_MAX_BODY", "WireError", "create_app", "parse_extender_args"]
@@ -49,30 +50,27 @@ ParsedArgs = tuple[dict[str, Any], list[str], list[dict[str, Any]] | None]
 
 
 def parse_extender_args(body: bytes) -> ParsedArgs:
-    """(pod, node names, node objects when the request carried `Nodes`)."""
+    """(pod, node names, node objects when the request carried `Nodes`). Raises WireError or
+    ShapeError (`Pod.spec.containers[0].resources.limits: expected an object, got a string`)."""
     args: ExtenderArgs = _json_object(body, "ExtenderArgs")
     pod = args.get("Pod")
-    if not isinstance(pod, dict):
-        raise WireError("ExtenderArgs.Pod is missing or not an object" if pod is None else
-                        f"ExtenderArgs.Pod must be a v1.Pod object, got {type(pod).__name__}")
+    if pod is None:
+        raise WireError("ExtenderArgs.Pod is missing: expected the v1.Pod being scheduled")
+    shape.check_pod(pod, "Pod")
     names = args.get("NodeNames")
     if names is not None:
-        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
-            raise WireError("ExtenderArgs.NodeNames must be a list of node names")
+        for index, node_name in enumerate(shape.opt_list(names, "NodeNames", "a list of node names")):
+            if node_name.__class__ is not str or not node_name or len(node_name) > shape.NAME_LIMIT:
+                shape.name(node_name, f"NodeNames[{index}]")
         return pod, names, None
     nodes = args.get("Nodes")
     if nodes is None:
         return pod, [], None
-    items = nodes.get("items") if isinstance(nodes, dict) else False
-    if not isinstance(items, list | None):
-        raise WireError("ExtenderArgs.Nodes must be a v1.NodeList with an items list")
-    objects = items or []
+    objects = shape.objects(shape.obj(nodes, "Nodes", "a v1.NodeList object").get("items"), "Nodes.items")
     node_names = []
     for index, node in enumerate(objects):
-        name = node.get("metadata", {}).get("name") if isinstance(node, dict) else None
-        if not isinstance(name, str) or not name:
-            raise WireError(f"ExtenderArgs.Nodes.items[{index}] has no metadata.name")
-        node_names.append(name)
+        meta = shape.obj(node.get("metadata"), f"Nodes.items[{index}].metadata")
+        node_names.append(shape.name(meta.get("name"), f"Nodes.items[{index}].metadata.name"))
     return pod, node_names, objects
 
 
@@ -121,7 +119,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             return body
         try:
             return parse_extender_args(body)
-        except WireError as exc:
+        except (WireError, ShapeError) as exc:
             return refuse(verb, 400, "malformed", str(exc))
 
     async def filter_(request: Request) -> ORJSONResponse:
@@ -130,7 +128,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             return args
         pod, names, objects = args
         req = placement.requirements(pod)
-        if req.gpus:
+        if req.gpus and req.error is None:  # a pod no node can take is not bound; and its text is not kept
             remember(pod, req.gpus)
         view.expire_reservations()
         cached = last_filter[0]
@@ -142,7 +140,10 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         else:
             generation = view.generation
             result = placement.filter(req, names)
-            encoded = _encode_filter(result, objects)
+            try:
+                encoded = _encode_filter(result, objects)
+            except ShapeError as exc:  # a passing node too deep to echo back
+                return refuse("filter", 400, "malformed", str(exc))
             if objects is None:
                 last_filter[0] = _LastFilter(generation, req, names, result, encoded)
         for code, count in result.reasons.items():
@@ -165,12 +166,11 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             return body
         try:
             args: ExtenderBindingArgs = _json_object(body, "ExtenderBindingArgs")
-            for field in ("PodName", "PodNamespace", "Node"):
-                if not isinstance(args.get(field), str) or not args.get(field):
-                    raise WireError(f"ExtenderBindingArgs.{field} is missing or not a string")
-        except WireError as exc:
+            name, node = shape.name(args.get("PodName"), "PodName"), shape.name(args.get("Node"), "Node")
+            namespace = shape.name(args.get("PodNamespace"), "PodNamespace", shape.LABEL_LIMIT)
+            uid = shape.opt_str(args.get("PodUID"), "PodUID", shape.UID_LIMIT)
+        except (WireError, ShapeError) as exc:
             return refuse("bind", 400, "malformed", str(exc))
-        namespace, name, node, uid = args["PodNamespace"], args["PodName"], args["Node"], str(args.get("PodUID") or "")
         error = await run_in_threadpool(_bind, namespace, name, uid, node)
         metrics.BINDINGS.labels("error" if error else "ok").inc()
         if error:
@@ -228,6 +228,9 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
 
 
+_NODE_LIST_DEPTH = 3  # answer, NodeList, items: the levels above a node echoed back
+
+
 def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -> bytes:
     if objects is None:  # the common form (nodeCacheCapable): joined from pieces, no re-encoding
         return (b'{"Nodes":null,"NodeNames":' + orjson.dumps(result.passed) + b',"FailedNodes":' +
@@ -239,7 +242,13 @@ def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -
         "NodeNames": None, "FailedNodes": result.failed, "FailedAndUnresolvableNodes": result.unresolvable,
         "Error": "",
     }
-    return orjson.dumps(answer)
+    try:
+        return orjson.dumps(answer)
+    except orjson.JSONEncodeError:  # JSON from orjson.loads fails to encode only by depth: name the node
+        for index, node in enumerate(objects):
+            if node["metadata"]["name"] in keep:
+                shape.check_depth(node, f"Nodes.items[{index}]", shape.ECHO_DEPTH - _NODE_LIST_DEPTH)
+        raise
 
 
 def _name(pod: dict[str, Any]) -> str:

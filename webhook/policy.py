@@ -20,6 +20,7 @@ from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.cuda import Version, parse_version
 from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.text import MAX_ANNOTATION_VALUE
 from webhook.quantities import QuantityProblem, to_count, to_mib
 from webhook.text import first_non_ascii, quoted
 
@@ -35,7 +36,7 @@ __all__ = [
 ]
 
 NAMESPACE_ANNOTATIONS = (n.ANN_SHARING, n.ANN_QUOTA, n.ANN_POOLS, n.ANN_GPU_MEMORY, n.ANN_PRODUCTS, n.ANN_CUDA)
-_MAX_VALUE = 4096  # our annotations are short lists; anything longer is a mistake or an attack
+_MAX_VALUE = MAX_ANNOTATION_VALUE  # the extender refuses the same lengths
 _MIG_PROFILE = re.compile(r"([0-9]{1,2})g\.([0-9]{1,4})gb((?:\.[a-z0-9]+)*)", re.ASCII)
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
 _EXAMPLES = {
