@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench lint install clean
+.PHONY: demo test fuzz bench lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# The property-based hostile-input suite at length: FUZZ_EXAMPLES requests per POST endpoint, a fresh
+# random seed each run, statuses printed. `make test` runs the same suite with 30 fixed examples.
+FUZZ_EXAMPLES ?= 3000
+fuzz: $(STAMP)
+	GPU_PLACEMENT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -s tests/test_fuzz_http.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Allocations whose innermost frame is in the service's packages: caches, the view, reasons. The
 # client, the HTTP server and hypothesis allocate a lot too, but none of it is the service's to keep.
-_OURS = [tracemalloc.Filter(True, str(ROOT / package / "*")) for package in ("gpu_placement", "extender", "webhook")]
+_OURS = tuple(f"{ROOT / package}/" for package in ("gpu_placement", "extender", "webhook"))
 
 
 def deep(levels: int, leaf: bytes = b'"x"') -> bytes:
@@ -22,7 +22,8 @@ def deep(levels: int, leaf: bytes = b'"x"') -> bytes:
 
 def _held() -> int:
     gc.collect()
-    return sum(stat.size for stat in tracemalloc.take_snapshot().filter_traces(_OURS).statistics("filename"))
+    by_file = tracemalloc.take_snapshot().statistics("filename")  # grouped first: cheaper than filter_traces
+    return sum(stat.size for stat in by_file if stat.traceback[0].filename.startswith(_OURS))
 
 
 @contextmanager
