@@ -8,6 +8,7 @@ import tracemalloc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 # Allocations whose innermost frame is in the service's packages: caches, the view, reasons. The
@@ -18,6 +19,17 @@ _OURS = tuple(f"{ROOT / package}/" for package in ("gpu_placement", "extender", 
 def deep(levels: int, leaf: bytes = b'"x"') -> bytes:
     """A value nested `levels` arrays deep, as raw JSON: orjson will not encode past 254 levels."""
     return b"[" * levels + leaf + b"]" * levels
+
+
+def paths(doc: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """Every place in a JSON document, as key/index tuples, the root `()` first."""
+    yield prefix
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            yield from paths(value, (*prefix, key))
+    elif isinstance(doc, list):
+        for index, value in enumerate(doc):
+            yield from paths(value, (*prefix, index))
 
 
 def _held() -> int:

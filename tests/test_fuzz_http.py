@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gpu_placement.demo_cluster import demo_objects, make_pod
-from tests.hostile import deep, held_by_the_service
+from tests.hostile import deep, held_by_the_service, paths
 from tests.test_extender_http import DEMO_NODES, Extender, api_node, api_pod
 from tests.test_webhook_helpers import NAMESPACES, Webhook, review, user_pod
 
@@ -87,16 +87,6 @@ def encode(doc: Any) -> bytes:
     return body
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    yield prefix
-    if isinstance(doc, dict):
-        for key, value in doc.items():
-            yield from _paths(value, (*prefix, key))
-    elif isinstance(doc, list):
-        for index, value in enumerate(doc):
-            yield from _paths(value, (*prefix, index))
-
-
 # Where the service reads most: half the changes go to one of these (a field of that name anywhere).
 TARGETS = frozenset({"annotations", "limits", "requests", "env", "containers", "initContainers", "metadata", "items",
                      "NodeNames", "nodeSelectorTerms", "tolerations", "kind", "resource", "PodUID"})
@@ -105,11 +95,11 @@ TARGETS = frozenset({"annotations", "limits", "requests", "env", "containers", "
 def _mutate(data: st.DataObject, doc: Any) -> Any:
     """One change: replace, delete, wrap, duplicate or insert, at a random place or at a field the
     service reads (TARGETS)."""
-    paths = list(_paths(doc))
-    targeted = [path for path in paths if path and path[-1] in TARGETS]
+    places = list(paths(doc))
+    targeted = [path for path in places if path and path[-1] in TARGETS]
     if targeted and data.draw(st.booleans(), label="targeted"):
-        paths = targeted
-    path = data.draw(st.sampled_from(paths), label="path")
+        places = targeted
+    path = data.draw(st.sampled_from(places), label="path")
     action = data.draw(st.sampled_from(["replace", "delete", "wrap", "duplicate", "insert"]), label="action")
     if not path:
         return data.draw(VALUES) if action == "replace" else [doc] if action == "wrap" else doc
@@ -144,7 +134,7 @@ PLANTED = {"annotations": [key for key in KEYS if key.startswith("gpu-placement.
 
 def _plant(data: st.DataObject, doc: Any) -> Any:
     """An odd value where it is read as text or a count: a gpu-placement.io/* annotation, a GPU quantity."""
-    places = [path for path in _paths(doc) if path and path[-1] in PLANTED]
+    places = [path for path in paths(doc) if path and path[-1] in PLANTED]
     if not places:
         return doc
     path = data.draw(st.sampled_from(places), label="place")
@@ -198,6 +188,10 @@ def _statuses(seen: Counter[int], name: str) -> None:
         print(f"\n{name}: {sum(seen.values())} requests, statuses {dict(sorted(seen.items()))}")
 
 
+def _encoded(name: str) -> int:
+    return len(orjson.dumps(name))  # a name is echoed as JSON: escapes and UTF-8 count
+
+
 def check_extender(verb: str, body: bytes, response: httpx.Response) -> None:
     assert response.status_code in (200, 400, 413), f"{response.status_code} {response.text[:500]}"
     assert response.headers["content-type"].startswith("application/json")
@@ -209,10 +203,10 @@ def check_extender(verb: str, body: bytes, response: httpx.Response) -> None:
     names, echoed = _asked(body)
     if verb == "filter":
         assert answer["Error"] == ""
-        bound = 1024 + sum(2 * len(name) + PER_NODE for name in names) + (len(body) if echoed else 0)
+        bound = 1024 + sum(2 * _encoded(name) + PER_NODE for name in names) + (len(body) if echoed else 0)
     elif verb == "prioritize":
         assert isinstance(answer, list) and len(answer) == len(names)
-        bound = 64 + sum(len(name) + 40 for name in names)
+        bound = 64 + sum(_encoded(name) + 40 for name in names)
     else:
         assert isinstance(answer, dict) and set(answer) == {"Error"}, answer
         bound = MESSAGE_LIMIT
