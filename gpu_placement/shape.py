@@ -123,79 +123,146 @@ def objects(value: Any, path: str) -> list[dict[str, Any]]:
 
 
 def check_depth(value: Any, path: str, limit: int) -> None:
-    """No more than `limit` levels of arrays and objects (a scalar is level 0). Iterative: the value
-    may be nested deeper than Python's recursion limit."""
+    """No more than `limit` levels of arrays and objects (the value itself is level 1). Iterative: the
+    value may be nested deeper than Python's recursion limit."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        children = item.values() if item.__class__ is dict else item if item.__class__ is list else None
-        if children is None:
+        cls = item.__class__
+        if cls is dict:
+            children: Any = item.values()
+        elif cls is list:
+            children = item
+        else:
             continue
         if depth > limit:
             raise ShapeError(path, f"at most {limit} levels of nesting", "deeper")
-        stack.extend((child, depth + 1) for child in children)
+        for child in children:
+            if child.__class__ is dict or child.__class__ is list:
+                stack.append((child, depth + 1))
 
 
 # -- the pod --------------------------------------------------------------------------------------
+# The webhook checks every review and the extender every /filter: paths are formatted only when a
+# field is wrong, and the common case is a dict lookup and a class comparison per field.
+
+def _strings(parent: Mapping[str, Any], fields: tuple[str, ...], path: str, limit: int | None = None) -> None:
+    """Each of `fields` in `parent` absent, null or a string (of at most `limit` characters)."""
+    for field in fields:
+        value = parent.get(field)
+        if value is not None and (value.__class__ is not str or (limit is not None and len(value) > limit)):
+            opt_str(value, f"{path}.{field}", limit)
+
 
 def check_pod(pod: Any, path: str) -> dict[str, Any]:
     """The fields of a `v1.Pod` both edges read: metadata names and annotations, and per container
     the name, image, env, restartPolicy and resources. Returns the pod."""
     pod = obj(pod, path, "a v1.Pod object")
-    meta = opt_obj(pod.get("metadata"), f"{path}.metadata")
-    for field, limit in (("name", NAME_LIMIT), ("generateName", NAME_LIMIT), ("namespace", LABEL_LIMIT),
-                         ("uid", UID_LIMIT)):
-        opt_str(meta.get(field), f"{path}.metadata.{field}", limit)
-    str_map(meta.get("annotations"), f"{path}.metadata.annotations")
-    spec = opt_obj(pod.get("spec"), f"{path}.spec")
+    meta = pod.get("metadata")
+    if meta is not None:
+        obj(meta, f"{path}.metadata")
+        _strings(meta, ("name", "generateName"), f"{path}.metadata", NAME_LIMIT)
+        _strings(meta, ("namespace",), f"{path}.metadata", LABEL_LIMIT)
+        _strings(meta, ("uid",), f"{path}.metadata", UID_LIMIT)
+        annotations = meta.get("annotations")
+        if annotations is not None and (annotations.__class__ is not dict or
+                                        not set(map(type, annotations.values())) <= _STR):
+            str_map(annotations, f"{path}.metadata.annotations")
+    spec = pod.get("spec")
+    if spec is None:
+        return pod
+    obj(spec, f"{path}.spec")
     for field in ("containers", "initContainers"):
-        where = f"{path}.spec.{field}"
-        for index, container in enumerate(objects(spec.get(field), where)):
-            _check_container(container, f"{where}[{index}]")
+        containers = spec.get(field)
+        if containers is None:
+            continue
+        if containers.__class__ is not list:
+            fail(f"{path}.spec.{field}", "a list of objects", containers)
+        for index, container in enumerate(containers):
+            if container.__class__ is not dict:
+                fail(f"{path}.spec.{field}[{index}]", "an object", container)
+            _check_container(container, path, field, index)
     return pod
 
 
-def _check_container(container: Mapping[str, Any], path: str) -> None:
-    opt_str(container.get("name"), f"{path}.name", LABEL_LIMIT)
-    opt_str(container.get("image"), f"{path}.image")
-    opt_str(container.get("restartPolicy"), f"{path}.restartPolicy")
-    for index, env in enumerate(objects(container.get("env"), f"{path}.env")):
-        opt_str(env.get("name"), f"{path}.env[{index}].name")
-        opt_str(env.get("value"), f"{path}.env[{index}].value")
-    resources = opt_obj(container.get("resources"), f"{path}.resources")
+def _check_container(container: Mapping[str, Any], pod_path: str, field: str, index: int) -> None:
+    def where() -> str:
+        return f"{pod_path}.spec.{field}[{index}]"
+
+    if container.get("name").__class__ is not str or len(container["name"]) > LABEL_LIMIT:
+        opt_str(container.get("name"), f"{where()}.name", LABEL_LIMIT)
+    for name in ("image", "restartPolicy"):
+        value = container.get(name)
+        if value is not None and value.__class__ is not str:
+            fail(f"{where()}.{name}", "a string", value)
+    env = container.get("env")
+    if env is not None:
+        for number, item in enumerate(objects(env, f"{where()}.env") if env.__class__ is not list else env):
+            if item.__class__ is not dict:
+                fail(f"{where()}.env[{number}]", "an object", item)
+            for name in ("name", "value"):
+                value = item.get(name)
+                if value is not None and value.__class__ is not str:
+                    fail(f"{where()}.env[{number}].{name}", "a string", value)
+    resources = container.get("resources")
+    if resources is None:
+        return
+    if resources.__class__ is not dict:
+        fail(f"{where()}.resources", "an object", resources)
     for section in ("limits", "requests"):
-        where = f"{path}.resources.{section}"
-        for resource, quantity in opt_obj(resources.get(section), where).items():
-            if quantity.__class__ not in (str, int, float):
-                fail(key(where, resource), "a quantity (a string or a number)", quantity)
+        values = resources.get(section)
+        if values is None:
+            continue
+        if values.__class__ is not dict:
+            fail(f"{where()}.resources.{section}", "an object", values)
+        if not set(map(type, values.values())) <= _QUANTITY:
+            for resource, quantity in values.items():
+                if quantity.__class__ not in _QUANTITY:
+                    fail(key(f"{where()}.resources.{section}", resource), "a quantity (a string or a number)",
+                         quantity)
 
 
 def check_pod_scheduling(pod: Mapping[str, Any], path: str) -> None:
-    """What the webhook also reads and patches: owners, scheduler and node names, tolerations, node
-    selector and required node affinity. Node selector terms are copied into patches: their depth is
-    bounded so the patch always encodes."""
-    meta = opt_obj(pod.get("metadata"), f"{path}.metadata")
-    for index, owner in enumerate(objects(meta.get("ownerReferences"), f"{path}.metadata.ownerReferences")):
-        opt_str(owner.get("kind"), f"{path}.metadata.ownerReferences[{index}].kind")
-    spec = opt_obj(pod.get("spec"), f"{path}.spec")
-    opt_str(spec.get("schedulerName"), f"{path}.spec.schedulerName", NAME_LIMIT)
-    opt_str(spec.get("nodeName"), f"{path}.spec.nodeName", NAME_LIMIT)
-    for index, toleration in enumerate(objects(spec.get("tolerations"), f"{path}.spec.tolerations")):
-        for field in ("key", "operator", "value", "effect"):
-            opt_str(toleration.get(field), f"{path}.spec.tolerations[{index}].{field}")
-    str_map(spec.get("nodeSelector"), f"{path}.spec.nodeSelector")
+    """What the webhook also reads and patches, on a pod `check_pod` passed: owners, scheduler and
+    node names, tolerations, node selector and required node affinity. Node selector terms are
+    copied into patches: their depth is bounded so the patch always encodes."""
+    meta = pod.get("metadata") or {}
+    owners = meta.get("ownerReferences")
+    if owners is not None:
+        for index, owner in enumerate(objects(owners, f"{path}.metadata.ownerReferences")):
+            _strings(owner, ("kind",), f"{path}.metadata.ownerReferences[{index}]")
+    spec = pod.get("spec") or {}
+    _strings(spec, ("schedulerName", "nodeName"), f"{path}.spec", NAME_LIMIT)
+    tolerations = spec.get("tolerations")
+    if tolerations is not None:
+        for index, toleration in enumerate(objects(tolerations, f"{path}.spec.tolerations")):
+            if not set(map(type, toleration.values())) <= _TOLERATION:  # tolerationSeconds is a number
+                _strings(toleration, ("key", "operator", "value", "effect"), f"{path}.spec.tolerations[{index}]")
+    selector = spec.get("nodeSelector")
+    if selector is not None and (selector.__class__ is not dict or not set(map(type, selector.values())) <= _STR):
+        str_map(selector, f"{path}.spec.nodeSelector")
+    affinity = spec.get("affinity")
+    if affinity is None:
+        return
     where = f"{path}.spec.affinity"
-    affinity = opt_obj(spec.get("affinity"), where)
-    node = opt_obj(affinity.get("nodeAffinity"), f"{where}.nodeAffinity")
-    where = f"{where}.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-    required = opt_obj(node.get("requiredDuringSchedulingIgnoredDuringExecution"), where)
-    for index, term in enumerate(objects(required.get("nodeSelectorTerms"), f"{where}.nodeSelectorTerms")):
+    node = obj(affinity, where).get("nodeAffinity")
+    if node is None:
+        return
+    where = f"{where}.nodeAffinity"
+    required = obj(node, where).get("requiredDuringSchedulingIgnoredDuringExecution")
+    if required is None:
+        return
+    where = f"{where}.requiredDuringSchedulingIgnoredDuringExecution"
+    for index, term in enumerate(objects(obj(required, where).get("nodeSelectorTerms"), f"{where}.nodeSelectorTerms")):
         term_path = f"{where}.nodeSelectorTerms[{index}]"
         for field in ("matchExpressions", "matchFields"):
             objects(term.get(field), f"{term_path}.{field}")
         check_depth(term, term_path, _TERM_DEPTH)
 
 
+_STR = {str}
+_QUANTITY = {str, int, float}
+_TOLERATION = {str, int, type(None)}
 # A term sits 7 levels deep in the patch that carries it (list, op, value, nodeAffinity, required,
-# terms, term); its own fields need 4 (term, expressions, expression, values).
+# terms, term); its own fields need 4 (term, expressions, expression, values). Far below orjson's 254.
 _TERM_DEPTH = 64

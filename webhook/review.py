@@ -242,13 +242,13 @@ def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool], pa
             for section in ("requests", "limits"):
                 for name, value in (resources.get(section) or {}).items():
                     if is_gpu_resource(name):
-                        where = shape.key(f"{path}.spec.{field}[{index}].resources.{section}", name)
                         try:
                             count = to_count(value)  # checked before the core parser: see webhook/quantities.py
+                            problem = _too_many(count) if count > MAX_GPU_COUNT else None
                         except QuantityProblem as exc:
-                            return f"{where}: {exc}"
-                        if count > MAX_GPU_COUNT:
-                            return f"{where}: {_too_many(count)}"
+                            problem = str(exc)
+                        if problem:
+                            return f"{shape.key(f'{path}.spec.{field}[{index}].resources.{section}', name)}: {problem}"
     return None
 
 
