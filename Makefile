@@ -4,6 +4,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Prometheus and promtool: the telemetry tests run a real Prometheus (tests/prometheus.py); promtool
+# checks the chart's alert rules and the dashboard's queries (tests/test_alerts.py,
+# tests/test_dashboard.py). Those on PATH if there are, else the binaries out of Debian's
+# `prometheus` package, unpacked into .venv/bin without installing the package (whose scripts
+# would start a Prometheus server).
+PROM_TOOLS := $(BIN)/prometheus $(BIN)/promtool
 
 .PHONY: demo test fuzz bench lint install clean
 
@@ -15,12 +21,21 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(PROM_TOOLS): | $(BIN)/python
+	@tool=$$(basename $@); found=$$(command -v $$tool 2>/dev/null); \
+	if [ -n "$$found" ]; then ln -sf "$$found" $@; else \
+	  echo "$$tool: unpacking it from the Debian package prometheus"; \
+	  tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cd "$$tmp" && \
+	  { apt-get download prometheus >/dev/null 2>&1 || { apt-get update -qq && apt-get download prometheus; }; } && \
+	  dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/$$tool $(CURDIR)/$@; fi
+	@$@ --version 2>&1 | head -1
+
+install: $(STAMP) $(PROM_TOOLS)
 
 demo: $(STAMP)
 	$(BIN)/gpu-placement demo
 
-test: $(STAMP)
+test: $(STAMP) $(PROM_TOOLS)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -37,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/extender_bench.py
 	$(BIN)/python benchmarks/webhook_bench.py
 	$(BIN)/python benchmarks/cache_bench.py
+	$(BIN)/python benchmarks/preempt_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

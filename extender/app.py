@@ -16,8 +16,10 @@ from starlette.requests import Request
 from starlette.routing import Route
 
 from extender.binding import Binder, BindError
+from extender.preempt import preempt_endpoint
 from extender.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement import metrics, shape
+from gpu_placement.cluster_metrics import tracker_for
 from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
 from gpu_placement.placement import FilterResult, Placement
 from gpu_placement.pods import GpuRequests, pod_key
@@ -94,6 +96,7 @@ def _json_object(body: bytes, what: str) -> Any:
 def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: Callable[[], tuple[bool, str]],
                max_body: int = DEFAULT_MAX_BODY) -> Starlette:
     recent: OrderedDict[str, tuple[str, GpuRequests, str | None]] = OrderedDict()
+    waiting = tracker_for(view)  # pods rejected on every node, for gpu_placement_pods_waiting
     last_filter: list[_LastFilter | None] = [None]
 
     def refuse(verb: str, status: int, problem: str, message: str) -> ORJSONResponse:
@@ -153,6 +156,8 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
                 last_filter[0] = _LastFilter(generation, req, names, result, encoded)
         for code, count in result.reasons.items():
             metrics.DECISIONS.labels("extender", code).inc(count)
+        if waiting is not None and req.gpus:
+            waiting.filtered(_key(pod), bool(result.passed), result.reasons)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("filter pod=%s needs=%s passed=%d rejected=%s", _name(pod), req.describe(),
                       len(result.passed), dict(result.reasons))
@@ -206,7 +211,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         status = getattr(exc, "status_code", 404)
         return refuse(request.url.path.strip("/") or "root", status, "bad_path",
                       f"{request.method} {request.url.path} is not an extender verb: use POST /filter, "
-                      "/prioritize or /bind")
+                      "/prioritize, /preempt or /bind")
 
     async def crashed(request: Request, exc: Exception) -> ORJSONResponse:
         log.exception("extender %s failed", request.url.path)
@@ -229,7 +234,9 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
 
         return Route(f"/{verb}", endpoint, methods=["POST"])
 
-    routes = [timed("filter", filter_), timed("prioritize", prioritize), timed("bind", bind), *ops_routes(ready)]
+    preempt = preempt_endpoint(placement, ready, read, _json_object, refuse, WireError)
+    routes = [timed("filter", filter_), timed("prioritize", prioritize), timed("bind", bind),
+              timed("preempt", preempt), *ops_routes(ready)]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
 
 
@@ -254,6 +261,11 @@ def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -
             if node["metadata"]["name"] in keep:
                 shape.check_depth(node, f"Nodes.items[{index}]", shape.ECHO_DEPTH - _NODE_LIST_DEPTH)
         raise
+
+
+def _key(pod: dict[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return pod_key(meta.get("namespace") or "default", meta.get("name") or "")
 
 
 def _name(pod: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 from urllib.parse import quote
 
@@ -9,7 +10,7 @@ import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement import kube
-from gpu_placement.pods import PodRecord, pod_key
+from gpu_placement.pods import pod_key
 from gpu_placement.snapshot import SnapshotSource
 from gpu_placement.view import ClusterView
 
@@ -45,8 +46,7 @@ class SnapshotBinder:
                 self.source.record_binding(namespace, name, node)
             if pod is None:
                 return
-            self.view.upsert_pod(PodRecord(pod.namespace, pod.name, pod.uid, node, pod.active, pod.gpus,
-                                           pod.memory_annotation, pod.validator_ready))
+            self.view.upsert_pod(replace(pod, node=node))
 
 
 class ApiBinder:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-__all__ = ["ExtenderArgs", "ExtenderBindingArgs", "ExtenderBindingResult", "ExtenderFilterResult", "HostPriority"]
+__all__ = ["ExtenderArgs", "ExtenderBindingArgs", "ExtenderBindingResult", "ExtenderFilterResult",
+           "ExtenderPreemptionArgs", "ExtenderPreemptionResult", "HostPriority", "MetaPod", "MetaVictims", "Victims"]
 
 
 class ExtenderArgs(TypedDict, total=False):
@@ -38,3 +39,27 @@ class ExtenderBindingArgs(TypedDict):
 
 class ExtenderBindingResult(TypedDict):
     Error: str
+
+
+class Victims(TypedDict):
+    Pods: list[dict[str, Any]] | None  # v1.Pod objects, highest priority first
+    NumPDBViolations: int
+
+
+class MetaPod(TypedDict):
+    UID: str
+
+
+class MetaVictims(TypedDict):
+    Pods: list[MetaPod] | None
+    NumPDBViolations: int
+
+
+class ExtenderPreemptionArgs(TypedDict, total=False):
+    Pod: dict[str, Any]
+    NodeNameToVictims: dict[str, Victims] | None  # when the extender is not nodeCacheCapable
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None  # when it is
+
+
+class ExtenderPreemptionResult(TypedDict):
+    NodeNameToMetaVictims: dict[str, MetaVictims]  # always this form: kube-scheduler maps UIDs back to its pods

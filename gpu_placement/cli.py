@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="name of the Mutating- and ValidatingWebhookConfiguration to patch")
     serve.add_argument("--cert-dir", metavar="DIR", default="/tmp/gpu-placement-certs",
                        help="where --manage-certs writes the serving pair (default /tmp/gpu-placement-certs)")
+    serve.add_argument("--quota-mirror", action=argparse.BooleanOptionalAction, default=True,
+                       help="keep a ResourceQuota in each namespace with gpu-placement.io/quota, so the API server "
+                       "enforces it (default on; off in audit mode and with --snapshot)")
+    serve.add_argument("--quota-lease", metavar="NAME", default="gpu-placement-quota-mirror",
+                       help="Lease (in --namespace) that elects the one replica writing ResourceQuotas")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")

@@ -49,9 +49,10 @@ class Scoring:
 
 @dataclass(slots=True, frozen=True)
 class Telemetry:
-    url: str | None = None
+    url: str | None = None  # Prometheus base URL (its HTTP API), e.g. http://prometheus.monitoring:9090
     refresh_seconds: float = 15.0
     stale_seconds: float = 60.0
+    xid_window_seconds: float = 600.0  # an XID event this recent lowers a node's score
 
 
 _DEFAULT_TOLERATIONS: tuple[Toleration, ...] = (
@@ -126,6 +127,7 @@ def parse_config(data: Any) -> Config:
             url=telemetry.take("url", str, None),
             refresh_seconds=telemetry.take_seconds("refreshSeconds", 15.0),
             stale_seconds=telemetry.take_seconds("staleSeconds", 60.0),
+            xid_window_seconds=telemetry.take_seconds("xidWindowSeconds", 600.0),
         ),
         reservation_ttl_seconds=top.take_seconds("reservationTTLSeconds", 60.0),
     )

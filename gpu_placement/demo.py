@@ -12,6 +12,7 @@ import http.client
 import ssl
 import sys
 import tempfile
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from gpu_placement.alerting import evaluate
 from gpu_placement.config import Config, parse_config
 from gpu_placement.demo_cluster import demo_objects, demo_pods
 from gpu_placement.explain import admission_review
@@ -85,12 +87,30 @@ def run_demo(config: Config | None = None, out: Any = None) -> int:
 
             print(f"gpu-placement demo: {len(core.view.nodes)} nodes, {len(core.view.namespaces)} namespaces; "
                   f"webhook https://localhost:{webhook.port} (TLS, self-signed CA), extender "
-                  f"http://127.0.0.1:{extender.port}\n", file=out)
+                  f"http://127.0.0.1:{extender.port}; metrics at /metrics on both while the demo runs\n", file=out)
             print("NODES (what the GPU Operator publishes, as gpu-placement reads it)", file=out)
             print(table(NODE_HEADER, node_rows(core.view)), file=out)
             outcomes = [_one(core, post, labels, story, pod) for story, pod in demo_pods()]
+            scraped = _get(f"http://127.0.0.1:{extender.port}/metrics")
     _print(outcomes, out)
+    _print_alerts(scraped, out)
     return 0
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def _print_alerts(scraped: str, out: Any) -> None:
+    """One line per alert of the chart's PrometheusRule whose condition holds on this demo's metrics."""
+    firing = evaluate(scraped)
+    print("\nALERTS (the chart's PrometheusRule on the demo's own /metrics, default thresholds; Prometheus "
+          "fires each once its condition has lasted the time shown)", file=out)
+    print(table(["ALERT", "ABOUT", "CONDITION", "FIRES AFTER"],
+                [[f.alert, f.subject, f.detail, f.after or "now"] for f in firing]) if firing else "  none", file=out)
+    print("Metrics, dashboard and alerts in a cluster: docs/operations.md (Metrics reference, Alerts); "
+          "the chart ships them with --set serviceMonitor.enabled=true", file=out)
 
 
 def write_snapshot(path: str) -> int:

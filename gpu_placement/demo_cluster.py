@@ -78,7 +78,8 @@ def namespace(name: str, annotations: dict[str, str] | None = None) -> Obj:
 
 def make_pod(namespace_: str, name: str, *, gpus: dict[str, int] | None = None, node: str | None = None,
              image: str = "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04", annotations: dict[str, str] | None = None,
-             phase: str | None = None, labels: dict[str, str] | None = None, uid: str | None = None) -> Obj:
+             phase: str | None = None, labels: dict[str, str] | None = None, uid: str | None = None,
+             priority: int | None = None) -> Obj:
     limits = {res: str(count) for res, count in (gpus or {}).items()}
     container: Obj = {"name": "main", "image": image,
                       "resources": {"limits": {"cpu": "4", "memory": "16Gi", **limits},
@@ -93,6 +94,8 @@ def make_pod(namespace_: str, name: str, *, gpus: dict[str, int] | None = None, 
     if node:
         pod["spec"]["nodeName"] = node
         pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    if priority is not None:  # what the API server's Priority admission sets from priorityClassName
+        pod["spec"]["priority"] = priority
     return pod
 
 

@@ -13,7 +13,10 @@ from starlette.applications import Starlette
 
 from gpu_placement import asgi
 from gpu_placement.patching import apply_patch
+from gpu_placement.preemption import explain_preemption
 from gpu_placement.report import VERDICT_HEADER, table, verdict_rows
+from gpu_placement.requirements import Requirements
+from gpu_placement.rules import cuda_rule
 from gpu_placement.service import Core
 
 __all__ = ["Admission", "admission_review", "admit", "explain_pod"]
@@ -73,8 +76,32 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None) -> str:
     lines += [f"  warning: {w}" for w in admission.warnings]
     req = core.placement.requirements(admission.pod)
     lines += ["", f"extender: needs {req.describe()}"]
+    held = core.view.held(f"{namespace}/{meta.get('name') or ''}")
+    if held is not None:  # already running: what it holds was fixed when it was first seen bound
+        node, items, frozen = held
+        what = ", ".join(f"{units}x {resource}" + (f" = {mib} MiB" if mib is not None else "")
+                         for resource, units, mib in items)
+        ask = f"{frozen.ask} from the {frozen.source}" if frozen.ask is not None else frozen.source
+        lines.append(f"  holds {what} on {node}, fixed when first seen bound ({ask}); later annotation or "
+                     "namespace-default edits do not change it")
     verdicts = core.placement.explain(req)
     best = max((v for v in verdicts if v.passed), key=lambda v: (v.score, v.node), default=None)
     lines.append(f"  would go to {best.node} (score {best.score})" if best else "  no node can take it")
+    with core.view.lock:  # which CUDA rule lets each passing node run the images, where it is not plain
+        rules = {v.node: cuda_rule(core.view.nodes[v.node], req) for v in verdicts if v.passed}
+    lines += [f"  {node}: {rule}" for node, rule in sorted(rules.items()) if rule]
     lines += ["", table(VERDICT_HEADER, verdict_rows(verdicts))]
+    lines += _preemption(core, req, admission.pod)
     return "\n".join(lines)
+
+
+def _preemption(core: Core, req: Requirements, pod: dict[str, Any]) -> list[str]:
+    rows = explain_preemption(core.placement, req, pod)
+    if not rows:
+        return []
+    spec = pod.get("spec") or {}
+    head = f"preemption (priority {spec.get('priority', 0)}" + (
+        f", class {spec['priorityClassName']}" if spec.get("priorityClassName") else "") + "):"
+    if "priority" not in spec and spec.get("priorityClassName"):
+        head += " spec.priority is unset in this file; the API server sets it from the class, as 0 here"
+    return ["", head, table(["NODE", "PREEMPTION", "WOULD EVICT / WHY NOT"], rows)]

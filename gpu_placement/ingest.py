@@ -22,7 +22,15 @@ class Ingest:
         self.config = config
 
     def node(self, obj: Mapping[str, Any]) -> NodeFacts:
-        return node_from_json(obj)
+        return node_from_json(obj, self._pool_of)
+
+    def _pool_of(self, labels: Mapping[str, str]) -> str | None:
+        """Pool membership for the capacity metrics: by nodeSelector (a pool with tolerations only
+        names no labels, so no node is counted in it)."""
+        for pool in self.config.pools.values():
+            if pool.node_selector and all(labels.get(k) == v for k, v in pool.node_selector.items()):
+                return pool.name
+        return None
 
     def pod(self, obj: Mapping[str, Any]) -> PodRecord:
         return pod_from_json(obj, self.config.is_gpu_resource, self._is_validator)

@@ -72,18 +72,23 @@ class WatchSettings:
     """Every timing knob of list+watch, in seconds unless named otherwise (kopf's `WatchingSettings`).
 
     A list request reads with `read_timeout`; a watch asks the server to end the stream after
-    `server_timeout` (`timeoutSeconds`) and gives up on a silent stream after `client_timeout`,
-    a little longer, so a clean server-side end is the normal case and a dead connection is
-    noticed anyway. Between failed attempts the wait grows from `backoff_initial` by
-    `backoff_factor` up to `backoff_max`, each wait varied by +/- `backoff_jitter` (a fraction) so
-    that replicas restarted together do not hit the API server in step; a `Retry-After` from the
-    server (429, 503) is honoured up to `backoff_max`.
+    `server_timeout` (`timeoutSeconds`) and gives up on a stream silent for `client_timeout`. The
+    watch asks for bookmarks, which the API server's watch cache sends about every
+    `bookmark_interval` (a minute) even when nothing changes, so a healthy stream is never silent
+    longer than that: `client_timeout` of two intervals notices a half-open connection (a node or
+    load balancer that dropped it without a reset) within two minutes, not after the whole
+    `server_timeout`. Where no bookmarks come (a watch cache turned off), a quiet stream is simply
+    resumed from its last resourceVersion each `client_timeout`. Between failed attempts the wait
+    grows from `backoff_initial` by `backoff_factor` up to `backoff_max`, each wait varied by +/-
+    `backoff_jitter` (a fraction) so that replicas restarted together do not hit the API server in
+    step; a `Retry-After` from the server (429, 503) is honoured up to `backoff_max`.
     """
 
     connect_timeout: float = 5.0  # TCP + TLS handshake with the API server
     read_timeout: float = 60.0  # silence allowed while a list page is being produced
     server_timeout: int = 300  # watch `timeoutSeconds`: the server ends the stream cleanly after this
-    client_timeout: float = 330.0  # silence allowed on a watch stream; must exceed server_timeout
+    bookmark_interval: float = 60.0  # kube-apiserver's watch cache: a BOOKMARK about every minute
+    client_timeout: float = 120.0  # silence allowed on a watch stream: two bookmark intervals
     backoff_initial: float = 0.5  # first wait after a failed attempt
     backoff_max: float = 30.0  # the wait never grows past this
     backoff_factor: float = 2.0  # each consecutive failure multiplies the wait by this
@@ -91,9 +96,11 @@ class WatchSettings:
     page_size: int = 500  # `limit` of each list page (client-go's reflector uses 500)
 
     def __post_init__(self) -> None:
-        if self.client_timeout <= self.server_timeout:
-            raise ValueError(f"client_timeout ({self.client_timeout}) must exceed server_timeout "
-                             f"({self.server_timeout}), or every quiet watch ends as a timeout")
+        quiet = min(self.bookmark_interval, self.server_timeout)  # the longest silence of a healthy stream
+        if self.client_timeout <= quiet:
+            raise ValueError(f"client_timeout ({self.client_timeout}) must exceed the bookmark interval "
+                             f"({self.bookmark_interval}) or server_timeout ({self.server_timeout}), or every "
+                             "quiet watch ends as a timeout")
         if self.page_size < 1 or self.backoff_initial <= 0 or self.backoff_max < self.backoff_initial:
             raise ValueError("page_size >= 1 and 0 < backoff_initial <= backoff_max are required")
 

@@ -29,6 +29,8 @@ WATCH_EVENTS = Counter("gpu_placement_watch_events", "Watch events applied, by k
 WATCH_RESTARTS = Counter("gpu_placement_watch_restarts", "Watch restarts, by kind and cause.", ["kind", "cause"])
 SOURCE_UP = Gauge("gpu_placement_source_up", "1 while the cluster source (API server or snapshot) is healthy.")
 SNAPSHOT_RELOADS = Counter("gpu_placement_snapshot_reloads", "Snapshot reloads, by result.", ["result"])
+PREEMPTION_NODES = Counter("gpu_placement_preemption_nodes", "Nodes kube-scheduler proposed for preemption, by "
+                           "outcome: kept, victims_added, dropped.", ["outcome"])
 BINDINGS = Counter("gpu_placement_bindings", "Bind calls, by result.", ["result"])
 CERT_EXPIRY = Gauge("gpu_placement_certificate_expiry_timestamp_seconds",
                     "Unix time at which the serving certificate expires.", ["listener"])

@@ -16,6 +16,7 @@ class NamespaceRecord:
     name: str
     annotations: dict[str, str]  # only gpu-placement.io/*: what the platform team set
     resource_version: str = ""
+    uid: str = ""  # for owner references to the Namespace (the quota mirror's ResourceQuotas)
 
     def get(self, key: str) -> str | None:
         return self.annotations.get(key)
@@ -24,4 +25,5 @@ class NamespaceRecord:
 def namespace_from_json(obj: Mapping[str, Any]) -> NamespaceRecord:
     meta = obj.get("metadata") or {}
     annotations = {k: str(v) for k, v in (meta.get("annotations") or {}).items() if k.startswith(PREFIX)}
-    return NamespaceRecord(str(meta.get("name") or ""), annotations, str(meta.get("resourceVersion") or ""))
+    return NamespaceRecord(str(meta.get("name") or ""), annotations, str(meta.get("resourceVersion") or ""),
+                           str(meta.get("uid") or ""))

@@ -7,7 +7,7 @@ problem on that node only; it never raises.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ class NodeFacts:
     capacity: dict[str, int]
     allocatable: dict[str, int]
     problems: dict[str, str]  # label -> what is wrong with its value
+    pool: str | None = None  # the first configured pool whose nodeSelector the node's labels match
 
     def unit_memory(self, resource: str) -> int | None:
         """MiB that one unit of `resource` stands for on this node (a whole GPU, a share, a MIG slice)."""
@@ -71,12 +72,21 @@ class NodeFacts:
         return not resource.startswith(n.MIG_RESOURCE_PREFIX) and self.replicas > 1
 
     @property
+    def mig_single_profile(self) -> str | None:
+        """MIG `single` strategy with MIG on: `nvidia.com/gpu` units are slices, and GFD names the product
+        `<GPU>-MIG-<profile>` (k8s-device-plugin internal/lm/resource.go). The profile, else None."""
+        if self.mig_strategy != "single" or not self.product or "-MIG-" not in self.product:
+            return None
+        return self.product.rsplit("-MIG-", 1)[1]
+
+    @property
     def unhealthy_devices(self) -> int:
         """Devices the device plugin dropped from allocatable (capacity > allocatable)."""
         return sum(max(0, cap - self.allocatable.get(res, 0)) for res, cap in self.capacity.items())
 
 
-def node_from_json(obj: Mapping[str, Any]) -> NodeFacts:
+def node_from_json(obj: Mapping[str, Any], pool_of: Callable[[Mapping[str, str]], str | None] | None = None
+                   ) -> NodeFacts:
     meta = obj.get("metadata") or {}
     labels: Mapping[str, str] = meta.get("labels") or {}
     spec = obj.get("spec") or {}
@@ -110,6 +120,7 @@ def node_from_json(obj: Mapping[str, Any]) -> NodeFacts:
         capacity=_gpu_resources(status.get("capacity"), problems, "capacity"),
         allocatable=_gpu_resources(status.get("allocatable"), problems, "allocatable"),
         problems=problems,
+        pool=pool_of(labels) if pool_of is not None else None,
     )
 
 

@@ -29,11 +29,13 @@ from gpu_placement.rules import (
 )
 from gpu_placement.view import ClusterView
 
-__all__ = ["FilterResult", "NodeVerdict", "Placement"]
+__all__ = ["FilterResult", "Freed", "NodeVerdict", "Placement"]
 
 MAX_SCORE = 10
 _CACHE_SIZE = 64  # kinds of pod remembered; each costs a few entries per node (about 1.5 KiB a node)
 _EMPTY = b"{}"
+Freed = Mapping[str, tuple[int, int]]  # resource -> (units, MiB) that evicting some pods would give back
+_NOTHING_FREED: Freed = {}
 
 
 @dataclass(slots=True)
@@ -155,6 +157,17 @@ class Placement:
                                         self._detail(name, entry)))
             return rows
 
+    # -- preemption ------------------------------------------------------------------------------
+    def entry(self, req: Requirements, name: str) -> Rejection | Need | None:
+        """The node's static verdict for this kind of pod: what it would take, or why it never can;
+        None when the node is not in the view. Call under `view.lock`."""
+        return self._verdicts(req).entries.get(name)
+
+    def shortfall(self, name: str, need: Need, freed: Freed = _NOTHING_FREED) -> str | None:
+        """The `/filter` fit check of a node (reservations and telemetry included) as if pods holding
+        `freed` were gone: None when the pod fits, else the resolvable reason. Call under `view.lock`."""
+        return self._shortfall(name, need, freed)
+
     # -- cache maintenance ---------------------------------------------------------------------
     def _verdicts(self, req: Requirements) -> _Verdicts:
         verdicts = self._cache.get(req)
@@ -209,15 +222,23 @@ class Placement:
             _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, True)
 
     # -- figures -------------------------------------------------------------------------------
-    def _shortfall(self, name: str, need: Need) -> str | None:
+    def _shortfall(self, name: str, need: Need, freed: Freed = _NOTHING_FREED) -> str | None:
+        """Why `need` does not fit what is free on the node (plus what `freed` would give back), or None."""
         view = self.view
         for resource, units, mib in need:
-            free_units = view.free_units.get(resource, {}).get(name, 0)
+            freed_units, freed_mib = freed.get(resource, (0, 0))
+            free_units = view.free_units.get(resource, {}).get(name, 0) + freed_units
             if units > free_units:
                 return insufficient_units(name, resource, free_units, units)
             free_mib = view.free_mib.get(resource, {}).get(name)
-            if mib is not None and free_mib is not None and mib > free_mib:
-                return insufficient_memory(name, resource, free_mib, mib)
+            if mib is not None and free_mib is not None and mib > free_mib + freed_mib:
+                return insufficient_memory(name, resource, free_mib + freed_mib, mib)
+            reading = view.telemetry.get(name)
+            if mib is not None and units and not freed_mib and reading is not None and reading.device_free_mib \
+                    and view.nodes[name].is_shared(resource) and mib // units > reading.device_free_mib[0]:
+                # A share lives on one device: the ask must fit the device with the most framebuffer free.
+                # (Not when victims would be evicted: which device they free, the reading cannot say.)
+                return insufficient_memory(name, resource, reading.device_free_mib[0], mib // units)
         return None
 
     def _score(self, name: str, need: Need) -> int:

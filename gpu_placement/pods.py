@@ -15,7 +15,7 @@ from gpu_placement import names as n
 from gpu_placement.quantity import QuantityError, quantity_to_int
 
 __all__ = ["MAX_GPU_COUNT", "GpuRequests", "PodRecord", "container_gpu_requests", "effective_gpu_requests",
-           "pod_from_json", "pod_key"]
+           "pod_from_json", "pod_key", "pod_priority"]
 
 # ((resource, count), ...) sorted by resource: hashable, so it can key caches.
 GpuRequests = tuple[tuple[str, int], ...]
@@ -37,6 +37,7 @@ class PodRecord:
     gpus: GpuRequests
     memory_annotation: str | None  # raw gpu-placement.io/gpu-memory; parsed where it is charged
     validator_ready: bool | None  # None: not a GPU Operator validator pod
+    priority: int = 0  # spec.priority (set by the API server from the PriorityClass): who may preempt whom
 
     @property
     def key(self) -> str:
@@ -68,7 +69,14 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         gpus=gpus,
         memory_annotation=(meta.get("annotations") or {}).get(n.ANN_GPU_MEMORY),
         validator_ready=validator_ready,
+        priority=pod_priority(spec),
     )
+
+
+def pod_priority(spec: Mapping[str, Any]) -> int:
+    """kube-scheduler's `corev1helpers.PodPriority`: `spec.priority`, 0 when unset."""
+    priority = spec.get("priority")
+    return priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
 
 
 def _is_ready(status: Mapping[str, Any]) -> bool:

@@ -1,22 +1,24 @@
 """What a pod needs from a node: GPU resources, memory per device, CUDA, driver, compute, product.
 
-Each comes from the pod's annotation, else its namespace's default, else inference (CUDA from
-`NVIDIA_REQUIRE_CUDA` or the image tag). A `Requirements` is hashable: the placement cache keys on
+Each comes from the pod's annotation, else its namespace's default; CUDA also from what the images
+need (`NVIDIA_REQUIRE_CUDA`, an NGC framework release, a CUDA image tag: see `cudaneed`), unless the
+pod's own `gpu-placement.io/cuda` says otherwise. A `Requirements` is hashable: the placement cache keys on
 it, so pods that need the same thing share one precomputed verdict per node.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpu_placement import names as n
-from gpu_placement.cuda import Version, VersionError, format_version, parse_version
+from gpu_placement.cuda import Version, format_version, parse_version
+from gpu_placement.cudaneed import CudaNeed, container_need
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.pods import GpuRequests, effective_gpu_requests
 from gpu_placement.quantity import QuantityError, quantity_to_mib
+from gpu_placement.sharing import EXCLUSIVE, Sharing, narrowed, parse_sharing
 from gpu_placement.text import MAX_ANNOTATION_VALUE, quoted
 
 __all__ = ["AnnotationError", "Requirements", "infer_cuda", "parse_memory", "requirements_for"]
@@ -37,6 +39,8 @@ class Requirements:
     min_driver: Version | None = None
     min_compute: Version | None = None
     products: frozenset[str] | None = None
+    sharing: str = "exclusive"  # the pod's sharing level (namespace's, narrowed by the pod): exclusive, shared, mig-<p>
+    image_cuda: CudaNeed | None = None  # what the images need, as the container runtime reads it
     error: str | None = None  # a broken annotation or request: no node can be chosen until it is fixed
 
     @property
@@ -48,14 +52,17 @@ class Requirements:
         if self.memory_mib is not None:
             parts.append(f"{self.memory_mib} MiB per device ({self.memory_source})")
         if self.cuda is not None:
-            parts.append(f"CUDA >= {format_version(self.cuda)} ({self.cuda_source}"
-                         f"{', minor-version compatible' if self.cuda_compat else ''})")
+            parts.append(f"CUDA >= {format_version(self.cuda)} ({self.cuda_source}, "
+                         f"{'minor-version compatible' if self.cuda_compat else 'strict'})")
+        if self.image_cuda is not None:
+            parts.append(self.image_cuda.describe())
         if self.min_driver is not None:
             parts.append(f"driver >= {format_version(self.min_driver)}")
         if self.min_compute is not None:
             parts.append(f"compute capability >= {format_version(self.min_compute)}")
         if self.products:
             parts.append("product in " + ",".join(sorted(self.products)))
+        parts.append(f"sharing {self.sharing}")
         return "; ".join(parts)
 
 
@@ -75,23 +82,23 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
     ns_where = f"namespace {namespace.name}" if namespace else ""
     try:
         memory, memory_source = _first(pod_ann, ns_ann, n.ANN_GPU_MEMORY, where, ns_where, parse_memory)
-        cuda, cuda_source = _first(pod_ann, {}, n.ANN_CUDA, where, "", parse_version)
-        if cuda is None:
-            # A namespace default is a floor; the image may need more, and then the image wins.
-            default, default_source = _first({}, ns_ann, n.ANN_CUDA, where, ns_where, parse_version)
-            inferred, inferred_source = infer_cuda(spec)
-            cuda, cuda_source = max((default, default_source), (inferred, inferred_source),
-                                    key=lambda found: found[0] or ())
         compat = pod_ann.get(n.ANN_CUDA_COMPAT, "")
         if compat not in ("", "minor", "none"):
             raise AnnotationError(f"{n.ANN_CUDA_COMPAT}={quoted(compat)} on {where}: use \"minor\" or remove it")
+        # The pod's own annotation decides alone (strict unless cuda-compat: minor). Otherwise the
+        # namespace default is a strict floor and the images' own need holds beside it.
+        cuda, cuda_source = _first(pod_ann, ns_ann, n.ANN_CUDA, where, ns_where, parse_version)
+        image_cuda = infer_cuda(spec, compat != "none") if cuda_source != "pod annotation" else None
         min_driver, _ = _first(pod_ann, {}, n.ANN_MIN_DRIVER, where, "", parse_version)
         min_compute, _ = _first(pod_ann, {}, n.ANN_MIN_COMPUTE, where, "", parse_version)
         products, _ = _first(pod_ann, ns_ann, n.ANN_PRODUCTS, where, ns_where, _parse_products)
+        level, _ = _first({}, ns_ann, n.ANN_SHARING, where, ns_where, _parse_sharing)
+        asked, _ = _first(pod_ann, {}, n.ANN_SHARING, where, "", _parse_sharing)
     except AnnotationError as exc:
         return Requirements(gpus=gpus, error=f"BadAnnotation: {exc}")
+    level = narrowed(level or EXCLUSIVE, asked)
     return Requirements(gpus, memory, memory_source, cuda, cuda_source, compat == "minor",
-                        min_driver, min_compute, products)
+                        min_driver, min_compute, products, level.text, image_cuda)
 
 
 def _first(pod_ann: Mapping[str, str], ns_ann: Mapping[str, str], key: str, where: str, ns_where: str,
@@ -116,6 +123,10 @@ def parse_memory(text: str) -> int:
     return quantity_to_mib(text)
 
 
+def _parse_sharing(text: str) -> Sharing:
+    return parse_sharing(text.strip())
+
+
 def _parse_products(text: str) -> frozenset[str]:
     products = frozenset(p.strip() for p in text.split(",") if p.strip())
     if not products:
@@ -123,40 +134,12 @@ def _parse_products(text: str) -> frozenset[str]:
     return products
 
 
-_REQUIRE_CUDA = re.compile(r"cuda>=(\d+\.\d+(?:\.\d+)?)")
-_CUDA_IMAGE_TAG = re.compile(r"^(\d+\.\d+(?:\.\d+)?)(?:[-_.]|$)")
-_CUDA_IN_TAG = re.compile(r"(?:^|[-_.])cuda-?(\d+\.\d+(?:\.\d+)?)(?=[-_.]|$)")
-
-
-def infer_cuda(spec: Mapping[str, Any]) -> tuple[Version | None, str]:
-    """The highest CUDA any container declares: `NVIDIA_REQUIRE_CUDA` (set by NVIDIA's CUDA base
-    images) first, else the image tag (`nvidia/cuda:12.4.1-runtime-...`, `...:2.3.0-cuda12.1-...`)."""
-    best: tuple[Version | None, str] = (None, "")
+def infer_cuda(spec: Mapping[str, Any], compat: bool = True) -> CudaNeed | None:
+    """What the pod's images need: the container with the highest CUDA (init containers included)."""
+    best: CudaNeed | None = None
     for container in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
-        found = _container_cuda(container)
-        if found[0] is not None and (best[0] is None or found[0] > best[0]):
-            best = found
+        if isinstance(container, dict):
+            found = container_need(container, compat)
+            if found is not None and (best is None or found.version > best.version):
+                best = found
     return best
-
-
-def _container_cuda(container: Mapping[str, Any]) -> tuple[Version | None, str]:
-    name = container.get("name", "?")
-    for env in container.get("env") or ():
-        if env.get("name") == "NVIDIA_REQUIRE_CUDA":
-            match = _REQUIRE_CUDA.search(str(env.get("value") or ""))
-            if match:
-                return _version(match.group(1)), f"NVIDIA_REQUIRE_CUDA of container {name}"
-    image = str(container.get("image") or "").split("@", 1)[0]  # a digest names content, not a version
-    repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
-    match = _CUDA_IMAGE_TAG.match(tag) if repository.rsplit("/", 1)[-1] == "cuda" else None
-    match = match or _CUDA_IN_TAG.search(tag)
-    if match:
-        return _version(match.group(1)), f"image tag of container {name}"
-    return None, ""
-
-
-def _version(text: str) -> Version | None:
-    try:
-        return parse_version(text)
-    except VersionError:
-        return None

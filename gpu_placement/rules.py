@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from gpu_placement import names as n
 from gpu_placement.config import Config
-from gpu_placement.cuda import driver_table
+from gpu_placement.cuda import Version, driver_table
 from gpu_placement.cuda import format_version as v
+from gpu_placement.cudaneed import brand_of, term_holds
 from gpu_placement.nodes import NodeFacts
 from gpu_placement.requirements import Requirements
 
@@ -24,6 +25,7 @@ __all__ = [
     "ValidatorState",
     "charge",
     "check_node",
+    "cuda_rule",
     "insufficient_memory",
     "insufficient_units",
     "node_readiness",
@@ -45,9 +47,10 @@ INSUFFICIENT_GPU_MEMORY = "InsufficientGPUMemory"
 INSUFFICIENT_GPU = "InsufficientGPU"
 UNKNOWN_NODE = "UnknownNode"
 BAD_ANNOTATION = "BadAnnotation"
+SHARING_MISMATCH = "SharingMismatch"
 CODES = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING, BAD_LABEL, UNKNOWN_DRIVER,
          DRIVER_TOO_OLD, COMPUTE_CAPABILITY, PRODUCT_MISMATCH, UNKNOWN_GPU_MEMORY, INSUFFICIENT_GPU_MEMORY,
-         INSUFFICIENT_GPU, UNKNOWN_NODE, BAD_ANNOTATION)
+         INSUFFICIENT_GPU, UNKNOWN_NODE, BAD_ANNOTATION, SHARING_MISMATCH)
 # Preemption can free memory and devices on a node; it cannot install a driver, validate a node, or
 # make a device bigger than it is. Static rules therefore never reject as resolvable.
 RESOLVABLE = frozenset({INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU})
@@ -70,6 +73,7 @@ class ValidatorState:
 Need = tuple[tuple[str, int, int | None], ...]
 
 _MIG_SETTLED = "success"
+MPS = "mps"  # nvidia.com/gpu.sharing-strategy value of MPS sharing
 
 
 def _reject(code: str, sentence: str) -> Rejection:
@@ -81,8 +85,8 @@ def check_node(node: NodeFacts, validator: ValidatorState, req: Requirements, co
     and whether one device can ever hold the ask. Otherwise, what the pod will take (`Need`)."""
     if req.error is not None:
         return Rejection(BAD_ANNOTATION, req.error)
-    return (_readiness(node, validator, req, config) or _compatibility(node, req)
-            or _label_problems(node, req) or _device_fit(node, req))
+    return (_readiness(node, validator, req, config) or _sharing_fit(node, req, config) or _image_cuda_fit(node, req)
+            or _compatibility(node, req) or _label_problems(node, req) or _device_fit(node, req))
 
 
 def node_readiness(node: NodeFacts, validator: ValidatorState, config: Config) -> Rejection | None:
@@ -179,19 +183,106 @@ def _compatibility(node: NodeFacts, req: Requirements) -> Rejection | None:
             return _reject(COMPUTE_CAPABILITY, f"{name} ({node.product}) has compute capability "
                                                f"{v(node.compute)}; the pod needs >= {v(req.min_compute)} "
                                                f"({n.ANN_MIN_COMPUTE})")
-    if req.products is not None and not _product_matches(node.product, req.products):
+    if req.products is not None and not _product_matches(node.product, req.products, req.sharing):
         return _reject(PRODUCT_MISMATCH, f"{name} has {node.product or 'no ' + n.GPU_PRODUCT + ' label'}; "
                                          f"the pod accepts {', '.join(sorted(req.products))} ({n.ANN_PRODUCTS})")
     return None
 
 
-def _product_matches(product: str | None, accepted: frozenset[str]) -> bool:
-    """Time-slicing renames the product `<name>-SHARED` and MIG single strategy `<name>-MIG-<profile>`;
-    both are still that product."""
+def _product_matches(product: str | None, accepted: frozenset[str], sharing: str = "exclusive") -> bool:
+    """Time-slicing without renaming calls the product `<name>-SHARED` and MIG single strategy
+    `<name>-MIG-<profile>`: that is still the named GPU only for a pod that asked for that level."""
     if product is None:
         return False
-    base = product.removesuffix("-SHARED").split("-MIG-", 1)[0]
-    return product in accepted or base in accepted
+    if product in accepted:
+        return True
+    name, level = product, "exclusive"
+    if name.endswith("-SHARED"):
+        name, level = name.removesuffix("-SHARED"), "shared"
+    base = name
+    if "-MIG-" in name:
+        base, profile = name.rsplit("-MIG-", 1)
+        level = level if level == "shared" else f"mig-{profile}"
+    return sharing == level and (name in accepted or base in accepted)
+
+
+def _sharing_fit(node: NodeFacts, req: Requirements, config: Config) -> Rejection | None:
+    """An exclusive pod asking for whole GPUs must not get a replica of a shared GPU (time-slicing or MPS
+    without a renamed resource) or a MIG slice advertised as `nvidia.com/gpu` (strategy single)."""
+    if req.sharing != "exclusive":
+        return None
+    for resource, _count in req.gpus:
+        if resource == config.shared_resource or resource.startswith(n.MIG_RESOURCE_PREFIX):
+            continue  # the pod asked for a share or a slice by name
+        if node.is_shared(resource):
+            return _reject(SHARING_MISMATCH, f"the pod's sharing level is exclusive (whole GPUs), but {resource} "
+                                             f"here is a replica of a shared GPU ({n.GPU_REPLICAS} > 1, "
+                                             "time-slicing or MPS); to accept a share, set "
+                                             f"{n.ANN_SHARING}=shared on the pod (allowed in any namespace)")
+        profile = node.mig_single_profile
+        if profile is not None:
+            return _reject(SHARING_MISMATCH, f"the pod's sharing level is exclusive (whole GPUs), but {resource} "
+                                             f"here is a MIG {profile} slice ({n.MIG_STRATEGY}=single); to accept "
+                                             f"that slice, set {n.ANN_SHARING}=mig-{profile} on the pod")
+    return None
+
+
+def _image_cuda_fit(node: NodeFacts, req: Requirements) -> Rejection | None:
+    """What the images need, judged as the node will judge it: `NVIDIA_REQUIRE_CUDA` alternatives as the
+    container runtime asserts them; a version from a tag with minor-version compatibility (same CUDA
+    major, driver at or above that major's floor) unless the pod set cuda-compat: none."""
+    need = req.image_cuda
+    if need is None:
+        return None
+    table = driver_table()
+    if need.version[0] >= 13 and node.compute is not None and node.compute < table.cuda13_min_compute:
+        return _reject(COMPUTE_CAPABILITY, f"compute capability {v(node.compute)} is below "
+                                           f"{v(table.cuda13_min_compute)}, which CUDA 13 needs; the image needs "
+                                           f"CUDA {v(need.version)} ({need.source})")
+    if node.max_cuda is None and node.driver is None:
+        return _reject(UNKNOWN_DRIVER, f"the node publishes no driver or CUDA version labels ({n.DRIVER_FULL}, "
+                                       f"{n.CUDA_RUNTIME[0]}); the image needs CUDA {v(need.version)} "
+                                       f"({need.source})")
+    driver = f"driver {v(node.driver)}" if node.driver else "the driver"
+    supports = f"supports CUDA up to {v(node.max_cuda)}" if node.max_cuda else "is older than every CUDA release"
+    if need.terms is not None:
+        if any(term_holds(term, _runtime_facts(node)) for term in need.terms):
+            return None
+        return _reject(DRIVER_TOO_OLD, f"{driver} {supports} and meets no alternative of {need.source}, so the "
+                                       "container runtime would refuse to start it; use a node with a newer driver")
+    if node.max_cuda is not None and node.max_cuda >= need.version[:2]:
+        return None
+    wanted = f"the image needs CUDA {v(need.version)} ({need.source})"
+    if not need.compat:
+        return _reject(DRIVER_TOO_OLD, f"{driver} {supports}; {wanted} and the pod sets {n.ANN_CUDA_COMPAT}=none")
+    floor = table.compat_floor.get(need.version[0])
+    if node.max_cuda is None or node.max_cuda[0] != need.version[0] or floor is None:
+        return _reject(DRIVER_TOO_OLD, f"{driver} {supports}; {wanted}, and minor-version compatibility stays "
+                                       f"within CUDA {need.version[0]}.x")
+    if node.driver is not None and node.driver < floor:
+        return _reject(DRIVER_TOO_OLD, f"{driver} is below {v(floor)}, the floor of CUDA {need.version[0]}.x "
+                                       f"minor-version compatibility; {wanted}")
+    return None  # same major, driver at or above the floor: the runtime runs it
+
+
+def _runtime_facts(node: NodeFacts) -> dict[str, Version | str | None]:
+    """The properties NVIDIA's container runtime checks NVIDIA_REQUIRE_* against, from the node's labels."""
+    return {"cuda": node.max_cuda, "driver": node.driver, "arch": node.compute, "brand": brand_of(node.product)}
+
+
+def cuda_rule(node: NodeFacts, req: Requirements) -> str | None:
+    """For `explain`: how a node that passes meets what the images need, when it is not plainly by the
+    driver's own CUDA version."""
+    need = req.image_cuda
+    if need is None or node.max_cuda is None:
+        return None
+    if need.terms is not None:
+        facts = _runtime_facts(node)
+        term = next((term for term in need.terms if term_holds(term, facts)), None)
+        return None if term is None else f"{need.source}: {','.join(''.join(f) for f in term)} holds"
+    if node.max_cuda >= need.version[:2]:
+        return None
+    return f"CUDA {v(need.version)} by minor-version compatibility (the driver supports CUDA {v(node.max_cuda)})"
 
 
 def _label_problems(node: NodeFacts, req: Requirements) -> Rejection | None:
@@ -199,10 +290,10 @@ def _label_problems(node: NodeFacts, req: Requirements) -> Rejection | None:
         return None
     relevant = {n.GPU_MEMORY, n.GPU_REPLICAS, "status.allocatable", "status.capacity"}
     relevant.update(f"{n.MIG_PREFIX}{res[len(n.MIG_RESOURCE_PREFIX):]}.memory" for res, _ in req.gpus)
-    if req.cuda is not None or req.min_driver is not None:
+    if req.cuda is not None or req.min_driver is not None or req.image_cuda is not None:
         relevant.update((n.DRIVER_FULL, n.DRIVER_PARTS[0], n.DRIVER_PARTS_OLD[0], n.CUDA_RUNTIME[0],
                          n.CUDA_RUNTIME_OLD[0]))
-    if req.min_compute is not None or req.cuda is not None:
+    if req.min_compute is not None or req.cuda is not None or req.image_cuda is not None:
         relevant.add(n.COMPUTE_MAJOR)
     for label in sorted(relevant & node.problems.keys()):
         return _reject(BAD_LABEL, f"{node.name} {node.problems[label]}; fix GPU Feature Discovery on that node")
@@ -232,8 +323,25 @@ def _device_fit(node: NodeFacts, req: Requirements) -> Rejection | Need:
                 return _reject(INSUFFICIENT_GPU_MEMORY, f"the pod asks {req.memory_mib} MiB per device "
                                                         f"({req.memory_source}); each {resource} on {node.name} "
                                                         f"has {device} MiB")
+            mps = _mps_cap(node, resource, req.memory_mib)
+            if mps is not None:
+                return mps
         need.append((resource, count, charge(node, resource, count, req.memory_mib)))
     return tuple(need)
+
+
+def _mps_cap(node: NodeFacts, resource: str, ask_mib: int) -> Rejection | None:
+    """MPS: the device plugin's control daemon sets each device's default pinned-memory limit to device
+    memory / replicas (k8s-device-plugin, cmd/mps-control-daemon/mps/daemon.go), so a client that asks for
+    more dies of CUDA OOM at that cap. Preemption cannot raise it: unresolvable."""
+    if node.sharing != MPS or not node.is_shared(resource) or node.device_memory_mib is None:
+        return None
+    if ask_mib <= node.device_memory_mib // node.replicas:
+        return None
+    return _reject(INSUFFICIENT_GPU_MEMORY, f"the pod asks {ask_mib} MiB per device; MPS splits each device's "
+                                            f"memory evenly between its replicas ({n.GPU_MEMORY} / "
+                                            f"{n.GPU_REPLICAS}) and caps every client there, so the ask cannot fit "
+                                            f"a share: lower {n.ANN_GPU_MEMORY} or use a node with fewer replicas")
 
 
 def insufficient_memory(node: str, resource: str, free: int, need: int) -> str:

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 from typing import Any
 
 from gpu_placement import metrics
@@ -71,11 +72,31 @@ def serve(args: argparse.Namespace) -> int:
             host, port = args.webhook_listen
             servers.append(make_server(core.webhook_app(), host, port, tls=tls))
             _track_expiry("webhook", tls)
+            _start_quota_mirror(args, core)
             log.info("webhook listening on https://%s:%d", host, port)
         asyncio.run(_run(servers))
     finally:
         core.stop()
     return 0
+
+
+def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:
+    """The ResourceQuota mirror: its own Lease, whatever the certificate mode."""
+    if not getattr(args, "quota_mirror", True):
+        return
+    if core.config.mode == "audit":
+        log.info("audit mode: namespace quotas are not mirrored into ResourceQuotas")
+        return
+    if core.api is None:
+        log.info("no API server (--snapshot): namespace quotas are not mirrored into ResourceQuotas")
+        return
+    from webhook.quota_mirror import MirrorSettings, QuotaMirror
+
+    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "gpu-placement"
+    mirror = QuotaMirror(core.api, core.view, core.config, namespace, f"{socket.gethostname()}-{os.getpid()}",
+                         MirrorSettings(lease_name=args.quota_lease))
+    mirror.start()
+    core.stoppers.append(mirror.stop)
 
 
 def _track_expiry(listener: str, tls: Any) -> None:

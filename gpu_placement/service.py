@@ -17,6 +17,7 @@ from extender.app import DEFAULT_MAX_BODY
 from extender.app import create_app as create_extender_app
 from extender.binding import Binder, SnapshotBinder
 from gpu_placement import metrics
+from gpu_placement.cluster_metrics import track_cluster
 from gpu_placement.config import Config
 from gpu_placement.ingest import KINDS, Ingest
 from gpu_placement.placement import Placement
@@ -43,7 +44,7 @@ class Core:
     def webhook_app(self) -> Starlette:
         from webhook.app import create_app as create_webhook_app
 
-        return create_webhook_app(self.view, self.config, self.readiness)
+        return create_webhook_app(self.view, self.config, self.readiness, self.api)
 
     def stop(self) -> None:
         for stop in reversed(self.stoppers):
@@ -73,9 +74,18 @@ def _with_telemetry(core: Core) -> Core:
     return core
 
 
+def _track(view: ClusterView, config: Config) -> None:
+    """The view's own metrics, and the cluster's as the view sees it (namespace quotas parsed as the
+    webhook parses them)."""
+    from webhook.policy import parse_policy
+
+    metrics.track_view(view)
+    track_cluster(view, config, lambda record: parse_policy(record, record.name, config).quota)
+
+
 def _core(config: Config, binder_for: Callable[[ClusterView], Binder]) -> Core:
     view = ClusterView(config)
-    metrics.track_view(view)
+    _track(view, config)
     return Core(config, view, Ingest(config), Placement(view, config), binder_for(view), lambda: _view_ready(view))
 
 
@@ -90,6 +100,8 @@ def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
     with core.view.lock:
         for kind in KINDS:
             core.ingest.replace(core.view, kind, by_kind[kind])
+    metrics.heard_from_source()  # the objects are the source, listed in full
+    metrics.SOURCE_UP.set(1)
     freeze_heap()
     return core
 
@@ -101,7 +113,7 @@ def core_from_snapshot(config: Config, path: str | Path, watch: bool = False) ->
     source = SnapshotSource(path, view, ingest)
     source.load()
     freeze_heap()
-    metrics.track_view(view)
+    _track(view, config)
     core = Core(config, view, ingest, Placement(view, config), SnapshotBinder(view, source), lambda: _view_ready(view))
     if watch:
         source.start()
@@ -120,7 +132,7 @@ def core_from_cluster(config: Config, kubeconfig: str | None) -> Core:
     view = ClusterView(config)
     ingest = Ingest(config)
     source = LiveSource(view, ingest, api)
-    metrics.track_view(view)
+    _track(view, config)
     core = Core(config, view, ingest, Placement(view, config), ApiBinder(api), source.readiness, api=api)
     source.start()
     core.stoppers.append(source.stop)

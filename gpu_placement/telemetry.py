@@ -1,9 +1,18 @@
-"""Optional live GPU telemetry from DCGM exporter: free framebuffer and recent XID errors per node.
+"""Optional live GPU telemetry, read from Prometheus's HTTP API: free framebuffer per device and XID
+events in a recent window, per node. Never on the request path: a background refresher queries and
+hands the view finished readings.
 
-Reads the Prometheus text that dcgm-exporter (or a Prometheus federation endpoint) serves, sums
-`DCGM_FI_DEV_FB_FREE` (MiB) over each node's devices and notes `DCGM_FI_DEV_XID_ERRORS`. Series name
-their node with the `Hostname` or `hostname` label. Readings older than `staleSeconds` are dropped,
-so a dead exporter never pins a node's free memory at an old value.
+Why Prometheus and not dcgm-exporter itself: every node runs its own exporter, so a Service in front
+of them answers with one random node's devices per scrape. Prometheus scrapes them all and keeps the
+history that "an XID *happened* in the last ten minutes" needs: `DCGM_FI_DEV_XID_ERRORS` is a gauge
+holding the *last* XID code, so its value alone would mark a node for ever after one error.
+
+Queries (instant, `GET <url>/api/v1/query`):
+- `DCGM_FI_DEV_FB_FREE` (MiB) per node (`Hostname` label, as the GPU Operator's exporter sets it) and
+  device (`gpu`), only samples younger than `staleSeconds`;
+- `changes(DCGM_FI_DEV_XID_ERRORS[<window>]) > 0`, less the application XIDs (13, 31, 43, 45: a
+  program's own fault, not the GPU's), one series per device that had an XID in the window.
+A failed query keeps the last readings until they are stale, so a dead Prometheus never pins a node.
 """
 
 from __future__ import annotations
@@ -11,42 +20,78 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
+import orjson
 
+from gpu_placement.cluster_metrics import TELEMETRY_SUCCESS
 from gpu_placement.config import Telemetry as TelemetryConfig
 from gpu_placement.view import ClusterView, Telemetry
 
-__all__ = ["TelemetrySource", "parse_dcgm"]
+__all__ = ["FB_FREE", "XID", "TelemetrySource", "fb_free_query", "readings_from", "xid_query"]
 
 log = logging.getLogger("gpu_placement.telemetry")
 FB_FREE = "DCGM_FI_DEV_FB_FREE"
 XID = "DCGM_FI_DEV_XID_ERRORS"
+APPLICATION_XIDS = (13, 31, 43, 45)  # raised by a program's own faults; the GPU is fine
+_NODE_LABELS = ("Hostname", "hostname", "node")
 
 
-def parse_dcgm(text: str, now: float) -> dict[str, Telemetry]:
-    free: dict[str, float] = {}
-    xid: dict[str, int] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name not in (FB_FREE, XID):
+def fb_free_query(stale_seconds: float) -> str:
+    return f"{FB_FREE} and (time() - timestamp({FB_FREE})) < {stale_seconds:g}"
+
+
+def xid_query(window_seconds: float) -> str:
+    apps = "".join(f" and {XID} != {code}" for code in APPLICATION_XIDS)
+    return f"changes({XID}[{window_seconds:g}s]) > 0{apps}"
+
+
+def _vector(body: str | bytes) -> list[dict[str, Any]]:
+    """The result of an instant query; ValueError for anything else."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"not a Prometheus API answer ({exc})") from None
+    if not isinstance(answer, dict) or answer.get("status") != "success":
+        error = answer.get("error") if isinstance(answer, dict) else None
+        raise ValueError(f"Prometheus query failed: {error or 'unexpected answer'}")
+    data = answer.get("data") or {}
+    if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        raise ValueError(f"expected an instant vector, got {data.get('resultType')!r}")
+    return data["result"]
+
+
+def _node(metric: dict[str, str]) -> str | None:
+    return next((metric[label] for label in _NODE_LABELS if metric.get(label)), None)
+
+
+def readings_from(fb_free: str | bytes, xid: str | bytes, now: float) -> dict[str, Telemetry]:
+    """Per node: free MiB of each device (by `gpu` index, else UUID) and the devices with XID events."""
+    devices: dict[str, dict[str, int]] = {}
+    for series in _vector(fb_free):
+        metric, node = series.get("metric") or {}, _node(series.get("metric") or {})
+        if node is None:
             continue
-        for sample in family.samples:
-            node = sample.labels.get("Hostname") or sample.labels.get("hostname")
-            if not node:
-                continue
-            if family.name == FB_FREE:
-                free[node] = free.get(node, 0.0) + sample.value
-            elif sample.value > 0:
-                xid[node] = xid.get(node, 0) + 1
-    return {node: Telemetry(int(free[node]) if node in free else None, xid.get(node, 0), now)
-            for node in free.keys() | xid.keys()}
+        device = metric.get("gpu") or metric.get("UUID") or str(len(devices.get(node, {})))
+        devices.setdefault(node, {})[device] = int(float(series["value"][1]))
+    xids: dict[str, int] = {}
+    for series in _vector(xid):
+        node = _node(series.get("metric") or {})
+        if node is not None:
+            xids[node] = xids.get(node, 0) + 1
+    return {node: Telemetry(sum(devices[node].values()) if node in devices else None, xids.get(node, 0), now,
+                            tuple(sorted(devices.get(node, {}).values(), reverse=True)))
+            for node in devices.keys() | xids.keys()}
 
 
 class TelemetrySource:
+    """The background refresher: `start()` queries every `refreshSeconds` in its own thread."""
+
     def __init__(self, view: ClusterView, config: TelemetryConfig,
-                 fetch: Callable[[str], str] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 fetch: Callable[[str], bytes] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if config.url is None:
             raise ValueError("telemetry.url is not set")
         self.view, self.config, self.clock = view, config, clock
@@ -56,12 +101,18 @@ class TelemetrySource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def url(self, query: str) -> str:
+        return f"{str(self.config.url).rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+
     def refresh(self) -> None:
         now = self.clock()
         try:
-            self._readings = parse_dcgm(self.fetch(str(self.config.url)), now)
+            fb_free = self.fetch(self.url(fb_free_query(self.config.stale_seconds)))
+            xid = self.fetch(self.url(xid_query(self.config.xid_window_seconds)))
+            self._readings = readings_from(fb_free, xid, now)
             self.last_error = None
-        except (OSError, ValueError) as exc:
+            TELEMETRY_SUCCESS.set(time.time())
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
             if self.last_error is None:
                 log.warning("telemetry from %s failed, keeping readings until stale: %s", self.config.url, exc)
             self.last_error = str(exc)
@@ -84,6 +135,6 @@ class TelemetrySource:
             self._thread.join(timeout=5)
 
 
-def _http_get(url: str) -> str:
+def _http_get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as response:
-        return response.read().decode()
+        return response.read()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["MAX_ANNOTATION_VALUE", "QUOTE_LIMIT", "first_non_ascii", "json_type", "quoted", "shown"]
+__all__ = ["MAX_ANNOTATION_VALUE", "QUOTE_LIMIT", "first_non_ascii", "json_type", "quoted", "shown", "units"]
 
 QUOTE_LIMIT = 120
 # Our annotations are short lists; anything longer is a mistake or an attack, refused by both edges.
@@ -66,3 +66,8 @@ def first_non_ascii(value: str) -> str | None:
             name = unicodedata.name(ch, "a control character" if unicodedata.category(ch) == "Cc" else "unnamed")
             return f"U+{ord(ch):04X} {name} at position {position}"
     return None
+
+
+def units(count: int, what: str = "") -> str:
+    """`1 is` / `3 are`: the verb agrees with the figure."""
+    return f"{count} {what + ' ' if what else ''}{'is' if count == 1 else 'are'}"

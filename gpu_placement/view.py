@@ -25,7 +25,7 @@ from gpu_placement.pods import GpuRequests, PodRecord
 from gpu_placement.requirements import parse_memory
 from gpu_placement.rules import ValidatorState, charge
 
-__all__ = ["ClusterView", "Reservation", "Telemetry"]
+__all__ = ["ClusterView", "Frozen", "Reservation", "Telemetry"]
 
 NodeListener = Callable[[str | None], None]  # a node name, or None for "everything changed"
 _NO_VALIDATOR = ValidatorState(None, False)
@@ -45,8 +45,18 @@ class Reservation:
 @dataclass(slots=True, frozen=True)
 class Telemetry:
     free_mib: int | None  # DCGM_FI_DEV_FB_FREE summed over the node's devices
-    xid_errors: int  # recent XID errors seen by DCGM
+    xid_errors: int  # devices with an XID event in the recent window
     at: float
+    device_free_mib: tuple[int, ...] = ()  # each device's free framebuffer, largest first
+
+
+@dataclass(slots=True, frozen=True)
+class Frozen:
+    """A bound pod's memory ask as first seen bound, and where it came from."""
+
+    uid: str
+    ask: str | None  # the quantity text charged, None: the unit's memory
+    source: str  # "pod annotation", "namespace ml default", or no ask
 
 
 @dataclass(slots=True)
@@ -82,10 +92,14 @@ class ClusterView:
         self.last_change = 0.0
         self._node_pods: dict[str, set[str]] = {}
         self._charges: dict[str, _Charge] = {}
+        self._frozen: dict[str, Frozen] = {}  # pod key -> its memory ask as first seen bound
+        self._unseen_namespace: dict[str, set[str]] = {}  # namespace not listed yet -> pods frozen without it
         self._used: dict[str, _Used] = {}
         self._expiry: list[tuple[float, str]] = []
         self._listeners: list[NodeListener] = []
         self._free_listeners: list[Callable[[str], None]] = []
+        self._pod_listeners: list[Callable[[str, PodRecord | None], None]] = []
+        self._namespace_listeners: list[Callable[[str, NamespaceRecord | None], None]] = []
 
     # -- reading -------------------------------------------------------------------------------
     def validator_state(self, node: str) -> ValidatorState:
@@ -98,6 +112,11 @@ class ClusterView:
     def pods_on(self, node: str) -> list[PodRecord]:
         return [self.pods[key] for key in self._node_pods.get(node, ())]
 
+    def charge_of(self, key: str) -> tuple[tuple[str, int, int | None], ...]:
+        """What a bound pod holds on its node: (resource, units, MiB or None), as counted in `free_*`."""
+        charge = self._charges.get(key)
+        return charge.items if charge is not None else ()
+
     def used(self, node: str) -> tuple[dict[str, int], dict[str, int]]:
         used = self._used.get(node) or _Used()
         return dict(used.units), dict(used.mib)
@@ -107,6 +126,28 @@ class ClusterView:
         what is free on a node changed. Both are called under `lock`."""
         self._listeners.append(on_node)
         self._free_listeners.append(on_free)
+
+    def subscribe_namespaces(self, on_namespace: Callable[[str, NamespaceRecord | None], None]) -> None:
+        """`on_namespace(name, record)`: that namespace was added, changed or deleted (record None; a
+        relist calls it for each difference only). Called under `lock`: keep it to noting the name."""
+        self._namespace_listeners.append(on_namespace)
+
+    def subscribe_records(self, on_pod: Callable[[str, PodRecord | None], None],
+                          on_namespace: Callable[[str, NamespaceRecord | None], None]) -> None:
+        """`on_pod(key, record)`, `on_namespace(name, record)`: that object changed (record None:
+        deleted). Called under `lock`."""
+        self._pod_listeners.append(on_pod)
+        self.subscribe_namespaces(on_namespace)
+
+    def reserved(self, node: str) -> dict[str, tuple[int, int]]:
+        """Units and MiB held on `node` by reservations, per resource. Reservations are few: a scan."""
+        held: dict[str, tuple[int, int]] = {}
+        for pod, reservation in self.reservations.items():
+            charged = self._charges.get(f"reservation:{pod}") if reservation.node == node else None
+            for resource, units, mib in charged.items if charged else ():
+                total = held.get(resource, (0, 0))
+                held[resource] = (total[0] + units, total[1] + (mib or 0))
+        return held
 
     # -- nodes ---------------------------------------------------------------------------------
     def upsert_node(self, facts: NodeFacts) -> None:
@@ -142,12 +183,18 @@ class ClusterView:
             self.pods[key] = pod
             self._unaccount(key, old)
             self._account(key, pod)
+            for listener in self._pod_listeners:
+                listener(key, pod)
 
     def delete_pod(self, key: str) -> None:
         with self.lock:
             old = self.pods.pop(key, None)
+            if self._frozen.pop(key, None) is not None and old is not None:
+                self._unseen_namespace.get(old.namespace, set()).discard(key)
             if old is not None:
                 self._unaccount(key, old)
+                for listener in self._pod_listeners:
+                    listener(key, None)
 
     def replace_pods(self, records: Iterable[PodRecord]) -> None:
         self._replace("pods", self.pods, {pod.key: pod for pod in records}, self.delete_pod, self.upsert_pod)
@@ -159,22 +206,24 @@ class ClusterView:
             if old == record:
                 return
             self.namespaces[record.name] = record
-            if old is not None and old.get(ANN_GPU_MEMORY) != record.get(ANN_GPU_MEMORY):
-                self._recharge_namespace(record.name)
+            # A changed namespace default does not re-charge running pods: their charge was fixed when
+            # they were first seen bound (contract 6); pods bound from now on take the new default.
+            # Pods seen before their namespace (the kinds are listed in parallel) are fixed now.
+            for key in self._unseen_namespace.pop(record.name, ()):
+                pod = self.pods.get(key)
+                self._frozen.pop(key, None)
+                if pod is not None and pod.node and key in self._charges:
+                    self._charge(key, pod.node, pod.gpus, self._memory_annotation(pod))
             self._touch()
-
-    def _recharge_namespace(self, namespace: str) -> None:
-        """The namespace's default memory ask changed: pods there without their own ask hold the new one.
-        A scan of the GPU pods charged; namespace annotations change rarely."""
-        for key in [key for key in self._charges if not key.startswith("reservation:")]:
-            pod = self.pods.get(key)
-            if pod is not None and pod.namespace == namespace and pod.memory_annotation is None and pod.node:
-                self._charge(key, pod.node, pod.gpus, self._memory_annotation(pod))
+            for listener in self._namespace_listeners:
+                listener(record.name, record)
 
     def delete_namespace(self, name: str) -> None:
         with self.lock:
             if self.namespaces.pop(name, None) is not None:
                 self._touch()
+                for listener in self._namespace_listeners:
+                    listener(name, None)
 
     def replace_namespaces(self, records: Iterable[NamespaceRecord]) -> None:
         self._replace("namespaces", self.namespaces, {record.name: record for record in records},
@@ -274,10 +323,33 @@ class ClusterView:
         self._touch()
 
     def _memory_annotation(self, pod: PodRecord) -> str | None:
+        """The ask a bound pod is charged by, fixed the first time it is seen bound: a later edit of its
+        annotation or of its namespace's default does not change what its process holds."""
+        if pod.node:
+            frozen = self._frozen.get(pod.key)
+            if frozen is None or frozen.uid != pod.uid:  # first sight bound (or a new pod of that name)
+                frozen = self._frozen[pod.key] = Frozen(pod.uid, *self._ask(pod))
+                if pod.memory_annotation is None and pod.namespace not in self.namespaces:
+                    self._unseen_namespace.setdefault(pod.namespace, set()).add(pod.key)
+            return frozen.ask
+        return self._ask(pod)[0]
+
+    def _ask(self, pod: PodRecord) -> tuple[str | None, str]:
         if pod.memory_annotation is not None:
-            return pod.memory_annotation
+            return pod.memory_annotation, "pod annotation"
         namespace = self.namespaces.get(pod.namespace)
-        return namespace.get(ANN_GPU_MEMORY) if namespace else None
+        default = namespace.get(ANN_GPU_MEMORY) if namespace else None
+        if default is not None:
+            return default, f"namespace {pod.namespace} default"
+        return None, "no ask: a whole device, or its memory / replicas on a shared one"
+
+    def held(self, key: str) -> tuple[str, tuple[tuple[str, int, int | None], ...], Frozen] | None:
+        """What a bound pod holds, for `explain`: (node, (resource, units, MiB), the frozen ask)."""
+        with self.lock:
+            charge_, frozen = self._charges.get(key), self._frozen.get(key)
+            if charge_ is None or frozen is None:
+                return None
+            return charge_.node, charge_.items, frozen
 
     def _charge(self, key: str, node: str, gpus: GpuRequests, memory_annotation: str | None,
                 refresh: bool = True) -> None:
@@ -339,8 +411,10 @@ class ClusterView:
             unit = facts.unit_memory(resource)
             capacity = unit * units if unit is not None else None
             free = capacity - used.mib.get(resource, 0) if capacity is not None else None
-            if free is not None and reading is not None and reading.free_mib is not None:
-                free = min(free, reading.free_mib)  # what the devices really have left narrows it
+            if free is not None and reading is not None and reading.free_mib is not None and facts.is_shared(resource):
+                # Only shares: a whole device or a MIG slice is the device plugin's to give (allocatable),
+                # and an idle GPU's free framebuffer is always a little below its total (driver reserve).
+                free = min(free, reading.free_mib)
             self.free_units.setdefault(resource, {})[node] = units - used.units.get(resource, 0)
             self.free_mib.setdefault(resource, {})[node] = free
             self.capacity_mib.setdefault(resource, {})[node] = capacity

@@ -3,7 +3,8 @@
 What the service touches is served the way kube-apiserver serves it, so the real `kubernetes`
 client (generated models or `_preload_content=False`) and our own list+watch loop run unchanged:
 
-    core v1                        nodes, namespaces (cluster-scoped); pods, secrets, configmaps
+    core v1                        nodes, namespaces (cluster-scoped); pods, secrets, configmaps,
+                                   resourcequotas (stored and validated: spec.hard names and quantities)
     coordination.k8s.io/v1         leases
     admissionregistration.k8s.io/v1  mutating- and validatingwebhookconfigurations (cluster-scoped)
 
@@ -22,11 +23,12 @@ messages. Test code drives it from its own thread: `add`/`update`/`upsert`/`patc
 `fail_next`, `requests_log`/`count`/`counts`, `open_watches`/`wait_for_watches`.
 
 Not modelled: defaulting beyond a pod's Pending phase and a namespace's Active phase and name
-label, admission, RBAC, managedFields and server-side apply, graceful pod deletion (pods go at
-once), namespace cleanup of the objects inside, protobuf/CBOR and gzip (always plain JSON),
-strategic-merge list semantics (merge keys), LIST resourceVersionMatch=Exact (served as the
-current state), and the watch cache's 3 s wait and 504 for a resourceVersion from the future
-(the watch simply waits for it).
+label, admission (so no quota admission; and no quota controller: a ResourceQuota's status stays
+as written), garbage collection by ownerReferences, RBAC, managedFields and server-side apply,
+graceful pod deletion (pods go at once), namespace cleanup of the objects inside, protobuf/CBOR
+and gzip (always plain JSON), strategic-merge list semantics (merge keys), LIST
+resourceVersionMatch=Exact (served as the current state), and the watch cache's 3 s wait and 504
+for a resourceVersion from the future (the watch simply waits for it).
 """
 
 from __future__ import annotations
@@ -114,6 +116,8 @@ RESOURCES: tuple[Resource, ...] = (
              short_names=("po",)),
     Resource("", "v1", "secrets", "secret", "Secret", True, fields=("type",)),
     Resource("", "v1", "configmaps", "configmap", "ConfigMap", True, short_names=("cm",)),
+    Resource("", "v1", "resourcequotas", "resourcequota", "ResourceQuota", True, has_status=True,
+             short_names=("quota",)),
     Resource("coordination.k8s.io", "v1", "leases", "lease", "Lease", True),
     Resource(_ADMISSION, "v1", "mutatingwebhookconfigurations", "mutatingwebhookconfiguration",
              "MutatingWebhookConfiguration", False),
@@ -349,6 +353,7 @@ class _Watch:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     pending: bool = False  # a wake-up is already scheduled on the loop
     closed: bool = False
+    stalled: bool = False  # half-open: nothing more is sent, not even the end; the client must give up
 
 
 @dataclass(slots=True)
@@ -707,15 +712,20 @@ class FakeApiServer:
     def resource_version(self) -> str:
         return str(self._rv)
 
-    def add(self, obj: Obj) -> Obj:
-        """Create as given (no defaulting, namespace need not exist); ADDED. 409 if it exists."""
+    def add(self, obj: Obj, keep_uid: bool = False) -> Obj:
+        """Create as given (no defaulting, namespace need not exist); ADDED. 409 if it exists.
+        keep_uid: keep the object's metadata.uid, as the API server stores the uid it gave the object
+        before validating admission ran (tests that play the API server's part need it)."""
         res = self._kind_of(obj)
         obj = _without_kind(_copy(obj))
         with self._lock:
             key = self._key_of(res, obj)
             if key in self._objects[res]:
                 raise ApiStatusError(409, f'{res.qualified} "{key[1]}" already exists', details=_details(res, key[1]))
+            uid = obj["metadata"].get("uid")
             self._stamp_new(obj)
+            if keep_uid and uid:
+                obj["metadata"]["uid"] = uid
             return _with_kind(res, _copy(self._commit(res, key, obj, "ADDED")))
 
     def update(self, obj: Obj) -> Obj:
@@ -831,6 +841,19 @@ class FakeApiServer:
             return 0
         clients = {w.client for w in watches}
         return asyncio.run_coroutine_threadsafe(self._halt(serving.server, clients), serving.loop).result(10)
+
+    def stall_watches(self, kind: str | None = None) -> int:
+        """Make the open watches (of that kind) go silent, as over a half-open connection: no events,
+        no bookmarks, no end, until the client gives up and closes it. Watches opened later are
+        served normally. Returns how many were stalled."""
+        res = self._resource(kind) if kind else None
+        with self._lock:
+            watches = [w for w in self._watches if res is None or w.resource is res]
+            for watch in watches:
+                watch.stalled = True
+                with contextlib.suppress(RuntimeError):
+                    watch.loop.call_soon_threadsafe(watch.wake.set)
+        return len(watches)
 
     def fail_next(self, n: int = 1, status: int = 500, *, message: str | None = None, reason: str | None = None,
                   retry_after: int | None = None, method: str | None = None, path: str | None = None) -> None:
@@ -1274,7 +1297,7 @@ class FakeApiServer:
                 await self._send_lines(watch, send, [self._error_line(expired)])
             else:
                 await self._run_watch(watch, send, initial, end_bookmark, deadline)
-            if not watch.closed:
+            if not watch.closed and not watch.stalled:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             listener.cancel()
@@ -1292,6 +1315,9 @@ class FakeApiServer:
         next_bookmark = loop.time() + self.bookmark_interval
         while not watch.closed:
             watch.wake.clear()
+            if watch.stalled:
+                await watch.wake.wait()  # set again by writes and by the client's disconnect
+                continue
             events, gone = self._collect(watch)
             if gone:
                 await self._send_lines(watch, send, [self._error_line(gone)])
@@ -1442,6 +1468,8 @@ class FakeApiServer:
             obj["status"] = {"phase": "Active"}
         elif res.kind == "Secret":
             _secret_data(obj)
+        elif res.kind == "ResourceQuota":
+            _check_quota(res, obj)
 
     def _replace(self, res: Resource, ns: str | None, name: str, sub: str | None, body: Obj, dry_run: bool) -> Obj:
         obj = self._check_body(res, body)
@@ -1473,6 +1501,8 @@ class FakeApiServer:
                 obj["status"] = _copy(old["status"])
         if res.kind == "Secret":
             _secret_data(obj)
+        elif res.kind == "ResourceQuota" and sub is None:
+            _check_quota(res, obj)
         self._keep_identity(obj, old)
         if dry_run:
             return _with_kind(res, obj)
@@ -1638,3 +1668,32 @@ def _secret_data(obj: Obj) -> None:
         for key, value in string_data.items():
             data[key] = base64.b64encode(str(value).encode()).decode()
     obj.setdefault("type", "Opaque")
+
+
+_QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+_QUALIFIED = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_STANDARD_QUOTA = frozenset({"pods", "services", "replicationcontrollers", "resourcequotas", "secrets", "configmaps",
+                             "persistentvolumeclaims", "services.nodeports", "services.loadbalancers", "cpu",
+                             "memory", "ephemeral-storage", "requests.cpu", "requests.memory",
+                             "requests.ephemeral-storage", "requests.storage", "limits.cpu", "limits.memory",
+                             "limits.ephemeral-storage"})
+
+
+def _check_quota(res: Resource, obj: Obj) -> None:
+    """ValidateResourceQuota's checks on spec.hard: a name without a slash must be a standard quota
+    resource (requests.nvidia.com/gpu has one, so it only has to be a qualified name), and every value
+    a non-negative quantity."""
+    name = obj["metadata"].get("name") or ""
+    hard = (obj.get("spec") or {}).get("hard") or {}
+    if not isinstance(hard, dict):
+        raise _invalid(res, name, "spec.hard", "Invalid value: must be a map of resource names to quantities")
+    for key, value in hard.items():
+        where = f"spec.hard[{key}]"
+        if not _QUALIFIED.match(key) or ("/" not in key and key not in _STANDARD_QUOTA
+                                         and not key.startswith(("count/", "hugepages-", "requests.hugepages-"))):
+            raise _invalid(res, name, where, f'Invalid value: "{key}": must be a standard resource for quota')
+        if not isinstance(value, str | int) or not _QUANTITY.match(str(value)):
+            raise _invalid(res, name, where, f'Invalid value: "{value}": must be a quantity')
+        if str(value).startswith("-"):
+            raise _invalid(res, name, where, f'Invalid value: "{value}": must be greater than or equal to 0')

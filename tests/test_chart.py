@@ -32,6 +32,7 @@ CRD_KINDS = {
     ("cert-manager.io/v1", "Issuer"),
     ("cert-manager.io/v1", "Certificate"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),  # its rules are checked by promtool (test_alerts.py)
 }
 # The newest Kubernetes the validator ships, and the oldest the chart claims (Chart.yaml kubeVersion).
 K8S_VERSIONS = (kubernetes_validate.utils.latest_version(), "1.30")
@@ -72,7 +73,7 @@ CASES = [
                                {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}],
             "defaultNamespacePolicy": "deny",
             "scoring": {"strategy": "spread", "weights": {"upgradeRequired": 5}},
-            "telemetry": {"url": "http://nvidia-dcgm-exporter.gpu-operator:9400/metrics", "refreshSeconds": 10},
+            "telemetry": {"url": "http://prometheus-operated.monitoring:9090", "refreshSeconds": 10},
             "validator": {"required": False},
             "reservationTTLSeconds": 30,
         },
@@ -277,7 +278,7 @@ def test_manifests_match_kubernetes_schemas(rendered: Rendered) -> None:
                 pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} (Kubernetes {version}): "
                             f"{exc.message} at {'.'.join(map(str, exc.absolute_path))}")
     expected = ({"Issuer", "Certificate"} if rendered.values["certManager"]["enabled"] else set()) | (
-        {"ServiceMonitor"} if rendered.values["serviceMonitor"]["enabled"] else set())
+        {"ServiceMonitor", "PrometheusRule"} if rendered.values["serviceMonitor"]["enabled"] else set())
     assert set(skipped) == expected
 
 
@@ -370,7 +371,8 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
                              "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources",
                              "ignorable"}
     verbs = {key: value for key, value in extender.items() if key.endswith("Verb")}
-    assert verbs == {"filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind"}
+    assert verbs == {"filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind",
+                     "preemptVerb": "preempt"}
     assert extender["nodeCacheCapable"] is True
     assert extender["enableHTTPS"] is False
     assert extender["ignorable"] is False
@@ -463,7 +465,7 @@ def test_webhook_configurations(rendered: Rendered) -> None:
     for config, path, policy in zip(_webhooks(rendered), ("/mutate", "/validate"),
                                     (v["mutating"]["failurePolicy"], v["validating"]["failurePolicy"]),
                                     strict=True):
-        [hook] = config["webhooks"]
+        hook = config["webhooks"][0]
         assert hook["clientConfig"]["service"] == {"name": service["metadata"]["name"],
                                                    "namespace": rendered.case.namespace, "path": path, "port": 443}
         assert hook["sideEffects"] == "None"
@@ -476,6 +478,15 @@ def test_webhook_configurations(rendered: Rendered) -> None:
     mutating, validating = _webhooks(rendered)
     assert mutating["webhooks"][0]["reinvocationPolicy"] == "IfNeeded"
     assert "reinvocationPolicy" not in validating["webhooks"][0]
+    assert len(mutating["webhooks"]) == 1
+    # The second validating webhook: pod UPDATEs that change a gpu-placement.io/* annotation.
+    create, update = validating["webhooks"]
+    assert update["name"] == "validate-annotations.gpu-placement.io" != create["name"]
+    assert update["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                                "resources": ["pods"], "scope": "Namespaced"}]
+    for key in ("clientConfig", "failurePolicy", "timeoutSeconds", "sideEffects", "admissionReviewVersions",
+                "matchPolicy", "namespaceSelector"):
+        assert update[key] == create[key], key
 
 
 def test_webhook_paths_are_the_routes_the_apps_serve(rendered: Rendered, tmp_path: Path) -> None:
@@ -493,7 +504,7 @@ def test_webhook_paths_are_the_routes_the_apps_serve(rendered: Rendered, tmp_pat
     finally:
         core.stop()
     [extender] = rendered.scheduler_config()["extenders"]
-    for key in ("filterVerb", "prioritizeVerb", "bindVerb"):
+    for key in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb"):
         assert "POST" in (extender_routes[f"/{extender[key]}"] or set())
     for config in _webhooks(rendered):
         assert "POST" in (webhook_routes[config["webhooks"][0]["clientConfig"]["service"]["path"]] or set())
@@ -526,8 +537,8 @@ def test_exempt_namespaces_match_the_config(rendered: Rendered) -> None:
     config = yaml.safe_load(rendered.config_text())
     expected = {*rendered.values["exemptNamespaces"], rendered.case.namespace}
     assert set(config["exemptNamespaces"]) == expected
-    for webhook_config in _webhooks(rendered):
-        selector = webhook_config["webhooks"][0]["namespaceSelector"]
+    for hook in (h for webhook_config in _webhooks(rendered) for h in webhook_config["webhooks"]):
+        selector = hook["namespaceSelector"]
         assert selector == {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
                                                   "values": sorted(expected, key=config["exemptNamespaces"].index)}]}
 
@@ -603,6 +614,35 @@ def test_webhook_rbac_reads_the_view(rendered: Rendered) -> None:
     assert rendered.one("ClusterRole", f"{name}-webhook")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]}]
     assert rendered.deployment("webhook")["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-webhook"
+
+
+def test_webhook_quota_mirror_rbac_and_args(rendered: Rendered) -> None:
+    """The mirror runs whatever the certificate mode (its own Lease), never in audit mode, and may do
+    only what it does: ResourceQuotas, and its one Lease."""
+    from gpu_placement.cli import build_parser
+
+    name, ns = fullname(rendered.case), rendered.case.namespace
+    args = build_parser().parse_args(rendered.container("webhook")["args"])
+    roles = {r["metadata"]["name"]: r for r in rendered.all("Role") + rendered.all("ClusterRole")}
+    if rendered.values["config"]["mode"] == "audit":
+        assert args.quota_mirror is False
+        assert f"{name}-webhook-quotas" not in roles and f"{name}-webhook-quota-lease" not in roles
+        return
+    assert args.quota_mirror is True and args.namespace == ns
+    assert args.quota_lease == f"{name}-quota-mirror"
+    assert roles[f"{name}-webhook-quotas"]["rules"] == [
+        {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["get", "list", "create", "update", "delete"]}]
+    lease_role = roles[f"{name}-webhook-quota-lease"]
+    assert lease_role["metadata"]["namespace"] == ns
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [args.quota_lease],
+         "verbs": ["get", "update"]}]
+    bindings = {b["metadata"]["name"]: b for b in rendered.all("RoleBinding") + rendered.all("ClusterRoleBinding")}
+    for binding in (f"{name}-webhook-quotas", f"{name}-webhook-quota-lease"):
+        assert bindings[binding]["roleRef"]["name"] == binding
+        assert bindings[binding]["subjects"] == [{"kind": "ServiceAccount", "name": f"{name}-webhook",
+                                                  "namespace": ns}]
 
 
 def test_webhook_availability(rendered: Rendered) -> None:
@@ -721,7 +761,8 @@ def _tokens(text: str) -> list[str]:
 
 class _Cel:
     """A parser and evaluator for the CEL the chart's matchConditions use: ||, &&, !, ==, !=, in,
-    field selection, string and list literals, has(), .exists() on lists and maps, .startsWith().
+    field selection, map indexing (m[k]), string and list literals, has(), .exists() on lists and maps,
+    .startsWith().
     Like CEL, selecting a field that is absent is an error, so a missing has() guard fails here."""
 
     def __init__(self, text: str) -> None:
@@ -766,8 +807,11 @@ class _Cel:
 
     def parse_member(self) -> Any:
         node = self.parse_primary()
-        while self.peek() == ".":
-            self.take()
+        while self.peek() in (".", "["):
+            if self.take() == "[":
+                node = ("index", node, self.parse_or())
+                self.take("]")
+                continue
             field = self.take()
             if self.peek() == "(":
                 self.take()
@@ -831,6 +875,11 @@ class _Cel:
             if not isinstance(target, dict) or node[2] not in target:
                 raise CelError(f"no such key: {node[2]}")
             return target[node[2]]
+        if op == "index":
+            target, key = self.eval(node[1], env), self.eval(node[2], env)
+            if not isinstance(target, dict) or key not in target:
+                raise CelError(f"no such key: {key}")
+            return target[key]
         if op == "has":
             target = self.eval(node[1][1], env)
             if not isinstance(target, dict):
@@ -857,8 +906,9 @@ class _Cel:
             raise CelError(f"no such overload: {value!r} is not a bool")
         return value
 
-    def __call__(self, pod: Doc) -> bool:
-        return self.truth(self.ast, {"object": pod})
+    def __call__(self, pod: Doc, old: Doc | None = None) -> bool:
+        """`object`, and `oldObject` for an UPDATE (absent on CREATE: a reference to it is an error)."""
+        return self.truth(self.ast, {"object": pod} if old is None else {"object": pod, "oldObject": old})
 
 
 def _pod(*containers: Doc, init: list[Doc] | None = None, tolerations: list[Doc] | None = None,
@@ -959,3 +1009,46 @@ def test_cel_evaluator_catches_unguarded_fields() -> None:
         _Cel("object.spec.containers.exists(c, c.resources.limits.exists(r, r == 'x'))")(_pod(CPU))
     assert _Cel("has(object.spec.initContainers) && object.spec.initContainers.exists(c, c.name == 'x')")(
         _pod(init=[{"name": "x"}]))
+
+
+def _annotated(annotations: dict[str, str] | None, labels: dict[str, str] | None = None) -> Doc:
+    pod = _pod(_asks("requests", "nvidia.com/gpu"))
+    if annotations is not None:
+        pod["metadata"]["annotations"] = annotations
+    if labels is not None:
+        pod["metadata"]["labels"] = labels
+    return pod
+
+
+ADMITTED = {"gpu-placement.io/admitted": '{"resources":{"nvidia.com/gpu":1}}', "team": "a"}
+# (description, old pod, new pod, sent to the UPDATE webhook)
+SAMPLE_UPDATES: list[tuple[str, Doc, Doc, bool]] = [
+    ("nothing changes", _annotated(ADMITTED), _annotated(ADMITTED), False),
+    ("a label changes", _annotated(ADMITTED), _annotated(ADMITTED, {"x": "1"}), False),
+    ("another annotation changes", _annotated(ADMITTED), _annotated({**ADMITTED, "team": "b"}), False),
+    ("another annotation added to a pod without any", _annotated(None), _annotated({"team": "b"}), False),
+    ("all annotations removed from a pod without ours", _annotated({"team": "a"}), _annotated(None), False),
+    ("gpu-memory added", _annotated(ADMITTED), _annotated({**ADMITTED, "gpu-placement.io/gpu-memory": "1Gi"}),
+     True),
+    ("gpu-memory added to a pod without annotations", _annotated(None),
+     _annotated({"gpu-placement.io/gpu-memory": "1Gi"}), True),
+    ("admitted rewritten", _annotated(ADMITTED), _annotated({**ADMITTED, "gpu-placement.io/admitted": "{}"}), True),
+    ("admitted removed", _annotated(ADMITTED), _annotated({"team": "a"}), True),
+    ("all annotations removed", _annotated(ADMITTED), _annotated(None), True),
+    ("sharing set to the same value", _annotated({"gpu-placement.io/sharing": "shared"}),
+     _annotated({"gpu-placement.io/sharing": "shared", "team": "a"}), False),
+]
+
+
+def test_update_match_conditions_send_only_changes_to_our_annotations(rendered: Rendered) -> None:
+    """The UPDATE webhook's CEL sends exactly the updates the service denies, so ordinary pod updates
+    (status, labels, other annotations) never reach it."""
+    from webhook.admission import _changed_annotations
+
+    _, validating = _webhooks(rendered)
+    [update] = [_Cel(c["expression"]) for c in validating["webhooks"][1]["matchConditions"]]
+    for description, old, new, sent in SAMPLE_UPDATES:
+        assert update(new, old) == sent, description
+        assert bool(_changed_annotations(old, new)) == sent, description
+    with pytest.raises(CelError):  # no oldObject (a CREATE): why its rule lists UPDATE only
+        update(_annotated(ADMITTED))

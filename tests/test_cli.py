@@ -87,10 +87,12 @@ def test_explain_shows_webhook_change_and_every_node(tmp_path: Path, snapshot: P
     assert main(["explain", str(pod_file), "--snapshot", str(snapshot)]) == 0
     out = capsys.readouterr().out
     assert "webhook:" in out and "/spec/tolerations" in out and "allowed" in out
-    assert "needs 1x nvidia.com/gpu; CUDA >= 13.0.0 (image tag of container main)" in out
+    # which rule applies to each CUDA need: the namespace's floor is strict, the image's minor-compatible
+    assert ("needs 1x nvidia.com/gpu; CUDA >= 12.4 (namespace default, strict); CUDA >= 13.0.0 (image tag of "
+            "container main, minor-version compatible)") in out
     assert "would go to a100-vgpu" in out
     rows = {line.split()[0]: line.split()[1] for line in out.split("NODE ", 1)[1].splitlines()[1:] if line}
     assert rows["a100-vgpu"] == "pass"
     assert rows["h100-single"] == "DriverTooOld"
-    assert rows["v100-legacy"] == "ComputeCapability"
+    assert rows["v100-legacy"] == "ComputeCapability"  # CUDA 13 on Volta: no driver fixes that
     assert len(rows) == 15

@@ -172,24 +172,33 @@ def test_min_driver() -> None:
     assert verdict(_labels(None, "12.4"), pod).startswith("UnknownDriver: ")  # runtime labels alone: no driver
 
 
-@pytest.mark.parametrize(("accepted", "product", "ok"), [
-    ("Tesla-T4", "Tesla-T4-SHARED", True),  # time-slicing renames the product
-    ("Tesla-T4-SHARED", "Tesla-T4-SHARED", True),
-    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", True),  # MIG single strategy
-    ("NVIDIA-H100-80GB-HBM3,NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-SXM4-80GB", True),
-    (" NVIDIA-H100-80GB-HBM3 , NVIDIA-A100-SXM4-80GB ", "NVIDIA-H100-80GB-HBM3", True),
-    ("NVIDIA-H100-80GB-HBM3,NVIDIA-A100-SXM4-80GB", "NVIDIA-A10G", False),
-    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb-SHARED", True),  # both, as GFD writes it
-    ("NVIDIA-H100", "NVIDIA-H100-80GB-HBM3", False),  # no prefix matching
+@pytest.mark.parametrize(("accepted", "product", "sharing", "expected"), [
+    # Time-slicing without renaming calls the product <name>-SHARED: that GPU only for a pod that asked to share.
+    ("Tesla-T4", "Tesla-T4-SHARED", "shared", "pass"),
+    ("Tesla-T4", "Tesla-T4-SHARED", None, "ProductMismatch"),
+    ("Tesla-T4-SHARED", "Tesla-T4-SHARED", None, "pass"),  # named exactly: the user meant it
+    # MIG single strategy: <name>-MIG-<profile>, that GPU only for a pod that asked for that slice.
+    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "mig-1g.10gb", "pass"),
+    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "mig-2g.20gb", "ProductMismatch"),
+    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", "shared", "ProductMismatch"),
+    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb", None, "SharingMismatch"),  # exclusive: never
+    ("NVIDIA-H100-80GB-HBM3,NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-SXM4-80GB", None, "pass"),
+    (" NVIDIA-H100-80GB-HBM3 , NVIDIA-A100-SXM4-80GB ", "NVIDIA-H100-80GB-HBM3", None, "pass"),
+    ("NVIDIA-H100-80GB-HBM3,NVIDIA-A100-SXM4-80GB", "NVIDIA-A10G", None, "ProductMismatch"),
+    ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb-SHARED", "shared", "pass"),  # both, as GFD writes it
+    ("NVIDIA-H100", "NVIDIA-H100-80GB-HBM3", None, "ProductMismatch"),  # no prefix matching
 ])
-def test_gpu_products(accepted: str, product: str, ok: bool) -> None:
-    message = verdict(_labels("550.54.15", **{"nvidia.com/gpu.product": product}),
-                      _pod({"gpu-placement.io/gpu-products": accepted}))
-    if ok:
+def test_gpu_products(accepted: str, product: str, sharing: str | None, expected: str) -> None:
+    annotations = {"gpu-placement.io/gpu-products": accepted}
+    if sharing is not None:
+        annotations["gpu-placement.io/sharing"] = sharing
+    message = verdict(_labels("550.54.15", **{"nvidia.com/gpu.product": product}), _pod(annotations))
+    if expected == "pass":
         assert message == "pass"
     else:
-        assert message.startswith(f"ProductMismatch: gpu-1 has {product}; ")
-        assert "gpu-placement.io/gpu-products" in message
+        assert message.startswith(f"{expected}: ")
+        assert ("gpu-placement.io/gpu-products" if expected == "ProductMismatch" else "gpu-placement.io/sharing") \
+            in message
 
 
 def test_gpu_products_namespace_default_and_pod_override() -> None:
@@ -207,7 +216,7 @@ def test_gpu_products_namespace_default_and_pod_override() -> None:
 ], ids=["annotation", "image", "min-driver"])
 def test_missing_driver_labels_fail_a_pod_with_a_requirement(pod: dict[str, Any]) -> None:
     message = verdict(_labels(None), pod)
-    assert message.startswith("UnknownDriver: gpu-1 publishes no driver"), message
+    assert message.startswith("UnknownDriver: ") and "publishes no driver" in message, message
 
 
 def test_missing_driver_labels_pass_a_pod_without_requirements() -> None:
@@ -216,9 +225,17 @@ def test_missing_driver_labels_pass_a_pod_without_requirements() -> None:
 
 # -- where the requirement comes from ----------------------------------------------------------
 def _cuda_of(pod: dict[str, Any], ns: dict[str, Any] | None = None) -> tuple[tuple[int, ...] | None, str]:
+    """The pod's explicit CUDA (its annotation or the namespace default)."""
     req = requirements_for(pod, namespace_from_json(ns) if ns else None, CONFIG.is_gpu_resource)
     assert req.error is None, req.error
     return req.cuda, req.cuda_source
+
+
+def _image_of(pod: dict[str, Any], ns: dict[str, Any] | None = None) -> tuple[tuple[int, ...] | None, str]:
+    """What the pod's images need, inferred."""
+    req = requirements_for(pod, namespace_from_json(ns) if ns else None, CONFIG.is_gpu_resource)
+    assert req.error is None, req.error
+    return (req.image_cuda.version, req.image_cuda.source) if req.image_cuda else (None, "")
 
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -237,39 +254,64 @@ DIGEST = "sha256:" + "0123456789abcdef" * 4
     ("nvcr.io/nvidia/cuda", None),
     ("localhost:5000/cuda", None),
     ("nvidia/cuda:latest", None),
-    ("nvcr.io/nvidia/pytorch:24.05-py3", None),  # NGC tags are YY.MM releases, not CUDA versions
     ("nginx:1.27", None),
     ("registry.example.com:443/team/app:1.2.3", None),
 ], ids=lambda value: value if isinstance(value, str) else "")
 def test_cuda_inferred_from_image_tag(image: str, cuda: tuple[int, ...] | None) -> None:
-    found, source = _cuda_of(_pod(image=image))
+    found, source = _image_of(_pod(image=image))
     assert found == cuda, image
     if cuda is not None:
         assert source == "image tag of container main"
+    assert _cuda_of(_pod(image=image)) == (None, "")  # an image's need is never an explicit annotation
+
+
+@pytest.mark.parametrize(("image", "cuda"), [
+    ("nvcr.io/nvidia/pytorch:24.05-py3", (12, 4, 1)),  # the issue's example: NGC release 24.05 is CUDA 12.4.1
+    ("nvcr.io/nvidia/tensorflow:24.05-tf2-py3", (12, 4, 1)),  # one release, one CUDA, every framework
+    ("nvcr.io/nvidia/tritonserver:24.05-py3", (12, 4, 1)),
+    ("nvcr.io/nvidia/pytorch:23.10-py3", (12, 2, 2)),
+    ("nvcr.io/nvidia/pytorch:25.01-py3", (12, 8, 0)),
+    ("nvcr.io/nvidia/pytorch:19.01-py3", None),  # not in the table: nothing inferred, nothing guessed
+    ("docker.io/someone/pytorch:24.05-py3", None),  # not NGC: YY.MM means nothing there
+])
+def test_ngc_framework_release_maps_to_its_cuda(image: str, cuda: tuple[int, ...] | None) -> None:
+    found, source = _image_of(_pod(image=image))
+    assert found == cuda, image
+    if cuda is not None:
+        assert source.startswith("NGC ") and "NGC support matrix" in source
 
 
 def test_cuda_inferred_from_nvidia_require_cuda() -> None:
     env = [{"name": "PATH", "value": "/usr/bin"},
            {"name": "NVIDIA_REQUIRE_CUDA", "value": "cuda>=12.2 brand=tesla,driver>=470,driver<471"}]
-    found, source = _cuda_of(_pod(image="registry.example.com/team/trainer:7", env=env))
-    assert found == (12, 2) and "NVIDIA_REQUIRE_CUDA" in source
-    # the env of the image beats its tag: it is what the CUDA runtime itself checks
-    assert _cuda_of(_pod(image="nvcr.io/nvidia/cuda:12.6.0-base-ubuntu22.04", env=env))[0] == (12, 2)
+    req = requirements_for(_pod(image="registry.example.com/team/trainer:7", env=env), None, CONFIG.is_gpu_resource)
+    assert req.image_cuda is not None and req.image_cuda.version == (12, 2)
+    assert req.image_cuda.terms == ((("cuda", ">=", "12.2"),), (("brand", "=", "tesla"), ("driver", ">=", "470"),
+                                                                  ("driver", "<", "471")))
+    # the env of the image beats its tag: it is what the container runtime itself checks
+    assert _image_of(_pod(image="nvcr.io/nvidia/cuda:12.6.0-base-ubuntu22.04", env=env))[0] == (12, 2)
+    # ... unless the runtime is told not to check it
+    disabled = [*env, {"name": "NVIDIA_DISABLE_REQUIRE", "value": "true"}]
+    assert _image_of(_pod(image="nvcr.io/nvidia/cuda:12.6.0-base-ubuntu22.04", env=disabled))[0] == (12, 6, 0)
 
 
 def test_highest_cuda_of_all_containers_and_init_containers() -> None:
     pod = _pod(image="nvcr.io/nvidia/cuda:12.1.0-base-ubuntu22.04")
     pod["spec"]["initContainers"] = [{"name": "warmup", "image": "nvcr.io/nvidia/cuda:12.6.2-base-ubuntu22.04"}]
     pod["spec"]["containers"].append({"name": "sidecar", "image": "busybox:1.36"})
-    assert infer_cuda(pod["spec"]) == ((12, 6, 2), "image tag of container warmup")
+    need = infer_cuda(pod["spec"])
+    assert need is not None and (need.version, need.source) == ((12, 6, 2), "image tag of container warmup")
 
 
-def test_namespace_default_cuda_versus_inferred_the_higher_wins() -> None:
+def test_namespace_default_cuda_and_the_image_need_both_hold() -> None:
     ns = namespace("ml", {"gpu-placement.io/cuda": "12.4"})
-    assert _cuda_of(_pod(image="nvcr.io/nvidia/cuda:12.2.0-base-ubuntu22.04"), ns) == ((12, 4), "namespace default")
-    found, source = _cuda_of(_pod(image="nvcr.io/nvidia/cuda:12.6.0-base-ubuntu22.04"), ns)
-    assert found == (12, 6, 0) and source.startswith("image tag")
-    assert _cuda_of(_pod(), ns) == ((12, 4), "namespace default")
+    pod = _pod(image="nvcr.io/nvidia/cuda:12.6.0-base-ubuntu22.04")
+    assert _cuda_of(pod, ns) == ((12, 4), "namespace default")
+    assert _image_of(pod, ns)[0] == (12, 6, 0)
+    # R550 (CUDA 12.4): the namespace floor holds, the 12.6 image runs by minor-version compatibility.
+    assert verdict(_labels("550.54.15", "12.4"), pod, ns) == "pass"
+    # R535 (CUDA 12.2): the image would run, but the namespace's strict floor is not met.
+    assert verdict(_labels("535.129.03", "12.2"), pod, ns).startswith("DriverTooOld: ")
 
 
 def test_pod_annotation_always_wins() -> None:
@@ -288,6 +330,7 @@ BROKEN = [
     ("gpu-placement.io/min-compute-capability", "eight"),
     ("gpu-placement.io/gpu-products", " , "),
     ("gpu-placement.io/gpu-memory", "lots"),
+    ("gpu-placement.io/sharing", "everything"),
 ]
 
 
@@ -328,5 +371,8 @@ def test_broken_namespace_annotation_fails_every_node_and_names_the_namespace(ke
 
 def test_a_good_pod_in_the_same_cluster_passes() -> None:
     passed, unresolvable = _cluster_filter(_pod())
-    assert passed == ["ready", "old"]
+    assert passed == ["ready"]
+    # The T4 time-slices without renaming (nvidia.com/gpu.replicas=8): no whole GPU for an exclusive pod.
+    assert unresolvable["old"].startswith("SharingMismatch: ")
+    assert passed == _cluster_filter(_pod({"gpu-placement.io/sharing": "shared"}))[0][:1]
     assert unresolvable["down"].startswith("NodeNotReady: ") and unresolvable["cpu"].startswith("NoGPU: ")

@@ -314,6 +314,32 @@ def test_bookmarks_move_the_resume_point(live: Callable[..., Harness], fake_api:
     assert h.watches_from("/api/v1/pods") == [target]
 
 
+def test_a_silent_watch_is_noticed_within_two_bookmark_intervals(live: Callable[..., Harness],
+                                                                 fake_api: FakeApiServer) -> None:
+    """A half-open connection: the stream stays open but nothing comes, not even bookmarks. The watch
+    gives up after two bookmark intervals of silence and resumes where it was, missing nothing."""
+    interval = fake_api.bookmark_interval
+    settings = WatchSettings(connect_timeout=1.0, read_timeout=2.0, server_timeout=30, bookmark_interval=interval,
+                             client_timeout=2 * interval, backoff_initial=0.05, backoff_max=0.3)
+    h = live(settings)
+    restarts = gauge(metrics.WATCH_RESTARTS, "pods", "stalled")
+    time.sleep(interval * 2.5)  # healthy and quiet: bookmarks keep the stream alive
+    assert gauge(metrics.WATCH_RESTARTS, "pods", "stalled") == restarts
+    fake_api.clear_log()
+    assert fake_api.stall_watches("pods") == 1
+    start = time.monotonic()
+    fake_api.add(make_pod("team-a", "late", gpus={GPU: 1}))
+    wait_for(lambda: "team-a/late" in h.view.pods, 4 * interval, "the pod after the silent stream")
+    assert time.monotonic() - start <= 2 * interval + 1.0  # two intervals of silence, then a resume
+    assert gauge(metrics.WATCH_RESTARTS, "pods", "stalled") == restarts + 1
+    assert h.lists() == 0  # resumed from its version, not relisted
+
+
+def test_watch_settings_default_to_two_bookmark_intervals() -> None:
+    settings = WatchSettings()
+    assert settings.client_timeout == 2 * settings.bookmark_interval == 120.0 < settings.server_timeout
+
+
 def test_stop_is_prompt(live: Callable[..., Harness], fake_api: FakeApiServer) -> None:
     h = live()
     fake_api.wait_for_watches(3)

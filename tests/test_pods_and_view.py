@@ -306,27 +306,36 @@ def test_validation_can_be_switched_off() -> None:
 
 
 # -- telemetry ---------------------------------------------------------------------------------
-def test_telemetry_narrows_free_memory(cluster: Cluster) -> None:
-    cluster.view.set_telemetry({"h8": Telemetry(free_mib=50_000, xid_errors=0, at=cluster.now)})
-    assert cluster.free("h8") == (8, 50_000)
-    assert cluster.verdict("h8", gpus={GPU: 1}) == (f"InsufficientGPUMemory: h8 has 50000 MiB of {GPU} memory free; "
-                                                    f"the pod needs {H100} MiB")
-    cluster.view.set_telemetry({"h8": Telemetry(free_mib=10 * H100, xid_errors=0, at=cluster.now)})
-    assert cluster.free("h8") == (8, 8 * H100)  # telemetry narrows, never widens
+def test_telemetry_narrows_only_shares(cluster: Cluster) -> None:
+    """Whole GPUs follow allocatable: an idle H100's free framebuffer is a little under its total."""
+    idle = tuple([H100 - 500] * 8)
+    cluster.view.set_telemetry({"h8": Telemetry(sum(idle), 0, cluster.now, idle),
+                                "t4": Telemetry(3000, 0, cluster.now, (3000,))})
+    assert cluster.free("h8") == (8, 8 * H100)
+    assert cluster.verdict("h8", gpus={GPU: 8}) == "pass"
+    shared = {"gpu-placement.io/sharing": "shared"}
+    assert cluster.free("t4") == (8, 3000)  # a share: what the device really has left narrows it
+    assert cluster.verdict("t4", gpus={GPU: 1}, annotations={**shared, "gpu-placement.io/gpu-memory": "4Gi"}) == (
+        f"InsufficientGPUMemory: t4 has 3000 MiB of {GPU} memory free; the pod needs 4096 MiB")
+    assert cluster.verdict("t4", gpus={GPU: 1}, annotations={**shared, "gpu-placement.io/gpu-memory": "2Gi"}) == "pass"
+    cluster.view.set_telemetry({"t4": Telemetry(10 * T4, 0, cluster.now, (10 * T4,))})
+    assert cluster.free("t4") == (8, T4)  # telemetry narrows, never widens
     cluster.view.set_telemetry({})
-    assert cluster.verdict("h8", gpus={GPU: 1}) == "pass"
+    assert cluster.free("t4") == (8, T4)
 
 
 # -- the placement cache stays equal to a fresh one --------------------------------------------
 _PODS = {  # kinds of pod the scheduler asks about, each its own cache entry
     "whole-1-cuda12.2": dict(gpus={GPU: 1}, image="nvcr.io/nvidia/cuda:12.2.0-base-ubuntu22.04"),
     "whole-4": dict(gpus={GPU: 4}),
-    "share-4Gi": dict(gpus={GPU: 1}, annotations={"gpu-placement.io/gpu-memory": "4Gi"}),
+    "share-4Gi": dict(gpus={GPU: 1}, annotations={"gpu-placement.io/gpu-memory": "4Gi",
+                                                  "gpu-placement.io/sharing": "shared"}),
     "mig-1g": dict(gpus={"nvidia.com/mig-1g.10gb": 1}),
     "driver-550": dict(gpus={GPU: 1}, annotations={"gpu-placement.io/min-driver": "550"}),
     "cuda13": dict(gpus={GPU: 1}, image="nvcr.io/nvidia/cuda:13.0.0-base-ubuntu24.04"),
     "t4-only-2Gi": dict(gpus={GPU: 1}, annotations={"gpu-placement.io/gpu-products": "Tesla-T4",
-                                                      "gpu-placement.io/gpu-memory": "2Gi"}),
+                                                      "gpu-placement.io/gpu-memory": "2Gi",
+                                                      "gpu-placement.io/sharing": "shared"}),
 }
 _BASES = ["h100", "h100x8", "t4-timeslicing", "h100-mig-mixed", "a100-vgpu", "a10g-unregistered"]
 _RELABELS: list[dict[str, str]] = [
@@ -481,7 +490,7 @@ def test_placement_cache_equals_a_fresh_placement_after_random_changes() -> None
             if passed:
                 seen.add("pass")
     assert {"pass", "InsufficientGPU", "InsufficientGPUMemory", "NotValidated", "UnknownNode", "DriverUpgrade",
-            "NodeNotReady", "NoGPU", "BadLabel", "MIGReconfiguring"} <= seen, seen
+            "NodeNotReady", "NoGPU", "BadLabel", "MIGReconfiguring", "SharingMismatch"} <= seen, seen
 
 
 def test_incremental_view_equals_a_view_rebuilt_from_the_same_objects() -> None:
@@ -494,9 +503,9 @@ def test_incremental_view_equals_a_view_rebuilt_from_the_same_objects() -> None:
             assert cached[kind] == rebuilt[kind], f"step {step} ({change}): {kind}: differs from a rebuilt view"
 
 
-def test_namespace_memory_default_change_recharges_its_pods() -> None:
-    """A share charged by its namespace's gpu-memory default holds the new default once it changes;
-    a pod with its own ask, or in another namespace, keeps what it had."""
+def test_namespace_memory_default_change_keeps_what_running_pods_hold() -> None:
+    """A share charged by its namespace's gpu-memory default keeps that charge when the default
+    changes (its process holds what it holds); a pod bound afterwards takes the new default."""
     config = Config()
     view = ClusterView(config)
     ingest = Ingest(config)
@@ -507,4 +516,25 @@ def test_namespace_memory_default_change_recharges_its_pods() -> None:
                                                 annotations={"gpu-placement.io/gpu-memory": "1Gi"}))
     assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048 - 1024
     ingest.event(view, "namespaces", "MODIFIED", namespace("inference", {"gpu-placement.io/gpu-memory": "4Gi"}))
-    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 4096 - 1024
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048 - 1024
+    ingest.event(view, "pods", "ADDED", make_pod("inference", "c", gpus={"nvidia.com/gpu.shared": 1}, node="t4"))
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048 - 1024 - 4096
+    # a status update of the running pod (same uid) keeps its first charge
+    ingest.event(view, "pods", "MODIFIED", make_pod("inference", "a", gpus={"nvidia.com/gpu.shared": 1}, node="t4",
+                                                   phase="Running", labels={"app": "a", "restarted": "1"}))
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048 - 1024 - 4096
+
+
+def test_a_pod_listed_before_its_namespace_takes_the_namespace_default() -> None:
+    """Kinds are listed in parallel: a bound pod may arrive before its namespace. Its charge is fixed
+    once the namespace is seen, and from then on no longer follows the default."""
+    config = Config()
+    view = ClusterView(config)
+    ingest = Ingest(config)
+    ingest.event(view, "nodes", "ADDED", make_node("t4", "t4-timeslicing", shared_resource="nvidia.com/gpu.shared"))
+    ingest.event(view, "pods", "ADDED", make_pod("inference", "a", gpus={"nvidia.com/gpu.shared": 1}, node="t4"))
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 1920  # a share's memory, for now
+    ingest.event(view, "namespaces", "ADDED", namespace("inference", {"gpu-placement.io/gpu-memory": "2Gi"}))
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048
+    ingest.event(view, "namespaces", "MODIFIED", namespace("inference", {"gpu-placement.io/gpu-memory": "4Gi"}))
+    assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048

@@ -328,6 +328,59 @@ def test_pods_left_alone(hook: Webhook, case: str) -> None:
     assert ops == [] and mutated == pod and "warnings" not in response
 
 
+@pytest.mark.parametrize("choice", [
+    {"nodeSelector": {"nvidia.com/gpu.present": "true"}},
+    {"affinity": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}]}]}}}},
+    {"affinity": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "In", "values": ["false", "true"]},
+                              {"key": "ib", "operator": "Exists"}]}]}}}},
+])
+def test_a_pod_that_selects_gpu_nodes_itself_is_not_trapped(hook: Webhook, choice: dict[str, Any]) -> None:
+    """An NCCL/InfiniBand health check or a node agent run as a Deployment: no GPU asked, the GPU
+    toleration, and GPU nodes chosen on purpose. NotIn [true] would make it unschedulable."""
+    pod = user_pod("web", "nccl-check", image="nccl-tests:2.13")
+    pod["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    pod["spec"].update(copy.deepcopy(choice))
+    mutated, ops, response = hook.mutate(pod, "web")
+    assert ops == [] and mutated == pod
+    assert response["warnings"] == [
+        "pod web/nccl-check asks for no GPU but selects GPU nodes itself (nvidia.com/gpu.present=true), so "
+        "protectGpuNodes leaves it alone: it takes room on GPU nodes without using a GPU"]
+
+
+@pytest.mark.parametrize("selection", [
+    {"nodeSelector": {"nvidia.com/gpu.present": "false"}},
+    {"affinity": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.present", "operator": "NotIn", "values": ["true"]},
+                              {"key": "zone", "operator": "In", "values": ["a"]}]}]}}}},
+])
+def test_a_selection_that_does_not_ask_for_gpu_nodes_is_still_kept_off_them(hook: Webhook,
+                                                                            selection: dict[str, Any]) -> None:
+    pod = user_pod("web", "tolerant", image="nginx:1.27")
+    pod["spec"]["tolerations"] = [{"operator": "Exists"}]
+    pod["spec"].update(copy.deepcopy(selection))
+    mutated, _, response = hook.mutate(pod, "web")
+    assert "warnings" not in response
+    assert all(KEEP_OFF in term["matchExpressions"] for term in terms(mutated))
+
+
+def test_gpu_daemonset_pods_keep_their_scheduler(hook: Webhook) -> None:
+    pod = user_pod("team-a", "dcgm-probe", gpus={"nvidia.com/gpu": 1})
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "probe",
+                                           "uid": "ds-1", "controller": True}]
+    mutated, ops, _ = hook.mutate(pod, "team-a")
+    assert find(ops, "/spec/schedulerName") == [] and mutated["spec"]["schedulerName"] == "default-scheduler"
+    assert admitted(mutated)["scheduler"] == "default-scheduler"
+    assert mutated["spec"]["nodeSelector"]["nvidia.com/gpu.present"] == "true"  # shaped otherwise as any GPU pod
+    del pod["spec"]["schedulerName"]
+    mutated, ops, _ = hook.mutate(pod, "team-a")
+    assert find(ops, "/spec/schedulerName") == [] and admitted(mutated)["scheduler"] == "default-scheduler"
+    replica = user_pod("team-a", "worker", gpus={"nvidia.com/gpu": 1})
+    assert hook.mutate(replica, "team-a")[0]["spec"]["schedulerName"] == "gpu-placement"
+
+
 def test_gpu_pods_in_exempt_namespaces_are_left_alone(hook: Webhook) -> None:
     pod = user_pod("kube-system", "dcgm", gpus={"nvidia.com/gpu": 1})
     mutated, ops, _ = hook.mutate(pod, "kube-system")
@@ -361,6 +414,8 @@ def test_protection_can_be_switched_off(bundle: CertBundle) -> None:
 ])
 def test_other_operations_and_resources_pass_untouched(hook: Webhook, kwargs: dict[str, Any]) -> None:
     body = review(user_pod("team-a", "p", gpus={"nvidia.com/gpu": 1}), "team-a", **kwargs)
+    if kwargs.get("operation") == "UPDATE":  # as the API server sends it; our annotations unchanged
+        body["request"]["oldObject"] = body["request"]["object"]
     for path in ("/mutate", "/validate"):
         response = hook.answer(path, body)
         assert response == {"uid": body["request"]["uid"], "allowed": True}

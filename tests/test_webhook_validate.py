@@ -4,12 +4,13 @@ server sends them (Webhook.admit), unless a test means to skip it."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 
 import pytest
 
 from gpu_placement.demo_cluster import make_pod
-from tests.test_webhook_helpers import TEST_CONFIG, Webhook, serving, user_pod
+from tests.test_webhook_helpers import TEST_CONFIG, Webhook, review, serving, user_pod
 from webhook.certs import CertBundle
 
 pytestmark = pytest.mark.timeout(30)
@@ -259,3 +260,58 @@ def test_default_allow_lets_namespaces_without_quota_use_gpus(bundle: CertBundle
         for index in range(3):
             _, verdict = hook.admit(user_pod("web", f"g{index}", gpus={"nvidia.com/gpu": 8}), "web")
             assert verdict == {"uid": verdict["uid"], "allowed": True}
+
+
+# -- UPDATE: gpu-placement.io/* annotations are fixed at admission ---------------------------------------
+
+def update_review(old: dict, new: dict, ns: str) -> dict:
+    body = review(new, ns, operation="UPDATE")
+    body["request"]["oldObject"] = old
+    return body
+
+
+def test_an_annotation_edit_on_a_running_pod_is_denied(hook: Webhook) -> None:
+    admitted, verdict = hook.admit(user_pod("team-a", "train", gpus={"nvidia.com/gpu": 2}), "team-a")
+    assert verdict["allowed"] is True
+    running = hook.create(admitted, "team-a")
+    cheaper = copy.deepcopy(running)
+    cheaper["metadata"]["annotations"]["gpu-placement.io/gpu-memory"] = "1Gi"
+    verdict = hook.answer("/validate", update_review(running, cheaper, "team-a"))
+    assert denial(verdict) == (
+        "pod team-a/train: gpu-placement.io/gpu-memory is fixed at admission (they decide what the pod is charged "
+        "and how it is placed) and cannot be changed on a running pod: delete the pod and create it again with "
+        "the annotations you want")
+    gone = copy.deepcopy(running)
+    del gone["metadata"]["annotations"]["gpu-placement.io/admitted"]
+    gone["metadata"]["annotations"]["gpu-placement.io/sharing"] = "exclusive"
+    assert denial(hook.answer("/validate", update_review(running, gone, "team-a"))).startswith(
+        "pod team-a/train: gpu-placement.io/admitted, gpu-placement.io/sharing are fixed at admission")
+
+
+def test_ordinary_pod_updates_are_allowed(hook: Webhook) -> None:
+    running = hook.create(hook.admit(user_pod("team-a", "train", gpus={"nvidia.com/gpu": 1}), "team-a")[0], "team-a")
+    relabelled = copy.deepcopy(running)
+    relabelled["metadata"]["labels"]["stage"] = "eval"
+    relabelled["metadata"]["annotations"]["team.example.com/owner"] = "bob"
+    body = update_review(running, relabelled, "team-a")
+    assert hook.answer("/validate", body) == {"uid": body["request"]["uid"], "allowed": True}
+    # Exempt namespaces are never held to it.
+    system = make_pod("kube-system", "agent", gpus={"nvidia.com/gpu": 1}, annotations={"gpu-placement.io/x": "1"})
+    edited = copy.deepcopy(system)
+    edited["metadata"]["annotations"]["gpu-placement.io/x"] = "2"
+    assert hook.answer("/validate", update_review(system, edited, "kube-system"))["allowed"] is True
+
+
+def test_an_update_without_the_old_pod_is_a_bad_request(hook: Webhook) -> None:
+    verdict = hook.answer("/validate", review(user_pod("team-a", "x"), "team-a", operation="UPDATE"))
+    assert verdict["allowed"] is False and verdict["status"]["code"] == 400
+
+
+def test_audit_mode_warns_about_an_annotation_edit(audit: Webhook) -> None:
+    running = make_pod("team-a", "train", gpus={"nvidia.com/gpu": 1},
+                       annotations={"gpu-placement.io/sharing": "shared"})
+    edited = copy.deepcopy(running)
+    edited["metadata"]["annotations"]["gpu-placement.io/sharing"] = "exclusive"
+    verdict = audit.answer("/validate", update_review(running, edited, "team-a"))
+    assert verdict["allowed"] is True
+    assert verdict["warnings"][0].startswith("pod team-a/train: gpu-placement.io/sharing is fixed at admission")

@@ -1,13 +1,14 @@
 """The two admission decisions: what /mutate changes on a pod, and whether /validate lets it in.
 
-Pure over the request, the cluster view and the configuration: no I/O. Each outcome carries one
+Pure over the request, the cluster view and the configuration: no I/O (a namespace the view lacks
+is read beforehand by the app, webhook/namespace_reader.py). Each outcome carries one
 reason code (for metrics and the debug log); the sentences the user reads name the namespace, the
 resource, the figures and the annotation to change.
 
-Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, NoGpuAsked, NotAPodCreate,
-Exempt, NamespacePolicyBroken (in this module); BadPod (review.py); BadAnnotation, NoGpuAccess,
-Escalation, Allowed (here); OverQuota, NotInQuota (quota.py). In audit mode a would-be denial is
-counted as `Audit<code>`.
+Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, ChoseGpuNodes, NoGpuAsked, NotAPodCreate,
+Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed (in this module); BadPod
+(review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); OverQuota, NotInQuota
+(quota.py). In audit mode a would-be denial is counted as `Audit<code>`.
 """
 
 from __future__ import annotations
@@ -19,16 +20,19 @@ from typing import Any
 from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.pods import GpuRequests
+from gpu_placement.sharing import effective_sharing
 from gpu_placement.view import ClusterView
-from webhook.patches import gpu_patch, protect_patch, tolerates_gpu_taint
+from webhook.namespace_reader import NamespaceReader
+from webhook.patches import asks_for_gpu_nodes, gpu_patch, protect_patch, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
 from webhook.quota import Reservations, quota_problems
 from webhook.review import AdmissionRequest, AdmissionResponse, BadPod, Subject, allowed, denied, subject_of
 
 __all__ = ["Admission", "Decision"]
 
-MUTATED, UNCHANGED, KEPT_OFF_GPU = "Mutated", "Unchanged", "KeptOffGpuNodes"
+MUTATED, UNCHANGED, KEPT_OFF_GPU, CHOSE_GPU_NODES = "Mutated", "Unchanged", "KeptOffGpuNodes", "ChoseGpuNodes"
 NO_GPU, NOT_A_POD, EXEMPT, POLICY_BROKEN = "NoGpuAsked", "NotAPodCreate", "Exempt", "NamespacePolicyBroken"
+NAMESPACE_UNKNOWN, ANNOTATIONS_FIXED = "NamespaceUnknown", "AnnotationsFixed"
 BAD_POD, BAD_ANNOTATION, NO_GPU_ACCESS, ESCALATION, ALLOWED = (
     "BadPod", "BadAnnotation", "NoGpuAccess", "Escalation", "Allowed")
 
@@ -54,15 +58,46 @@ class Decision:
 
 
 class Admission:
-    def __init__(self, view: ClusterView, config: Config) -> None:
+    def __init__(self, view: ClusterView, config: Config, api: Any = None) -> None:
+        """`api`: the kubernetes ApiClient when there is an API server (holds are then settled by lists
+        of pods, see webhook/holds.py); None with --snapshot."""
         self.view = view
         self.config = config
+        self.api = api
         self.policies = PolicyCache(config)
-        self.reservations = Reservations(view, config.reservation_ttl_seconds)
+        self.reservations = Reservations(view, config.reservation_ttl_seconds, listed=api is not None)
+        self.reader = NamespaceReader(view, api) if api is not None else None
 
     def policy(self, namespace: str) -> NamespacePolicy:
         # One dict read (atomic under the GIL); the cache reparses only when the record changed.
-        return self.policies.get(namespace, self.view.namespaces.get(namespace))
+        record = self.view.namespaces.get(namespace)
+        if record is None and self.reader is not None:
+            record, _ = self.reader.record(namespace)  # read from the API server: the view lags
+        return self.policies.get(namespace, record)
+
+    def namespace_to_read(self, request: AdmissionRequest) -> str | None:
+        """The namespace of a pod CREATE that the view does not have (yet): read it from the API
+        server before deciding. None in the common case, at the cost of one dict lookup."""
+        namespace = request.get("namespace") or ""
+        if self.reader is None or not self.reader.wanted(namespace) or namespace in self.config.exempt_namespaces:
+            return None
+        resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
+        if request.get("operation", "CREATE") != "CREATE" or request.get("subResource") or (
+                resource.get("resource", "pods") != "pods"):
+            return None
+        return namespace
+
+    def _unknown_namespace(self, namespace: str) -> str | None:
+        """The sentence for a namespace the view lacks and the API server did not give us; else None.
+        With --snapshot (no API server) a namespace missing from the files has no annotations."""
+        if self.reader is None:
+            return None
+        record, why = self.reader.record(namespace)
+        if record is not None:
+            return None
+        return (f"namespace {namespace} is not in gpu-placement's view yet and could not be read from the API "
+                f"server ({why}), so its GPU policy (the gpu-placement.io/* annotations) is unknown: try again in "
+                "a few seconds")
 
     # -- /mutate -----------------------------------------------------------------------------------
     def mutate(self, request: AdmissionRequest) -> Decision:
@@ -74,9 +109,17 @@ class Admission:
         if not subject.gpus:
             if (config.protect_gpu_nodes and not spec.get("nodeName") and not _is_daemonset_pod(pod)
                     and tolerates_gpu_taint(spec, config)):
+                if asks_for_gpu_nodes(spec):  # its own choice (a node agent, an NCCL check): not trapped
+                    text = (f"pod {subject.namespace}/{subject.name} asks for no GPU but selects GPU nodes itself "
+                            f"({n.GPU_PRESENT}=true), so protectGpuNodes leaves it alone: it takes room on GPU "
+                            "nodes without using a GPU")
+                    return self._decision(allowed(uid, warnings=[text]), CHOSE_GPU_NODES, subject, [text])
                 ops = protect_patch(pod)
                 return self._decision(allowed(uid, ops), KEPT_OFF_GPU if ops else UNCHANGED, subject)
             return self._decision(allowed(uid), NO_GPU, subject)
+        unknown = self._unknown_namespace(subject.namespace)
+        if unknown is not None:  # shaped by nothing; /validate refuses it (or, in audit mode, warns)
+            return self._decision(allowed(uid, warnings=[unknown]), NAMESPACE_UNKNOWN, subject, [unknown])
         policy = self.policy(subject.namespace)
         if not policy.shapes_ok:
             # How to shape the pod is unknown; /validate denies it with the same sentences.
@@ -84,27 +127,61 @@ class Admission:
             return self._decision(allowed(uid, warnings=problems), POLICY_BROKEN, subject, problems)
         sharing = self._sharing(policy, subject)
         pools = [config.pools[name] for name in policy.pools]
-        ops = gpu_patch(pod, subject.gpus, sharing, pools, policy.gpu_memory, config)
+        # DaemonSet pods keep their scheduler: the controller pins each to its node, and the extender
+        # would refuse nodes the DaemonSet's own tolerations allow.
+        ops = gpu_patch(pod, subject.gpus, sharing, pools, policy.gpu_memory, config,
+                        keep_scheduler=_is_daemonset_pod(pod))
         return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
 
     def _sharing(self, policy: NamespacePolicy, subject: Subject) -> Sharing:
         """The pod's own narrower ask when it has a valid one; the namespace's level otherwise (a wider
-        or broken ask is /validate's to deny)."""
-        annotations = (subject.pod.get("metadata") or {}).get("annotations") or {}
-        if n.ANN_SHARING not in annotations:
-            return policy.sharing
-        asked, _ = pod_annotation_problems({n.ANN_SHARING: annotations[n.ANN_SHARING]}, "")
-        return asked if asked is not None and asked.within(policy.sharing) else policy.sharing
+        or broken ask is /validate's to deny). The extender reads the level with the same rule."""
+        return effective_sharing(policy.sharing, (subject.pod.get("metadata") or {}).get("annotations") or {})
 
     # -- /validate ---------------------------------------------------------------------------------
     def validate(self, request: AdmissionRequest) -> Decision:
+        if request.get("operation") == "UPDATE":
+            return self._update(request)
         return self._guarded(request, self._validate)
+
+    def _update(self, request: AdmissionRequest) -> Decision:
+        """A pod UPDATE (the chart sends only those that change a gpu-placement.io/* annotation): those
+        annotations were decided at admission and charge the pod (gpu-memory, sharing, admitted)."""
+        uid, namespace, name = request["uid"], request.get("namespace", ""), request.get("name", "")
+        resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
+        if resource.get("resource", "pods") != "pods" or resource.get("group") or request.get("subResource"):
+            return Decision(allowed(uid), NOT_A_POD, namespace, name)
+        if namespace in self.config.exempt_namespaces:
+            return Decision(allowed(uid), EXEMPT, namespace, name)
+        new, old = request.get("object"), request.get("oldObject")
+        if not isinstance(new, dict) or not isinstance(old, dict):
+            text = "a pod UPDATE carries the pod in request.object and request.oldObject"
+            return Decision(denied(uid, text, 400, "BadRequest"), BAD_POD, namespace, name, [text])
+        changed = _changed_annotations(old, new)
+        if not changed:
+            return Decision(allowed(uid), ALLOWED, namespace, name)
+        keys = ", ".join(changed)
+        verb = "is" if len(changed) == 1 else "are"
+        text = (f"pod {namespace}/{name}: {keys} {verb} fixed at admission (they decide what the pod is charged and "
+                "how it is placed) and cannot be changed on a running pod: delete the pod and create it again with "
+                "the annotations you want")
+        if self.config.mode == "audit":
+            return Decision(allowed(uid, warnings=[text]), f"Audit{ANNOTATIONS_FIXED}", namespace, name, [text])
+        return Decision(denied(uid, text), ANNOTATIONS_FIXED, namespace, name, [text])
 
     def _validate(self, uid: str, subject: Subject) -> Decision:
         config, pod, gpus = self.config, subject.pod, subject.gpus
         if not gpus:
             return self._decision(allowed(uid), NO_GPU, subject)
         namespace = subject.namespace
+        unknown = self._unknown_namespace(namespace)
+        if unknown is not None:
+            if config.mode == "audit":
+                return self._decision(allowed(uid, warnings=[unknown]), f"Audit{NAMESPACE_UNKNOWN}", subject,
+                                      [unknown])
+            # 503: nothing is wrong with the pod; the same request a moment later is decided normally.
+            return self._decision(denied(uid, unknown, 503, "ServiceUnavailable"), NAMESPACE_UNKNOWN, subject,
+                                  [unknown])
         policy = self.policy(namespace)
         where = f"pod {namespace}/{subject.name}"
         problems: list[tuple[str, str]] = [(BAD_ANNOTATION, text) for text in policy.errors.values()]
@@ -129,6 +206,9 @@ class Admission:
             response = denied(uid, message)
             if warnings:
                 response["warnings"] = warnings
+            if policy.quota is not None and not subject.dry_run:
+                with self.view.lock:  # an earlier call for this pod allowed it: that create is not happening
+                    self.reservations.release(namespace, subject.key, subject.uid)
             return self._decision(response, problems[0][0], subject, texts)
         if policy.quota is not None and not subject.dry_run:
             with self.view.lock:
@@ -193,3 +273,13 @@ class Admission:
 def _is_daemonset_pod(pod: dict[str, Any]) -> bool:
     owners = (pod.get("metadata") or {}).get("ownerReferences") or ()
     return any(owner.get("kind") == "DaemonSet" for owner in owners)
+
+
+def _changed_annotations(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """gpu-placement.io/* annotation keys added, removed or changed between two versions of a pod."""
+    def ours(pod: dict[str, Any]) -> dict[str, Any]:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        return {k: v for k, v in annotations.items() if k.startswith(n.PREFIX)} if isinstance(annotations, dict) else {}
+
+    before, after = ours(old), ours(new)
+    return sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))

@@ -10,9 +10,10 @@ Query strings (`?timeout=10s`, which the API server appends) are ignored by the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -25,6 +26,7 @@ from gpu_placement.config import Config
 from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
 from gpu_placement.view import ClusterView
 from webhook.admission import Admission, Decision
+from webhook.holds import HoldChecker
 from webhook.review import AdmissionRequest, ReviewError, encode_review, parse_review, status_body
 
 __all__ = ["MAX_BODY", "create_app"]
@@ -34,10 +36,13 @@ MAX_BODY = 3 * 2**20  # the API server caps objects at about 1.5 MiB; a review h
 _VERBS = ("mutate", "validate")
 
 
-def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool, str]]) -> Starlette:
+def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool, str]], api: Any = None) -> Starlette:
     """POST /mutate, POST /validate, and the ops routes. Reads `view` (under its lock where it needs
-    consistent figures) and never writes it; keeps its own policy cache and quota reservations."""
-    admission = Admission(view, config)
+    consistent figures) and never writes it; keeps its own policy cache and quota reservations.
+    `api` (a kubernetes ApiClient, None with --snapshot): overdue holds are settled by listing pods
+    (webhook/holds.py, a thread that runs while the app does)."""
+    admission = Admission(view, config, api)
+    checker = HoldChecker(admission.reservations, api) if api is not None else None
     timers = {verb: metrics.REQUEST_SECONDS.labels("webhook", verb) for verb in _VERBS}
     answered = {verb: metrics.REQUESTS.labels("webhook", verb, "200") for verb in _VERBS}
     decided: dict[str, Any] = {}  # reason -> counter child, so the hot path skips labels()
@@ -59,6 +64,9 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
             review = parse_review(body)
         except ReviewError as exc:
             return refuse(verb, 400, "BadRequest", exc.problem, str(exc))
+        namespace = admission.namespace_to_read(review)
+        if namespace is not None:  # the view has not seen it yet: one GET, off the event loop
+            await admission.reader.read(namespace)  # type: ignore[union-attr]
         try:
             decision = decide(review)
             encoded = encode_review(decision.response)
@@ -97,8 +105,21 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
 
     routes = [Route("/mutate", mutate, methods=["POST"]), Route("/validate", validate, methods=["POST"]),
               *ops_routes(ready)]
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        if checker is not None:
+            checker.start()
+        try:
+            yield
+        finally:
+            if checker is not None:
+                checker.stop()
+
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed},
+                    lifespan=lifespan)
     app.state.admission = admission  # for tests and the demo: the policy cache and reservations
+    app.state.holds = checker
     return app
 
 

@@ -25,7 +25,8 @@ from gpu_placement.pods import GpuRequests, effective_gpu_requests
 from webhook.policy import Sharing
 from webhook.quantities import to_count
 
-__all__ = ["Patch", "admitted_value", "escape", "gpu_patch", "protect_patch", "tolerates_gpu_taint"]
+__all__ = ["Patch", "admitted_value", "asks_for_gpu_nodes", "escape", "gpu_patch", "protect_patch",
+           "tolerates_gpu_taint"]
 
 Patch = list[dict[str, Any]]
 Expression = dict[str, Any]
@@ -41,9 +42,10 @@ def escape(token: str) -> str:
 
 
 def gpu_patch(pod: Mapping[str, Any], gpus: GpuRequests, sharing: Sharing, pools: Sequence[Pool],
-              memory_default: str | None, config: Config) -> Patch:
+              memory_default: str | None, config: Config, keep_scheduler: bool = False) -> Patch:
     """Shape a GPU pod (whose effective GPU request is `gpus`): resource rewrite, tolerations, node
-    selection, scheduler, our annotations."""
+    selection, scheduler (not with `keep_scheduler`: DaemonSet pods, which the DaemonSet controller
+    pins to one node each), our annotations."""
     spec: Mapping[str, Any] = pod.get("spec") or {}
     ops: Patch = []
     target = sharing.resource(config)
@@ -67,7 +69,9 @@ def gpu_patch(pod: Mapping[str, Any], gpus: GpuRequests, sharing: Sharing, pools
                     for key, value in sorted(pool.node_selector.items())] for pool in pools]
         _require(spec, choices, ops)
     scheduler = spec.get("schedulerName") or ""
-    if scheduler in ("", _DEFAULT_SCHEDULER):
+    if keep_scheduler:
+        scheduler = scheduler or _DEFAULT_SCHEDULER
+    elif scheduler in ("", _DEFAULT_SCHEDULER):
         ops.append({"op": "replace" if "schedulerName" in spec else "add", "path": "/spec/schedulerName",
                     "value": config.scheduler_name})
         scheduler = config.scheduler_name
@@ -97,6 +101,18 @@ def tolerates_gpu_taint(spec: Mapping[str, Any], config: Config) -> bool:
         if key in keys or (not key and toleration.get("operator") == "Exists"):
             return True
     return False
+
+
+def asks_for_gpu_nodes(spec: Mapping[str, Any]) -> bool:
+    """The pod's own node selection asks for GPU nodes: `nodeSelector` nvidia.com/gpu.present "true",
+    or a required node affinity term with nvidia.com/gpu.present In [..."true"...]. Keeping such a pod
+    off GPU nodes would make it (or that term) unschedulable by construction."""
+    if (spec.get("nodeSelector") or {}).get(n.GPU_PRESENT) == "true":
+        return True
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(_REQUIRED) or {}
+    return any(expression.get("key") == n.GPU_PRESENT and expression.get("operator") == "In"
+               and "true" in (expression.get("values") or ())
+               for term in required.get("nodeSelectorTerms") or () for expression in term.get("matchExpressions") or ())
 
 
 def protect_patch(pod: Mapping[str, Any]) -> Patch:

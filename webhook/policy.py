@@ -3,10 +3,8 @@
 Each annotation that does not parse gives one sentence naming the annotation, its value, the
 namespace, what is wrong and how to write it; the rest of the policy still holds what did parse.
 
-Sharing levels, widest first: `exclusive` (whole devices) > `mig-<profile>` (a dedicated, isolated
-slice) > `shared` (a time-sliced share with no isolation). A pod may narrow its namespace's level
-(`gpu-placement.io/sharing` on the pod), never widen it. A MIG profile is narrower than another when
-it has no more compute slices and no more memory (`1g.10gb` < `3g.40gb`).
+Sharing levels (`Sharing`, `parse_sharing`) live in the core module `gpu_placement.sharing`, so the
+extender reads a pod's level with the same parser.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.cuda import Version, parse_version
 from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.sharing import EXCLUSIVE, Sharing, parse_sharing, sharing_of_resource
 from gpu_placement.text import MAX_ANNOTATION_VALUE
 from webhook.quantities import QuantityProblem, to_count, to_mib
 from webhook.text import first_non_ascii, quoted
@@ -36,8 +35,7 @@ __all__ = [
 ]
 
 NAMESPACE_ANNOTATIONS = (n.ANN_SHARING, n.ANN_QUOTA, n.ANN_POOLS, n.ANN_GPU_MEMORY, n.ANN_PRODUCTS, n.ANN_CUDA)
-_MAX_VALUE = MAX_ANNOTATION_VALUE  # the extender refuses the same lengths
-_MIG_PROFILE = re.compile(r"([0-9]{1,2})g\.([0-9]{1,4})gb((?:\.[a-z0-9]+)*)", re.ASCII)
+_MAX_VALUE = MAX_ANNOTATION_VALUE  # our annotations are short lists; the extender refuses the same lengths
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
 _EXAMPLES = {
     n.ANN_SHARING: "exclusive, shared or mig-1g.10gb",
@@ -50,66 +48,6 @@ _EXAMPLES = {
     n.ANN_MIN_COMPUTE: "8.0",
     n.ANN_CUDA_COMPAT: "minor",
 }
-
-
-@dataclass(slots=True, frozen=True)
-class Sharing:
-    """How `nvidia.com/gpu` asks are served: kind `exclusive`, `shared` or `mig` (with a profile)."""
-
-    kind: str
-    profile: str = ""  # mig only, e.g. "1g.10gb"
-
-    @property
-    def text(self) -> str:
-        return f"mig-{self.profile}" if self.kind == "mig" else self.kind
-
-    def resource(self, config: Config) -> str:
-        """What an `nvidia.com/gpu` ask becomes."""
-        if self.kind == "shared":
-            return config.shared_resource
-        if self.kind == "mig":
-            return n.MIG_RESOURCE_PREFIX + self.profile
-        return n.GPU_RESOURCE
-
-    def within(self, other: Sharing) -> bool:
-        """True when this level gives no more than `other` (narrower or the same)."""
-        if other.kind == "exclusive" or self.kind == "shared" or self == other:
-            return True
-        if self.kind != "mig" or other.kind != "mig":
-            return False
-        mine, theirs = _MIG_PROFILE.fullmatch(self.profile), _MIG_PROFILE.fullmatch(other.profile)
-        if mine is None or theirs is None:
-            return False
-        return (int(mine[1]) <= int(theirs[1]) and int(mine[2]) <= int(theirs[2])
-                and mine[3] in ("", theirs[3]))
-
-
-EXCLUSIVE = Sharing("exclusive")
-SHARED = Sharing("shared")
-
-
-def parse_sharing(text: str) -> Sharing:
-    """Raises ValueError with a phrase describing the problem."""
-    if text == "exclusive":
-        return EXCLUSIVE
-    if text == "shared":
-        return SHARED
-    if text.startswith("mig-"):
-        profile = text[4:]
-        if _MIG_PROFILE.fullmatch(profile):
-            return Sharing("mig", profile)
-        raise ValueError(f"{quoted(profile)} is not a MIG profile like 1g.10gb, 2g.20gb or 3g.40gb")
-    hint = f" (values are lower case: {text.lower()})" if text.lower() in ("exclusive", "shared") else ""
-    raise ValueError(f"{quoted(text)} is not exclusive, shared or mig-<profile>{hint}")
-
-
-def sharing_of_resource(resource: str, config: Config) -> Sharing:
-    """The level a resource name stands for: a MIG slice, a share, or (any other GPU resource) whole devices."""
-    if resource == config.shared_resource:
-        return SHARED
-    if resource.startswith(n.MIG_RESOURCE_PREFIX):
-        return Sharing("mig", resource[len(n.MIG_RESOURCE_PREFIX):])
-    return EXCLUSIVE
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,15 +1,21 @@
 """Namespace GPU quota: what is in use, what this replica just admitted, and the over-quota sentences.
 
 In use = the view's `namespace_usage` (GPU asks of the namespace's non-terminal pods, resource names
-as stored, so after the rewrite) + pods this replica allowed in the last `reservationTTLSeconds` that
-the view has not shown yet. Without the second part, a burst of pods (a Job with parallelism 20)
-would each be checked against the same stale usage and all pass. A held pod is dropped as soon as
-the view has it (same namespace/name and, when both are known, the same uid), or when its time is up
-(the create failed later, or another webhook denied it).
+as stored, so after the rewrite) + pods this replica allowed that the view has not shown yet (holds).
+Without the second part, a burst of pods (a Job with parallelism 20) would each be checked against
+the same stale usage and all pass.
 
-Each replica holds only what it admitted itself: with 2 replicas a burst split between them can pass
-a quota by what the other replica admitted in the last moments. The watch closes that gap within
-its latency.
+A hold is dropped only when it is known how it ended:
+- the view has the pod (same namespace/name and, when both are known, the same uid): it counts there;
+- this webhook later denied the same pod (the API server called again): that create did not happen;
+- `reservationTTLSeconds` after it was made, a list of the namespace's pods that started after that
+  moment does not have it: the create failed later (another webhook or the API server's quota
+  refused it). A pod in that list that the view still lacks (a stalled watch) stays held, so a
+  watch that stopped telling never lets more than the quota in. `webhook/holds.py` makes the lists.
+Time alone ends a hold only where there is no API server to ask (`--snapshot`).
+
+Each replica holds only what it admitted itself; the ResourceQuota the service mirrors
+(webhook/quota_mirror.py) is what the API server enforces across replicas.
 """
 
 from __future__ import annotations
@@ -32,22 +38,26 @@ NOT_IN_QUOTA = "NotInQuota"
 class _Held:
     uid: str
     gpus: GpuRequests
-    expires: float
+    due: float  # from then on, a list of the namespace's pods started later settles it
 
 
 class Reservations:
-    """Pods admitted here, by namespace then `namespace/name`. Callers hold `view.lock`."""
+    """Pods admitted here, by namespace then `namespace/name`. Callers hold `view.lock`.
 
-    def __init__(self, view: ClusterView, ttl_seconds: float) -> None:
+    `listed`: holds are settled by lists of pods (`settle`, fed by webhook/holds.py) and never expire
+    by time alone; False (no API server) lets them expire `ttl_seconds` after they were made."""
+
+    def __init__(self, view: ClusterView, ttl_seconds: float, listed: bool = False) -> None:
         self.view = view
         self.ttl = ttl_seconds
+        self.listed = listed
         self._by_namespace: dict[str, dict[str, _Held]] = {}
         self._next_sweep = 0.0
 
     def pending(self, namespace: str, exclude: str = "") -> dict[str, int]:
-        """GPU asks held for the namespace, after dropping what the view has seen or what expired.
-        `exclude`: the pod being decided, whose own earlier hold (the API server retried a call that
-        timed out) must not count against it."""
+        """GPU asks held for the namespace, after dropping what the view has seen (or, unlisted, what
+        expired). `exclude`: the pod being decided, whose own earlier hold (the API server retried a
+        call that timed out) must not count against it."""
         held = self._by_namespace.get(namespace)
         if not held:
             return {}
@@ -68,6 +78,40 @@ class Reservations:
             for name, held in list(self._by_namespace.items()):
                 self._prune(name, held, now)
 
+    def release(self, namespace: str, key: str, uid: str) -> None:
+        """This webhook denied the pod after all (a later call for the same pod): its create will not
+        happen, whatever an earlier call allowed."""
+        held = self._by_namespace.get(namespace)
+        item = held.get(key) if held else None
+        if held is not None and item is not None and (not uid or not item.uid or item.uid == uid):
+            del held[key]
+            if not held:
+                del self._by_namespace[namespace]
+
+    def overdue(self, now: float) -> list[str]:
+        """Namespaces with a hold whose time is up and the view has not seen: a list of their pods
+        will settle them."""
+        due = []
+        for name, held in list(self._by_namespace.items()):
+            self._prune(name, held, now)
+            if any(item.due <= now for item in held.values()):
+                due.append(name)
+        return due
+
+    def settle(self, namespace: str, listed_at: float, present: Mapping[str, str]) -> int:
+        """A list of the namespace's pods (key -> uid) that started at `listed_at` is in. A hold due by
+        then whose pod it lacks will not come: dropped. Returns how many were dropped."""
+        held = self._by_namespace.get(namespace)
+        if not held:
+            return 0
+        gone = [key for key, item in held.items() if item.due <= listed_at and (
+            key not in present or (item.uid and present[key] and present[key] != item.uid))]
+        for key in gone:
+            del held[key]
+        if not held:
+            del self._by_namespace[namespace]
+        return len(gone)
+
     def __len__(self) -> int:
         return sum(len(held) for held in self._by_namespace.values())
 
@@ -75,7 +119,8 @@ class Reservations:
         pods = self.view.pods
         for key, item in list(held.items()):
             seen = pods.get(key)
-            if item.expires <= now or (seen is not None and (not item.uid or not seen.uid or seen.uid == item.uid)):
+            if (seen is not None and (not item.uid or not seen.uid or seen.uid == item.uid)) or (
+                    not self.listed and item.due <= now):
                 del held[key]
         if not held:
             del self._by_namespace[namespace]

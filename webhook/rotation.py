@@ -31,6 +31,7 @@ from kubernetes.client import ApiClient
 
 from gpu_placement.kube import ApiError, api_error, request
 from webhook.certs import cert_not_after, make_ca, make_serving_cert
+from webhook.lease import Lease, drain, parse_time
 
 __all__ = ["CertPaths", "CertificateManager", "RotationSettings", "start_managed_certificates"]
 
@@ -126,7 +127,7 @@ class CertificateManager:
     def _rotate(self, m: _Material, now: datetime) -> _Material:
         s = self.settings
         overlap = timedelta(seconds=s.overlap_seconds)
-        staged, promoted = _time(m.annotations.get(_STAGED_AT)), _time(m.annotations.get(_PROMOTED_AT))
+        staged, promoted = parse_time(m.annotations.get(_STAGED_AT)), parse_time(m.annotations.get(_PROMOTED_AT))
         if m.next_ca_cert is not None and m.next_ca_key is not None and staged and now - staged >= overlap:
             m.ca_cert, m.ca_key, m.next_ca_cert, m.next_ca_key = m.next_ca_cert, m.next_ca_key, None, None
             m.cert, m.key = self._issue(m.ca_cert, m.ca_key)
@@ -155,7 +156,7 @@ class CertificateManager:
     def _read_secret(self) -> _Material | None:
         response = request(self.api, "GET", self._secret_path(self.secret), timeout=_TIMEOUT)
         if response.status == 404:
-            _drain(response)
+            drain(response)
             self._resource_version = None
             return None
         if response.status >= 300:
@@ -191,7 +192,7 @@ class CertificateManager:
             response = request(self.api, "PUT", self._secret_path(self.secret), body=body, timeout=_TIMEOUT)
         if response.status >= 300:
             raise api_error(response)
-        _drain(response)
+        drain(response)
 
     def _write_files(self, m: _Material) -> None:
         self.cert_dir.mkdir(parents=True, exist_ok=True)
@@ -211,7 +212,7 @@ class CertificateManager:
             path = f"/apis/admissionregistration.k8s.io/v1/{kind}/{self.webhook_configuration}"
             response = request(self.api, "GET", path, timeout=_TIMEOUT)
             if response.status == 404:
-                _drain(response)
+                drain(response)
                 log.warning("%s %s not found: nothing to patch", kind, self.webhook_configuration)
                 continue
             if response.status >= 300:
@@ -225,42 +226,14 @@ class CertificateManager:
                                content_type="application/json-patch+json")
             if response.status >= 300:
                 raise api_error(response)
-            _drain(response)
+            drain(response)
             log.info("patched caBundle of %s %s", kind, self.webhook_configuration)
 
     # -- the Lease -----------------------------------------------------------------------------
     def _lead(self) -> bool:
         """Hold the Lease `<secret>-lock` (coordination.k8s.io/v1): only its holder writes."""
-        name = f"{self.secret}-lock"
-        path = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
-        now = self.clock()
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.settings.lease_seconds,
-                "renewTime": stamp}
-        response = request(self.api, "GET", f"{path}/{name}", timeout=_TIMEOUT)
-        if response.status == 404:
-            _drain(response)
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": name, "namespace": self.namespace}, "spec": {**spec, "acquireTime": stamp}}
-            response = request(self.api, "POST", path, body=body, timeout=_TIMEOUT)
-            ok = response.status < 300
-            _drain(response)
-            return ok  # 409: another replica created it first
-        if response.status >= 300:
-            raise api_error(response)
-        lease = orjson.loads(response.read())
-        held = lease.get("spec") or {}
-        renewed = _time(held.get("renewTime"))
-        expired = renewed is None or now - renewed > timedelta(seconds=held.get("leaseDurationSeconds") or 0)
-        if held.get("holderIdentity") not in (None, self.identity) and not expired:
-            return False
-        lease["spec"] = {**held, **spec}
-        if held.get("holderIdentity") != self.identity:
-            lease["spec"]["acquireTime"] = stamp
-        response = request(self.api, "PUT", f"{path}/{name}", body=lease, timeout=_TIMEOUT)
-        ok = response.status < 300  # 409: someone renewed or took it in between
-        _drain(response)
-        return ok
+        return Lease(self.api, self.namespace, f"{self.secret}-lock", self.identity, self.settings.lease_seconds,
+                     self.clock).acquire()
 
     # -- running -------------------------------------------------------------------------------
     def start(self, wait_seconds: float = 60.0) -> CertPaths:
@@ -287,26 +260,9 @@ class CertificateManager:
             self._thread.join(timeout=5)
 
 
-def _drain(response: Any) -> None:
-    """Read what is left of a response before its connection goes back to the pool: a connection
-    with an unread body breaks the next request made on it."""
-    response.read()
-    response.release_conn()
-
-
 def _split_pem(blob: bytes) -> list[bytes]:
     marker = b"-----END CERTIFICATE-----"
     return [part.strip() + b"\n" + marker + b"\n" for part in blob.split(marker) if part.strip()]
-
-
-def _time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def start_managed_certificates(core: Any, args: Any, namespace: str) -> CertPaths:

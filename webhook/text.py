@@ -1,12 +1,8 @@
-"""Text helpers of the webhook's sentences: the core's quoting, and verb agreement for figures."""
+"""Quoting what users wrote inside the sentences we send back: the core's helpers, which the webhook's
+messages and the core's shared parsers (sharing levels) both use."""
 
 from __future__ import annotations
 
-from gpu_placement.text import first_non_ascii, quoted
+from gpu_placement.text import first_non_ascii, quoted, units
 
 __all__ = ["first_non_ascii", "quoted", "units"]
-
-
-def units(count: int, what: str = "") -> str:
-    """`1 is` / `3 are`: the verb agrees with the figure."""
-    return f"{count} {what + ' ' if what else ''}{'is' if count == 1 else 'are'}"

@@ -134,3 +134,11 @@ has(object.spec.tolerations) && object.spec.tolerations.exists(t,
 {{- define "gpu-placement.cel.isDaemonSetPod" -}}
 has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(o, o.kind == 'DaemonSet')
 {{- end }}
+
+{{/* The webhook mirrors namespace quotas into ResourceQuotas: asked for, and not in audit mode. */}}
+{{- define "gpu-placement.quotaMirror" -}}
+{{- if and .Values.webhook.quotaMirror (ne (.Values.config.mode | default "enforce") "audit") }}true{{ end }}
+{{- end }}
+{{- define "gpu-placement.quotaMirrorLease" -}}
+{{- printf "%s-quota-mirror" (include "gpu-placement.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

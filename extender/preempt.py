@@ -1,0 +1,131 @@
+"""`POST /preempt`: kube-scheduler's `ExtenderPreemptionArgs` in, `ExtenderPreemptionResult` out.
+
+kube-scheduler calls it after its own dry run (DefaultPreemption) found candidate nodes and victims,
+with `NodeNameToMetaVictims` (victims as UIDs) when the extender is `nodeCacheCapable`, else
+`NodeNameToVictims` (victims as v1.Pod objects). It always reads the answer as `NodeNameToMetaVictims`
+and maps each UID back to a pod it holds on that node, so only nodes it asked about and pods bound
+there may be named, and a node must keep at least one victim (an empty list fails the whole
+preemption: "expected at least one victim pod on node"). Nodes left out are not preempted on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+
+from extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaVictims
+from gpu_placement import metrics, shape
+from gpu_placement.http import ORJSONResponse
+from gpu_placement.placement import Placement
+from gpu_placement.pods import pod_priority
+from gpu_placement.preemption import NodePlan, Proposal, preempt
+from gpu_placement.shape import ShapeError
+
+__all__ = ["encode_result", "parse_preemption_args", "preempt_endpoint"]
+
+log = logging.getLogger("gpu_placement.extender")
+
+
+class PreemptWireError(ValueError):
+    """The request is not an ExtenderPreemptionArgs; the message says what is wrong."""
+
+
+def parse_preemption_args(args: ExtenderPreemptionArgs) -> tuple[dict[str, Any], dict[str, Proposal]]:
+    """(pod, node -> kube-scheduler's proposal) from either form; UIDs are all the UID-only form gives."""
+    pod = args.get("Pod")
+    if not isinstance(pod, dict):
+        raise PreemptWireError("ExtenderPreemptionArgs.Pod is missing or not a v1.Pod object")
+    try:  # what /filter reads of the pod, checked the same way (gpu_placement/shape.py)
+        shape.check_pod(pod, "Pod")
+    except ShapeError as exc:
+        raise PreemptWireError(str(exc)) from None
+    meta = args.get("NodeNameToMetaVictims")
+    full = args.get("NodeNameToVictims")
+    form, victims = ("NodeNameToMetaVictims", meta) if meta is not None else ("NodeNameToVictims", full)
+    if victims is None:
+        return pod, {}
+    if not isinstance(victims, dict):
+        raise PreemptWireError(f"ExtenderPreemptionArgs.{form} must be an object of node name to victims")
+    proposals = {}
+    for node, entry in victims.items():
+        where = shape.key(f"ExtenderPreemptionArgs.{form}", node)
+        if not isinstance(entry, dict):
+            raise PreemptWireError(f"{where} must be an object with Pods and NumPDBViolations")
+        pods = entry.get("Pods")
+        pods = [] if pods is None else pods  # Go marshals an empty slice it never appended to as null
+        violations = entry.get("NumPDBViolations", 0)
+        if not isinstance(pods, list) or not isinstance(violations, int) or isinstance(violations, bool):
+            raise PreemptWireError(f"{where} must have a Pods list and an integer NumPDBViolations")
+        uids: list[str] = []
+        priorities: list[int | None] = []
+        for index, victim in enumerate(pods):
+            if form == "NodeNameToMetaVictims":
+                uid = victim.get("UID") if isinstance(victim, dict) else None
+            else:
+                if isinstance(victim, dict) and not (isinstance(victim.get("metadata"), dict | None) and
+                                                     isinstance(victim.get("spec"), dict | None)):
+                    raise PreemptWireError(f"{where}.Pods[{index}]: metadata and spec must be objects")
+                uid = (victim.get("metadata") or {}).get("uid") if isinstance(victim, dict) else None
+                priorities.append(pod_priority(victim.get("spec") or {}) if isinstance(victim, dict) else None)
+            if not isinstance(uid, str) or not uid:
+                field = "UID" if form == "NodeNameToMetaVictims" else "metadata.uid"
+                raise PreemptWireError(f"{where}.Pods[{index}] has no {field}")
+            uids.append(uid)
+        proposals[node] = Proposal(tuple(uids), violations, tuple(priorities))
+    return pod, proposals
+
+
+def encode_result(plans: dict[str, NodePlan]) -> bytes:
+    """`NodeNameToMetaVictims` of the nodes kept; kube-scheduler prefers the fewest PDB violations."""
+    kept: dict[str, MetaVictims] = {
+        node: {"Pods": [{"UID": victim.uid} for victim in plan.victims], "NumPDBViolations": plan.pdb_violations}
+        for node, plan in plans.items() if plan.ok and plan.victims}
+    result: ExtenderPreemptionResult = {"NodeNameToMetaVictims": kept}
+    return orjson.dumps(result)
+
+
+Refuse = Callable[[str, int, str, str], ORJSONResponse]
+
+
+def preempt_endpoint(placement: Placement, ready: Callable[[], tuple[bool, str]],
+                     read: Callable[[Request, str], Awaitable[bytes | ORJSONResponse]],
+                     parse_json: Callable[[bytes, str], Any], refuse: Refuse,
+                     wire_error: type[ValueError]) -> Callable[[Request], Awaitable[ORJSONResponse]]:
+    async def endpoint(request: Request) -> ORJSONResponse:
+        body = await read(request, "preempt")
+        if isinstance(body, ORJSONResponse):
+            return body
+        try:
+            pod, proposals = parse_preemption_args(parse_json(body, "ExtenderPreemptionArgs"))
+        except (PreemptWireError, wire_error) as exc:
+            return refuse("preempt", 400, "malformed", str(exc))
+        up, why = ready()
+        if not up:  # an answer from a partial view could evict the wrong pods; kube-scheduler retries
+            return refuse("preempt", 503, "not_ready", f"gpu-placement is not ready: {why}")
+        spec = pod.get("spec") or {}
+        if spec.get("preemptionPolicy") == "Never":
+            # kube-scheduler never preempts for such a pod (PodEligibleToPreemptOthers): if one arrives
+            # anyway, no node is a candidate.
+            plans: dict[str, NodePlan] = {}
+        else:
+            plans = preempt(placement, placement.requirements(pod), pod_priority(spec), proposals)
+        for node, plan in plans.items():
+            outcome = "dropped" if not plan.ok else "victims_added" if any(v.added for v in plan.victims) else "kept"
+            metrics.PREEMPTION_NODES.labels(outcome).inc()
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("preempt pod=%s node=%s outcome=%s victims=%s reason=%s", _name(pod), node, outcome,
+                          [v.pod or v.uid for v in plan.victims], plan.reason)
+        log.info("preempt pod=%s priority=%d: %d of %d proposed nodes kept", _name(pod), pod_priority(spec),
+                 sum(plan.ok for plan in plans.values()), len(proposals))
+        return ORJSONResponse(encode_result(plans))
+
+    return endpoint
+
+
+def _name(pod: dict[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"

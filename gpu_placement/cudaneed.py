@@ -1,0 +1,173 @@
+"""What a pod's images need from the driver, read the way the GPU stack reads it.
+
+Three sources, per container, best first:
+- `NVIDIA_REQUIRE_CUDA` in the container's env: NVIDIA's container runtime asserts it before the
+  container starts. Space-separated terms are alternatives, comma-separated factors inside a term all
+  hold (nvidia-container-toolkit internal/requirements/constraints/factory.go); factors compare the
+  properties `cuda` (the highest CUDA the driver supports), `driver`, `arch` (compute capability) and
+  `brand`; a factor on any other property is skipped, as the runtime skips it.
+- an NGC framework tag (`nvcr.io/nvidia/pytorch:24.05-py3`): the release's CUDA from
+  `data/ngc-framework-cuda.json` (NGC support matrix).
+- a CUDA version in the image tag (`nvidia/cuda:12.4.1-runtime-...`, `...-cuda12.4-...`).
+A version from a tag is minor-version compatible: the toolkit's runtime and the framework wheels run on
+any driver of the same CUDA major at or above that major's floor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from gpu_placement.cuda import Version, VersionError, driver_table, parse_version
+from gpu_placement.cuda import format_version as v
+
+__all__ = ["CudaNeed", "Factor", "brand_of", "container_need", "ngc_cuda", "parse_require_cuda", "term_holds"]
+
+Factor = tuple[str, str, str]  # (property, operator, value) as written: ("driver", ">=", "535")
+Term = tuple[Factor, ...]
+_PROPERTIES = ("cuda", "driver", "arch", "brand")  # what the container runtime knows; others are skipped
+_OPERATORS = ("!=", "<=", ">=", "=", "<", ">")  # the runtime's order: longest first
+_CUDA_IMAGE_TAG = re.compile(r"^(\d+\.\d+(?:\.\d+)?)(?:[-_.]|$)")
+_CUDA_IN_TAG = re.compile(r"(?:^|[-_.])cuda-?(\d+\.\d+(?:\.\d+)?)(?=[-_.]|$)")
+_NGC_RELEASE = re.compile(r"^(\d{2}\.\d{2})(?:-|$)")
+
+
+@dataclass(slots=True, frozen=True)
+class CudaNeed:
+    """The CUDA an image needs. `terms` set: NVIDIA_REQUIRE_CUDA alternatives, which decide alone;
+    else `version` with minor-version compatibility when `compat`."""
+
+    version: Version
+    source: str  # "image tag of container main", for sentences and `explain`
+    compat: bool = True
+    terms: tuple[Term, ...] | None = None
+
+    def describe(self) -> str:
+        if self.terms is not None:
+            return (f"{self.source}: any of {len(self.terms)} alternatives "
+                    f"({' | '.join(','.join(''.join(f) for f in term) for term in self.terms[:3])}"
+                    f"{' | ...' if len(self.terms) > 3 else ''}), as the container runtime checks it")
+        rule = "minor-version compatible" if self.compat else "strict"
+        return f"CUDA >= {v(self.version)} ({self.source}, {rule})"
+
+
+def parse_require_cuda(value: str) -> tuple[Term, ...]:
+    """Alternatives of an `NVIDIA_REQUIRE_CUDA` value; factors the runtime would skip are dropped."""
+    terms: list[Term] = []
+    for text in value.split():
+        factors = [factor for part in text.split(",") if (factor := _factor(part)) is not None]
+        if factors:
+            terms.append(tuple(factors))
+    return tuple(terms)
+
+
+def _factor(text: str) -> Factor | None:
+    end = next((i for i, ch in enumerate(text) if ch in "<>=!"), -1)
+    if end <= 0 or text[:end] not in _PROPERTIES:
+        return None
+    rest = text[end:]
+    op = next((o for o in _OPERATORS if rest.startswith(o)), None)
+    value = rest[len(op):] if op else ""
+    if op is None or not value:
+        return None
+    if text[:end] != "brand":
+        try:
+            parse_version(value)
+        except VersionError:
+            return None  # the runtime refuses such a value; we cannot weigh it either
+    return text[:end], op, value
+
+
+def term_holds(term: Term, facts: Mapping[str, Version | str | None]) -> bool:
+    """All factors hold; a factor on a fact the node does not publish does not."""
+    return all(_holds(factor, facts.get(factor[0])) for factor in term)
+
+
+def _holds(factor: Factor, fact: Version | str | None) -> bool:
+    if fact is None:
+        return False
+    _, op, value = factor
+    if isinstance(fact, str):
+        left: Any = fact
+        right: Any = value
+    else:
+        width = max(len(fact), value.count(".") + 1)
+        left, right = _pad(fact, width), _pad(parse_version(value), width)
+    return {"!=": left != right, "<=": left <= right, ">=": left >= right, "=": left == right,
+            "<": left < right, ">": left > right}[op]
+
+
+def _pad(version: Version, width: int) -> Version:
+    return (*version, *(0,) * (width - len(version)))
+
+
+# Brands as NVML reports them (nvmlBrandType), which the runtime compares with `brand=`. GFD publishes no
+# brand label, so it is read off the product name; data-center boards without a brand in their name
+# (H100, A100, L4, ...) report NVIDIA, older Tesla boards (T4, V100) Tesla.
+_BRANDS = (("GeForce-RTX", "geforcertx"), ("GeForce", "geforce"), ("TITAN-RTX", "titanrtx"), ("TITAN", "titan"),
+           ("Quadro-RTX", "quadrortx"), ("Quadro", "quadro"), ("Tesla", "tesla"), ("NVIDIA-RTX", "nvidiartx"),
+           ("RTX", "nvidiartx"), ("GRID", "vcs"))
+
+
+def brand_of(product: str | None) -> str | None:
+    if not product:
+        return None
+    for marker, brand in _BRANDS:
+        if marker in product:
+            return brand
+    return "nvidia"
+
+
+# -- inference from a container ------------------------------------------------------------------
+def container_need(container: Mapping[str, Any], compat: bool) -> CudaNeed | None:
+    name = container.get("name", "?")
+    env = {e.get("name"): str(e.get("value") or "") for e in container.get("env") or () if isinstance(e, dict)}
+    require = env.get("NVIDIA_REQUIRE_CUDA")
+    if require and env.get("NVIDIA_DISABLE_REQUIRE", "").lower() not in ("1", "true", "yes"):
+        terms = parse_require_cuda(require)
+        floors = [_version(f[2]) for term in terms for f in term if f[0] == "cuda" and f[1] in (">=", ">", "=")]
+        known = [floor for floor in floors if floor is not None]
+        if terms and known:
+            return CudaNeed(max(known), f"NVIDIA_REQUIRE_CUDA of container {name}", False, terms)
+    image = str(container.get("image") or "").split("@", 1)[0]  # a digest names content, not a version
+    repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
+    last = repository.rsplit("/", 1)[-1]
+    ngc = _NGC_RELEASE.match(tag)
+    if ngc and repository.startswith(_ngc()[1]) and last in _ngc()[2]:
+        found = ngc_cuda(ngc.group(1))
+        if found is not None:
+            return CudaNeed(found, f"NGC {last} {ngc.group(1)} of container {name}, CUDA {v(found)} by the NGC "
+                                   "support matrix", compat)
+        return None
+    match = _CUDA_IMAGE_TAG.match(tag) if last == "cuda" else None
+    match = match or _CUDA_IN_TAG.search(tag)
+    version = _version(match.group(1)) if match else None
+    return CudaNeed(version, f"image tag of container {name}", compat) if version is not None else None
+
+
+def _version(text: str) -> Version | None:
+    try:
+        return parse_version(text)
+    except VersionError:
+        return None
+
+
+@cache
+def _ngc() -> tuple[dict[str, Version], str, frozenset[str]]:
+    raw = json.loads(resources.files("gpu_placement").joinpath("data/ngc-framework-cuda.json").read_text())
+    table = {row["release"]: parse_version(row["cuda"]) for row in raw["release_cuda"]}
+    return table, raw["registry"], frozenset(raw["frameworks"])
+
+
+def ngc_cuda(release: str) -> Version | None:
+    """CUDA of an NGC framework release (`24.05` -> 12.4.1), None when the table does not list it."""
+    return _ngc()[0].get(release)
+
+
+def compat_floor(major: int) -> Version | None:
+    return driver_table().compat_floor.get(major)

@@ -1,0 +1,243 @@
+"""The PrometheusRule of the chart: rendered with the ServiceMonitor and the dashboard, checked and
+unit-tested by promtool on the rules the chart renders (one source of truth), every runbook link
+landing on a section of docs/operations.md, every selector matching what a running service exports."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+
+from tests.live_metrics import promtool, scrape_demo_service, selector_problems
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "gpu-placement"
+ENABLED = {"serviceMonitor": {"enabled": True}}
+
+
+def render(values: dict[str, Any]) -> list[dict[str, Any]]:
+    with helm_python.Chart.load(CHART) as chart:
+        files = chart.render(values, name="gpu-placement", namespace="gpu-placement")
+    return [d for path, text in files.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
+
+
+def rule_groups(values: dict[str, Any] = ENABLED) -> list[dict[str, Any]]:
+    [rule] = [d for d in render(values) if d["kind"] == "PrometheusRule"]
+    groups: list[dict[str, Any]] = rule["spec"]["groups"]
+    return groups
+
+
+def alerts() -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in rule_groups() for r in g["rules"]}
+
+
+@pytest.mark.parametrize(("values", "shipped"), [
+    ({}, False),
+    (ENABLED, True),
+    ({**ENABLED, "prometheusRule": {"enabled": False}}, False),
+    ({"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}}, True),
+])
+def test_prometheus_rule_is_optional(values: dict[str, Any], shipped: bool) -> None:
+    rules = [d for d in render(values) if d["kind"] == "PrometheusRule"]
+    assert len(rules) == int(shipped)
+    if shipped:
+        meta = rules[0]["metadata"]
+        assert meta["namespace"] == "gpu-placement"
+        assert values["prometheusRule" if "prometheusRule" in values else "serviceMonitor"].get("labels", {}).items() \
+            <= meta["labels"].items()
+
+
+def test_service_monitor_renders_all_three_monitoring_objects() -> None:
+    kinds = {(d["apiVersion"], d["kind"]) for d in render(ENABLED)}
+    assert {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")} <= kinds
+    assert any(d["kind"] == "ConfigMap" and d["metadata"]["labels"].get("grafana_dashboard") == "1"
+               for d in render(ENABLED))
+
+
+def test_prometheus_rule_matches_the_crd_shape() -> None:
+    """kubernetes-validate has no schema for this CRD (test_chart skips it by kind); the fields of
+    monitoring.coreos.com/v1 PrometheusRule are few: check them here, promtool checks the rules."""
+    [rule] = [d for d in render(ENABLED) if d["kind"] == "PrometheusRule"]
+    assert set(rule) == {"apiVersion", "kind", "metadata", "spec"} and set(rule["spec"]) == {"groups"}
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", rule["metadata"]["name"])
+    names = [g["name"] for g in rule["spec"]["groups"]]
+    assert len(names) == len(set(names))
+    for group in rule["spec"]["groups"]:
+        assert set(group) <= {"name", "interval", "rules", "limit", "partial_response_strategy", "query_offset"}
+        for item in group["rules"]:
+            assert set(item) <= {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+            assert all(isinstance(v, str) for v in {**item.get("labels", {}), **item.get("annotations", {})}.values())
+
+
+def write_rules(tmp_path: Path, values: dict[str, Any] = ENABLED) -> Path:
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule_groups(values)}, sort_keys=False))
+    return path
+
+
+def test_promtool_check_rules(tmp_path: Path) -> None:
+    for values in (ENABLED, {**ENABLED, "scheduler": {"extender": {"httpTimeout": "1500ms"}},
+                             "prometheusRule": {"nodeUnusableFor": {"NoGPU": "1h", "NodeNotReady": "2d"}}}):
+        result = subprocess.run([promtool(), "check", "rules", str(write_rules(tmp_path, values))],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_thresholds_follow_the_values() -> None:
+    custom = alerts_of({**ENABLED, "scheduler": {"extender": {"httpTimeout": "1500ms"}},
+                        "prometheusRule": {"podsWaitingFor": "1h", "nodeUnusableFor": {"NoGPU": "2h"}}})
+    assert custom["GpuPlacementExtenderSlow"]["expr"].endswith(">= 1.5")  # kube-scheduler's budget, in seconds
+    assert custom["GpuPodsWaiting"]["expr"].endswith("> 3600")
+    assert custom["GpuNodeUnusableNoGPU"]["for"] == "2h"
+    assert custom["GpuNodeUnusableNoGPU"]["annotations"]["runbook_url"].endswith("#a-gpu-node-is-unusable")
+    assert alerts_of({**ENABLED, "scheduler": {"extender": {"httpTimeout": "30s"}}})[
+        "GpuPlacementExtenderSlow"]["expr"].endswith(">= 5")  # the histogram's top bucket
+
+
+def alerts_of(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for g in rule_groups(values) for r in g["rules"]}
+
+
+def slugs(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#{1,4} (.+)$", markdown, re.MULTILINE)}
+
+
+def test_every_alert_says_what_to_do_and_links_its_runbook() -> None:
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    anchors = slugs(docs)
+    table = docs[docs.index("## Alerts"):]
+    for name, rule in alerts().items():
+        summary, url = rule["annotations"]["summary"], rule["annotations"]["runbook_url"]
+        assert ":" in summary and len(summary) > 60, name  # the what, then the what to do
+        base, _, anchor = url.partition("#")
+        assert base == "docs/operations.md" and anchor in anchors, (name, url)
+        assert rule["labels"]["severity"] in ("info", "warning", "critical"), name
+        assert f"| `{name}` |" in table, f"{name} is not in the alert table of docs/operations.md"
+
+
+# -- promtool test rules: for each alert, series that fire it and series that must not ---------------
+@dataclass
+class Case:
+    alert: str
+    series: list[tuple[str, str]]  # (series, promtool values) at 1m steps
+    at: str  # eval_time
+    fires: list[dict[str, str]] = field(default_factory=list)  # the alerts' labels (severity added from the rule)
+    value: str = ""  # what `$value | humanizePercentage` prints, where the summary uses it
+
+
+UNUSABLE = "gpu_placement_gpu_node_unusable_since_timestamp_seconds"
+# Two replicas export the same cluster figures: the alert must still fire once.
+NODE_SERIES = [(f'{UNUSABLE}{{node="gpu-07",reason="NotValidated",pod="{p}"}}', "60+0x120") for p in ("a", "b")] + [
+    (f'{UNUSABLE}{{node="gpu-08",reason="DriverUpgrade",pod="a"}}', "60+0x120"),
+    (f'{UNUSABLE}{{node="gpu-09",reason="MIGReconfiguring",pod="a"}}', "60+0x120"),
+    # Unusable for 10 minutes, usable for 10, unusable again: never 15 minutes in a row.
+    (f'{UNUSABLE}{{node="gpu-10",reason="NotValidated",pod="a"}}', "60+0x9 stale _x9 1260+0x20"),
+]
+BUCKET = 'gpu_placement_request_seconds_bucket{{component="extender",verb="{verb}",le="{le}",pod="s"}}'
+CASES = [
+    Case("GpuNodeNotValidated", NODE_SERIES, "20m", [{"node": "gpu-07", "reason": "NotValidated"}]),
+    Case("GpuNodeNotValidated", NODE_SERIES, "10m"),  # not 15 minutes yet
+    Case("GpuNodeDriverUpgradeStuck", NODE_SERIES, "70m", [{"node": "gpu-08", "reason": "DriverUpgrade"}]),
+    Case("GpuNodeDriverUpgradeStuck", NODE_SERIES, "50m"),  # upgrades take a while: not yet
+    Case("GpuNodeMIGReconfiguringStuck", NODE_SERIES, "35m", [{"node": "gpu-09", "reason": "MIGReconfiguring"}]),
+    Case("GpuNodeMIGReconfiguringStuck", NODE_SERIES, "25m"),
+    Case("GpuPodsWaiting", [
+        ('gpu_placement_pods_waiting_since_timestamp_seconds{reason="InsufficientGPU",pod="s"}', "0+0x30"),
+        ('gpu_placement_pods_waiting_since_timestamp_seconds{reason="InsufficientGPU",pod="t"}', "300+0x30"),
+        ('gpu_placement_pods_waiting_since_timestamp_seconds{reason="NotValidated",pod="s"}', "600+0x30"),
+    ], "20m", [{"reason": "InsufficientGPU"}]),  # NotValidated's oldest pod has waited 10 minutes only
+    Case("GpuPodsWaiting", [
+        ('gpu_placement_pods_waiting_since_timestamp_seconds{reason="InsufficientGPU",pod="s"}', "0+0x10 stale"),
+    ], "20m"),  # it stopped waiting at minute 10
+    Case("GpuNamespaceQuotaNearlyFull", [
+        ('gpu_placement_namespace_quota_used{namespace="team-a",resource="nvidia.com/gpu",pod="a"}', "9+0x30"),
+        ('gpu_placement_namespace_quota_limit{namespace="team-a",resource="nvidia.com/gpu",pod="a"}', "10+0x30"),
+        ('gpu_placement_namespace_quota_used{namespace="team-b",resource="nvidia.com/gpu",pod="a"}', "8+0x30"),
+        ('gpu_placement_namespace_quota_limit{namespace="team-b",resource="nvidia.com/gpu",pod="a"}', "10+0x30"),
+        ('gpu_placement_namespace_quota_used{namespace="team-c",resource="nvidia.com/gpu",pod="a"}', "0+0x30"),
+        ('gpu_placement_namespace_quota_limit{namespace="team-c",resource="nvidia.com/gpu",pod="a"}', "0+0x30"),
+    ], "20m", [{"namespace": "team-a", "resource": "nvidia.com/gpu"}], value="90%"),
+    Case("GpuNamespaceQuotaNearlyFull", [
+        ('gpu_placement_namespace_quota_used{namespace="team-a",resource="nvidia.com/gpu",pod="a"}', "9+0x30"),
+        ('gpu_placement_namespace_quota_limit{namespace="team-a",resource="nvidia.com/gpu",pod="a"}', "10+0x30"),
+    ], "10m"),
+    Case("GpuPlacementSourceDown", [('gpu_placement_source_up{pod="a"}', "0+0x30"),
+                                    ('gpu_placement_source_up{pod="b"}', "1+0x30")], "10m", [{"pod": "a"}]),
+    Case("GpuPlacementSourceDown", [('gpu_placement_source_up{pod="a"}', "0+0x2 1+0x30")], "10m"),
+    Case("GpuPlacementViewStale", [('gpu_placement_cache_age_seconds{pod="a"}', "400+0x30"),
+                                   ('gpu_placement_cache_age_seconds{pod="b"}', "20+0x30")], "10m", [{"pod": "a"}]),
+    Case("GpuPlacementViewStale", [('gpu_placement_cache_age_seconds{pod="a"}', "200+0x30")], "20m"),
+    Case("GpuPlacementTelemetryStale", [
+        ('gpu_placement_telemetry_last_success_timestamp_seconds{pod="a"}', "60+0x30"),  # last heard at minute 1
+        ('gpu_placement_telemetry_last_success_timestamp_seconds{pod="b"}', "0+0x30"),  # telemetry not configured
+    ], "20m", [{"pod": "a"}]),
+    Case("GpuPlacementTelemetryStale", [
+        ('gpu_placement_telemetry_last_success_timestamp_seconds{pod="a"}', "0+60x30"),  # fresh every minute
+    ], "20m"),
+    Case("GpuPlacementCertificateExpiring", [
+        ('gpu_placement_certificate_expiry_timestamp_seconds{listener="webhook",pod="a"}', "259200+0x90"),  # day 3
+        ('gpu_placement_certificate_expiry_timestamp_seconds{listener="extender",pod="a"}', "2592000+0x90"),
+    ], "70m", [{"listener": "webhook", "pod": "a"}]),
+    Case("GpuPlacementCertificateExpiring", [
+        ('gpu_placement_certificate_expiry_timestamp_seconds{listener="webhook",pod="a"}', "1209600+0x90"),  # day 14
+    ], "70m"),
+    Case("GpuPlacementExtenderSlow", [
+        (BUCKET.format(verb="filter", le="0.01"), "0+0x30"),
+        (BUCKET.format(verb="filter", le="5.0"), "0+0x30"),
+        (BUCKET.format(verb="filter", le="+Inf"), "0+100x30"),  # every call past 5 s
+        (BUCKET.format(verb="prioritize", le="0.01"), "0+100x30"),
+        (BUCKET.format(verb="prioritize", le="5.0"), "0+100x30"),
+        (BUCKET.format(verb="prioritize", le="+Inf"), "0+100x30"),
+    ], "20m", [{"verb": "filter"}]),
+    Case("GpuPlacementExtenderSlow", [
+        (BUCKET.format(verb="filter", le="2.5"), "0+100x30"),  # 2.5 s: slow, but within the budget
+        (BUCKET.format(verb="filter", le="5.0"), "0+100x30"),
+        (BUCKET.format(verb="filter", le="+Inf"), "0+100x30"),
+    ], "20m"),
+]
+
+
+def expected_annotations(rule: dict[str, Any], labels: dict[str, str], value: str) -> dict[str, str]:
+    def expand(text: str) -> str:
+        text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
+        return text.replace("{{ $value | humanizePercentage }}", value)
+
+    return {key: expand(text) for key, text in rule["annotations"].items()}
+
+
+def test_every_alert_has_cases_that_fire_it_and_cases_that_must_not() -> None:
+    firing = {c.alert for c in CASES if c.fires}
+    quiet = {c.alert for c in CASES if not c.fires}
+    assert firing == quiet == set(alerts())
+
+
+def test_promtool_test_rules(tmp_path: Path) -> None:
+    rules = alerts()
+    write_rules(tmp_path)
+    tests = []
+    for case in CASES:
+        rule = rules[case.alert]
+        exp = [{"exp_labels": {**labels, **rule["labels"]},
+                "exp_annotations": expected_annotations(rule, labels, case.value)} for labels in case.fires]
+        tests.append({"interval": "1m",
+                      "input_series": [{"series": s, "values": v} for s, v in case.series],
+                      "alert_rule_test": [{"eval_time": case.at, "alertname": case.alert, "exp_alerts": exp}]})
+    path = tmp_path / "alerts-test.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests},
+                                   sort_keys=False))
+    result = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_rule_selects_series_the_service_exports(tmp_path: Path) -> None:
+    expressions = [(name, rule["expr"]) for name, rule in alerts().items()]
+    assert selector_problems(expressions, scrape_demo_service(tmp_path)) == []

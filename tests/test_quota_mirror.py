@@ -1,0 +1,233 @@
+"""The ResourceQuota mirror against the fake API server: the view fed by the real list+watch loop,
+the mirror writing through the real client; one replica leads, the others stand by."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gpu_placement.config import Config
+from gpu_placement.ingest import Ingest
+from gpu_placement.kube import WatchSettings
+from gpu_placement.live import LiveSource
+from gpu_placement.view import ClusterView
+from tests.fakeapi import ApiStatusError, FakeApiServer
+from tests.test_live import wait_for
+from webhook.quota_mirror import MirrorSettings, QuotaMirror
+
+pytestmark = pytest.mark.timeout(30)
+
+QUOTA = "gpu-placement.io/quota"
+FAST_WATCH = WatchSettings(connect_timeout=1.0, read_timeout=2.0, server_timeout=30, client_timeout=35.0,
+                           backoff_initial=0.05, backoff_max=0.3)
+FAST = MirrorSettings(lease_name="quota-lock", lease_seconds=1, renew_seconds=0.05, resync_seconds=3600)
+
+
+class Replica:
+    """One webhook replica's view (namespaces only) and mirror."""
+
+    def __init__(self, fake: FakeApiServer, identity: str, settings: MirrorSettings = FAST) -> None:
+        self.config = Config()
+        self.view = ClusterView(self.config)
+        self.api = fake.api_client()
+        self.source = LiveSource(self.view, Ingest(self.config), self.api, FAST_WATCH, kinds=("namespaces",))
+        self.mirror = QuotaMirror(self.api, self.view, self.config, "gpu-placement", identity, settings)
+
+    def start(self) -> Replica:
+        self.source.start()
+        wait_for(lambda: self.source.ready, 5.0, what="the namespace list")
+        self.mirror.start()
+        return self
+
+    def stop(self) -> None:
+        self.mirror.stop()
+        self.source.stop()
+        self.api.close()
+
+
+@pytest.fixture
+def replicas(fake_api: FakeApiServer) -> Iterator[Callable[..., Replica]]:
+    fake_api.add({"kind": "Namespace", "metadata": {"name": "gpu-placement"}})
+    made: list[Replica] = []
+
+    def make(identity: str = "replica-a", settings: MirrorSettings = FAST) -> Replica:
+        replica = Replica(fake_api, identity, settings)
+        made.append(replica)
+        return replica.start()
+
+    yield make
+    for replica in made:
+        replica.stop()
+    gc.unfreeze()
+
+
+def namespace(fake: FakeApiServer, name: str, quota: str | None) -> dict[str, Any]:
+    annotations = {QUOTA: quota} if quota is not None else {}
+    return fake.add({"kind": "Namespace", "metadata": {"name": name, "annotations": annotations}})
+
+
+def mirrored(fake: FakeApiServer, ns: str) -> dict[str, str] | None:
+    quota = fake.get("ResourceQuota", "gpu-placement", ns)
+    return None if quota is None else quota["spec"]["hard"]
+
+
+def test_a_quota_annotation_becomes_a_resourcequota_owned_by_the_namespace(fake_api: FakeApiServer,
+                                                                            replicas: Callable[..., Replica]) -> None:
+    team = namespace(fake_api, "team-a", "nvidia.com/gpu=4,nvidia.com/gpu.shared=16")
+    namespace(fake_api, "web", None)
+    replicas()
+    wait_for(lambda: mirrored(fake_api, "team-a"), 5.0, what="the ResourceQuota")
+    quota = fake_api.get("ResourceQuota", "gpu-placement", "team-a")
+    assert quota is not None
+    assert quota["spec"] == {"hard": {"requests.nvidia.com/gpu": "4", "requests.nvidia.com/gpu.shared": "16"}}
+    assert quota["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpu-placement"}
+    assert quota["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Namespace", "name": "team-a", "uid": team["metadata"]["uid"]}]
+    assert fake_api.list("ResourceQuota", "web") == []
+
+
+def test_the_mirror_follows_the_annotation_and_goes_with_it(fake_api: FakeApiServer,
+                                                           replicas: Callable[..., Replica]) -> None:
+    namespace(fake_api, "team-a", "nvidia.com/gpu=4")
+    replicas()
+    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "4"}, 5.0, what="the first mirror")
+    fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=2,nvidia.com/mig-1g.10gb=7"})
+    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "2",
+                                                      "requests.nvidia.com/mig-1g.10gb": "7"}, what="the update")
+    fake_api.set_annotations("Namespace", "team-a", {QUOTA: None})
+    wait_for(lambda: mirrored(fake_api, "team-a") is None, 5.0, what="the delete")
+
+
+def test_a_namespace_event_costs_requests_for_that_namespace_only(fake_api: FakeApiServer,
+                                                                  replicas: Callable[..., Replica]) -> None:
+    for i in range(20):
+        namespace(fake_api, f"team-{i:02d}", f"nvidia.com/gpu={i + 1}")
+    replica = replicas()
+    wait_for(lambda: replica.mirror.writes == 20, 5.0, what="20 mirrors")
+    fake_api.clear_log()
+    fake_api.set_annotations("Namespace", "team-07", {QUOTA: "nvidia.com/gpu=99"})
+    wait_for(lambda: mirrored(fake_api, "team-07") == {"requests.nvidia.com/gpu": "99"}, 5.0, what="the update")
+    wait_for(lambda: replica.mirror.writes == 21, 5.0, what="the write counted")
+    time.sleep(0.2)
+    quota_calls = {(r.verb, r.path) for r in fake_api.requests_log if "resourcequotas" in r.path}
+    assert quota_calls == {("get", "/api/v1/namespaces/team-07/resourcequotas/gpu-placement"),
+                           ("update", "/api/v1/namespaces/team-07/resourcequotas/gpu-placement")}
+
+
+def test_resourcequotas_it_does_not_own_are_never_touched(fake_api: FakeApiServer,
+                                                         replicas: Callable[..., Replica]) -> None:
+    namespace(fake_api, "team-a", "nvidia.com/gpu=4")
+    namespace(fake_api, "team-b", None)
+    theirs = fake_api.add({"kind": "ResourceQuota", "metadata": {"name": "gpu-placement", "namespace": "team-a"},
+                           "spec": {"hard": {"requests.nvidia.com/gpu": "1", "pods": "10"}}})
+    other = fake_api.add({"kind": "ResourceQuota", "metadata": {"name": "compute", "namespace": "team-b",
+                                                                "labels": {"app.kubernetes.io/managed-by": "x"}},
+                          "spec": {"hard": {"requests.cpu": "8"}}})
+    replica = replicas()
+    time.sleep(0.3)
+    replica.mirror.resync()
+    assert fake_api.get("ResourceQuota", "gpu-placement", "team-a") == theirs
+    assert fake_api.get("ResourceQuota", "compute", "team-b") == other
+    assert replica.mirror.writes == 0
+
+
+def test_a_periodic_resync_mends_a_hand_edited_mirror(fake_api: FakeApiServer,
+                                                     replicas: Callable[..., Replica]) -> None:
+    namespace(fake_api, "team-a", "nvidia.com/gpu=4")
+    namespace(fake_api, "team-b", "nvidia.com/gpu=1")
+    replica = replicas(settings=MirrorSettings(lease_name="quota-lock", lease_seconds=1, renew_seconds=0.05,
+                                               resync_seconds=0.3))
+    wait_for(lambda: mirrored(fake_api, "team-b"), 5.0, what="the mirrors")
+    fake_api.patch("ResourceQuota", "gpu-placement", {"spec": {"hard": {"requests.nvidia.com/gpu": "40"}}}, "team-a")
+    fake_api.delete("ResourceQuota", "gpu-placement", "team-b")
+    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "4"}, 5.0, what="the mend")
+    wait_for(lambda: mirrored(fake_api, "team-b") == {"requests.nvidia.com/gpu": "1"}, 5.0, what="the re-create")
+    assert replica.mirror.leading
+
+
+def test_an_annotation_that_does_not_parse_leaves_the_mirror_as_it_was(fake_api: FakeApiServer,
+                                                                      replicas: Callable[..., Replica]) -> None:
+    namespace(fake_api, "team-a", "nvidia.com/gpu=4")
+    replica = replicas()
+    wait_for(lambda: mirrored(fake_api, "team-a"), 5.0, what="the mirror")
+    fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=lots"})
+    wait_for(lambda: replica.view.namespaces["team-a"].get(QUOTA) == "nvidia.com/gpu=lots", 5.0, what="the event")
+    replica.mirror.resync()
+    assert mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "4"}
+
+
+def test_one_replica_writes_and_another_takes_over_when_it_stops(fake_api: FakeApiServer,
+                                                                replicas: Callable[..., Replica]) -> None:
+    namespace(fake_api, "team-a", "nvidia.com/gpu=4")
+    first = replicas("replica-a")
+    wait_for(lambda: mirrored(fake_api, "team-a"), 5.0, what="the mirror")
+    second = replicas("replica-b")
+    time.sleep(0.3)
+    assert first.mirror.leading and not second.mirror.leading
+    first.stop()
+    fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=6"})
+    # The lease (1 s) runs out; the standby takes it and does a full pass.
+    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "6"}, 5.0, what="the take-over")
+    wait_for(lambda: second.mirror.writes == 1, 5.0, what="the write counted")  # counted once its answer is read
+    assert second.mirror.leading and first.mirror.writes == 1
+    lease = fake_api.get("Lease", "quota-lock", "gpu-placement")
+    assert lease is not None and lease["spec"]["holderIdentity"] == "replica-b"
+
+
+def test_a_clean_stop_hands_the_lease_over_at_once(fake_api: FakeApiServer,
+                                                 replicas: Callable[..., Replica]) -> None:
+    """A rolling update: the stopping leader releases its Lease, so the next one need not wait out
+    the lease duration (30 s here) before mirroring a change."""
+    slow = MirrorSettings(lease_name="quota-lock", lease_seconds=30, renew_seconds=0.05, resync_seconds=3600)
+    namespace(fake_api, "team-a", "nvidia.com/gpu=4")
+    first = replicas("replica-a", slow)
+    wait_for(lambda: mirrored(fake_api, "team-a"), 5.0, what="the mirror")
+    second = replicas("replica-b", slow)
+    first.stop()
+    fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=5"})
+    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "5"}, 3.0, what="the hand-over")
+    assert second.mirror.leading
+
+
+def test_nothing_is_done_before_the_namespaces_are_listed(fake_api: FakeApiServer) -> None:
+    fake_api.add({"kind": "Namespace", "metadata": {"name": "gpu-placement"}})
+    fake_api.add({"kind": "ResourceQuota", "metadata": {"name": "gpu-placement", "namespace": "default",
+                                                        "labels": {"app.kubernetes.io/managed-by": "gpu-placement"}},
+                  "spec": {"hard": {"requests.nvidia.com/gpu": "3"}}})
+    config = Config()
+    view = ClusterView(config)  # empty and not listed: "default" would look unannotated
+    with fake_api.api_client() as api:
+        mirror = QuotaMirror(api, view, config, "gpu-placement", "replica-a", FAST)
+        mirror.step()
+        assert mirror.leading and mirror.writes == 0
+        assert mirrored(fake_api, "default") == {"requests.nvidia.com/gpu": "3"}
+        Ingest(config).replace(view, "namespaces", fake_api.list("Namespace"))
+        mirror.step()
+        assert mirrored(fake_api, "default") is None  # listed now: ours, and no annotation says keep it
+
+
+def test_the_fake_api_server_validates_resourcequotas_as_the_real_one(fake_api: FakeApiServer) -> None:
+    with fake_api.api_client() as api:
+        from gpu_placement.kube import api_error, request
+
+        def create(hard: dict[str, str]) -> int:
+            body = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q"}, "spec": {"hard": hard}}
+            response = request(api, "POST", "/api/v1/namespaces/default/resourcequotas", body=body,
+                               timeout=(2, 5))
+            if response.status >= 300:
+                return api_error(response).status
+            response.read()
+            fake_api.delete("ResourceQuota", "q", "default")
+            return response.status
+
+        assert create({"requests.nvidia.com/gpu": "4"}) == 201
+        assert create({"requests.cpu": "500m", "count/pods": "3"}) == 201
+        assert create({"gpus": "4"}) == 422  # no slash: must be a standard quota resource
+        assert create({"requests.nvidia.com/gpu": "four"}) == 422
+        assert create({"requests.nvidia.com/gpu": "-1"}) == 422
+    with pytest.raises(ApiStatusError):
+        fake_api.get("ResourceQuota", "q", "default") or fake_api.delete("ResourceQuota", "q", "default")

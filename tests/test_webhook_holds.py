@@ -1,0 +1,134 @@
+"""Quota holds against a live view (the fake API server, the real list+watch loop, the webhook over
+HTTPS): a stalled pod watch never lets more than the quota in; a hold whose pod never came is dropped
+only once a list of the namespace's pods, made after its time was up, lacks it; a later denial of
+the same pod releases its hold."""
+
+from __future__ import annotations
+
+import gc
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from gpu_placement.config import parse_config
+from gpu_placement.demo_cluster import namespace
+from gpu_placement.ingest import Ingest
+from gpu_placement.kube import WatchSettings
+from gpu_placement.live import LiveSource
+from gpu_placement.serving import ServerThread
+from gpu_placement.view import ClusterView
+from tests.fakeapi import FakeApiServer
+from tests.test_live import wait_for
+from tests.test_webhook_helpers import Webhook, trusting, user_pod
+from webhook.app import create_app
+from webhook.certs import CertBundle
+from webhook.tls import ReloadingTLS, make_server
+
+pytestmark = pytest.mark.timeout(60)
+
+GPU = "nvidia.com/gpu"
+TTL = 0.5
+
+
+@dataclass
+class Live:
+    fake: FakeApiServer
+    hook: Webhook
+    source: LiveSource
+
+    @property
+    def reservations(self) -> Any:
+        return self.hook.app.state.admission.reservations
+
+    def create(self, pod: dict[str, Any], ns: str) -> tuple[bool, dict[str, Any]]:
+        """What the API server does: /mutate, name and uid the pod, /validate, store it if allowed."""
+        mutated, _, _ = self.hook.mutate(pod, ns)
+        named = {**mutated, "metadata": {**mutated["metadata"], "namespace": ns, "uid": str(uuid.uuid4())}}
+        verdict = self.hook.validate(named, ns)
+        if verdict["allowed"]:
+            self.fake.add(named, keep_uid=True)
+        return verdict["allowed"], verdict
+
+
+@pytest.fixture
+def live(fake_api: FakeApiServer, bundle: CertBundle) -> Iterator[Live]:
+    fake_api.load([namespace("research", {"gpu-placement.io/quota": f"{GPU}=2"}),
+                   namespace("solo", {"gpu-placement.io/quota": f"{GPU}=1"})])
+    config = parse_config({"reservationTTLSeconds": TTL})
+    view = ClusterView(config)
+    api = fake_api.api_client()
+    interval = fake_api.bookmark_interval
+    source = LiveSource(view, Ingest(config), api, WatchSettings(
+        connect_timeout=1.0, read_timeout=2.0, server_timeout=30, bookmark_interval=interval,
+        client_timeout=2 * interval, backoff_initial=0.05, backoff_max=0.3))
+    app = create_app(view, config, source.readiness, api)
+    app.state.holds.interval, app.state.holds.recheck = 0.05, 0.1
+    source.start()
+    wait_for(lambda: source.ready, 5.0, what="the first lists")
+    fake_api.wait_for_watches(3)
+    try:
+        tls = ReloadingTLS(bundle.cert, bundle.key)
+        with ServerThread(make_server(app, "127.0.0.1", 0, tls=tls)) as server, httpx.Client(
+                base_url=f"https://localhost:{server.port}", verify=trusting(bundle), timeout=10) as client:
+            yield Live(fake_api, Webhook(config, view, Ingest(config), app, client, [0.0]), source)
+    finally:
+        source.stop()
+        api.close()
+        gc.unfreeze()
+
+
+def test_a_stalled_pod_watch_never_lets_more_than_the_quota_in(live: Live) -> None:
+    assert live.fake.stall_watches("pods") == 1
+    allowed = 0
+    for i in range(8):
+        ok, verdict = live.create(user_pod("research", f"p{i}", gpus={GPU: 1}), "research")
+        allowed += ok
+        assert allowed <= 2, verdict
+        if not ok:
+            assert "may use 2 nvidia.com/gpu" in verdict["status"]["message"]
+        time.sleep(TTL * 1.5)  # the holds' time is up: the lists find the pods, so they stay held
+    assert allowed == 2
+    assert live.hook.app.state.holds.lists > 0 and live.hook.app.state.holds.dropped == 0
+    # The silent stream was given up and resumed: the view has the two pods, the holds are gone, and
+    # the namespace is still full.
+    wait_for(lambda: {"research/p0", "research/p1"} <= live.hook.view.pods.keys(), 5.0, what="the watch resumed")
+    with live.hook.view.lock:
+        assert live.reservations.pending("research") == {}
+        assert live.hook.view.namespace_usage["research"] == {GPU: 2}
+    ok, verdict = live.create(user_pod("research", "late", gpus={GPU: 1}), "research")
+    assert not ok and "2 are in use" in verdict["status"]["message"]
+
+
+def test_a_hold_whose_pod_never_came_goes_only_after_a_list_without_it(live: Live) -> None:
+    mutated, _, _ = live.hook.mutate(user_pod("solo", "ghost", gpus={GPU: 1}), "solo")
+    assert live.hook.validate(mutated, "solo")["allowed"] is True  # ...and then another webhook refused it
+    assert live.create(user_pod("solo", "next", gpus={GPU: 1}), "solo")[0] is False
+    live.fake.down()  # no list can be made: time alone does not end the hold
+    time.sleep(TTL * 3)
+    with live.hook.view.lock:
+        assert live.reservations.pending("solo") == {GPU: 1}
+    live.fake.up()
+    wait_for(lambda: live.hook.app.state.holds.dropped == 1, 5.0, what="the list that settles the hold")
+    with live.hook.view.lock:
+        assert live.reservations.pending("solo") == {}
+    wait_for(lambda: live.source.ready and live.fake.open_watches() == 3, 5.0, what="the watches back")
+    assert live.create(user_pod("solo", "next", gpus={GPU: 1}), "solo")[0] is True
+
+
+def test_a_later_denial_of_the_same_pod_releases_its_hold(live: Live) -> None:
+    mutated, _, _ = live.hook.mutate(user_pod("solo", "a", gpus={GPU: 1}), "solo")
+    stored = {**mutated, "metadata": {**mutated["metadata"], "uid": str(uuid.uuid4())}}
+    assert live.hook.validate(stored, "solo")["allowed"] is True
+    with live.hook.view.lock:
+        assert live.reservations.pending("solo") == {GPU: 1}
+    live.fake.set_annotations("Namespace", "solo", {"gpu-placement.io/quota": f"{GPU}=0"})
+    wait_for(lambda: live.hook.view.namespaces["solo"].get("gpu-placement.io/quota") == f"{GPU}=0",
+             what="the lowered quota")
+    assert live.hook.validate(stored, "solo")["allowed"] is False  # the API server called again
+    with live.hook.view.lock:
+        assert live.reservations.pending("solo") == {}

@@ -1,0 +1,119 @@
+"""A namespace the view has not seen yet (over HTTPS, the fake API server behind): read from the API
+server, so a Namespace and its Deployment applied in one go get their policy; when it cannot be read,
+GPU pods are refused with a retriable answer (audit mode: allowed with a warning)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from gpu_placement.config import parse_config
+from gpu_placement.demo_cluster import namespace
+from gpu_placement.ingest import KINDS, Ingest
+from gpu_placement.serving import ServerThread
+from gpu_placement.view import ClusterView
+from tests.fakeapi import FakeApiServer
+from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, find, trusting, user_pod
+from webhook.app import create_app
+from webhook.certs import CertBundle
+from webhook.tls import ReloadingTLS, make_server
+
+pytestmark = pytest.mark.timeout(30)
+
+FRESH = namespace("fresh", {"gpu-placement.io/sharing": "shared", "gpu-placement.io/quota": "nvidia.com/gpu.shared=2",
+                            "gpu-placement.io/pools": "inference"})
+
+
+@contextmanager
+def webhook(fake: FakeApiServer, bundle: CertBundle, config: dict[str, Any] | None = None) -> Iterator[Webhook]:
+    """The app with an API client, its view listed but without the namespaces created just now."""
+    parsed = parse_config(config or TEST_CONFIG)
+    view = ClusterView(parsed)
+    ingest = Ingest(parsed)
+    for kind in KINDS:
+        ingest.replace(view, kind, copy.deepcopy(NAMESPACES) if kind == "namespaces" else [])
+    with fake.api_client() as api:
+        app = create_app(view, parsed, lambda: (True, ""), api)
+        tls = ReloadingTLS(bundle.cert, bundle.key)
+        with ServerThread(make_server(app, "127.0.0.1", 0, tls=tls)) as server, httpx.Client(
+                base_url=f"https://localhost:{server.port}", verify=trusting(bundle), timeout=10) as client:
+            yield Webhook(parsed, view, ingest, app, client, [0.0])
+
+
+def test_a_namespace_and_its_pod_in_one_apply_are_shaped_and_metered(fake_api: FakeApiServer,
+                                                                     bundle: CertBundle) -> None:
+    fake_api.add(FRESH)  # the API server has it; the view's watch event has not come yet
+    with webhook(fake_api, bundle) as hook:
+        assert "fresh" not in hook.view.namespaces
+        big, verdict = hook.admit(user_pod("fresh", None, gpus={"nvidia.com/gpu": 4}), "fresh")
+        container = big["spec"]["containers"][0]["resources"]
+        assert container["limits"] == {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu.shared": "4"}
+        assert big["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true", "example.com/pool": "inference",
+                                               "zone": "a"}
+        assert verdict["allowed"] is False and verdict["status"]["message"] == (
+            "namespace fresh may use 2 nvidia.com/gpu.shared (gpu-placement.io/quota); 0 are in use and this pod "
+            "asks 4 more: lower the request or raise the quota on the namespace")
+        for name in ("a", "b", "c"):
+            _, verdict = hook.admit(user_pod("fresh", name, gpus={"nvidia.com/gpu": 1}), "fresh")
+            assert verdict["allowed"] is (name != "c"), verdict
+        assert hook.app.state.admission.reservations.pending("fresh") == {"nvidia.com/gpu.shared": 2}
+        assert fake_api.count("get", "/api/v1/namespaces/fresh") == 1  # one GET, then the cache
+        # The view's record wins once it has one.
+        hook.ingest.event(hook.view, "namespaces", "ADDED", namespace("fresh", {"gpu-placement.io/quota": "x=1"}))
+        _, verdict = hook.admit(user_pod("fresh", "d", gpus={"nvidia.com/gpu": 1}), "fresh")
+        assert "gpu-placement.io/quota=\"x=1\" on namespace fresh" in verdict["status"]["message"]
+        assert fake_api.count("get", "/api/v1/namespaces/fresh") == 1
+
+
+def test_pods_in_namespaces_the_view_has_cost_no_request(fake_api: FakeApiServer, bundle: CertBundle) -> None:
+    with webhook(fake_api, bundle) as hook:
+        fake_api.clear_log()
+        for ns in ("team-a", "web", "kube-system"):
+            hook.admit(user_pod(ns, "p", gpus={"nvidia.com/gpu": 1}), ns)
+        assert fake_api.requests_log == []
+
+
+def test_a_namespace_that_cannot_be_read_is_a_retriable_refusal(fake_api: FakeApiServer,
+                                                                bundle: CertBundle) -> None:
+    fake_api.add(FRESH)
+    fake_api.fail_next(1, 503, path="/api/v1/namespaces/fresh")
+    with webhook(fake_api, bundle) as hook:
+        pod = user_pod("fresh", "a", gpus={"nvidia.com/gpu": 1})
+        mutated, ops, response = hook.mutate(pod, "fresh")
+        assert ops == [] and response["warnings"][0].startswith("namespace fresh is not in gpu-placement's view yet")
+        verdict = hook.validate(mutated, "fresh")
+        assert verdict["allowed"] is False
+        assert verdict["status"]["code"] == 503 and verdict["status"]["reason"] == "ServiceUnavailable"
+        assert verdict["status"]["message"] == (
+            "namespace fresh is not in gpu-placement's view yet and could not be read from the API server (the API "
+            "server answered HTTP 503 ServiceUnavailable: the server is currently unable to handle the request), so "
+            "its GPU policy (the gpu-placement.io/* annotations) is unknown: try again in a few seconds")
+        # A pod without GPUs is not held up by it.
+        assert hook.validate(user_pod("fresh", "cpu"), "fresh")["allowed"] is True
+        hook.app.state.admission.reader.retry_seconds = 0.0  # a moment later: read again, and decided normally
+        assert hook.admit(pod, "fresh")[1]["allowed"] is True
+
+
+def test_audit_mode_allows_with_the_sentence_as_a_warning(fake_api: FakeApiServer, bundle: CertBundle) -> None:
+    with webhook(fake_api, bundle, {**TEST_CONFIG, "mode": "audit"}) as hook:
+        _, verdict = hook.admit(user_pod("gone", "a", gpus={"nvidia.com/gpu": 1}), "gone")
+        assert verdict["allowed"] is True
+        assert verdict["warnings"] == [
+            "namespace gone is not in gpu-placement's view yet and could not be read from the API server (the API "
+            "server answered HTTP 404 NotFound: namespaces \"gone\" not found), so its GPU policy (the "
+            "gpu-placement.io/* annotations) is unknown: try again in a few seconds"]
+
+
+def test_the_mutate_patch_is_unchanged_by_where_the_namespace_came_from(fake_api: FakeApiServer,
+                                                                        bundle: CertBundle) -> None:
+    fake_api.add(FRESH)
+    with webhook(fake_api, bundle) as hook:
+        _, from_api, _ = hook.mutate(user_pod("fresh", "x", gpus={"nvidia.com/gpu": 1}), "fresh")
+        hook.ingest.event(hook.view, "namespaces", "ADDED", FRESH)
+        _, from_view, _ = hook.mutate(user_pod("fresh", "x", gpus={"nvidia.com/gpu": 1}), "fresh")
+        assert from_api == from_view and find(from_api, "/spec/schedulerName")

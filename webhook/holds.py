@@ -1,0 +1,113 @@
+"""Settling quota holds that are overdue: a list of the namespace's pods, made after the hold's time
+was up, says whether the pod came (keep holding until the view shows it) or will not (drop it).
+
+A thread, off the request path: it wakes every `interval` seconds, and lists only namespaces that
+have an overdue hold, each at most every `recheck` seconds (a stalled watch leaves holds overdue
+until it is restarted). The list asks for metadata only (PartialObjectMetadataList): names and uids
+are all it needs. A list that fails settles nothing: the holds stay, and the namespace stays full
+rather than open.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import orjson
+import urllib3
+from kubernetes.client import ApiClient
+
+from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.pods import pod_key
+from webhook.quota import Reservations
+
+__all__ = ["HoldChecker"]
+
+log = logging.getLogger("gpu_placement.webhook.holds")
+
+_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+_TIMEOUT = (5.0, 30.0)
+
+
+class HoldChecker:
+    def __init__(self, reservations: Reservations, api: ApiClient, interval: float = 1.0,
+                 recheck: float = 5.0, page_size: int = 500) -> None:
+        self.reservations = reservations
+        self.view = reservations.view
+        self.api = api
+        self.interval, self.recheck, self.page_size = interval, recheck, page_size
+        self.lists = 0  # for tests and the log
+        self.dropped = 0
+        self._next: dict[str, float] = {}  # namespace -> earliest next list
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_error: str | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="quota-holds", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check()
+            except Exception:  # a bug, not the network: say so, keep the thread
+                log.exception("settling quota holds failed")
+
+    def check(self) -> int:
+        """One pass; returns how many holds were dropped."""
+        now = self.view.clock()
+        with self.view.lock:
+            namespaces = [ns for ns in self.reservations.overdue(now) if self._next.get(ns, 0.0) <= now]
+        for ns in list(self._next):
+            if self._next[ns] <= now:
+                del self._next[ns]
+        dropped = 0
+        for ns in namespaces:
+            started = self.view.clock()
+            try:
+                present = self._pods(ns)
+            except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+                if str(exc) != self._last_error:
+                    log.warning("cannot list the pods of namespace %s to settle its quota holds (%s); they stay "
+                                "held until a list succeeds", ns, exc)
+                self._last_error = str(exc)
+                continue
+            self._last_error = None
+            self.lists += 1
+            with self.view.lock:
+                gone = self.reservations.settle(ns, started, present)
+            if gone:
+                log.info("namespace %s: %d quota hold(s) dropped: admitted, but not created (refused after "
+                         "this webhook)", ns, gone)
+            dropped += gone
+            self._next[ns] = started + self.recheck
+        self.dropped += dropped
+        return dropped
+
+    def _pods(self, namespace: str) -> dict[str, str]:
+        """key -> uid of every pod in the namespace, from a consistent list (all pages)."""
+        present: dict[str, str] = {}
+        token = ""
+        while True:
+            query: list[tuple[str, str | int | bool]] = [("limit", self.page_size)]
+            if token:
+                query.append(("continue", token))
+            response = request(self.api, "GET", f"/api/v1/namespaces/{namespace}/pods", query=query,
+                               timeout=_TIMEOUT, accept=_ACCEPT)
+            if response.status >= 300:
+                raise api_error(response)
+            page: dict[str, Any] = orjson.loads(response.read())
+            response.release_conn()
+            for item in page.get("items") or ():
+                meta = item.get("metadata") or {}
+                present[pod_key(namespace, str(meta.get("name") or ""))] = str(meta.get("uid") or "")
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return present

@@ -1,0 +1,94 @@
+"""A `coordination.k8s.io/v1` Lease as a leader lock: whoever holds it (and keeps renewing) writes.
+
+Used by the certificate manager (`<secret>-lock`) and the ResourceQuota mirror (its own Lease), so
+the two elect independently: the quota mirror runs whatever the certificate mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+from kubernetes.client import ApiClient
+
+from gpu_placement.kube import api_error, request
+
+__all__ = ["Lease", "drain", "parse_time"]
+
+_TIMEOUT = (5.0, 15.0)
+
+
+class Lease:
+    def __init__(self, api: ApiClient, namespace: str, name: str, identity: str, duration_seconds: int,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
+        self.duration_seconds = duration_seconds
+        self.clock = clock
+        self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+    def acquire(self) -> bool:
+        """Take or renew the Lease; True while we hold it. Raises ApiError when the API server refuses
+        us (not when another replica won a race: that is False)."""
+        now = self.clock()
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration_seconds, "renewTime": stamp}
+        response = request(self.api, "GET", f"{self._path}/{self.name}", timeout=_TIMEOUT)
+        if response.status == 404:
+            drain(response)
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": {**spec, "acquireTime": stamp}}
+            response = request(self.api, "POST", self._path, body=body, timeout=_TIMEOUT)
+            ok = response.status < 300
+            drain(response)
+            return ok  # 409: another replica created it first
+        if response.status >= 300:
+            raise api_error(response)
+        lease: dict[str, Any] = orjson.loads(response.read())
+        held = lease.get("spec") or {}
+        renewed = parse_time(held.get("renewTime"))
+        expired = renewed is None or now - renewed > timedelta(seconds=held.get("leaseDurationSeconds") or 0)
+        if held.get("holderIdentity") not in (None, "", self.identity) and not expired:
+            return False
+        lease["spec"] = {**held, **spec}
+        if held.get("holderIdentity") != self.identity:
+            lease["spec"]["acquireTime"] = stamp
+        response = request(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=_TIMEOUT)
+        ok = response.status < 300  # 409: someone renewed or took it in between
+        drain(response)
+        return ok
+
+
+    def release(self) -> None:
+        """Give the Lease up (on a clean stop), so another replica takes it at its next try instead of
+        after `duration_seconds`: what client-go's ReleaseOnCancel does. Best effort."""
+        response = request(self.api, "GET", f"{self._path}/{self.name}", timeout=_TIMEOUT)
+        if response.status >= 300:
+            drain(response)
+            return
+        lease: dict[str, Any] = orjson.loads(response.read())
+        response.release_conn()
+        spec = lease.get("spec") or {}
+        if spec.get("holderIdentity") != self.identity:
+            return
+        lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1}
+        drain(request(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=_TIMEOUT))
+
+
+def drain(response: Any) -> None:
+    """Read what is left of a response before its connection goes back to the pool: a connection
+    with an unread body breaks the next request made on it."""
+    response.read()
+    response.release_conn()
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

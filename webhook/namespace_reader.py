@@ -1,0 +1,98 @@
+"""A namespace the view has not seen yet, read from the API server.
+
+`kubectl apply` of a Namespace and a Deployment in one go: the API server created the namespace
+first, but its watch event may reach us after the pod's admission call. Then the pod would get no
+policy at all (unshaped, outside its pools and quota). So on a miss the webhook GETs the namespace
+(short timeouts: the API server's call to us is waiting), keeps it `fresh_seconds`, and the view's own
+record wins as soon as it has one. Concurrent misses for one namespace share one GET; a failed GET is
+tried again after `retry_seconds`. The GET runs in a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import urllib3
+
+from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.namespaces import NamespaceRecord, namespace_from_json
+from gpu_placement.view import ClusterView
+
+__all__ = ["NamespaceReader"]
+
+log = logging.getLogger("gpu_placement.webhook.namespaces")
+
+
+@dataclass(slots=True, frozen=True)
+class _Read:
+    record: NamespaceRecord | None
+    error: str  # why it could not be read; "" when record is set
+    at: float
+
+
+class NamespaceReader:
+    def __init__(self, view: ClusterView, api: Any, timeout: tuple[float, float] = (1.0, 2.0),
+                 fresh_seconds: float = 30.0, retry_seconds: float = 1.0, limit: int = 10_000) -> None:
+        self.view, self.api, self.timeout = view, api, timeout
+        self.fresh_seconds, self.retry_seconds, self.limit = fresh_seconds, retry_seconds, limit
+        self.reads = 0  # GETs made: for tests and the log
+        self._read: dict[str, _Read] = {}
+        self._inflight: dict[str, asyncio.Future[None]] = {}
+
+    def wanted(self, namespace: str) -> bool:
+        """Should a GET be made before deciding about a pod in this namespace? One dict lookup when the
+        view has it."""
+        if not namespace or namespace in self.view.namespaces:
+            return False
+        got = self._read.get(namespace)
+        return got is None or time.monotonic() - got.at >= (self.retry_seconds if got.error else self.fresh_seconds)
+
+    async def read(self, namespace: str) -> None:
+        pending = self._inflight.get(namespace)
+        if pending is None:
+            pending = asyncio.ensure_future(asyncio.to_thread(self._get, namespace))
+            self._inflight[namespace] = pending
+            pending.add_done_callback(lambda _: self._inflight.pop(namespace, None))
+        await asyncio.shield(pending)
+
+    def record(self, namespace: str) -> tuple[NamespaceRecord | None, str | None]:
+        """(the namespace's record, None) from the view or a recent GET; (None, why) when the view does
+        not have it and the GET failed or was not made."""
+        record = self.view.namespaces.get(namespace)
+        if record is not None:
+            return record, None
+        got = self._read.get(namespace)
+        if got is None:
+            return None, "it was not read from the API server"
+        if got.record is None:
+            return None, got.error
+        return got.record, None
+
+    def _get(self, namespace: str) -> None:
+        self.reads += 1
+        try:
+            response = request(self.api, "GET", f"/api/v1/namespaces/{namespace}", timeout=self.timeout)
+            if response.status >= 300:
+                raise api_error(response)
+            obj = orjson.loads(response.read())
+            response.release_conn()
+            result = _Read(namespace_from_json(obj), "", time.monotonic())
+        except (ApiError, OSError, urllib3.exceptions.HTTPError, orjson.JSONDecodeError) as exc:
+            result = _Read(None, _reason(exc, self.timeout), time.monotonic())
+            log.warning("namespace %s is not in the view yet and could not be read: %s", namespace, result.error)
+        if len(self._read) >= self.limit:
+            self._read.clear()
+        self._read[namespace] = result
+
+
+def _reason(exc: Exception, timeout: tuple[float, float]) -> str:
+    if isinstance(exc, ApiError):
+        return f"the API server answered {exc}"
+    if isinstance(exc, urllib3.exceptions.TimeoutError):
+        return f"the API server did not answer within {timeout[0] + timeout[1]:g} s"
+    return f"the API server could not be reached ({type(exc).__name__})"

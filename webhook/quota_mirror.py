@@ -1,0 +1,272 @@
+"""`gpu-placement.io/quota` mirrored into a ResourceQuota the API server enforces.
+
+For every namespace whose annotation parses, one ResourceQuota named `gpu-placement`, labelled
+`app.kubernetes.io/managed-by: gpu-placement` and owned by the Namespace, with `requests.<resource>`
+for each resource of the annotation (the only form quota accepts for extended resources). The
+API server's quota admission runs after every mutating and validating webhook, so it counts the
+rewritten resource names, and it is atomic across any number of webhook replicas: the quota is hard.
+/validate still answers first, with the friendlier sentence.
+
+One loop per webhook replica; only the holder of its Lease writes. The view's namespace events say
+which namespaces changed (work proportional to what changed); a full pass runs on taking the lead
+and every `resync_seconds`, over the namespaces in the view and the ResourceQuotas listed by our
+label. A ResourceQuota without our label is never touched, even one named `gpu-placement`. An
+annotation that does not parse leaves the mirror as it was (/validate denies GPU pods there anyway);
+a namespace the view does not have is left to the API server (its quota goes with it).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import urllib3
+from kubernetes.client import ApiClient
+
+from gpu_placement import names as n
+from gpu_placement.config import Config
+from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.view import ClusterView
+from webhook.lease import Lease, drain
+from webhook.policy import parse_policy
+
+__all__ = ["MANAGED_BY", "MIRROR_NAME", "MirrorSettings", "QuotaMirror", "desired_hard"]
+
+log = logging.getLogger("gpu_placement.quota_mirror")
+
+MIRROR_NAME = "gpu-placement"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
+_SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
+_TIMEOUT = (5.0, 15.0)
+
+
+@dataclass(slots=True, frozen=True)
+class MirrorSettings:
+    lease_name: str = "gpu-placement-quota-mirror"
+    lease_seconds: int = 30  # another replica takes over this long after the holder stops renewing
+    renew_seconds: float = 10.0  # how often the holder renews (and a standby tries)
+    resync_seconds: float = 300.0  # full pass: what no event told us (a ResourceQuota edited by hand)
+
+
+def desired_hard(quota: Mapping[str, int]) -> dict[str, str]:
+    return {f"requests.{resource}": str(count) for resource, count in sorted(quota.items())}
+
+
+class QuotaMirror:
+    def __init__(self, api: ApiClient, view: ClusterView, config: Config, namespace: str, identity: str,
+                 settings: MirrorSettings | None = None) -> None:
+        self.api, self.view, self.config = api, view, config
+        self.settings = settings or MirrorSettings()
+        self.lease = Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds)
+        self.leading = False
+        self.last_error: str | None = None
+        self.writes = 0  # creates, updates and deletes made: for tests and the log
+        self._dirty: set[str] = set()
+        self._dirty_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._renewed = float("-inf")
+        self._next_resync = 0.0
+        view.subscribe_namespaces(self._changed)
+
+    # -- events --------------------------------------------------------------------------------
+    def _changed(self, name: str, _record: NamespaceRecord | None) -> None:
+        """View listener (under the view's lock): note the name, wake the loop."""
+        with self._dirty_lock:
+            self._dirty.add(name)
+        self._wake.set()
+
+    # -- running -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="quota-mirror", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.leading:  # hand over now rather than after lease_seconds (a rolling update)
+            self.leading = False
+            try:
+                self.lease.release()
+            except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+                log.info("quota mirror: could not release the lease (%s); it runs out by itself", exc)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception:  # a bug, not the network: say so, keep the thread
+                log.exception("quota mirror pass failed")
+            self._wake.wait(self.settings.renew_seconds)
+            self._wake.clear()
+
+    def step(self) -> None:
+        """One turn: renew or take the Lease when due; then, leading, a full pass when due or the
+        namespaces that changed. Errors are logged once each and retried on the next turn."""
+        try:
+            self._lead()
+            if not self.leading or "namespaces" not in self.view.listed:
+                return  # never act on a half-known view: a missing namespace would look unannotated
+            now = time.monotonic()
+            if now >= self._next_resync:
+                with self._dirty_lock:
+                    self._dirty.clear()
+                self.resync()
+                self._next_resync = now + self.settings.resync_seconds
+            else:
+                with self._dirty_lock:
+                    names, self._dirty = self._dirty, set()
+                for name in sorted(names):
+                    self.reconcile(name)
+            self.last_error = None
+        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+            if str(exc) != self.last_error:
+                log.error("quota mirror: %s; retrying in %.0f s", exc, self.settings.renew_seconds)
+            self.last_error = str(exc)
+            self._next_resync = 0.0  # what failed may have been a change: make sure of everything next time
+
+    def _lead(self) -> None:
+        now = time.monotonic()
+        if self.leading and now - self._renewed < self.settings.renew_seconds:
+            return
+        try:
+            leading = self.lease.acquire()
+        except BaseException:
+            self.leading = False
+            raise
+        if leading and not self.leading:
+            log.info("quota mirror: this replica now keeps the namespaces' ResourceQuotas")
+            self._next_resync = 0.0  # whatever happened while another replica led
+        elif self.leading and not leading:
+            log.info("quota mirror: another replica holds the lease now")
+        self.leading = leading
+        if leading:
+            self._renewed = now
+        else:
+            with self._dirty_lock:
+                self._dirty.clear()  # the leader sees the same events
+
+    # -- the work ------------------------------------------------------------------------------
+    def _wanted(self, name: str) -> tuple[bool, dict[str, str] | None, str]:
+        """(known, the spec.hard wanted or None for no mirror, the namespace's uid). Not known: the view
+        has no such namespace, or its annotation does not parse: leave the mirror as it is."""
+        record = self.view.namespaces.get(name)
+        if record is None:
+            return False, None, ""
+        policy = parse_policy(record, name, self.config)
+        if n.ANN_QUOTA in policy.errors:
+            return False, None, record.uid
+        return True, (desired_hard(policy.quota) if policy.quota is not None else None), record.uid
+
+    def reconcile(self, name: str) -> None:
+        known, wanted, uid = self._wanted(name)
+        if not known:
+            return
+        self._apply(name, self._get(name), wanted, uid)
+
+    def resync(self) -> None:
+        """Every namespace the view has, against every ResourceQuota we own (one list call)."""
+        owned = {(quota.get("metadata") or {}).get("namespace"): quota for quota in self._list_owned()}
+        for name in sorted(set(self.view.namespaces) | {ns for ns in owned if ns}):
+            known, wanted, uid = self._wanted(name)
+            if known:
+                self._apply(name, owned.get(name) if wanted is None or name in owned else self._get(name),
+                            wanted, uid)
+
+    def _apply(self, name: str, current: dict[str, Any] | None, wanted: dict[str, str] | None, uid: str) -> None:
+        if current is not None and not _ours(current):
+            if wanted is not None:
+                log.warning("quota mirror: namespace %s has a ResourceQuota %s not managed by gpu-placement; "
+                            "left alone, so %s is not mirrored there: rename or remove it", name, MIRROR_NAME,
+                            n.ANN_QUOTA)
+            return
+        if wanted is None:
+            if current is not None:
+                self._delete(name, current)
+            return
+        if current is None:
+            self._write("POST", name, self._body(name, wanted, uid, None))
+            log.info("quota mirror: created ResourceQuota %s/%s with %s", name, MIRROR_NAME, _text(wanted))
+        elif ((current.get("spec") or {}).get("hard") or {}) != wanted or not _owner_is(current, name, uid):
+            self._write("PUT", name, self._body(name, wanted, uid, current))
+            log.info("quota mirror: updated ResourceQuota %s/%s to %s", name, MIRROR_NAME, _text(wanted))
+
+    def _body(self, name: str, wanted: dict[str, str], uid: str, current: dict[str, Any] | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": MIRROR_NAME, "namespace": name, "labels": {MANAGED_BY[0]: MANAGED_BY[1]}}
+        if uid:
+            meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Namespace", "name": name, "uid": uid}]
+        spec: dict[str, Any] = {"hard": wanted}
+        if current is not None:  # keep what others added (labels, annotations); a lost update is a 409
+            old = current.get("metadata") or {}
+            meta = {**old, **meta, "labels": {**(old.get("labels") or {}), **meta["labels"]}}
+            meta.pop("managedFields", None)
+            spec = {**(current.get("spec") or {}), "hard": wanted}
+        return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": meta, "spec": spec}
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    def _path(self, namespace: str, name: str | None = None) -> str:
+        return f"/api/v1/namespaces/{namespace}/resourcequotas" + (f"/{name}" if name else "")
+
+    def _get(self, namespace: str) -> dict[str, Any] | None:
+        response = request(self.api, "GET", self._path(namespace, MIRROR_NAME), timeout=_TIMEOUT)
+        if response.status == 404:
+            drain(response)
+            return None
+        if response.status >= 300:
+            raise api_error(response)
+        return orjson.loads(response.read())  # type: ignore[no-any-return]
+
+    def _list_owned(self) -> list[dict[str, Any]]:
+        response = request(self.api, "GET", "/api/v1/resourcequotas",
+                           query=[("labelSelector", _SELECTOR), ("fieldSelector", f"metadata.name={MIRROR_NAME}")],
+                           timeout=_TIMEOUT)
+        if response.status >= 300:
+            raise api_error(response)
+        return list(orjson.loads(response.read()).get("items") or [])
+
+    def _write(self, method: str, namespace: str, body: dict[str, Any]) -> None:
+        path = self._path(namespace) if method == "POST" else self._path(namespace, MIRROR_NAME)
+        response = request(self.api, method, path, body=body, timeout=_TIMEOUT)
+        if response.status >= 300:
+            raise api_error(response)
+        drain(response)
+        self.writes += 1
+
+    def _delete(self, namespace: str, current: dict[str, Any]) -> None:
+        meta = current.get("metadata") or {}
+        options = {"kind": "DeleteOptions", "apiVersion": "v1",
+                   "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
+        response = request(self.api, "DELETE", self._path(namespace, MIRROR_NAME), body=options, timeout=_TIMEOUT)
+        if response.status == 404:
+            drain(response)
+            return
+        if response.status >= 300:
+            raise api_error(response)
+        drain(response)
+        self.writes += 1
+        log.info("quota mirror: deleted ResourceQuota %s/%s (no %s on the namespace)", namespace, MIRROR_NAME,
+                 n.ANN_QUOTA)
+
+
+def _ours(quota: dict[str, Any]) -> bool:
+    labels = (quota.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(MANAGED_BY[0]) == MANAGED_BY[1])
+
+
+def _owner_is(quota: dict[str, Any], namespace: str, uid: str) -> bool:
+    owners = (quota.get("metadata") or {}).get("ownerReferences") or []
+    return not uid or any(o.get("kind") == "Namespace" and o.get("name") == namespace and o.get("uid") == uid
+                          for o in owners)
+
+
+def _text(hard: Mapping[str, str]) -> str:
+    return ",".join(f"{key}={value}" for key, value in hard.items())
