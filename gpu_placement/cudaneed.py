@@ -7,7 +7,8 @@ Three sources, per container, best first:
   properties `cuda` (the highest CUDA the driver supports), `driver`, `arch` (compute capability) and
   `brand`; a factor on any other property is skipped, as the runtime skips it.
 - an NGC framework tag (`nvcr.io/nvidia/pytorch:24.05-py3`): the release's CUDA from
-  `data/ngc-framework-cuda.json` (NGC support matrix).
+  `data/ngc-framework-cuda.json` (NGC support matrix; each row names the release notes it was checked
+  against, or says it is unconfirmed).
 - a CUDA version in the image tag (`nvidia/cuda:12.4.1-runtime-...`, `...-cuda12.4-...`).
 A version from a tag is minor-version compatible: the toolkit's runtime and the framework wheels run on
 any driver of the same CUDA major at or above that major's floor.

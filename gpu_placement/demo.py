@@ -124,7 +124,7 @@ def write_snapshot(path: str) -> int:
 
 # Reasons that say something about this pod rather than about a broken node: the ones to show first.
 _POD_SPECIFIC = ("InsufficientGPUMemory", "InsufficientGPU", "DriverTooOld", "ComputeCapability", "ProductMismatch",
-                 "UnknownDriver", "UnknownGPUMemory", "BadAnnotation")
+                 "SharingMismatch", "UnknownDriver", "UnknownGPUMemory", "BadAnnotation")
 
 
 def _one(core: Core, post: Post, labels: dict[str, dict[str, str]], story: str, pod: dict[str, Any]) -> Outcome:

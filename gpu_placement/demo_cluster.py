@@ -119,6 +119,8 @@ _DEMO_NODES: list[tuple[Obj, bool | None]] = [  # (node, validator Ready; None: 
     (make_node("h100-mig", "h100-mig-mixed"), True),
     (make_node("t4-shared", "t4-timeslicing", labels={"nvidia.com/gpu.sharing-strategy": "time-slicing"},
                shared_resource="nvidia.com/gpu.shared"), True),
+    # Time-slicing without renameByDefault: 8 replicas offered as nvidia.com/gpu, product ...-SHARED.
+    (make_node("t4-replicas", "t4-timeslicing", labels={"nvidia.com/gpu.sharing-strategy": "time-slicing"}), True),
     (make_node("a100-vgpu", "a100-vgpu"), True),
     (make_node("a10g-unregistered", "a10g-unregistered", allocatable={"nvidia.com/gpu": "0"}), True),
     (make_node("h100-not-validated", "h100"), False),
@@ -153,6 +155,7 @@ _DEMO_NAMESPACES = [
     namespace("research", {"gpu-placement.io/quota": "nvidia.com/gpu=2", "gpu-placement.io/cuda": "12.4"}),
     namespace("vision", {"gpu-placement.io/quota": "nvidia.com/gpu=4",
                          "gpu-placement.io/gpu-products": "NVIDIA-H100-80GB-HBM3"}),
+    namespace("media", {"gpu-placement.io/quota": "nvidia.com/gpu=2"}),
     namespace("web"),
     namespace("gpu-operator"),
     namespace("kube-system"),
@@ -183,6 +186,10 @@ def demo_pods() -> list[tuple[str, Obj]]:
         del pod["status"]
         return pod
 
+    def turing(pod: Obj) -> Obj:  # the user's own selector: kube-scheduler asks about the T4 nodes only
+        pod["spec"]["nodeSelector"] = {"nvidia.com/gpu.family": "turing"}
+        return pod
+
     return [
         ("2 whole GPUs in the training pool; binpack fills the node in use",
          job("team-a", "llama-finetune", {"nvidia.com/gpu": 2}, image="nvcr.io/nvidia/pytorch:24.01-py3",
@@ -196,6 +203,8 @@ def demo_pods() -> list[tuple[str, Obj]]:
         ("one MIG 1g.10gb slice", job("mig-lab", "notebook", {"nvidia.com/gpu": 1})),
         ("2 H100s (namespace's product list)", job("vision", "detector", {"nvidia.com/gpu": 2},
                                                   image="nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04")),
+        ("a whole T4 (node selector), but every T4 is time-sliced", turing(job("media", "transcode",
+                                                                              {"nvidia.com/gpu": 1}))),
         ("CUDA 13 image", job("research", "cuda13-sim", {"nvidia.com/gpu": 1},
                               image="nvcr.io/nvidia/cuda:13.0.0-devel-ubuntu24.04")),
         ("asks more memory than any GPU has", job("research", "huge-model", {"nvidia.com/gpu": 1},

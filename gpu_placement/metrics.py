@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import urllib3
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 from gpu_placement.view import ClusterView
 
-__all__ = ["CONTENT_TYPE_LATEST", "exposition", "track_view"]
+__all__ = ["CONTENT_TYPE_LATEST", "api_outcome", "exposition", "track_view"]
 
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -34,6 +35,42 @@ PREEMPTION_NODES = Counter("gpu_placement_preemption_nodes", "Nodes kube-schedul
 BINDINGS = Counter("gpu_placement_bindings", "Bind calls, by result.", ["result"])
 CERT_EXPIRY = Gauge("gpu_placement_certificate_expiry_timestamp_seconds",
                     "Unix time at which the serving certificate expires.", ["listener"])
+# The webhook's namespace quota: the ResourceQuota mirror (webhook/quota_mirror.py), the holds on pods
+# this replica admitted (webhook/quota.py, webhook/holds.py) and the GETs of namespaces the view lacked
+# (webhook/namespace_reader.py). Series with labels appear once the component runs (live API only).
+QUOTA_MIRROR_LEADING = Gauge("gpu_placement_quota_mirror_leading",
+                             "1 on the replica that holds the quota mirror's Lease (and writes), else 0.", ["lease"])
+QUOTA_MIRROR_SUCCESS = Gauge("gpu_placement_quota_mirror_last_success_timestamp_seconds",
+                             "Unix time of the quota mirror's last turn without an API error (the leader: its "
+                             "reads and writes; a standby: its Lease check).", ["lease"])
+QUOTA_MIRROR_WRITES = Counter("gpu_placement_quota_mirror_writes",
+                              "ResourceQuota creates, updates and deletes by the quota mirror, by outcome.",
+                              ["action", "outcome"])
+QUOTA_HOLDS = Gauge("gpu_placement_quota_holds", "Pods this replica admitted that the view has not shown yet.")
+QUOTA_HOLD_OLDEST = Gauge("gpu_placement_quota_hold_oldest_age_seconds", "Age of the oldest quota hold (0: none).")
+QUOTA_HOLD_SETTLEMENTS = Counter("gpu_placement_quota_hold_settlements", "Quota holds ended, by how.", ["outcome"])
+QUOTA_HOLD_LISTS = Counter("gpu_placement_quota_hold_lists",
+                           "Lists of a namespace's pods made to settle overdue quota holds, by outcome.", ["outcome"])
+NAMESPACE_READS = Counter("gpu_placement_namespace_reads",
+                          "GETs of a namespace the view lacked when one of its pods was admitted, by outcome.",
+                          ["outcome"])
+
+API_OUTCOMES = ("ok", "conflict", "not_found", "refused", "timeout", "unreachable")
+
+
+def api_outcome(exc: BaseException | None) -> str:
+    """How one API call ended, as a bounded label: ok; conflict (409) or not_found (404); refused (any
+    other HTTP answer: RBAC, validation, throttling); timeout; unreachable (TLS, connection)."""
+    if exc is None:
+        return "ok"
+    status = getattr(exc, "status", None)  # gpu_placement.kube.ApiError
+    if isinstance(status, int) and status > 0:
+        return {404: "not_found", 409: "conflict"}.get(status, "refused")
+    cause = getattr(exc, "reason", None) if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc
+    if isinstance(cause, TimeoutError | urllib3.exceptions.TimeoutError):
+        return "timeout"
+    return "unreachable"
+
 
 _heard = [time.time()]
 

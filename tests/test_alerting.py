@@ -66,5 +66,6 @@ def test_demo_prints_where_the_metrics_are_and_what_would_fire() -> None:
     assert lines["GpuNodeNotValidated"].split()[1:3] == ["h100-not-validated", "unusable"]
     assert "h100-upgrading" in lines["GpuNodeDriverUpgradeStuck"]
     assert "h100-mig-pending" in lines["GpuNodeMIGReconfiguringStuck"]
-    assert "InsufficientGPUMemory" in lines["GpuPodsWaiting"]
+    waiting = [line.split()[1] for line in section.splitlines() if line.startswith("GpuPodsWaiting")]
+    assert waiting == ["InsufficientGPUMemory", "SharingMismatch"]  # one line per reason
     assert "GpuPlacementSourceDown" not in lines and "GpuPlacementViewStale" not in lines

@@ -202,6 +202,18 @@ CASES = [
         (BUCKET.format(verb="filter", le="5.0"), "0+100x30"),
         (BUCKET.format(verb="filter", le="+Inf"), "0+100x30"),
     ], "20m"),
+    Case("GpuQuotaMirrorFailing", [
+        # The leader's last good turn was at minute 1; the standby checks the Lease every minute.
+        ('gpu_placement_quota_mirror_last_success_timestamp_seconds{lease="gpu-placement-quota-mirror",pod="a"}',
+         "60+0x30"),
+        ('gpu_placement_quota_mirror_last_success_timestamp_seconds{lease="gpu-placement-quota-mirror",pod="b"}',
+         "0+60x30"),
+    ], "20m", [{"lease": "gpu-placement-quota-mirror", "pod": "a"}]),
+    Case("GpuQuotaMirrorFailing", [
+        # Failing for 8 minutes (an API server restart), then a good turn: never 10 minutes.
+        ('gpu_placement_quota_mirror_last_success_timestamp_seconds{lease="gpu-placement-quota-mirror",pod="a"}',
+         "0+0x8 540+60x20"),
+    ], "8m"),
 ]
 
 

@@ -181,8 +181,9 @@ def test_pods_waiting_follow_the_extenders_answers(core: Core) -> None:
 
 
 def test_codes_are_listed_in_the_order_the_checks_run() -> None:
-    """The waiting reason relies on it: readiness, then compatibility, then device fit, then capacity."""
-    stages = [("NodeNotReady", "NoGPU", "NotValidated", "DriverUpgrade", "MIGReconfiguring"),
+    """The waiting reason relies on it: readiness, then the sharing level, then compatibility, then device
+    fit, then capacity (rules.check_node's chain)."""
+    stages = [("NodeNotReady", "NoGPU", "NotValidated", "DriverUpgrade", "MIGReconfiguring"), ("SharingMismatch",),
               ("DriverTooOld", "ComputeCapability", "ProductMismatch"), ("UnknownGPUMemory",),
               ("InsufficientGPUMemory", "InsufficientGPU")]
     positions = [[CODES.index(code) for code in stage] for stage in stages]

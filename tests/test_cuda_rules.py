@@ -271,6 +271,8 @@ def test_cuda_inferred_from_image_tag(image: str, cuda: tuple[int, ...] | None) 
     ("nvcr.io/nvidia/tritonserver:24.05-py3", (12, 4, 1)),
     ("nvcr.io/nvidia/pytorch:23.10-py3", (12, 2, 2)),
     ("nvcr.io/nvidia/pytorch:25.01-py3", (12, 8, 0)),
+    ("nvcr.io/nvidia/jax:22.09-py3", (11, 8, 0)),  # the first row, checked against the 22.09 release notes
+    ("nvcr.io/nvidia/pytorch:25.10-py3", (13, 0, 2)),  # CUDA 13: these images need R580 or newer
     ("nvcr.io/nvidia/pytorch:19.01-py3", None),  # not in the table: nothing inferred, nothing guessed
     ("docker.io/someone/pytorch:24.05-py3", None),  # not NGC: YY.MM means nothing there
 ])
@@ -279,6 +281,24 @@ def test_ngc_framework_release_maps_to_its_cuda(image: str, cuda: tuple[int, ...
     assert found == cuda, image
     if cuda is not None:
         assert source.startswith("NGC ") and "NGC support matrix" in source
+
+
+def test_ngc_table_rows_say_where_they_were_checked_and_never_go_back() -> None:
+    """A typo in a new row (24.21, 12.4.10, 11.8 after 12.x) shows up here, not as a wrong placement."""
+    import json
+    from importlib import resources
+
+    raw = json.loads(resources.files("gpu_placement").joinpath("data/ngc-framework-cuda.json").read_text())
+    rows = raw["release_cuda"]
+    releases = [row["release"] for row in rows]
+    assert releases == sorted(releases) and len(set(releases)) == len(releases)
+    for row in rows:
+        year, month = row["release"].split(".")
+        assert len(year) == 2 and 1 <= int(month) <= 12, row
+        assert row["source"], row  # where the figure was checked, or "unconfirmed: ..."
+    cudas = [tuple(int(part) for part in row["cuda"].split(".")) for row in rows]
+    assert all(len(cuda) == 3 for cuda in cudas)
+    assert cudas == sorted(cudas), "a later release never ships an older CUDA"
 
 
 def test_cuda_inferred_from_nvidia_require_cuda() -> None:

@@ -174,6 +174,7 @@ def test_filter_node_names_form(demo: Extender) -> None:
     assert set(answer["NodeNames"]) | set(unresolvable) == set(asked)
     assert _codes(unresolvable) == {
         "a10g-unregistered": "NoGPU", "cpu-1": "NoGPU", "h100-mig": "NoGPU", "t4-shared": "NoGPU",
+        "t4-replicas": "SharingMismatch",
         "h100-bad-label": "BadLabel", "h100-down": "NodeNotReady", "h100-mig-pending": "MIGReconfiguring",
         "h100-not-validated": "NotValidated", "h100-upgrading": "DriverUpgrade",
         "l4-no-driver-labels": "UnknownDriver", "v100-legacy": "DriverTooOld", "ghost-node": "UnknownNode"}

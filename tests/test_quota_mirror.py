@@ -231,3 +231,62 @@ def test_the_fake_api_server_validates_resourcequotas_as_the_real_one(fake_api: 
         assert create({"requests.nvidia.com/gpu": "-1"}) == 422
     with pytest.raises(ApiStatusError):
         fake_api.get("ResourceQuota", "q", "default") or fake_api.delete("ResourceQuota", "q", "default")
+
+
+def sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_metrics_say_who_leads_what_it_wrote_and_when_it_last_managed(fake_api: FakeApiServer) -> None:
+    """What an operator sees on /metrics: the leader's gauge, its writes by outcome (a refused PUT
+    too), and a last-success stamp that stops moving while the writes fail."""
+    fake_api.add({"kind": "Namespace", "metadata": {"name": "gpu-placement"}})
+    namespace(fake_api, "team-a", "nvidia.com/gpu=4")
+    config = Config()
+    view = ClusterView(config)
+    Ingest(config).replace(view, "namespaces", fake_api.list("Namespace"))
+    writes = "gpu_placement_quota_mirror_writes_total"
+    stamp = "gpu_placement_quota_mirror_last_success_timestamp_seconds"
+    before = {(a, o): sample(writes, action=a, outcome=o) for a in ("create", "update", "delete")
+              for o in ("ok", "refused")}
+    with fake_api.api_client() as api:
+        leader = QuotaMirror(api, view, config, "gpu-placement", "replica-a", FAST)
+        standby = QuotaMirror(api, view, config, "gpu-placement", "replica-b",
+                              MirrorSettings(lease_name="other-lock", lease_seconds=1, renew_seconds=0.05))
+        leader.step()
+        assert sample("gpu_placement_quota_mirror_leading", lease="quota-lock") == 1.0
+        assert sample(writes, action="create", outcome="ok") == before["create", "ok"] + 1
+        first = sample(stamp, lease="quota-lock")
+        assert first >= time.time() - 5
+
+        # An update the API server refuses (RBAC edited): counted, stamp kept, retried next turn.
+        fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=6"})
+        Ingest(config).replace(view, "namespaces", fake_api.list("Namespace"))
+        fake_api.fail_next(1, 403, reason="Forbidden", method="PUT",
+                           path="/api/v1/namespaces/team-a/resourcequotas")
+        time.sleep(0.01)  # a stamp of the next good turn is later than the first
+        leader.step()
+        assert sample(writes, action="update", outcome="refused") == before["update", "refused"] + 1
+        assert sample(stamp, lease="quota-lock") == first
+        assert leader.last_error is not None and "403" in leader.last_error
+        leader.step()
+        assert mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "6"}
+        assert sample(writes, action="update", outcome="ok") == before["update", "ok"] + 1
+        assert sample(stamp, lease="quota-lock") > first
+
+        fake_api.set_annotations("Namespace", "team-a", {QUOTA: None})
+        Ingest(config).replace(view, "namespaces", fake_api.list("Namespace"))
+        leader.step()
+        assert sample(writes, action="delete", outcome="ok") == before["delete", "ok"] + 1
+
+        # A replica that loses the lease (or never had it) says 0; a stopped leader too.
+        fake_api.add({"kind": "Lease", "metadata": {"name": "other-lock", "namespace": "gpu-placement"},
+                      "spec": {"holderIdentity": "someone-else", "leaseDurationSeconds": 3600,
+                               "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())}})
+        standby.step()
+        assert not standby.leading and sample("gpu_placement_quota_mirror_leading", lease="other-lock") == 0.0
+        assert sample(stamp, lease="other-lock") >= time.time() - 5  # a standby's turn is its Lease check
+        leader.stop()
+        assert sample("gpu_placement_quota_mirror_leading", lease="quota-lock") == 0.0

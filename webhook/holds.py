@@ -19,6 +19,7 @@ import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.metrics import API_OUTCOMES, QUOTA_HOLD_LISTS, api_outcome
 from gpu_placement.pods import pod_key
 from webhook.quota import Reservations
 
@@ -43,6 +44,8 @@ class HoldChecker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_error: str | None = None
+        for outcome in API_OUTCOMES:
+            QUOTA_HOLD_LISTS.labels(outcome)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="quota-holds", daemon=True)
@@ -74,6 +77,7 @@ class HoldChecker:
             try:
                 present = self._pods(ns)
             except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+                QUOTA_HOLD_LISTS.labels(api_outcome(exc)).inc()
                 if str(exc) != self._last_error:
                     log.warning("cannot list the pods of namespace %s to settle its quota holds (%s); they stay "
                                 "held until a list succeeds", ns, exc)
@@ -81,6 +85,7 @@ class HoldChecker:
                 continue
             self._last_error = None
             self.lists += 1
+            QUOTA_HOLD_LISTS.labels("ok").inc()
             with self.view.lock:
                 gone = self.reservations.settle(ns, started, present)
             if gone:

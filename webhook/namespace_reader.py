@@ -20,6 +20,7 @@ import orjson
 import urllib3
 
 from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.metrics import API_OUTCOMES, NAMESPACE_READS, api_outcome
 from gpu_placement.namespaces import NamespaceRecord, namespace_from_json
 from gpu_placement.view import ClusterView
 
@@ -43,6 +44,8 @@ class NamespaceReader:
         self.reads = 0  # GETs made: for tests and the log
         self._read: dict[str, _Read] = {}
         self._inflight: dict[str, asyncio.Future[None]] = {}
+        for outcome in API_OUTCOMES:
+            NAMESPACE_READS.labels(outcome)
 
     def wanted(self, namespace: str) -> bool:
         """Should a GET be made before deciding about a pod in this namespace? One dict lookup when the
@@ -82,8 +85,10 @@ class NamespaceReader:
             obj = orjson.loads(response.read())
             response.release_conn()
             result = _Read(namespace_from_json(obj), "", time.monotonic())
+            NAMESPACE_READS.labels("ok").inc()
         except (ApiError, OSError, urllib3.exceptions.HTTPError, orjson.JSONDecodeError) as exc:
             result = _Read(None, _reason(exc, self.timeout), time.monotonic())
+            NAMESPACE_READS.labels("refused" if isinstance(exc, orjson.JSONDecodeError) else api_outcome(exc)).inc()
             log.warning("namespace %s is not in the view yet and could not be read: %s", namespace, result.error)
         if len(self._read) >= self.limit:
             self._read.clear()

@@ -20,10 +20,12 @@ Each replica holds only what it admitted itself; the ResourceQuota the service m
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpu_placement import names as n
+from gpu_placement.metrics import QUOTA_HOLD_OLDEST, QUOTA_HOLD_SETTLEMENTS, QUOTA_HOLDS
 from gpu_placement.pods import GpuRequests
 from gpu_placement.view import ClusterView
 from webhook.text import units
@@ -32,12 +34,16 @@ __all__ = ["NOT_IN_QUOTA", "OVER_QUOTA", "Reservations", "quota_problems"]
 
 OVER_QUOTA = "OverQuota"
 NOT_IN_QUOTA = "NotInQuota"
+# How a hold ended (gpu_placement_quota_hold_settlements_total): the view showed the pod; this webhook
+# denied it later; a list of the namespace's pods lacked it; its time ran out (no API server).
+SETTLEMENTS = ("seen", "released", "not_created", "expired")
 
 
 @dataclass(slots=True)
 class _Held:
     uid: str
     gpus: GpuRequests
+    made: float
     due: float  # from then on, a list of the namespace's pods started later settles it
 
 
@@ -53,6 +59,18 @@ class Reservations:
         self.listed = listed
         self._by_namespace: dict[str, dict[str, _Held]] = {}
         self._next_sweep = 0.0
+        self._settled = {outcome: QUOTA_HOLD_SETTLEMENTS.labels(outcome) for outcome in SETTLEMENTS}
+        me = weakref.ref(self)  # the registry must not keep a replaced instance (tests make many) alive
+
+        def figures(index: int) -> float:
+            live = me()
+            if live is None:
+                return 0.0
+            with view.lock:
+                return live._figures()[index]
+
+        QUOTA_HOLDS.set_function(lambda: figures(0))
+        QUOTA_HOLD_OLDEST.set_function(lambda: figures(1))
 
     def pending(self, namespace: str, exclude: str = "") -> dict[str, int]:
         """GPU asks held for the namespace, after dropping what the view has seen (or, unlisted, what
@@ -72,7 +90,7 @@ class Reservations:
 
     def hold(self, namespace: str, key: str, uid: str, gpus: GpuRequests) -> None:
         now = self.view.clock()
-        self._by_namespace.setdefault(namespace, {})[key] = _Held(uid, gpus, now + self.ttl)
+        self._by_namespace.setdefault(namespace, {})[key] = _Held(uid, gpus, now, now + self.ttl)
         if now >= self._next_sweep:  # namespaces nobody asks about again must not keep their entries
             self._next_sweep = now + self.ttl
             for name, held in list(self._by_namespace.items()):
@@ -85,6 +103,7 @@ class Reservations:
         item = held.get(key) if held else None
         if held is not None and item is not None and (not uid or not item.uid or item.uid == uid):
             del held[key]
+            self._settled["released"].inc()
             if not held:
                 del self._by_namespace[namespace]
 
@@ -108,6 +127,7 @@ class Reservations:
             key not in present or (item.uid and present[key] and present[key] != item.uid))]
         for key in gone:
             del held[key]
+        self._settled["not_created"].inc(len(gone))
         if not held:
             del self._by_namespace[namespace]
         return len(gone)
@@ -115,13 +135,21 @@ class Reservations:
     def __len__(self) -> int:
         return sum(len(held) for held in self._by_namespace.values())
 
+    def _figures(self) -> tuple[float, float]:
+        """(holds, age of the oldest in seconds) for a scrape; the caller holds `view.lock`."""
+        made = [item.made for held in self._by_namespace.values() for item in held.values()]
+        return float(len(made)), (self.view.clock() - min(made) if made else 0.0)
+
     def _prune(self, namespace: str, held: dict[str, _Held], now: float) -> None:
         pods = self.view.pods
         for key, item in list(held.items()):
             seen = pods.get(key)
-            if (seen is not None and (not item.uid or not seen.uid or seen.uid == item.uid)) or (
-                    not self.listed and item.due <= now):
+            if seen is not None and (not item.uid or not seen.uid or seen.uid == item.uid):
                 del held[key]
+                self._settled["seen"].inc()
+            elif not self.listed and item.due <= now:
+                del held[key]
+                self._settled["expired"].inc()
         if not held:
             del self._by_namespace[namespace]
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,13 @@ from kubernetes.client import ApiClient
 from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.metrics import (
+    API_OUTCOMES,
+    QUOTA_MIRROR_LEADING,
+    QUOTA_MIRROR_SUCCESS,
+    QUOTA_MIRROR_WRITES,
+    api_outcome,
+)
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.view import ClusterView
 from webhook.lease import Lease, drain
@@ -44,6 +52,7 @@ MIRROR_NAME = "gpu-placement"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
 _SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
 _TIMEOUT = (5.0, 15.0)
+_ACTIONS = {"POST": "create", "PUT": "update", "DELETE": "delete"}
 
 
 @dataclass(slots=True, frozen=True)
@@ -64,6 +73,12 @@ class QuotaMirror:
         self.api, self.view, self.config = api, view, config
         self.settings = settings or MirrorSettings()
         self.lease = Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds)
+        self._leading_gauge = QUOTA_MIRROR_LEADING.labels(self.settings.lease_name)
+        self._success = QUOTA_MIRROR_SUCCESS.labels(self.settings.lease_name)
+        self._success.set(time.time())  # staleness counts from the start, not from 1970
+        for action in _ACTIONS.values():  # every series from the start: rate() and alerts need a zero
+            for outcome in API_OUTCOMES:
+                QUOTA_MIRROR_WRITES.labels(action, outcome)
         self.leading = False
         self.last_error: str | None = None
         self.writes = 0  # creates, updates and deletes made: for tests and the log
@@ -75,6 +90,15 @@ class QuotaMirror:
         self._renewed = float("-inf")
         self._next_resync = 0.0
         view.subscribe_namespaces(self._changed)
+
+    @property
+    def leading(self) -> bool:
+        return self._leading
+
+    @leading.setter
+    def leading(self, value: bool) -> None:
+        self._leading = value
+        self._leading_gauge.set(float(value))
 
     # -- events --------------------------------------------------------------------------------
     def _changed(self, name: str, _record: NamespaceRecord | None) -> None:
@@ -114,7 +138,10 @@ class QuotaMirror:
         namespaces that changed. Errors are logged once each and retried on the next turn."""
         try:
             self._lead()
-            if not self.leading or "namespaces" not in self.view.listed:
+            if not self.leading:
+                self._success.set(time.time())  # a standby's whole job: know who leads
+                return
+            if "namespaces" not in self.view.listed:
                 return  # never act on a half-known view: a missing namespace would look unannotated
             now = time.monotonic()
             if now >= self._next_resync:
@@ -128,6 +155,7 @@ class QuotaMirror:
                 for name in sorted(names):
                     self.reconcile(name)
             self.last_error = None
+            self._success.set(time.time())
         except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
             if str(exc) != self.last_error:
                 log.error("quota mirror: %s; retrying in %.0f s", exc, self.settings.renew_seconds)
@@ -235,26 +263,40 @@ class QuotaMirror:
 
     def _write(self, method: str, namespace: str, body: dict[str, Any]) -> None:
         path = self._path(namespace) if method == "POST" else self._path(namespace, MIRROR_NAME)
-        response = request(self.api, method, path, body=body, timeout=_TIMEOUT)
-        if response.status >= 300:
-            raise api_error(response)
-        drain(response)
+        with _counted(method):
+            response = request(self.api, method, path, body=body, timeout=_TIMEOUT)
+            if response.status >= 300:
+                raise api_error(response)
+            drain(response)
         self.writes += 1
 
     def _delete(self, namespace: str, current: dict[str, Any]) -> None:
         meta = current.get("metadata") or {}
         options = {"kind": "DeleteOptions", "apiVersion": "v1",
                    "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
-        response = request(self.api, "DELETE", self._path(namespace, MIRROR_NAME), body=options, timeout=_TIMEOUT)
-        if response.status == 404:
+        with _counted("DELETE"):
+            response = request(self.api, "DELETE", self._path(namespace, MIRROR_NAME), body=options,
+                               timeout=_TIMEOUT)
+            if response.status == 404:  # gone already: what was wanted
+                drain(response)
+                return
+            if response.status >= 300:
+                raise api_error(response)
             drain(response)
-            return
-        if response.status >= 300:
-            raise api_error(response)
-        drain(response)
         self.writes += 1
         log.info("quota mirror: deleted ResourceQuota %s/%s (no %s on the namespace)", namespace, MIRROR_NAME,
                  n.ANN_QUOTA)
+
+
+@contextmanager
+def _counted(method: str) -> Iterator[None]:
+    """Count one write in gpu_placement_quota_mirror_writes_total by how it ended; errors go on up."""
+    try:
+        yield
+    except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+        QUOTA_MIRROR_WRITES.labels(_ACTIONS[method], api_outcome(exc)).inc()
+        raise
+    QUOTA_MIRROR_WRITES.labels(_ACTIONS[method], "ok").inc()
 
 
 def _ours(quota: dict[str, Any]) -> bool:
