@@ -1,4 +1,4 @@
-"""Property-based hostile input for the five POST endpoints, over real HTTP (issue 14).
+"""Property-based hostile input for the POST endpoints, over real HTTP (issue 14).
 
 Each example is one request: a realistic body (what kube-scheduler or the API server sends) with one
 to four fields deleted, retyped, duplicated, nested deep, made huge or given odd text; or a random
@@ -330,4 +330,31 @@ def test_mutate_and_validate_take_any_input(hook: Webhook, path: str) -> None:
 
     run(examples)
     _statuses(seen, path)
+    assert seen[200] and seen[400]
+
+
+def test_preempt_takes_any_input(extender: Extender) -> None:
+    """/preempt (the sixth POST verb): the same properties; its answer holds at most the victims asked about."""
+    victims = {"h100-single": {"Pods": [{"UID": "uid-team-a-queued"}], "NumPDBViolations": 0},
+               "h100-train-1": {"Pods": [], "NumPDBViolations": 1}}
+    full = {"h100-single": {"Pods": [make_pod("team-a", "queued", gpus={"nvidia.com/gpu": 2})], "NumPDBViolations": 0}}
+    bases = [{"Pod": api_pod(gpus=2), "NodeNameToMetaVictims": victims},
+             {"Pod": api_pod(annotations={"gpu-placement.io/gpu-memory": "20Gi"}), "NodeNameToVictims": full}]
+    seen = Counter[int]()
+
+    @SETTINGS
+    @given(st.data())
+    def examples(data: st.DataObject) -> None:
+        body = hostile(data, bases)
+        response = extender.post("preempt", body)
+        seen[response.status_code] += 1
+        assert response.status_code in (200, 400, 413), f"{response.status_code} {response.text[:500]}"
+        answer = response.json()
+        if response.status_code != 200:
+            assert 0 < len(answer["Error"]) <= MESSAGE_LIMIT, answer["Error"][:300]
+        else:
+            assert set(answer) == {"NodeNameToMetaVictims"} and len(response.content) <= 1024 + len(body)
+
+    run(examples)
+    _statuses(seen, "/preempt")
     assert seen[200] and seen[400]
