@@ -75,7 +75,8 @@ JSON = st.recursive(
     | st.text(max_size=20),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
     max_leaves=8)
-VALUES = st.sampled_from(HUGE) | st.sampled_from(ODD) | JSON  # a third each
+# A third each; copied, since the examples' containers are shared and mutations change values in place.
+VALUES = (st.sampled_from(HUGE) | st.sampled_from(ODD) | JSON).map(copy.deepcopy)
 
 
 def encode(doc: Any) -> bytes:
