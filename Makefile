@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 # would start a Prometheus server).
 PROM_TOOLS := $(BIN)/prometheus $(BIN)/promtool
 
-.PHONY: demo test e2e e2e-scale bench lint install clean
+.PHONY: demo test fuzz e2e e2e-scale bench lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,12 @@ demo: $(STAMP)
 test: $(STAMP) $(PROM_TOOLS)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# The property-based hostile-input suite at length: FUZZ_EXAMPLES requests per POST endpoint, a fresh
+# random seed each run, statuses printed. `make test` runs the same suite with 30 fixed examples.
+FUZZ_EXAMPLES ?= 3000
+fuzz: $(STAMP)
+	GPU_PLACEMENT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -s tests/test_fuzz_http.py
 
 # A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, built once from
 # Go modules into ~/.cache/gpu-placement, or taken from $$KUBEBUILDER_ASSETS) with the chart installed.

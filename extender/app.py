@@ -19,13 +19,14 @@ from starlette.routing import Route
 from extender.binding import Binder, BindError
 from extender.preempt import preempt_endpoint
 from extender.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
-from gpu_placement import metrics
+from gpu_placement import metrics, shape
 from gpu_placement.cluster_metrics import tracker_for
 from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
 from gpu_placement.placement import FilterResult, Placement
 from gpu_placement.pods import pod_key
 from gpu_placement.requirements import Requirements
 from gpu_placement.rules import unknown_node
+from gpu_placement.shape import ShapeError
 from gpu_placement.view import ClusterView
 
 __all__ = ["DEFAULT_MAX_BODY", "WireError", "create_app", "parse_extender_args"]
@@ -49,33 +50,35 @@ class WireError(ValueError):
 
 
 ParsedArgs = tuple[dict[str, Any], list[str], list[dict[str, Any]] | None]
+_STR = {str}
 
 
 def parse_extender_args(body: bytes) -> ParsedArgs:
-    """(pod, node names, node objects when the request carried `Nodes`)."""
+    """(pod, node names, node objects when the request carried `Nodes`). Raises WireError or
+    ShapeError (`Pod.spec.containers[0].resources.limits: expected an object, got a string`)."""
     args: ExtenderArgs = _json_object(body, "ExtenderArgs")
     pod = args.get("Pod")
-    if not isinstance(pod, dict):
-        raise WireError("ExtenderArgs.Pod is missing or not an object" if pod is None else
-                        f"ExtenderArgs.Pod must be a v1.Pod object, got {type(pod).__name__}")
+    if pod is None:
+        raise WireError("ExtenderArgs.Pod is missing: expected the v1.Pod being scheduled")
+    shape.check_pod(pod, "Pod")
     names = args.get("NodeNames")
     if names is not None:
-        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
-            raise WireError("ExtenderArgs.NodeNames must be a list of node names")
+        shape.opt_list(names, "NodeNames", "a list of node names")
+        # One pass in C, as cheap as before shape checks; the Python loop only finds which name is wrong.
+        # Lengths are not checked: a name is echoed at most twice (an unknown node's reason), so an
+        # answer never outgrows its request by more than that.
+        if not set(map(type, names)) <= _STR:
+            index, wrong = next((i, name) for i, name in enumerate(names) if name.__class__ is not str)
+            shape.fail(f"NodeNames[{index}]", "a string", wrong)
         return pod, names, None
     nodes = args.get("Nodes")
     if nodes is None:
         return pod, [], None
-    items = nodes.get("items") if isinstance(nodes, dict) else False
-    if not isinstance(items, list | None):
-        raise WireError("ExtenderArgs.Nodes must be a v1.NodeList with an items list")
-    objects = items or []
+    objects = shape.objects(shape.obj(nodes, "Nodes", "a v1.NodeList object").get("items"), "Nodes.items")
     node_names = []
     for index, node in enumerate(objects):
-        name = node.get("metadata", {}).get("name") if isinstance(node, dict) else None
-        if not isinstance(name, str) or not name:
-            raise WireError(f"ExtenderArgs.Nodes.items[{index}] has no metadata.name")
-        node_names.append(name)
+        meta = shape.obj(node.get("metadata"), f"Nodes.items[{index}].metadata")
+        node_names.append(shape.name(meta.get("name"), f"Nodes.items[{index}].metadata.name"))
     return pod, node_names, objects
 
 
@@ -139,7 +142,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             return body
         try:
             return parse_extender_args(body)
-        except WireError as exc:
+        except (WireError, ShapeError) as exc:
             return refuse(verb, 400, "malformed", str(exc))
 
     async def filter_(request: Request) -> ORJSONResponse:
@@ -151,7 +154,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if waiting is not None:  # 200 with Error: kube-scheduler shows the sentence (a non-200 loses it)
             return ORJSONResponse(_NOT_DECIDED | {"Error": waiting})
         req = placement.requirements(pod)
-        if req.wants_gpu:
+        if req.wants_gpu and req.error is None:  # a pod no node can take is not bound; and its text is not kept
             remember(pod, req)
         view.expire_reservations()
         cached = last_filter[0]
@@ -163,7 +166,10 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         else:
             generation = view.generation
             result = placement.filter(req, names)
-            encoded = _encode_filter(result, objects)
+            try:
+                encoded = _encode_filter(result, objects)
+            except ShapeError as exc:  # a passing node too deep to echo back
+                return refuse("filter", 400, "malformed", str(exc))
             if objects is None:
                 last_filter[0] = _LastFilter(generation, req, names, result, encoded)
         for code, count in result.reasons.items():
@@ -193,12 +199,12 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             return body
         try:
             args: ExtenderBindingArgs = _json_object(body, "ExtenderBindingArgs")
-            for field in ("PodName", "PodNamespace", "Node"):
-                if not isinstance(args.get(field), str) or not args.get(field):
-                    raise WireError(f"ExtenderBindingArgs.{field} is missing or not a string")
-        except WireError as exc:
+            name, node = shape.name(args.get("PodName"), "PodName"), shape.name(args.get("Node"), "Node")
+            namespace = shape.name(args.get("PodNamespace"), "PodNamespace", shape.LABEL_LIMIT)
+            uid = shape.opt_str(args.get("PodUID"), "PodUID", shape.UID_LIMIT)
+        except (WireError, ShapeError) as exc:
             return refuse("bind", 400, "malformed", str(exc))
-        namespace, name, node, uid = args["PodNamespace"], args["PodName"], args["Node"], str(args.get("PodUID") or "")
+        uid = uid or ""
         waiting = not_ready("bind")
         if waiting is not None:
             metrics.BINDINGS.labels("error").inc()
@@ -294,6 +300,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
 
 
 _NOT_DECIDED = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}}
+_NODE_LIST_DEPTH = 3  # answer, NodeList, items: the levels above a node echoed back
 
 
 def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -> bytes:
@@ -310,7 +317,13 @@ def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -
         "NodeNames": None, "FailedNodes": result.failed, "FailedAndUnresolvableNodes": result.unresolvable,
         "Error": "",
     }
-    return orjson.dumps(answer)
+    try:
+        return orjson.dumps(answer)
+    except orjson.JSONEncodeError:  # JSON from orjson.loads fails to encode only by depth: name the node
+        for index, node in enumerate(objects):
+            if node["metadata"]["name"] in keep:
+                shape.check_depth(node, f"Nodes.items[{index}]", shape.ECHO_DEPTH - _NODE_LIST_DEPTH)
+        raise
 
 
 def _key(pod: dict[str, Any]) -> str:

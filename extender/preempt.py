@@ -18,11 +18,12 @@ import orjson
 from starlette.requests import Request
 
 from extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaVictims
-from gpu_placement import metrics
+from gpu_placement import metrics, shape
 from gpu_placement.http import ORJSONResponse
 from gpu_placement.placement import Placement
 from gpu_placement.pods import pod_priority
 from gpu_placement.preemption import NodePlan, Proposal, preempt
+from gpu_placement.shape import ShapeError
 
 __all__ = ["encode_result", "parse_preemption_args", "preempt_endpoint"]
 
@@ -38,6 +39,10 @@ def parse_preemption_args(args: ExtenderPreemptionArgs) -> tuple[dict[str, Any],
     pod = args.get("Pod")
     if not isinstance(pod, dict):
         raise PreemptWireError("ExtenderPreemptionArgs.Pod is missing or not a v1.Pod object")
+    try:  # what /filter reads of the pod, checked the same way (gpu_placement/shape.py)
+        shape.check_pod(pod, "Pod")
+    except ShapeError as exc:
+        raise PreemptWireError(str(exc)) from None
     meta = args.get("NodeNameToMetaVictims")
     full = args.get("NodeNameToVictims")
     form, victims = ("NodeNameToMetaVictims", meta) if meta is not None else ("NodeNameToVictims", full)
@@ -47,7 +52,7 @@ def parse_preemption_args(args: ExtenderPreemptionArgs) -> tuple[dict[str, Any],
         raise PreemptWireError(f"ExtenderPreemptionArgs.{form} must be an object of node name to victims")
     proposals = {}
     for node, entry in victims.items():
-        where = f"ExtenderPreemptionArgs.{form}[{node!r}]"
+        where = shape.key(f"ExtenderPreemptionArgs.{form}", node)
         if not isinstance(entry, dict):
             raise PreemptWireError(f"{where} must be an object with Pods and NumPDBViolations")
         pods = entry.get("Pods")
@@ -61,6 +66,9 @@ def parse_preemption_args(args: ExtenderPreemptionArgs) -> tuple[dict[str, Any],
             if form == "NodeNameToMetaVictims":
                 uid = victim.get("UID") if isinstance(victim, dict) else None
             else:
+                if isinstance(victim, dict) and not (isinstance(victim.get("metadata"), dict | None) and
+                                                     isinstance(victim.get("spec"), dict | None)):
+                    raise PreemptWireError(f"{where}.Pods[{index}]: metadata and spec must be objects")
                 uid = (victim.get("metadata") or {}).get("uid") if isinstance(victim, dict) else None
                 priorities.append(pod_priority(victim.get("spec") or {}) if isinstance(victim, dict) else None)
             if not isinstance(uid, str) or not uid:

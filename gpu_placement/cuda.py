@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
+from gpu_placement.text import quoted
+
 __all__ = ["DriverTable", "Version", "VersionError", "driver_table", "format_version", "parse_version"]
 
 Version = tuple[int, ...]
@@ -25,7 +27,7 @@ class VersionError(ValueError):
 def parse_version(text: str) -> Version:
     text = text.strip()
     if not _VERSION.match(text):
-        raise VersionError(f"{text!r} is not a version number like 12.4 or 550.54.15")
+        raise VersionError(f"{quoted(text)} is not a version number like 12.4 or 550.54.15")
     return tuple(int(part) for part in text.split("."))
 
 

@@ -14,11 +14,16 @@ from typing import Any
 from gpu_placement import names as n
 from gpu_placement.quantity import QuantityError, quantity_to_int
 
-__all__ = ["GpuRequests", "PodRecord", "container_gpu_requests", "effective_gpu_requests", "pod_from_json",
-           "pod_key", "pod_priority"]
+__all__ = ["MAX_GPU_COUNT", "GpuRequests", "PodRecord", "container_gpu_requests", "effective_gpu_requests",
+           "pod_from_json", "pod_key", "pod_priority"]
 
 # ((resource, count), ...) sorted by resource: hashable, so it can key caches.
 GpuRequests = tuple[tuple[str, int], ...]
+# The most of one GPU resource a pod may ask for. The largest nodes have 8 or 16 GPUs; MIG gives at
+# most 7 slices of each and time-slicing or MPS a few dozen replicas, so no node offers anywhere near
+# 1024 units of one resource, and a count past it (2**64 in a manifest) is a mistake, refused as bad
+# input before it reaches arithmetic, JSON encoders (64-bit integers) or messages.
+MAX_GPU_COUNT = 1024
 _TERMINAL = frozenset({"Succeeded", "Failed"})
 
 

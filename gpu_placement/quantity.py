@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from gpu_placement.text import shown
+
 __all__ = ["QuantityError", "parse_quantity", "quantity_to_int", "quantity_to_mib"]
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -21,17 +23,17 @@ _MIB = 2**20
 
 
 class QuantityError(ValueError):
-    """A value that is not a Kubernetes quantity; the message quotes it."""
+    """A value that is not a Kubernetes quantity; the message quotes it (cut, see gpu_placement.text)."""
 
 
 def parse_quantity(value: str | int | float) -> Fraction:
     if isinstance(value, bool):
-        raise QuantityError(f"{value!r} is not a quantity")
+        raise QuantityError(f"{shown(value)} is not a quantity")
     if isinstance(value, int | float):
         return Fraction(value)
     match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
     if match is None:
-        raise QuantityError(f"{value!r} is not a Kubernetes quantity (examples: 2, 20Gi, 512Mi)")
+        raise QuantityError(f"{shown(value)} is not a Kubernetes quantity (examples: 2, 20Gi, 512Mi)")
     number, exponent, suffix = match.groups()
     amount = Fraction(number)
     if exponent:
@@ -51,7 +53,7 @@ def quantity_to_mib(value: str | int | float) -> int:
     """Bytes as a quantity (`20Gi`, `21474836480`) to whole MiB, rounded up."""
     amount = parse_quantity(value) / _MIB
     if amount <= 0:
-        raise QuantityError(f"{value!r} is not a positive amount of memory")
+        raise QuantityError(f"{shown(value)} is not a positive amount of memory")
     if amount < 1:  # "16384" is bytes to Kubernetes, but almost always meant MiB
-        raise QuantityError(f"{value!r} is less than 1Mi (a plain number counts bytes, not MiB)")
+        raise QuantityError(f"{shown(value)} is less than 1Mi (a plain number counts bytes, not MiB)")
     return -(-amount.numerator // amount.denominator)

@@ -19,6 +19,7 @@ from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.pods import GpuRequests, effective_gpu_requests
 from gpu_placement.quantity import QuantityError, quantity_to_mib
 from gpu_placement.sharing import EXCLUSIVE, Sharing, narrowed, parse_sharing
+from gpu_placement.text import MAX_ANNOTATION_VALUE, quoted
 
 __all__ = ["AnnotationError", "Requirements", "infer_cuda", "parse_memory", "requirements_for"]
 
@@ -83,7 +84,7 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
         memory, memory_source = _first(pod_ann, ns_ann, n.ANN_GPU_MEMORY, where, ns_where, parse_memory)
         compat = pod_ann.get(n.ANN_CUDA_COMPAT, "")
         if compat not in ("", "minor", "none"):
-            raise AnnotationError(f"{n.ANN_CUDA_COMPAT}={compat!r} on {where}: use \"minor\" or remove it")
+            raise AnnotationError(f"{n.ANN_CUDA_COMPAT}={quoted(compat)} on {where}: use \"minor\" or remove it")
         # The pod's own annotation decides alone (strict unless cuda-compat: minor). Otherwise the
         # namespace default is a strict floor and the images' own need holds beside it.
         cuda, cuda_source = _first(pod_ann, ns_ann, n.ANN_CUDA, where, ns_where, parse_version)
@@ -106,10 +107,15 @@ def _first(pod_ann: Mapping[str, str], ns_ann: Mapping[str, str], key: str, wher
                                        (ns_ann, ns_where, "namespace default")):
         raw = given.get(key)
         if raw is not None:
+            # The one place annotation text enters a reason: quoted and cut here (every node repeats
+            # it), the parsers' own messages quote through the same helper.
+            if len(raw) > MAX_ANNOTATION_VALUE:
+                raise AnnotationError(f"{key}={quoted(raw)} on {owner}: the value is {len(raw)} characters long; "
+                                      f"keep it under {MAX_ANNOTATION_VALUE}")
             try:
                 return parse(raw), source
             except (ValueError, QuantityError) as exc:
-                raise AnnotationError(f"{key}={raw!r} on {owner}: {exc}") from None
+                raise AnnotationError(f"{key}={quoted(raw)} on {owner}: {exc}") from None
     return None, ""
 
 

@@ -1,25 +1,51 @@
-"""Quoting what users wrote inside the sentences we send back.
+"""Quoting what users wrote inside the sentences we send back, in every component.
 
-Values come from annotations anyone with edit rights can set: they may hold control characters,
-bidirectional marks (U+200F, U+202E) that reorder the rest of a terminal line, or look-alike
-characters (a full-width `４` for `4`). Messages show such characters as `\\u200f` escapes and name
-the first non-ASCII one, so the user sees what is really there.
+Values come from pods and annotations anyone with edit rights can set: they may be a megabyte long,
+hold control characters, bidirectional marks (U+200F, U+202E) that reorder the rest of a terminal
+line, or look-alike characters (a full-width `４` for `4`). Messages show at most `QUOTE_LIMIT`
+characters of a value, such characters as `\\u200f` escapes, and name the first non-ASCII one, so the
+user sees what is really there and no value inflates an answer, a log line or a cache: the extender
+repeats a reason once per node asked about.
 """
 
 from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["first_non_ascii", "quoted", "units"]
+__all__ = ["MAX_ANNOTATION_VALUE", "QUOTE_LIMIT", "first_non_ascii", "json_type", "quoted", "shown", "units"]
 
-_LIMIT = 120
+QUOTE_LIMIT = 120
+# Our annotations are short lists; anything longer is a mistake or an attack, refused by both edges.
+MAX_ANNOTATION_VALUE = 4096
 
 
-def quoted(value: str, limit: int = _LIMIT) -> str:
+def quoted(value: str, limit: int = QUOTE_LIMIT) -> str:
     """The value in double quotes, invisible and control characters escaped, cut at `limit` characters."""
     cut = value if len(value) <= limit else value[:limit]
     shown = "".join(_visible(ch) for ch in cut)
     return f'"{shown}{"..." if len(value) > limit else ""}"'
+
+
+def shown(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """Any value a user sent, for a message: a string quoted, a number as written, both cut at `limit`."""
+    if isinstance(value, str):
+        return quoted(value, limit)
+    if value is None or isinstance(value, bool):
+        return json_type(value)
+    if not isinstance(value, int | float):
+        return json_type(value)  # never str() a structure: it may be nested a thousand levels deep
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} digits)"
+
+
+def json_type(value: object) -> str:
+    """What a JSON value is, as a message says it: `a string`, `an object`, `null`, `true`."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+_JSON_TYPES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
 
 
 def _visible(ch: str) -> str:

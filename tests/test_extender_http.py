@@ -19,6 +19,7 @@ from gpu_placement.config import Config, Scoring
 from gpu_placement.demo_cluster import demo_objects, make_node, make_pod, validator_pod
 from gpu_placement.service import core_from_objects
 from gpu_placement.serving import ServerThread, make_server
+from tests.hostile import deep, held_by_the_service
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
@@ -254,7 +255,7 @@ def test_broken_annotation_fails_every_node_with_its_name_and_value(demo: Extend
     assert answer["NodeNames"] == [] and answer["FailedNodes"] == {}
     assert set(answer["FailedAndUnresolvableNodes"]) == set(DEMO_NODES)
     for message in answer["FailedAndUnresolvableNodes"].values():
-        assert message.startswith("BadAnnotation: gpu-placement.io/cuda='twelve' on pod team-a/train-7f9c")
+        assert message.startswith('BadAnnotation: gpu-placement.io/cuda="twelve" on pod team-a/train-7f9c')
 
 
 def test_pod_without_gpus_passes_every_node_with_score_zero(demo: Extender) -> None:
@@ -376,13 +377,21 @@ def test_bind_refusals_are_error_sentences(fresh: Extender) -> None:
 
 def test_bind_malformed(fresh: Extender) -> None:
     cases: list[tuple[Any, str]] = [
-        ({"PodName": "x", "PodNamespace": "team-a"}, "ExtenderBindingArgs.Node"),
-        ({"PodName": 7, "PodNamespace": "team-a", "Node": "h100-single"}, "ExtenderBindingArgs.PodName"),
+        ({"PodName": "x", "PodNamespace": "team-a"}, "Node: expected a non-empty name, got null"),
+        ({"PodName": 7, "PodNamespace": "team-a", "Node": "h100-single"}, "PodName: expected a non-empty name, got a"),
+        ({"PodName": "x", "PodNamespace": "n" * 64, "Node": "h100-single"},
+         "PodNamespace: expected at most 63 characters, got 64"),
+        # Issue 14, reproduction 4: a PodUID that is not a string was bound as its Python text.
+        ({"PodName": "queued", "PodNamespace": "team-a", "Node": "h100-single", "PodUID": {"a": 1}},
+         "PodUID: expected a string, got an object"),
+        (b'{"PodName": "queued", "PodNamespace": "team-a", "Node": "h100-single", "PodUID": ' + deep(1000) + b"}",
+         "PodUID: expected a string, got a list"),
         ([], "JSON object"), (b"{", "not valid JSON")]
     for body, problem in cases:
         response = fresh.post("bind", body)
         assert response.status_code == 400, body
         assert problem in response.json()["Error"]
+    assert fresh.core.view.pods["team-a/queued"].node is None  # nothing was bound
 
 
 # -- the upstream wire goldens -----------------------------------------------------------------
@@ -442,17 +451,52 @@ MALFORMED = [
     (b"[]", "must be a JSON object"),
     (b'"ExtenderArgs"', "must be a JSON object"),
     (b'{"Nodes": null, "NodeNames": ["n1"]}', "ExtenderArgs.Pod is missing"),
-    (b'{"Pod": "pod1", "NodeNames": ["n1"]}', "ExtenderArgs.Pod must be a v1.Pod object"),
-    (b'{"Pod": [], "NodeNames": ["n1"]}', "ExtenderArgs.Pod must be a v1.Pod object"),
-    (b'{"Pod": {}, "NodeNames": "n1"}', "ExtenderArgs.NodeNames must be a list"),
-    (b'{"Pod": {}, "NodeNames": ["n1", 2]}', "ExtenderArgs.NodeNames must be a list"),
-    (b'{"Pod": {}, "NodeNames": [null]}', "ExtenderArgs.NodeNames must be a list"),
+    (b'{"Pod": "pod1", "NodeNames": ["n1"]}', 'Pod: expected a v1.Pod object, got a string "pod1"'),
+    (b'{"Pod": [], "NodeNames": ["n1"]}', "Pod: expected a v1.Pod object, got a list"),
+    (b'{"Pod": {}, "NodeNames": "n1"}', 'NodeNames: expected a list of node names, got a string "n1"'),
+    (b'{"Pod": {}, "NodeNames": ["n1", 2]}', "NodeNames[1]: expected a string, got a number 2"),
+    (b'{"Pod": {}, "NodeNames": ["n1", null]}', "NodeNames[1]: expected a string, got null"),
     (b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "n1"}}, {"metadata": {}}]}}',
-     "ExtenderArgs.Nodes.items[1] has no metadata.name"),
-    (b'{"Pod": {}, "Nodes": {"items": ["n1"]}}', "ExtenderArgs.Nodes.items[0] has no metadata.name"),
-    (b'{"Pod": {}, "Nodes": {"items": "n1"}}', "ExtenderArgs.Nodes must be a v1.NodeList"),
-    (b'{"Pod": {}, "Nodes": ["n1"]}', "ExtenderArgs.Nodes must be a v1.NodeList"),
-    (b'{"Pod": {}, "Nodes": "n1"}', "ExtenderArgs.Nodes must be a v1.NodeList"),
+     "Nodes.items[1].metadata.name: expected a non-empty name, got null"),
+    (b'{"Pod": {}, "Nodes": {"items": ["n1"]}}', 'Nodes.items[0]: expected an object, got a string "n1"'),
+    (b'{"Pod": {}, "Nodes": {"items": "n1"}}', 'Nodes.items: expected a list of objects, got a string "n1"'),
+    (b'{"Pod": {}, "Nodes": ["n1"]}', "Nodes: expected a v1.NodeList object, got a list"),
+    (b'{"Pod": {}, "Nodes": "n1"}', 'Nodes: expected a v1.NodeList object, got a string "n1"'),
+    # Issue 14, reproduction 2: an item whose metadata is null.
+    (b'{"Pod": {}, "Nodes": {"items": [{"metadata": null}]}}', "Nodes.items[0].metadata: expected an object, got null"),
+    # Issue 14, reproduction 1: a Pod with wrong-typed fields.
+    (b'{"Pod": {"metadata": 1}, "NodeNames": ["n1"]}', "Pod.metadata: expected an object, got a number 1"),
+    (b'{"Pod": {"metadata": {"namespace": ["a"]}}, "NodeNames": ["n1"]}',
+     "Pod.metadata.namespace: expected a string, got a list"),
+    (b'{"Pod": {"spec": {"containers": {"c": 1}}}, "NodeNames": ["n1"]}',
+     "Pod.spec.containers: expected a list of objects, got an object"),
+    (b'{"Pod": {"spec": {"containers": [1]}}, "NodeNames": ["n1"]}',
+     "Pod.spec.containers[0]: expected an object, got a number 1"),
+    (b'{"Pod": {"spec": {"initContainers": [{"resources": "1"}]}}, "NodeNames": ["n1"]}',
+     'Pod.spec.initContainers[0].resources: expected an object, got a string "1"'),
+    (b'{"Pod": {"spec": {"containers": [{"resources": {"limits": "nvidia.com/gpu=1"}}]}}, "NodeNames": ["n1"]}',
+     'Pod.spec.containers[0].resources.limits: expected an object, got a string "nvidia.com/gpu=1"'),
+    (b'{"Pod": {"spec": {"containers": [{"resources": {"requests": [1]}}]}}, "NodeNames": ["n1"]}',
+     "Pod.spec.containers[0].resources.requests: expected an object, got a list"),
+    (b'{"Pod": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": {"n": 1}}}}]}}, "NodeNames": []}',
+     "Pod.spec.containers[0].resources.limits[nvidia.com/gpu]: expected a quantity (a string or a number), got an "
+     "object"),
+    (b'{"Pod": {"metadata": {"annotations": {"gpu-placement.io/gpu-memory": 20}}}, "NodeNames": ["n1"]}',
+     "Pod.metadata.annotations[gpu-placement.io/gpu-memory]: expected a string, got a number 20"),
+    (b'{"Pod": {"spec": {"containers": [{"env": {"NVIDIA_REQUIRE_CUDA": "cuda>=12.4"}}]}}, "NodeNames": []}',
+     "Pod.spec.containers[0].env: expected a list of objects, got an object"),
+    (b'{"Pod": {"spec": {"containers": [{"env": ["cuda>=12.4"]}]}}, "NodeNames": []}',
+     'Pod.spec.containers[0].env[0]: expected an object, got a string "cuda>=12.4"'),
+    # Issue 14, reproduction 4: values nested 1,000 deep where the code would turn them into text.
+    (b'{"Pod": {"metadata": {"name": ' + deep(1000) + b'}}, "NodeNames": ["n1"]}',
+     "Pod.metadata.name: expected a string, got a list"),
+    (b'{"Pod": {"spec": {"containers": [{"env": [{"name": "NVIDIA_REQUIRE_CUDA", "value": ' + deep(1000) +
+     b'}]}]}}, "NodeNames": ["n1"]}', "Pod.spec.containers[0].env[0].value: expected a string, got a list"),
+    (b'{"Pod": {"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": ' + deep(1000) +
+     b'}}}]}}, "NodeNames": ["n1"]}',
+     "Pod.spec.containers[0].resources.limits[nvidia.com/gpu]: expected a quantity (a string or a number), got a list"),
+    (b'{"Pod": {"metadata": {"name": "' + b"p" * 254 + b'"}}, "NodeNames": ["n1"]}',
+     "Pod.metadata.name: expected at most 253 characters, got 254"),
 ]
 
 
@@ -511,3 +555,64 @@ def test_not_ready_says_why() -> None:
         assert response.status_code == 503 and "waiting for the first full list of pods" in response.text
     finally:
         extender.close()
+
+
+# -- hostile input (issue 14) ------------------------------------------------------------------
+def test_a_passing_node_too_deep_to_echo_is_refused_by_name(demo: Extender) -> None:
+    """Reproduction 3: in the `Nodes` form passing nodes are echoed back, and orjson encodes at most 254
+    levels: a node nested deeper is a 400 naming it, one level less is echoed intact."""
+    def args(levels: int) -> bytes:  # the node object itself is the first level
+        deep = b"[" * (levels - 1) + b"1" + b"]" * (levels - 1)
+        return (b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "h100-single"}}, '
+                b'{"metadata": {"name": "h100-train-1"}, "x": ' + deep + b"}]}}")
+    refused = demo.post("filter", args(252))
+    assert refused.status_code == 400
+    assert refused.json()["Error"] == "Nodes.items[1]: expected at most 251 levels of nesting, got deeper"
+    assert demo.post("filter", args(1000)).status_code == 400
+    echoed = demo.post("filter", args(251))
+    assert echoed.status_code == 200, echoed.text
+    assert [node["metadata"]["name"] for node in echoed.json()["Nodes"]["items"]] == ["h100-single", "h100-train-1"]
+
+
+@pytest.mark.parametrize("value", ["x" * 2**20, "x" * 4000, "\u202e" * 5000])
+def test_a_huge_annotation_is_quoted_cut_in_every_reason(demo: Extender, value: str) -> None:
+    """Reproduction 7: a 1 MiB annotation was quoted whole into every node's reason (37.7 MB for 18
+    nodes). The value is quoted at most 120 characters (escapes included), once, and an over-long one
+    is refused by its length."""
+    response = demo.post("filter", {"Pod": api_pod(annotations={"gpu-placement.io/gpu-memory": value}),
+                                    "Nodes": None, "NodeNames": DEMO_NODES})
+    assert response.status_code == 200
+    reasons = response.json()["FailedAndUnresolvableNodes"]
+    assert set(reasons) == set(DEMO_NODES)
+    for reason in reasons.values():
+        assert reason.startswith('BadAnnotation: gpu-placement.io/gpu-memory="') and len(reason) < 1500, reason[:300]
+    if len(value) > 4096:
+        assert f"the value is {len(value)} characters long; keep it under 4096" in reasons[DEMO_NODES[0]]
+    assert len(response.content) < 1500 * len(DEMO_NODES)
+
+
+def test_a_huge_gpu_quantity_is_quoted_cut(demo: Extender) -> None:
+    pod = api_pod()
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1" * 2**20
+    response = demo.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": DEMO_NODES})
+    assert response.status_code == 200
+    for reason in response.json()["FailedAndUnresolvableNodes"].values():
+        assert "is not a Kubernetes quantity" in reason and len(reason) < 500, reason[:300]
+
+
+def test_hostile_pods_do_not_grow_memory(demo: Extender) -> None:
+    """Reproduction 7, memory: 150 pods with a 1 MiB annotation took the service from 70 MiB to 2.7 GiB,
+    the verdict cache keeping their reasons. Here 60 pods with their own 256 KiB annotation each (each a
+    new kind of pod for the cache): what the service's own code holds afterwards stays under 4 MiB."""
+    def pods(start: int, count: int) -> Iterator[dict[str, Any]]:
+        for index in range(start, start + count):
+            value = f"{index}-" + "x" * 2**18
+            yield {"Pod": api_pod(f"hostile-{index}", annotations={"gpu-placement.io/gpu-memory": value}),
+                   "Nodes": None, "NodeNames": DEMO_NODES}
+
+    for args in pods(0, 70):  # warm: the caches fill to their bounds with ordinary entries
+        assert demo.post("filter", args).status_code == 200
+    with held_by_the_service() as growth:
+        for args in pods(100, 60):
+            assert demo.post("filter", args).status_code == 200
+    assert growth[0] < 4 * 2**20, f"{growth[0] / 2**20:.1f} MiB held after 60 hostile pods"

@@ -225,7 +225,7 @@ def test_golden_preemption_args_and_result(extender: Extender) -> None:
     objects_only["NodeNameToMetaVictims"] = None
     response = extender.post("preempt", objects_only)
     assert response.status_code == 400  # a victim without metadata.uid cannot be named back
-    assert "NodeNameToVictims['foo'].Pods[0] has no metadata.uid" in response.json()["Error"]
+    assert "NodeNameToVictims[foo].Pods[0] has no metadata.uid" in response.json()["Error"]
     objects_only["NodeNameToVictims"]["foo"]["Pods"][0]["metadata"]["uid"] = "myuid"
     assert extender.post("preempt", objects_only).json() == {"NodeNameToMetaVictims": {}}  # both priority 0
     objects_only["Pod"]["spec"]["priority"] = 1
@@ -257,11 +257,19 @@ MALFORMED = [
     (b"[]", "must be a JSON object"),
     (b'{"NodeNameToMetaVictims": {}}', "ExtenderPreemptionArgs.Pod is missing"),
     (b'{"Pod": {}, "NodeNameToMetaVictims": []}', "NodeNameToMetaVictims must be an object"),
-    (b'{"Pod": {}, "NodeNameToMetaVictims": {"n1": []}}', "NodeNameToMetaVictims['n1'] must be an object"),
-    (b'{"Pod": {}, "NodeNameToMetaVictims": {"n1": {"Pods": [{}]}}}', "NodeNameToMetaVictims['n1'].Pods[0] has no UID"),
+    (b'{"Pod": {}, "NodeNameToMetaVictims": {"n1": []}}', "NodeNameToMetaVictims[n1] must be an object"),
+    (b'{"Pod": {}, "NodeNameToMetaVictims": {"n1": {"Pods": [{}]}}}', "NodeNameToMetaVictims[n1].Pods[0] has no UID"),
     (b'{"Pod": {}, "NodeNameToMetaVictims": {"n1": {"Pods": {}, "NumPDBViolations": 0}}}', "a Pods list"),
     (b'{"Pod": {}, "NodeNameToMetaVictims": {"n1": {"Pods": [], "NumPDBViolations": "1"}}}', "integer"),
     (b'{"Pod": {}, "NodeNameToVictims": {"n1": {"Pods": [{"metadata": {}}]}}}', "Pods[0] has no metadata.uid"),
+    # Issue 14: the Pod and the victims shape-checked like /filter's, a 400 naming the field, not a 500.
+    (b'{"Pod": {"metadata": 1}, "NodeNameToMetaVictims": {}}', "Pod.metadata: expected an object, got a number 1"),
+    (b'{"Pod": {"spec": {"containers": [{"resources": {"limits": []}}]}}}',
+     "Pod.spec.containers[0].resources.limits: expected an object, got a list"),
+    (b'{"Pod": {}, "NodeNameToVictims": {"n1": {"Pods": [{"metadata": 1}]}}}',
+     "NodeNameToVictims[n1].Pods[0]: metadata and spec must be objects"),
+    (b'{"Pod": {}, "NodeNameToVictims": {"n1": {"Pods": [{"metadata": {"uid": "u"}, "spec": []}]}}}',
+     "metadata and spec must be objects"),
 ]
 
 

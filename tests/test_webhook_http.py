@@ -18,6 +18,7 @@ import jsonpatch
 import orjson
 import pytest
 
+from tests.hostile import deep, paths
 from tests.test_webhook_helpers import Webhook, certificates, patch_of, review, user_pod
 from webhook.app import MAX_BODY
 from webhook.certs import CertBundle
@@ -56,9 +57,10 @@ def good() -> dict[str, Any]:
     (orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": 7}}),
      "request.uid is missing or not a non-empty string"),
     (orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                   "request": {"uid": "u", "dryRun": "yes"}}), 'dryRun must be true or false, got "yes"'),
+                   "request": {"uid": "u", "dryRun": "yes"}}),
+     'request.dryRun: expected true or false, got a string "yes"'),
     (orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                   "request": {"uid": "u", "namespace": ["a"]}}), "request.namespace must be a string"),
+                   "request": {"uid": "u", "namespace": ["a"]}}), "request.namespace: expected a string, got a list"),
     (orjson.dumps({"apiVersion": "\u202eadmission\U0001f680", "kind": "AdmissionReview"}), '"\\u202eadmission🚀"'),
 ])
 def test_malformed_reviews_are_400_with_a_status_body(hook: Webhook, body: bytes, phrase: str) -> None:
@@ -68,15 +70,19 @@ def test_malformed_reviews_are_400_with_a_status_body(hook: Webhook, body: bytes
 
 @pytest.mark.parametrize(("change", "phrase"), [
     (lambda r: r["request"].pop("object"), "request.object is missing"),
-    (lambda r: r["request"].update(object=[1]), "request.object must be a Pod object, got a list"),
+    (lambda r: r["request"].update(object=[1]), "request.object: expected a v1.Pod object, got a list"),
     (lambda r: r["request"]["object"].update(kind="Deployment", apiVersion="apps/v1"),
      'request.object is "apps/v1" "Deployment", but the review is about a v1 Pod'),
     (lambda r: r["request"].update(kind={"group": "", "version": "v1", "kind": "Service"}),
      "request.kind is v1 Service but request.resource is pods"),
-    (lambda r: r["request"]["object"].pop("spec"), "request.object has no spec"),
-    (lambda r: r["request"]["object"]["spec"].update(containers={"main": {}}), "spec.containers must be a list"),
-    (lambda r: r["request"]["object"]["metadata"].update(annotations={"a": 1}), "metadata.annotations must map"),
-    (lambda r: r["request"]["object"]["spec"].update(tolerations={"key": "x"}), "spec.tolerations must be a list"),
+    (lambda r: r["request"]["object"].pop("spec"),
+     "request.object.spec: expected an object (a pod has a spec), got null"),
+    (lambda r: r["request"]["object"]["spec"].update(containers={"main": {}}),
+     "request.object.spec.containers: expected a list of objects, got an object"),
+    (lambda r: r["request"]["object"]["metadata"].update(annotations={"a": 1}),
+     "request.object.metadata.annotations[a]: expected a string, got a number 1"),
+    (lambda r: r["request"]["object"]["spec"].update(tolerations={"key": "x"}),
+     "request.object.spec.tolerations: expected a list of objects, got an object"),
     (lambda r: r["request"]["object"]["spec"].update(affinity={"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": {"a": 1}}}}), "nodeSelectorTerms"),
     (lambda r: r["request"]["object"]["spec"]["containers"][0]["resources"]["limits"].update(
@@ -86,7 +92,7 @@ def test_malformed_reviews_are_400_with_a_status_body(hook: Webhook, body: bytes
     (lambda r: r["request"]["object"]["spec"]["containers"][0]["resources"]["limits"].update(
         {"nvidia.com/gpu": "0.5"}), "is not a whole number of devices"),
     (lambda r: r["request"]["object"]["spec"]["containers"][0]["resources"].update(limits=["1"]),
-     "resources.limits must map resource names to quantities"),
+     "request.object.spec.containers[0].resources.limits: expected an object, got a list"),
 ])
 def test_a_well_formed_review_with_a_bad_pod_is_a_clean_refusal(hook: Webhook, change: Any, phrase: str) -> None:
     body = good()
@@ -185,17 +191,6 @@ def test_ops_routes_and_metrics(hook: Webhook) -> None:
     assert 'gpu_placement_decisions_total{component="webhook",reason="Mutated"}' in metrics
 
 
-def _paths(doc: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    if prefix:
-        yield prefix
-    if isinstance(doc, dict):
-        for key, value in doc.items():
-            yield from _paths(value, (*prefix, key))
-    elif isinstance(doc, list):
-        for index, value in enumerate(doc):
-            yield from _paths(value, (*prefix, index))
-
-
 def test_hostile_pods_never_crash_the_webhook(hook: Webhook) -> None:
     """Fields of a rich pod replaced by values of the wrong type or odd text: every answer is a 200
     AdmissionReview, and every patch applies and is idempotent."""
@@ -209,12 +204,12 @@ def test_hostile_pods_never_crash_the_webhook(hook: Webhook) -> None:
     base["metadata"]["ownerReferences"] = [{"kind": "ReplicaSet", "name": "r"}]
     odd = [None, 0, -1, 1e300, 1.5, "", "x", [], {}, [1], [None], {"a": 1}, True, "４", "1e999999999", "\u200f",
            [{}], [{"a": []}], "🚀"]
-    paths = list(_paths(base))
+    places = list(paths(base))[1:]
     rng = random.Random(7)
     for _ in range(150):
         pod = copy.deepcopy(base)
         for _ in range(rng.randint(1, 3)):
-            path = rng.choice(paths)
+            path = rng.choice(places)
             node: Any = pod
             try:
                 for key in path[:-1]:
@@ -229,3 +224,76 @@ def test_hostile_pods_never_crash_the_webhook(hook: Webhook) -> None:
             mutated = jsonpatch.apply_patch(pod, patch_of(response))
             assert "patch" not in hook.answer("/mutate", review(mutated, ns))
         hook.answer("/validate", review(pod, ns, dry_run=True))
+
+
+# -- hostile input (issue 14) ----------------------------------------------------------------------
+@pytest.mark.parametrize("group", [5, ["apps"], {"a": 1}, True])
+def test_a_review_kind_of_the_wrong_type_is_400(hook: Webhook, group: Any) -> None:
+    """Reproduction 5: `request.kind.group` a number, list or object was a 500 (TypeError building the
+    message for a wrong kind)."""
+    body = good()
+    body["request"]["kind"] = {"group": group, "version": "v1", "kind": "Service"}
+    for path in ("/mutate", "/validate"):
+        assert status_of(hook.post(path, body), 400).startswith("request.kind.group: expected a string, got ")
+
+
+@pytest.mark.parametrize("count", [b"18446744073709551616", b'"18446744073709551616"', b"18446744073709551615",
+                                   b'"1e30"', b"1025", b'"1025"', b"1e300"])
+def test_counts_no_node_has_are_a_bad_pod_in_mutate_and_validate(hook: Webhook, count: bytes) -> None:
+    """Reproduction 6: a GPU count of 2**64 was a 500 in /mutate (the admitted annotation's integer past
+    64 bits) and allowed by /validate. Past what any node has (1024 of one resource), both refuse it
+    alike, naming the field."""
+    body = good()
+    body["request"]["object"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "COUNT"
+    raw = orjson.dumps(body).replace(b'"COUNT"', count)  # as written: orjson encodes no integer past 64 bits
+    for path in ("/mutate", "/validate"):
+        response = hook.post(path, raw)
+        assert response.status_code == 200, response.text
+        answer = response.json()["response"]
+        assert answer["allowed"] is False and answer["status"]["code"] == 400, answer
+        message = answer["status"]["message"]
+        assert message.startswith("request.object.spec.containers[0].resources.limits[nvidia.com/gpu]: "), message
+        assert message.endswith(("1e+300 is out of range", "devices is more than any node has (at most 1024 of "
+                                 "one resource for one pod); ask for what one node can give")), message
+
+
+def test_a_pod_total_past_any_node_is_a_bad_pod(hook: Webhook) -> None:
+    body = review(user_pod("team-a", "p", gpus={"nvidia.com/gpu": 1000}), "team-a")
+    pod = body["request"]["object"]
+    pod["spec"]["containers"].append(copy.deepcopy(pod["spec"]["containers"][0]) | {"name": "second"})
+    for path in ("/mutate", "/validate"):
+        response = hook.answer(path, body)
+        assert response["allowed"] is False and response["status"]["code"] == 400
+        assert response["status"]["message"].startswith("request.object asks for nvidia.com/gpu in total: 2000 "
+                                                         "devices is more than any node has")
+    body = review(user_pod("team-a", "p", gpus={"nvidia.com/gpu": 1024}), "team-a", dry_run=True)
+    assert hook.answer("/mutate", body)["allowed"] is True  # the bound itself is a count, if a large one
+
+
+def test_node_selector_terms_too_deep_to_patch_are_a_bad_pod(hook: Webhook) -> None:
+    """A pod's node selector terms are copied into the patch that adds ours: nested too deep to encode
+    (orjson stops at 254 levels) they are a bad pod, not a 500."""
+    pod = user_pod("team-a", "p", gpus={"nvidia.com/gpu": 1})
+    term = b'{"matchExpressions": [{"key": "k", "operator": "In", "values": ["v"]}], "x": ' + deep(300) + b"}"
+    body = orjson.dumps(review(pod, "team-a")).replace(
+        b'"spec":{', b'"spec":{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":'
+                     b'{"nodeSelectorTerms":[' + term + b"]}}},", 1)
+    for path in ("/mutate", "/validate"):
+        response = hook.post(path, body)
+        assert response.status_code == 200, response.text
+        answer = response.json()["response"]
+        assert answer["allowed"] is False and answer["status"]["code"] == 400
+        assert answer["status"]["message"] == ("request.object.spec.affinity.nodeAffinity.requiredDuringScheduling"
+                                               "IgnoredDuringExecution.nodeSelectorTerms[0]: expected at most 64 "
+                                               "levels of nesting, got deeper")
+
+
+def test_huge_values_are_quoted_cut(hook: Webhook) -> None:
+    """Every quoted user value is cut at 120 characters: a pod's annotation, a GPU quantity."""
+    pod = user_pod("team-a", "p", gpus={"nvidia.com/gpu": 1}, annotations={"gpu-placement.io/cuda": "1" * 4000})
+    message = hook.answer("/validate", review(pod, "team-a"))["status"]["message"]
+    assert 'gpu-placement.io/cuda="' + "1" * 120 + '..."' in message and len(message) < 1000
+    body = good()
+    body["request"]["object"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "1x" * 2**19
+    message = hook.answer("/mutate", body)["status"]["message"]
+    assert '"' + "1x" * 60 + '..." is not a quantity' in message and len(message) < 400

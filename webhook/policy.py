@@ -19,6 +19,7 @@ from gpu_placement.config import Config
 from gpu_placement.cuda import Version, parse_version
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.sharing import EXCLUSIVE, Sharing, parse_sharing, sharing_of_resource
+from gpu_placement.text import MAX_ANNOTATION_VALUE
 from webhook.quantities import QuantityProblem, to_count, to_mib
 from webhook.text import first_non_ascii, quoted
 
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 NAMESPACE_ANNOTATIONS = (n.ANN_SHARING, n.ANN_QUOTA, n.ANN_POOLS, n.ANN_GPU_MEMORY, n.ANN_PRODUCTS, n.ANN_CUDA)
-_MAX_VALUE = 4096  # our annotations are short lists; anything longer is a mistake or an attack
+_MAX_VALUE = MAX_ANNOTATION_VALUE  # our annotations are short lists; the extender refuses the same lengths
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
 _EXAMPLES = {
     n.ANN_SHARING: "exclusive, shared or mig-1g.10gb",

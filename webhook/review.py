@@ -18,10 +18,12 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 
-from gpu_placement.pods import GpuRequests, effective_gpu_requests
+from gpu_placement import shape
+from gpu_placement.pods import MAX_GPU_COUNT, GpuRequests, effective_gpu_requests
 from gpu_placement.quantity import QuantityError
+from gpu_placement.shape import ShapeError
+from gpu_placement.text import json_type, shown
 from webhook.quantities import QuantityProblem, to_count
-from webhook.text import quoted
 
 __all__ = [
     "API_VERSION",
@@ -139,15 +141,26 @@ def parse_review(body: bytes) -> AdmissionRequest:
     if not isinstance(uid, str) or not uid:
         raise ReviewError("AdmissionReview.request.uid is missing or not a non-empty string: the answer must "
                           "echo it", "no_uid")
-    for field in ("namespace", "name", "operation", "subResource"):
-        if not isinstance(request.get(field, ""), str):
-            raise ReviewError(f"AdmissionReview.request.{field} must be a string, got {_type(request[field])}")
-    for field in ("kind", "resource"):
-        if not isinstance(request.get(field, {}), dict):
-            raise ReviewError(f"AdmissionReview.request.{field} must be an object, got {_type(request[field])}")
-    if not isinstance(request.get("dryRun", False), bool):
-        raise ReviewError(f"AdmissionReview.request.dryRun must be true or false, got {_short(request['dryRun'])}")
+    try:
+        _check_request(request)
+    except ShapeError as exc:
+        raise ReviewError(str(exc)) from None
     return request  # type: ignore[return-value]
+
+
+def _check_request(request: Mapping[str, Any]) -> None:
+    """The fields of the request itself (not its pod) that the webhook reads."""
+    shape.opt_str(request["uid"], "request.uid", shape.UID_LIMIT)
+    shape.opt_str(request.get("namespace"), "request.namespace", shape.LABEL_LIMIT)
+    shape.opt_str(request.get("name"), "request.name", shape.NAME_LIMIT)
+    for field in ("operation", "subResource"):
+        shape.opt_str(request.get(field), f"request.{field}")
+    for field, parts in (("kind", ("group", "version", "kind")), ("resource", ("group", "version", "resource"))):
+        gvk = shape.opt_obj(request.get(field), f"request.{field}")
+        for part in parts:
+            shape.opt_str(gvk.get(part), f"request.{field}.{part}", shape.NAME_LIMIT)
+    if not isinstance(request.get("dryRun", False), bool):
+        shape.fail("request.dryRun", "true or false", request["dryRun"])
 
 
 @dataclass(slots=True, frozen=True)
@@ -187,17 +200,20 @@ def subject_of(request: AdmissionRequest, is_gpu_resource: Callable[[str], bool]
     if obj is None:
         raise BadPod("request.object is missing: a pod CREATE carries the pod")
     if not isinstance(obj, dict):
-        raise BadPod(f"request.object must be a Pod object, got {_type(obj)}")
+        raise BadPod(f"request.object: expected a v1.Pod object, got {_type(obj)}")
     if obj.get("kind", "Pod") != "Pod" or obj.get("apiVersion", "v1") != "v1":
         raise BadPod(f"request.object is {_short(obj.get('apiVersion'))} {_short(obj.get('kind'))}, "
                      "but the review is about a v1 Pod")
     problem = check_pod(obj, is_gpu_resource)
     if problem:
-        raise BadPod(f"request.object {problem}")
+        raise BadPod(problem)
     try:
         gpus = effective_gpu_requests(obj["spec"], is_gpu_resource)
     except QuantityError as exc:  # check_pod vetted every GPU quantity; kept as a backstop
         raise BadPod(f"request.object asks for a GPU resource in a form that is not a quantity: {exc}") from None
+    for resource, count in gpus:
+        if count > MAX_GPU_COUNT:  # each container within the bound, the pod's total not
+            raise BadPod(f"request.object asks for {resource} in total: {_too_many(count)}")
     meta = obj.get("metadata") or {}
     namespace = request.get("namespace") or meta.get("namespace") or "default"
     pod_name = meta.get("name") or request.get("name") or ""
@@ -208,105 +224,38 @@ def subject_of(request: AdmissionRequest, is_gpu_resource: Callable[[str], bool]
     return Subject(obj, namespace, shown, key, uid, request.get("dryRun", False) is True, gpus)
 
 
-def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]) -> str | None:
-    """The first field the webhook reads that has the wrong shape, as a sentence; None when usable.
-    Everything later code touches is checked here, so the rest can index without guessing."""
-    meta = pod.get("metadata")
-    if not isinstance(meta, dict | None):
-        return f"metadata must be an object, got {_type(meta)}"
-    meta = meta or {}
-    for field in ("name", "generateName", "namespace", "uid"):
-        if not isinstance(meta.get(field, ""), str):
-            return f"metadata.{field} must be a string, got {_type(meta[field])}"
-    annotations = meta.get("annotations")
-    if not _str_map(annotations):
-        return "metadata.annotations must map strings to strings"
-    owners = meta.get("ownerReferences")
-    if not _list_of_objects(owners):
-        return "metadata.ownerReferences must be a list of objects"
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):
-        return "has no spec" if spec is None else f"spec must be an object, got {_type(spec)}"
+def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool], path: str = "request.object"
+              ) -> str | None:
+    """The first field the webhook reads that has the wrong shape, as a sentence naming its path
+    (`request.object.spec.containers[0].resources.limits: expected an object, got a string`); None when
+    usable. Everything later code touches is checked here, so the rest can index without guessing."""
+    try:
+        shape.check_pod(pod, path)
+        shape.obj(pod.get("spec"), f"{path}.spec", "an object (a pod has a spec)")
+        shape.check_pod_scheduling(pod, path)
+    except ShapeError as exc:
+        return str(exc)
+    spec = pod["spec"]
     for field in ("containers", "initContainers"):
-        containers = spec.get(field)
-        if not _list_of_objects(containers):
-            return f"spec.{field} must be a list of containers"
-        for index, container in enumerate(containers or ()):
-            problem = _check_resources(container.get("resources"), is_gpu_resource)
-            if problem:
-                return f"spec.{field}[{index}].resources{problem}"
-    if not isinstance(spec.get("schedulerName", ""), str | None):
-        return f"spec.schedulerName must be a string, got {_type(spec['schedulerName'])}"
-    if not isinstance(spec.get("nodeName", ""), str | None):
-        return f"spec.nodeName must be a string, got {_type(spec['nodeName'])}"
-    if not _list_of_objects(spec.get("tolerations")):
-        return "spec.tolerations must be a list of tolerations"
-    for index, toleration in enumerate(spec.get("tolerations") or ()):
-        for field in ("key", "operator", "value", "effect"):
-            if not isinstance(toleration.get(field, ""), str | None):
-                return f"spec.tolerations[{index}].{field} must be a string, got {_type(toleration[field])}"
-    if not _str_map(spec.get("nodeSelector")):
-        return "spec.nodeSelector must map label keys to string values"
-    problem = _check_affinity(spec.get("affinity"))
-    if problem:
-        return f"spec.affinity{problem}"
+        for index, container in enumerate(spec.get(field) or ()):
+            resources = container.get("resources") or {}
+            for section in ("requests", "limits"):
+                for name, value in (resources.get(section) or {}).items():
+                    if is_gpu_resource(name):
+                        try:
+                            count = to_count(value)  # checked before the core parser: see webhook/quantities.py
+                            problem = _too_many(count) if count > MAX_GPU_COUNT else None
+                        except QuantityProblem as exc:
+                            problem = str(exc)
+                        if problem:
+                            return f"{shape.key(f'{path}.spec.{field}[{index}].resources.{section}', name)}: {problem}"
     return None
 
 
-def _check_resources(resources: Any, is_gpu_resource: Callable[[str], bool]) -> str | None:
-    if resources is None:
-        return None
-    if not isinstance(resources, dict):
-        return f" must be an object, got {_type(resources)}"
-    for section in ("requests", "limits"):
-        values = resources.get(section)
-        if values is None:
-            continue
-        if not isinstance(values, dict):
-            return f".{section} must map resource names to quantities, got {_type(values)}"
-        for name, value in values.items():
-            if not isinstance(value, str | int | float) or isinstance(value, bool):
-                return f".{section}[{name}] must be a quantity, got {_type(value)}"
-            if is_gpu_resource(name):
-                try:
-                    to_count(value)  # checked before the core parser sees it: see webhook/quantities.py
-                except QuantityProblem as exc:
-                    return f".{section}[{name}]: {exc}"
-    return None
-
-
-def _check_affinity(affinity: Any) -> str | None:
-    if affinity is None:
-        return None
-    if not isinstance(affinity, dict):
-        return f" must be an object, got {_type(affinity)}"
-    node = affinity.get("nodeAffinity")
-    if node is None:
-        return None
-    if not isinstance(node, dict):
-        return f".nodeAffinity must be an object, got {_type(node)}"
-    required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
-    if required is None:
-        return None
-    if not isinstance(required, dict):
-        return f".nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution must be an object, got {_type(required)}"
-    terms = required.get("nodeSelectorTerms")
-    if not _list_of_objects(terms):
-        return ".nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms must be a list"
-    for index, term in enumerate(terms or ()):
-        for field in ("matchExpressions", "matchFields"):
-            if not _list_of_objects(term.get(field)):
-                return (f".nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{index}]"
-                        f".{field} must be a list of requirements")
-    return None
-
-
-def _str_map(value: Any) -> bool:
-    return value is None or (isinstance(value, dict) and all(isinstance(v, str) for v in value.values()))
-
-
-def _list_of_objects(value: Any) -> bool:
-    return value is None or (isinstance(value, list) and all(isinstance(item, dict) for item in value))
+def _too_many(count: int) -> str:
+    shown = str(count) if count < 10**30 else f"{str(count)[:30]}... ({len(str(count))} digits)"
+    return (f"{shown} devices is more than any node has (at most {MAX_GPU_COUNT} of one resource for one pod); "
+            "ask for what one node can give")
 
 
 # -- answers ---------------------------------------------------------------------------------------
@@ -339,16 +288,11 @@ def status_body(code: int, reason: str, message: str) -> Status:
 
 
 def _type(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+    return json_type(value)
 
 
 def _short(value: Any) -> str:
-    if isinstance(value, str):
-        return quoted(value, 80)
-    if value is None or isinstance(value, bool):
-        return {None: "null", True: "true", False: "false"}[value]
-    return repr(value)[:80] if isinstance(value, int | float) else _type(value)
+    return shown(value, 80)
 
 
 def _gvk(kind: Mapping[str, Any]) -> str:
