@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -33,6 +34,9 @@ __all__ = ["DEFAULT_MAX_BODY", "WireError", "create_app", "parse_extender_args"]
 
 log = logging.getLogger("gpu_placement.extender")
 DEFAULT_MAX_BODY = 64 * 2**20
+# How long a /filter that fits nowhere for want of room waits for a view change already on its way
+# (see filter_). Short: kube-scheduler schedules one pod at a time.
+SETTLE_SECONDS = 0.025
 _RECENT_PODS = 10_000  # pods seen in /filter, so /bind knows their ask before the watch shows them
 
 
@@ -145,6 +149,25 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         except (WireError, ShapeError) as exc:
             return refuse(verb, 400, "malformed", str(exc))
 
+    def decide(req: Requirements, names: list[str], objects: list[dict[str, Any]] | None
+               ) -> tuple[FilterResult, bytes] | ORJSONResponse:
+        view.expire_reservations()
+        cached = last_filter[0]
+        if (cached is not None and objects is None and cached.generation == view.generation and cached.req == req
+                and cached.names == names):
+            # kube-scheduler retries a rejected pod within milliseconds: same pod, same nodes, nothing
+            # changed in between, so the answer is the same bytes.
+            return cached.result, cached.encoded
+        generation = view.generation
+        result = placement.filter(req, names)
+        try:
+            encoded = _encode_filter(result, objects)
+        except ShapeError as exc:  # a passing node too deep to echo back
+            return refuse("filter", 400, "malformed", str(exc))
+        if objects is None:
+            last_filter[0] = _LastFilter(generation, req, names, result, encoded)
+        return result, encoded
+
     async def filter_(request: Request) -> ORJSONResponse:
         args = await extender_args(request, "filter")
         if isinstance(args, ORJSONResponse):
@@ -156,22 +179,25 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         req = placement.requirements(pod)
         if req.wants_gpu and req.error is None:  # a pod no node can take is not bound; and its text is not kept
             remember(pod, req)
-        view.expire_reservations()
-        cached = last_filter[0]
-        if (cached is not None and objects is None and cached.generation == view.generation and cached.req == req
-                and cached.names == names):
-            # kube-scheduler retries a rejected pod within milliseconds: same pod, same nodes, nothing
-            # changed in between, so the answer is the same bytes.
-            result, encoded = cached.result, cached.encoded
-        else:
+        decided = decide(req, names, objects)
+        if isinstance(decided, ORJSONResponse):
+            return decided
+        result, encoded = decided
+        if not result.passed and len(result.failed_json) > 2:
+            # The pod fits nowhere, and room is what it lacks. kube-scheduler retries such a pod on the
+            # event that frees room (a pod deleted), often within a millisecond of the event reaching
+            # its informer, while our own watch may still be a few milliseconds behind; answered from
+            # that view, the pod would wait for the next event or kube-scheduler's 5-minute flush. So
+            # give the view a moment to take any change already on its way, and decide again if it did.
             generation = view.generation
-            result = placement.filter(req, names)
-            try:
-                encoded = _encode_filter(result, objects)
-            except ShapeError as exc:  # a passing node too deep to echo back
-                return refuse("filter", 400, "malformed", str(exc))
-            if objects is None:
-                last_filter[0] = _LastFilter(generation, req, names, result, encoded)
+            deadline = time.monotonic() + SETTLE_SECONDS
+            while view.generation == generation and time.monotonic() < deadline:
+                await asyncio.sleep(SETTLE_SECONDS / 10)
+            if view.generation != generation:
+                decided = decide(req, names, objects)
+                if isinstance(decided, ORJSONResponse):
+                    return decided
+                result, encoded = decided
         for code, count in result.reasons.items():
             metrics.DECISIONS.labels("extender", code).inc(count)
         if tracker is not None and req.gpus:

@@ -89,3 +89,21 @@ def test_bind_of_a_pod_never_filtered_is_refused(t4: Extender) -> None:
     t4.core.ingest.event(t4.core.view, "pods", "ADDED", _pod("chat-z"))  # the watch shows it, unfiltered
     assert _bind(t4, "chat-z").startswith("pod inference/chat-z was not filtered by this extender")
     assert t4.core.view.pods["inference/chat-z"].node is None
+
+
+def test_a_pod_that_fits_nowhere_takes_the_room_freed_while_its_filter_runs(t4: Extender) -> None:
+    """kube-scheduler retries a pod rejected for want of room on the event that frees room, often
+    before our own watch has applied that event. A filter that would reject every node for room
+    therefore waits a moment for a change already on its way, and decides again when it came."""
+    view = t4.core.view
+    t4.core.ingest.event(view, "pods", "ADDED", make_pod("inference", "holder", gpus={SHARED: 1}, annotations=ASK,
+                                                          node=T4, image="registry.example.com/chat:1"))
+    assert t4.filter(_pod("late"), [T4])["FailedNodes"]  # 10 GiB of 15 held: no room
+    timer = threading.Timer(0.005, view.delete_pod, ("inference/holder",))  # the deletion lands mid-filter
+    timer.start()
+    try:
+        answer = t4.filter(_pod("late"), [T4])
+    finally:
+        timer.join()
+    assert answer["NodeNames"] == [T4] and not answer["FailedNodes"], answer
+    assert t4.filter(_pod("late"), [T4])["NodeNames"] == [T4]
