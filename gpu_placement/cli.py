@@ -6,6 +6,7 @@ Exit status 0 on success, 2 on bad usage or bad input with a one-line message na
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,6 +46,17 @@ def _resources(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of resource names, e.g. "
                                          "nvidia.com/gpu,nvidia.com/mig-1g.10gb")
     return names
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> float:
+    """A positive duration in seconds from "90s", "10m", "1h30m", "365d"."""
+    parts = re.findall(r"(\d+)([smhd])", text)
+    if not parts or "".join(n + u for n, u in parts) != text or not any(int(n) for n, _ in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration such as 90s, 10m, 1h30m or 365d")
+    return float(sum(int(n) * _UNITS[u] for n, u in parts))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="name of the Mutating- and ValidatingWebhookConfiguration to patch")
     serve.add_argument("--cert-dir", metavar="DIR", default="/tmp/gpu-placement-certs",
                        help="where --manage-certs writes the serving pair (default /tmp/gpu-placement-certs)")
+    serve.add_argument("--ca-lifetime", type=_duration, default=3650 * 86400.0, metavar="DURATION",
+                       help="--manage-certs: lifetime of each CA it makes (default 3650d; units s, m, h, d)")
+    serve.add_argument("--renew-ca-before", type=_duration, default=365 * 86400.0, metavar="DURATION",
+                       help="--manage-certs: start a CA rotation this long before the CA ends (default 365d)")
+    serve.add_argument("--serving-cert-lifetime", type=_duration, default=365 * 86400.0, metavar="DURATION",
+                       help="--manage-certs: serving certificate lifetime, cut to its CA's end (default 365d)")
+    serve.add_argument("--renew-serving-before", type=_duration, default=30 * 86400.0, metavar="DURATION",
+                       help="--manage-certs: reissue the serving certificate this long before it ends (default 30d)")
+    serve.add_argument("--ca-overlap", type=_duration, default=600.0, metavar="DURATION",
+                       help="--manage-certs: time between the steps of a CA rotation, for every API server to "
+                       "reload the caBundle (default 10m)")
+    serve.add_argument("--cert-check-interval", type=_duration, default=60.0, metavar="DURATION",
+                       help="--manage-certs: how often the certificates are checked (default 60s)")
     serve.add_argument("--quota-mirror", action=argparse.BooleanOptionalAction, default=True,
                        help="keep a ResourceQuota in each namespace with gpu-placement.io/quota, so the API server "
                        "enforces it (default on; off in audit mode and with --snapshot)")

@@ -57,6 +57,13 @@ def serve(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if bool(args.extender_tls_cert) != bool(args.extender_tls_key):
         raise UsageError("--extender-tls-cert and --extender-tls-key go together")
+    if getattr(args, "manage_certs", False):  # refuse bad lifetimes before connecting anywhere
+        from webhook.rotation import RotationSettings
+
+        try:
+            RotationSettings.from_args(args)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     core = (core_from_snapshot(config, args.snapshot, watch=True) if args.snapshot
             else core_from_cluster(config, args.kubeconfig))
     servers = []

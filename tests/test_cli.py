@@ -46,6 +46,9 @@ def test_nodes_prints_one_line_per_node_with_verdicts(snapshot: Path, capsys: py
     (["nodes", "--snapshot", "/does/not/exist"], "/does/not/exist: no such file or folder"),
     (["serve", "--extender-listen", "nope"], "is not HOST:PORT"),
     (["serve", "--components", "scheduler"], "components are extender and/or webhook"),
+    (["serve", "--ca-overlap", "10"], "'10' is not a positive duration such as 90s"),
+    (["serve", "--ca-lifetime", "0s"], "'0s' is not a positive duration"),
+    (["serve", "--manage-certs", "--ca-lifetime", "60s"], "--renew-ca-before must be shorter than --ca-lifetime"),
 ])
 def test_bad_usage_exits_2_with_one_line(args: list[str], message: str) -> None:
     result = run(*args)

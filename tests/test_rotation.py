@@ -168,3 +168,46 @@ def test_api_errors_are_reported_not_raised(fake_api: FakeApiServer, tmp_path: P
     assert leader.last_error is not None and "403" in leader.last_error
     assert leader.reconcile(), leader.last_error  # the next pass recovers
     assert leader.last_error is None
+
+
+def _flags(**overrides: float) -> object:
+    from types import SimpleNamespace
+
+    days = 86400.0
+    return SimpleNamespace(**{"ca_lifetime": 3650 * days, "renew_ca_before": 365 * days,
+                              "serving_cert_lifetime": 365 * days, "renew_serving_before": 30 * days,
+                              "ca_overlap": 600.0, "cert_check_interval": 60.0, **overrides})
+
+
+def test_settings_from_serve_flags_in_seconds() -> None:
+    settings = RotationSettings.from_args(_flags(ca_lifetime=60, renew_ca_before=40, serving_cert_lifetime=60,
+                                                 renew_serving_before=10, ca_overlap=8, cert_check_interval=1))
+    assert timedelta(days=settings.ca_days) == timedelta(seconds=60)
+    assert timedelta(days=settings.serving_days) == timedelta(seconds=60)
+    assert (settings.renew_ca_before, settings.renew_serving_before) == (timedelta(seconds=40), timedelta(seconds=10))
+    assert (settings.overlap_seconds, settings.check_interval) == (8, 1)
+    assert RotationSettings.from_args(_flags()) == RotationSettings()  # the flags' defaults are the old ones
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"renew_ca_before": 3650 * 86400.0}, "--renew-ca-before must be shorter than --ca-lifetime"),
+    ({"renew_serving_before": 365 * 86400.0}, "--renew-serving-before must be shorter than --serving-cert-lifetime"),
+    ({"ca_lifetime": 100.0, "renew_ca_before": 50.0, "renew_serving_before": 60.0, "ca_overlap": 10.0,
+      "cert_check_interval": 1.0}, "and than --ca-lifetime minus --renew-ca-before"),
+    ({"cert_check_interval": 30 * 86400.0}, "--renew-serving-before must be longer than --cert-check-interval"),
+    ({"ca_overlap": 365 * 86400.0}, "--renew-ca-before must be longer than --ca-overlap plus --cert-check-interval"),
+])
+def test_settings_that_could_let_a_certificate_lapse_are_refused(overrides: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RotationSettings.from_args(_flags(**overrides))
+
+
+def test_certificates_of_seconds(tmp_path: Path) -> None:
+    """Lifetimes under a day (what the e2e rotation uses) reach the certificates."""
+    from webhook.certs import make_ca, make_serving_cert
+
+    ca, key = make_ca(days=60 / 86400)
+    cert, _ = make_serving_cert(ca, key, SERVICE, NS, days=30 / 86400)
+    now = datetime.now(UTC)
+    assert timedelta(seconds=55) < cert_not_after(ca) - now <= timedelta(seconds=60)
+    assert timedelta(seconds=25) < cert_not_after(cert) - now <= timedelta(seconds=30)

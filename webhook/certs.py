@@ -66,7 +66,7 @@ class CertBundle:
 
 # -- making ----------------------------------------------------------------------------------------
 
-def make_ca(common_name: str = "gpu-placement-ca", days: int = 3650) -> tuple[bytes, bytes]:
+def make_ca(common_name: str = "gpu-placement-ca", days: float = 3650) -> tuple[bytes, bytes]:
     """A self-signed CA that may sign serving certificates only (pathlen 0). Returns (cert PEM, key PEM)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
@@ -81,7 +81,7 @@ def make_ca(common_name: str = "gpu-placement-ca", days: int = 3650) -> tuple[by
     return _cert_pem(cert), _key_pem(key)
 
 
-def make_serving_cert(ca_cert_pem: bytes, ca_key_pem: bytes, service: str, namespace: str, days: int = 365,
+def make_serving_cert(ca_cert_pem: bytes, ca_key_pem: bytes, service: str, namespace: str, days: float = 365,
                       extra_sans: Iterable[str] = ()) -> tuple[bytes, bytes]:
     """A serving certificate for `service` in `namespace`, signed by the CA. Returns (cert PEM, key PEM).
 

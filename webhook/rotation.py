@@ -43,13 +43,39 @@ _PROMOTED_AT = "gpu-placement.io/ca-promoted-at"
 
 @dataclass(slots=True, frozen=True)
 class RotationSettings:
-    ca_days: int = 3650
-    serving_days: int = 365
+    ca_days: float = 3650
+    serving_days: float = 365
     renew_serving_before: timedelta = timedelta(days=30)
     renew_ca_before: timedelta = timedelta(days=365)
     overlap_seconds: float = 600.0  # long enough for every API server to reload the caBundle
     check_interval: float = 60.0
     lease_seconds: int = 60
+
+    def __post_init__(self) -> None:
+        """Refuse settings under which a certificate the API server relies on could end unreplaced,
+        or that would reissue on every pass (named by their `serve` flags)."""
+        ca, serving = timedelta(days=self.ca_days), timedelta(days=self.serving_days)
+        check, overlap = timedelta(seconds=self.check_interval), timedelta(seconds=self.overlap_seconds)
+        if self.renew_ca_before >= ca:
+            raise ValueError("--renew-ca-before must be shorter than --ca-lifetime (else every new CA "
+                             "is rotated at once)")
+        if self.renew_serving_before >= min(serving, ca - self.renew_ca_before):
+            raise ValueError("--renew-serving-before must be shorter than --serving-cert-lifetime and than "
+                             "--ca-lifetime minus --renew-ca-before (else it is reissued on every pass)")
+        if self.renew_serving_before <= check:
+            raise ValueError("--renew-serving-before must be longer than --cert-check-interval (else the "
+                             "serving certificate can end before a check renews it)")
+        if self.renew_ca_before <= overlap + check:
+            raise ValueError("--renew-ca-before must be longer than --ca-overlap plus --cert-check-interval "
+                             "(else the old CA can end before the new one serves)")
+
+    @classmethod
+    def from_args(cls, args: Any) -> RotationSettings:
+        """From `serve`'s flags (durations in seconds)."""
+        return cls(ca_days=args.ca_lifetime / 86400, serving_days=args.serving_cert_lifetime / 86400,
+                   renew_serving_before=timedelta(seconds=args.renew_serving_before),
+                   renew_ca_before=timedelta(seconds=args.renew_ca_before),
+                   overlap_seconds=args.ca_overlap, check_interval=args.cert_check_interval)
 
 
 @dataclass(slots=True, frozen=True)
@@ -270,7 +296,7 @@ def start_managed_certificates(core: Any, args: Any, namespace: str) -> CertPath
     if getattr(core, "api", None) is None:
         raise ValueError("--manage-certs needs the API server (not --snapshot)")
     manager = CertificateManager(core.api, namespace, args.cert_secret, args.service, args.webhook_configuration,
-                                 args.cert_dir)
+                                 args.cert_dir, RotationSettings.from_args(args))
     paths = manager.start()
     core.stoppers.append(manager.stop)
     return paths

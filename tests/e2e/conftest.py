@@ -37,9 +37,9 @@ class E2E:
     scheduler: Pod | None = None
 
     # -- the chart's processes
-    def start_webhook(self, replica: int = 0) -> Pod:
+    def start_webhook(self, replica: int = 0, extra_args: tuple[str, ...] = ()) -> Pod:
         pod = Pod(self.plane, self.docs, WEBHOOK, replica)
-        proc = pod.start("webhook")
+        proc = pod.start("webhook", extra_args)
         # The Service's backends: what the API server reaches through gpu-placement-webhook.gpu-placement.svc.
         if pod not in self.webhooks:
             self.webhooks.append(pod)

@@ -110,7 +110,7 @@ class Pod:
         port = value.rpartition(":")[2]
         return f"127.0.0.1:{self.local_port(int(port))}"
 
-    def command(self, name: str) -> tuple[list[str], dict[str, str]]:
+    def command(self, name: str, extra_args: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
         spec = self.template["spec"]  # the extender is a native sidecar: an init container that keeps running
         container = next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name)
         mounts = self._mounts(container)
@@ -134,11 +134,12 @@ class Pod:
             for i, arg in enumerate(args):
                 if arg in ("--webhook-listen", "--extender-listen"):
                     args[i + 1] = self._listen(args[i + 1])
-            args = [GPU_PLACEMENT, *args, "--kubeconfig", str(self.kubeconfig)]
+            args = [GPU_PLACEMENT, *args, "--kubeconfig", str(self.kubeconfig), *extra_args]
         return args, env
 
-    def start(self, name: str) -> Proc:
-        args, env = self.command(name)
+    def start(self, name: str, extra_args: tuple[str, ...] = ()) -> Proc:
+        """The container's process; `extra_args` are serve flags a test adds (gpu-placement only)."""
+        args, env = self.command(name, extra_args)
         proc = Proc(f"{self.deployment}-{self.replica}-{name}", args, self.dir / f"{name}.log", env=env).start()
         self.procs[name] = proc
         return proc
