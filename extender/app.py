@@ -183,21 +183,16 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if isinstance(decided, ORJSONResponse):
             return decided
         result, encoded = decided
-        if not result.passed and len(result.failed_json) > 2:
+        if not result.passed and len(result.failed_json) > 2 and await _view_changes(view, SETTLE_SECONDS):
             # The pod fits nowhere, and room is what it lacks. kube-scheduler retries such a pod on the
             # event that frees room (a pod deleted), often within a millisecond of the event reaching
             # its informer, while our own watch may still be a few milliseconds behind; answered from
             # that view, the pod would wait for the next event or kube-scheduler's 5-minute flush. So
-            # give the view a moment to take any change already on its way, and decide again if it did.
-            generation = view.generation
-            deadline = time.monotonic() + SETTLE_SECONDS
-            while view.generation == generation and time.monotonic() < deadline:
-                await asyncio.sleep(SETTLE_SECONDS / 10)
-            if view.generation != generation:
-                decided = decide(req, names, objects)
-                if isinstance(decided, ORJSONResponse):
-                    return decided
-                result, encoded = decided
+            # the view gets a moment to take a change already on its way, and the pod is judged again.
+            decided = decide(req, names, objects)
+            if isinstance(decided, ORJSONResponse):
+                return decided
+            result, encoded = decided
         for code, count in result.reasons.items():
             metrics.DECISIONS.labels("extender", code).inc(count)
         if tracker is not None and req.gpus:
@@ -323,6 +318,14 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
     routes = [timed("filter", filter_), timed("prioritize", prioritize), timed("bind", bind),
               timed("preempt", preempt), *ops_routes(ready)]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
+
+
+async def _view_changes(view: ClusterView, seconds: float) -> bool:
+    """Whether the view changes within `seconds` (polled: the event loop stays free meanwhile)."""
+    generation, deadline = view.generation, time.monotonic() + seconds
+    while view.generation == generation and time.monotonic() < deadline:
+        await asyncio.sleep(seconds / 10)
+    return view.generation != generation
 
 
 _NOT_DECIDED = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}}
