@@ -54,3 +54,15 @@ def test_thousand_nodes_two_thousand_pods(e2e: E2E) -> None:
         used[p["spec"]["nodeName"]] += int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
     assert set(used) <= set(names)
     assert max(used.values()) <= GPUS_PER_NODE, used.most_common(3)
+
+    # A pod no node can take, judged on the same 1,000 nodes, each now holding a different load: the
+    # real kube-scheduler groups the extender's reasons by identical string, so the condition it
+    # writes stays short and names no node (contract §3: about 50 KB before, when reasons named nodes).
+    ask = {"gpu-placement.io/gpu-products": "NVIDIA-B200"}
+    assert e2e.gpu_pod(ns, "nowhere", group, annotations=ask).status_code == 201
+    message = e2e.scheduled_condition(ns, "nowhere", timeout=60)["message"]
+    print(f"scale: a pod that fits nowhere on {NODES} nodes: PodScheduled message of {len(message)} bytes")
+    assert len(message.encode()) <= 4096, message[:500]
+    assert "nodes are available" in message, message[:500]
+    assert f"{NODES} ProductMismatch" in message, message[:500]
+    assert not any(name in message for name in names[:50]), message[:500]

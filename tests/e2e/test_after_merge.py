@@ -39,6 +39,15 @@ def test_two_replicas_and_fifty_concurrent_creates_never_exceed_the_quota(e2e: E
     e2e.start_webhook(1)  # a second replica behind the Service; the proxy spreads connections
     try:
         ns = e2e.namespace("quota", {"gpu-placement.io/quota": f"nvidia.com/gpu={QUOTA}"})
+        # The limit is hard once the mirror has written the ResourceQuota and the quota controller has
+        # counted its usage (quota admission refuses pods until then). Before that, each replica's own
+        # holds are all there is, and two replicas can let in up to twice the quota (docs/webhook.md).
+        def mirrored() -> bool:
+            response = e2e.api.http.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpu-placement")
+            return response.status_code == 200 and "requests.nvidia.com/gpu" in response.json().get(
+                "status", {}).get("hard", {})
+
+        wait_for(f"ResourceQuota {ns}/gpu-placement mirrored and counted", mirrored, timeout=30)
         barrier = threading.Barrier(BURST)
 
         def create(i: int) -> int:
