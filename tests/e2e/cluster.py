@@ -381,7 +381,10 @@ class ControlPlane:
             # One Python thread renews every node's Lease on a 2-core machine shared with other work;
             # a late round must not look like a node failure (default 50 s). The health tests flip
             # the Ready condition itself, which the controller acts on at once.
-            "--node-monitor-grace-period=120s", "--v=1"])
+            "--node-monitor-grace-period=120s",
+            # The scale test adds 1,000 nodes at once; each needs one write from the node lifecycle
+            # controller to lift its not-ready taint, which the default 20 QPS client paced past 3 minutes.
+            "--kube-api-qps=100", "--kube-api-burst=200", "--v=1"])
         sched_kc = self.api.kubeconfig(w / "scheduler.kubeconfig", sched_token, "system:kube-scheduler")
         self._run("kube-scheduler", [
             str(self.bin_dir / "kube-scheduler"), f"--kubeconfig={sched_kc}",
