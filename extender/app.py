@@ -7,7 +7,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
@@ -17,9 +16,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.routing import Route
 
+from extender.args import ParsedArgs, WireError, json_object, parse_extender_args
 from extender.binding import Binder, BindError
 from extender.preempt import preempt_endpoint
-from extender.wire import ExtenderArgs, ExtenderBindingArgs, ExtenderFilterResult
+from extender.wire import ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement import metrics, shape
 from gpu_placement.cluster_metrics import tracker_for
 from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
@@ -30,7 +30,7 @@ from gpu_placement.rules import unknown_node
 from gpu_placement.shape import ShapeError
 from gpu_placement.view import ClusterView
 
-__all__ = ["DEFAULT_MAX_BODY", "WireError", "create_app", "parse_extender_args"]
+__all__ = ["DEFAULT_MAX_BODY", "create_app"]
 
 log = logging.getLogger("gpu_placement.extender")
 DEFAULT_MAX_BODY = 64 * 2**20
@@ -40,69 +40,10 @@ SETTLE_SECONDS = 0.025
 _RECENT_PODS = 10_000  # pods seen in /filter, so /bind knows their ask before the watch shows them
 
 
-@dataclass(slots=True, frozen=True)
-class _LastFilter:
-    generation: int
-    req: Requirements
-    names: list[str]
-    result: FilterResult
-    encoded: bytes
-
-
-class WireError(ValueError):
-    """The request is not what kube-scheduler sends; the message says what is wrong."""
-
-
-ParsedArgs = tuple[dict[str, Any], list[str], list[dict[str, Any]] | None]
-_STR = {str}
-
-
-def parse_extender_args(body: bytes) -> ParsedArgs:
-    """(pod, node names, node objects when the request carried `Nodes`). Raises WireError or
-    ShapeError (`Pod.spec.containers[0].resources.limits: expected an object, got a string`)."""
-    args: ExtenderArgs = _json_object(body, "ExtenderArgs")
-    pod = args.get("Pod")
-    if pod is None:
-        raise WireError("ExtenderArgs.Pod is missing: expected the v1.Pod being scheduled")
-    shape.check_pod(pod, "Pod")
-    names = args.get("NodeNames")
-    if names is not None:
-        shape.opt_list(names, "NodeNames", "a list of node names")
-        # One pass in C, as cheap as before shape checks; the Python loop only finds which name is wrong.
-        # Lengths are not checked: a name is echoed at most twice (an unknown node's reason), so an
-        # answer never outgrows its request by more than that.
-        if not set(map(type, names)) <= _STR:
-            index, wrong = next((i, name) for i, name in enumerate(names) if name.__class__ is not str)
-            shape.fail(f"NodeNames[{index}]", "a string", wrong)
-        return pod, names, None
-    nodes = args.get("Nodes")
-    if nodes is None:
-        return pod, [], None
-    objects = shape.objects(shape.obj(nodes, "Nodes", "a v1.NodeList object").get("items"), "Nodes.items")
-    node_names = []
-    for index, node in enumerate(objects):
-        meta = shape.obj(node.get("metadata"), f"Nodes.items[{index}].metadata")
-        node_names.append(shape.name(meta.get("name"), f"Nodes.items[{index}].metadata.name"))
-    return pod, node_names, objects
-
-
-def _json_object(body: bytes, what: str) -> Any:
-    if not body:
-        raise WireError(f"empty body: expected a JSON {what}")
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise WireError(f"body is not valid JSON ({exc}): expected a JSON {what}") from None
-    if not isinstance(value, dict):
-        raise WireError(f"body must be a JSON object ({what}), got {type(value).__name__}")
-    return value
-
-
 def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: Callable[[], tuple[bool, str]],
                max_body: int = DEFAULT_MAX_BODY) -> Starlette:
     recent: OrderedDict[str, tuple[str, Requirements]] = OrderedDict()  # pod -> (UID, what /filter judged)
     tracker = tracker_for(view)  # pods rejected on every node, for gpu_placement_pods_waiting
-    last_filter: list[_LastFilter | None] = [None]
 
     def refuse(verb: str, status: int, problem: str, message: str) -> ORJSONResponse:
         log.warning("extender %s refused (%d): %s", verb, status, message)
@@ -151,22 +92,11 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
 
     def decide(req: Requirements, names: list[str], objects: list[dict[str, Any]] | None
                ) -> tuple[FilterResult, bytes] | ORJSONResponse:
-        view.expire_reservations()
-        cached = last_filter[0]
-        if (cached is not None and objects is None and cached.generation == view.generation and cached.req == req
-                and cached.names == names):
-            # kube-scheduler retries a rejected pod within milliseconds: same pod, same nodes, nothing
-            # changed in between, so the answer is the same bytes.
-            return cached.result, cached.encoded
-        generation = view.generation
-        result = placement.filter(req, names)
+        result = placement.filter(req, names)  # a kind's unchanged answer comes back with its bytes
         try:
-            encoded = _encode_filter(result, objects)
+            return result, _encode_filter(result, objects)
         except ShapeError as exc:  # a passing node too deep to echo back
             return refuse("filter", 400, "malformed", str(exc))
-        if objects is None:
-            last_filter[0] = _LastFilter(generation, req, names, result, encoded)
-        return result, encoded
 
     async def filter_(request: Request) -> ORJSONResponse:
         args = await extender_args(request, "filter")
@@ -219,7 +149,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if isinstance(body, ORJSONResponse):
             return body
         try:
-            args: ExtenderBindingArgs = _json_object(body, "ExtenderBindingArgs")
+            args: ExtenderBindingArgs = json_object(body, "ExtenderBindingArgs")
             name, node = shape.name(args.get("PodName"), "PodName"), shape.name(args.get("Node"), "Node")
             namespace = shape.name(args.get("PodNamespace"), "PodNamespace", shape.LABEL_LIMIT)
             uid = shape.opt_str(args.get("PodUID"), "PodUID", shape.UID_LIMIT)
@@ -314,7 +244,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
 
         return Route(f"/{verb}", endpoint, methods=["POST"])
 
-    preempt = preempt_endpoint(placement, ready, read, _json_object, refuse, WireError)
+    preempt = preempt_endpoint(placement, ready, read, refuse)
     routes = [timed("filter", filter_), timed("prioritize", prioritize), timed("bind", bind),
               timed("preempt", preempt), *ops_routes(ready)]
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
@@ -335,9 +265,9 @@ _NODE_LIST_DEPTH = 3  # answer, NodeList, items: the levels above a node echoed 
 def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -> bytes:
     if objects is None:  # the common form (nodeCacheCapable): joined from pieces, no re-encoding
         if result.encoded is None:  # a result replayed for an unchanged kind is encoded once
-            result.encoded = (b'{"Nodes":null,"NodeNames":' + orjson.dumps(result.passed) + b',"FailedNodes":' +
-                              result.failed_json + b',"FailedAndUnresolvableNodes":' + result.unresolvable_json +
-                              b',"Error":""}')
+            result.encoded = b"".join((b'{"Nodes":null,"NodeNames":', orjson.dumps(result.passed), b',"FailedNodes":',
+                                       result.failed_json, b',"FailedAndUnresolvableNodes":', result.unresolvable_json,
+                                       b',"Error":""}'))  # one copy of the (large) maps
         return result.encoded
     keep = set(result.passed)  # answer in the form asked: the passing Node objects themselves
     answer: ExtenderFilterResult = {

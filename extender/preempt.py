@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
+from extender.args import WireError, json_object
 from extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaVictims
 from gpu_placement import metrics, shape
 from gpu_placement.http import ORJSONResponse
@@ -93,15 +94,14 @@ Refuse = Callable[[str, int, str, str], ORJSONResponse]
 
 def preempt_endpoint(placement: Placement, ready: Callable[[], tuple[bool, str]],
                      read: Callable[[Request, str], Awaitable[bytes | ORJSONResponse]],
-                     parse_json: Callable[[bytes, str], Any], refuse: Refuse,
-                     wire_error: type[ValueError]) -> Callable[[Request], Awaitable[ORJSONResponse]]:
+                     refuse: Refuse) -> Callable[[Request], Awaitable[ORJSONResponse]]:
     async def endpoint(request: Request) -> ORJSONResponse:
         body = await read(request, "preempt")
         if isinstance(body, ORJSONResponse):
             return body
         try:
-            pod, proposals = parse_preemption_args(parse_json(body, "ExtenderPreemptionArgs"))
-        except (PreemptWireError, wire_error) as exc:
+            pod, proposals = parse_preemption_args(json_object(body, "ExtenderPreemptionArgs"))
+        except (PreemptWireError, WireError) as exc:
             return refuse("preempt", 400, "malformed", str(exc))
         up, why = ready()
         if not up:  # an answer from a partial view could evict the wrong pods; kube-scheduler retries

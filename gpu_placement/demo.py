@@ -158,7 +158,7 @@ def _one(core: Core, post: Post, labels: dict[str, dict[str, str]], story: str, 
     rejected = {**result.get("FailedNodes", {}), **result.get("FailedAndUnresolvableNodes", {})}
     counts = Counter(reason.split(":", 1)[0] for reason in rejected.values())
     skipped = len(core.view.nodes) - len(names)
-    outcome.rejected = ", ".join([f"{count} {code}" for code, count in counts.most_common()] +
+    outcome.rejected = ", ".join([f"{count} {code}" for code, count in sorted(counts.items(), key=_most_first)] +
                                  ([f"{skipped} outside its node selector"] if skipped else []))
     if not passed:
         outcome.placed = "Pending"
@@ -248,3 +248,7 @@ def _print(outcomes: list[Outcome], out: Any) -> None:
     print(table(["POD", "NEEDS"], [[o.pod, o.needs] for o in admitted]), file=out)
     print("\nTry it on a pod of yours: gpu-placement demo --write-snapshot cluster.json; "
           "gpu-placement explain POD.yaml --snapshot cluster.json", file=out)
+
+
+def _most_first(item: tuple[str, int]) -> tuple[int, str]:
+    return -item[1], item[0]  # ties by code: the same line whatever order the answer came in

@@ -8,11 +8,11 @@ changed and we redo that node only, so a request costs set operations over the n
 from __future__ import annotations
 
 import sys
-from bisect import bisect_left, insort
 from collections import Counter, OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields, replace
-from itertools import filterfalse
+from itertools import filterfalse, islice
 from typing import Any
 
 import orjson
@@ -43,6 +43,7 @@ _EMPTY = b"{}"
 _NO_NODES: Mapping[str, Any] = {}  # the default of per-resource lookups: not a new dict per call
 Freed = Mapping[str, tuple[int, int]]  # resource -> (units, MiB) that evicting some pods would give back
 _NOTHING_FREED: Freed = {}
+_NO_NAMES: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -94,23 +95,26 @@ class _Verdicts:
     size: int = 0  # estimated bytes, for the cache's memory bound
     version: int = 0  # bumped when a node's pass/fail, reason or resolvability changes: the filter answer
     changed: set[str] = field(default_factory=set)  # nodes whose bump the last answer has not taken in yet
-    answer: _Answer | None = None  # the last filter's answer, patched node by node while few changed
+    answer: _Answer | None = None  # the last filter's answer, replayed while `version` stays, else put right
 
 
 @dataclass(slots=True)
 class _Answer:
-    """One kind's last filter answer in parts, so that a change of a few nodes patches it in place of
-    walking every name again: positions of the passing names (the answer keeps the order asked), the
-    failure pieces by node (JSON objects: no order), and each failing node's code for the counts."""
+    """One kind's last filter answer, in parts, so that a few nodes changed or a few names more or
+    fewer asked put it right without walking every name. The names asked are kept as a set:
+    kube-scheduler's feasible list is filled by parallel workers, so the same nodes arrive in
+    another order each cycle (and the passing names may go back in any order: it looks each up)."""
 
     version: int
-    names: list[str]
+    asked: set[str]
+    passed: dict[str, None]  # an ordered set
+    failed: dict[str, bytes]  # name -> its piece of FailedNodes
+    unresolvable: dict[str, bytes]  # name -> its piece of FailedAndUnresolvableNodes
+    codes: dict[str, str]  # failing name -> its reason code
+    counts: Counter[str]  # `codes` counted, kept in step
     result: FilterResult
-    positions: dict[str, int]
-    passed: list[int]  # sorted positions in `names`
-    failed: dict[str, bytes]
-    unresolvable: dict[str, bytes]
-    codes: dict[str, str]
+    failed_changed: bool = False  # since `result`: its FailedNodes bytes are joined again, else kept
+    unresolvable_changed: bool = False
 
 
 class Placement:
@@ -131,24 +135,35 @@ class Placement:
 
     def filter(self, req: Requirements, names: Sequence[str]) -> FilterResult:
         """This kind's answer for these names: its last one while no verdict it depends on changed,
-        else built by `_answer`."""
+        else built by `_answer`. The passing names come in no particular order: kube-scheduler looks
+        each one up in the nodes it asked about."""
         if not req.wants_gpu:
             return FilterResult(list(names))
         view = self.view
         view.expire_reservations()
-        names = names if isinstance(names, list) else list(names)
         with view.lock:
             verdicts = self._verdicts(req)
-            last = verdicts.answer
-            if last is not None and last.names == names:
-                if last.version == verdicts.version:
-                    # Nothing this kind's answer depends on changed (a pod bound on a node that still
-                    # passes, a heartbeat): the same answer, without walking the names again.
-                    return last.result
-                if len(verdicts.changed) <= _PATCH_AT_MOST:
-                    return _patch(verdicts, last)
-            verdicts.answer = _answer(verdicts, names)
-            verdicts.changed.clear()
+            last, changed = verdicts.answer, verdicts.changed
+            if last is not None:
+                asked = last.asked
+                if len(names) == len(asked) and asked.issuperset(names):  # one C pass, no new set
+                    # The same nodes (kube-scheduler never names a node twice).
+                    if last.version == verdicts.version:
+                        # Nothing this kind's answer depends on changed (a pod bound on a node that
+                        # still passes, a heartbeat): the same answer.
+                        return last.result
+                    if len(changed) <= _PATCH_AT_MOST:
+                        return _patch(verdicts, last)
+                elif abs(len(names) - len(asked)) + len(changed) <= _PATCH_AT_MOST:
+                    # Most often a node or two fewer or more: kube-scheduler's own filters dropped a
+                    # node that filled up, or took back one that was freed.
+                    removed = asked.difference(names)  # the last set copied, each name asked taken out
+                    new = len(names) - (len(asked) - len(removed))  # how many names the last answer lacks
+                    added = frozenset(islice(filterfalse(asked.__contains__, names), new)) if new > 0 else _NO_NAMES
+                    if len(removed) + len(added) + len(changed) <= _PATCH_AT_MOST:
+                        return _patch(verdicts, last, added, removed)
+            verdicts.answer = _answer(verdicts, set(names))
+            changed.clear()
             return verdicts.answer.result
 
     def recheck(self, req: Requirements, name: str) -> str | None:
@@ -316,8 +331,7 @@ class Placement:
                 table.pop(name, None)
             verdicts.passing.discard(name)
             _clear_failure(verdicts, name)
-            verdicts.version += 1
-            verdicts.changed.add(name)
+            _bump(verdicts, name)
             return
         node_class = self._node_class(name, facts)
         entry = verdicts.by_class.get(node_class)
@@ -338,8 +352,7 @@ class Placement:
             _clear_failure(verdicts, name)
             if name not in verdicts.passing:
                 verdicts.passing.add(name)
-                verdicts.version += 1
-                verdicts.changed.add(name)
+                _bump(verdicts, name)
         else:
             _set_score(verdicts, name, 0)
             _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, True)
@@ -433,72 +446,93 @@ def _decision_key(req: Requirements) -> Requirements:
     return replace(req, cuda_source=cuda_source, memory_source=memory_source, image_cuda=image_cuda)
 
 
-_PATCH_AT_MOST = 64  # changed nodes an answer is patched for; past this, walking every name is as cheap
+_PATCH_AT_MOST = 64  # nodes an answer is put right for, one by one; past this, building it again is as cheap
 
 
-def _answer(verdicts: _Verdicts, names: list[str]) -> _Answer:
-    """Set membership in C over the names asked, and the failure maps joined from pieces encoded
-    when each node last changed; Python work only for names not in the view."""
-    passing, fragments, codes = verdicts.passing, verdicts.fragments, verdicts.codes
-    positions = {name: i for i, name in enumerate(names)}
-    passed = [i for i, name in enumerate(names) if name in passing]
-    if len(passed) == len(names):
-        return _Answer(verdicts.version, names, FilterResult(list(names)), positions, passed, {}, {}, {})
-    failing = list(filterfalse(passing.__contains__, names))
-    known = list(filter(fragments.__contains__, failing))
-    resolvable = verdicts.resolvable
-    failed = {name: fragments[name] for name in filter(resolvable.__contains__, known)}
-    unresolvable = {name: fragments[name] for name in filterfalse(resolvable.__contains__, known)}
-    failing_codes = {name: codes[name] for name in known}
-    if len(known) != len(failing):
-        for name in failing:
-            if name not in fragments:
-                unresolvable[name] = _fragment(name, unknown_node())
-                failing_codes[name] = UNKNOWN_NODE
-    answer = _Answer(verdicts.version, names, FilterResult([]), positions, passed, failed, unresolvable, failing_codes)
+def _answer(verdicts: _Verdicts, asked: set[str]) -> _Answer:
+    """The answer built for every name asked: set operations and lookups in C, pieces encoded when
+    each node last changed; Python work only for names not in the view."""
+    passed = asked & verdicts.passing
+    failing = asked - passed
+    fragments, codes = verdicts.fragments, verdicts.codes
+    known = failing.intersection(fragments)
+    resolvable = known & verdicts.resolvable
+    unresolvable = known - resolvable
+    answer = _Answer(verdicts.version, asked, dict.fromkeys(passed), _subset(fragments, resolvable),
+                     _subset(fragments, unresolvable), _subset(codes, known), Counter(), FilterResult([]))
+    for name in failing - known:  # asked about, not in the view
+        answer.unresolvable[name] = _fragment(name, unknown_node())
+        answer.codes[name] = UNKNOWN_NODE
+    answer.counts.update(answer.codes.values())
+    answer.failed_changed = answer.unresolvable_changed = True
     answer.result = _result(answer)
     return answer
 
 
-def _patch(verdicts: _Verdicts, answer: _Answer) -> FilterResult:
-    """The last answer with the few nodes whose verdict changed since put right; the others are as
-    they were, so only these are looked at (and the pieces joined again)."""
-    for name in verdicts.changed:
-        position = answer.positions.get(name)
-        if position is None:  # not asked about
+def _subset(table: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    return dict(zip(names, map(table.__getitem__, names), strict=True))  # in C: no Python step per name
+
+
+def _patch(verdicts: _Verdicts, answer: _Answer, added: AbstractSet[str] = _NO_NAMES,
+           removed: AbstractSet[str] = _NO_NAMES) -> FilterResult:
+    """The last answer put right: names no longer asked taken out, and each name newly asked or
+    whose verdict changed taken out and put back as it stands now; the others are as they were."""
+    asked = answer.asked
+    asked -= removed
+    asked |= added
+    for name in removed:
+        _take_out(answer, name)
+    redo = verdicts.changed | added if added else verdicts.changed
+    passing, fragments, codes, resolvable = verdicts.passing, verdicts.fragments, verdicts.codes, verdicts.resolvable
+    for name in redo:
+        if name not in asked:
             continue
-        index = bisect_left(answer.passed, position)
-        if index < len(answer.passed) and answer.passed[index] == position:
-            del answer.passed[index]
-        answer.failed.pop(name, None)
-        answer.unresolvable.pop(name, None)
-        answer.codes.pop(name, None)
-        if name in verdicts.passing:
-            insort(answer.passed, position)
-        elif name in verdicts.fragments:
-            (answer.failed if name in verdicts.resolvable else answer.unresolvable)[name] = verdicts.fragments[name]
-            answer.codes[name] = verdicts.codes[name]
+        _take_out(answer, name)
+        if name in passing:
+            answer.passed[name] = None
+            continue
+        if name in resolvable:
+            answer.failed[name] = fragments[name]
+            answer.failed_changed = True
         else:
-            answer.unresolvable[name] = _fragment(name, unknown_node())
-            answer.codes[name] = UNKNOWN_NODE
+            answer.unresolvable[name] = fragments.get(name) or _fragment(name, unknown_node())
+            answer.unresolvable_changed = True
+        code = answer.codes[name] = codes.get(name, UNKNOWN_NODE)
+        answer.counts[code] += 1
     verdicts.changed.clear()
     answer.version = verdicts.version
     answer.result = _result(answer)
     return answer.result
 
 
+def _take_out(answer: _Answer, name: str) -> None:
+    answer.passed.pop(name, None)
+    code = answer.codes.pop(name, None)
+    if code is not None:
+        answer.counts[code] -= 1
+        if answer.failed.pop(name, None) is not None:
+            answer.failed_changed = True
+        elif answer.unresolvable.pop(name, None) is not None:
+            answer.unresolvable_changed = True
+
+
 def _result(answer: _Answer) -> FilterResult:
-    names = answer.names
-    return FilterResult([names[i] for i in answer.passed], _object(list(answer.failed.values())),
-                        _object(list(answer.unresolvable.values())), Counter(answer.codes.values()))
+    """The answer's FilterResult; a failure map's bytes (hundreds of KiB at 5,000 nodes) are joined
+    again only when that map changed."""
+    last = answer.result
+    failed = _object(answer.failed.values()) if answer.failed_changed else last.failed_json
+    unresolvable = _object(answer.unresolvable.values()) if answer.unresolvable_changed else last.unresolvable_json
+    answer.failed_changed = answer.unresolvable_changed = False
+    return FilterResult(list(answer.passed), failed, unresolvable,
+                        +answer.counts)  # unary plus: a copy without the codes counted down to zero
 
 
 def _fragment(name: str, message: str) -> bytes:
     return orjson.dumps(name) + b":" + orjson.dumps(message)
 
 
-def _object(fragments: list[bytes]) -> bytes:
-    return b"{" + b",".join(fragments) + b"}" if fragments else _EMPTY
+def _object(fragments: Iterable[bytes]) -> bytes:
+    return b"{%b}" % b",".join(fragments)
 
 
 def _score_piece(name: str, score: int) -> bytes:
@@ -525,14 +559,18 @@ def _set_failure(verdicts: _Verdicts, name: str, code: str, message: str, resolv
     else:
         verdicts.resolvable.discard(name)
     if changed:
-        verdicts.version += 1
-        verdicts.changed.add(name)
+        _bump(verdicts, name)
 
 
 def _clear_failure(verdicts: _Verdicts, name: str) -> None:
     if name in verdicts.messages:
-        verdicts.version += 1
-        verdicts.changed.add(name)
+        _bump(verdicts, name)
     for table in (verdicts.messages, verdicts.fragments, verdicts.codes):
         table.pop(name, None)
     verdicts.resolvable.discard(name)
+
+
+def _bump(verdicts: _Verdicts, name: str) -> None:
+    """The node's verdict changed: the kind's answer is no longer the one kept."""
+    verdicts.version += 1
+    verdicts.changed.add(name)

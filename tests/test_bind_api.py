@@ -157,7 +157,7 @@ def filter_(client: httpx.Client, fake: FakeApiServer, name: str = "trainer") ->
     body = {"Pod": pod, "Nodes": None, "NodeNames": ["gpu-1", "gpu-2"]}
     response = client.post("/filter", content=orjson.dumps(body), headers={"Content-Type": "application/json"})
     assert response.status_code == 200
-    return list(response.json()["NodeNames"])
+    return sorted(response.json()["NodeNames"])  # sent in no particular order
 
 
 def test_bind_reserves_until_the_watch_shows_the_pod_bound(fake_api: FakeApiServer, extender: Extender) -> None:

@@ -45,7 +45,7 @@ def test_demo_admits_places_and_explains() -> None:
                      r"nvidia.com/gpu.shared memory free and the node has less .*\(FailedNodes", text)
     assert "research/huge-model waits: InsufficientGPUMemory: the pod asks 122880 MiB per device" in text
     # an exclusive pod whose only candidates are time-sliced: told what would let it take a replica
-    assert placed["media/transcode"].split()[1:] == ["Pending", "-", "1", "SharingMismatch,", "1", "NoGPU,", "14",
+    assert placed["media/transcode"].split()[1:] == ["Pending", "-", "1", "NoGPU,", "1", "SharingMismatch,", "14",
                                                      "outside", "its", "node", "selector"]
     assert ("media/transcode waits: SharingMismatch: the pod's sharing level is exclusive (whole GPUs), but "
             "nvidia.com/gpu here is a replica of a shared GPU") in text

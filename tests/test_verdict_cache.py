@@ -90,9 +90,31 @@ def test_a_kinds_answer_is_replayed_until_one_of_its_verdicts_changes() -> None:
     core.ingest.event(core.view, "pods", "ADDED", make_pod("team-a", "x", gpus={"nvidia.com/gpu": 1},
                                                            node="h100-train-1"))
     assert core.placement.filter(req, names) is first
+    # kube-scheduler's feasible list is filled by parallel workers: the same nodes in another order
+    assert core.placement.filter(req, names[::-1]) is first
     assert core.placement.filter(req, names[:-1]) is not first  # other names asked: another answer
     # the single H100 filled: its verdict flips, the answer is built again and says so
     core.ingest.event(core.view, "pods", "ADDED", make_pod("team-a", "y", gpus={"nvidia.com/gpu": 1},
                                                            node="h100-single"))
     again = core.placement.filter(req, names)
     assert again is not first and "h100-single" in again.failed and "h100-single" in first.passed
+
+
+def test_an_answer_put_right_for_other_names_equals_one_built_afresh() -> None:
+    """Nodes left out and taken back (kube-scheduler's own filters drop a node that fills up), in a
+    new order each time, with verdicts changing in between: the answer put right from the last one
+    is the answer a new Placement builds from nothing."""
+    core = core_from_objects(Config(), demo_objects())
+    names = [*sorted(core.view.nodes), "ghost-node"]
+    req = core.placement.requirements(make_pod("team-a", "one", gpus={"nvidia.com/gpu": 1}))
+    core.placement.filter(req, names)
+    steps = [names[1:], names[3:] + names[:1], names[::-1], names[:-2], names, names[2:5], names[::2], names]
+    for step, asked in enumerate(steps):
+        if step == 3:  # a verdict flips between two requests
+            core.ingest.event(core.view, "pods", "ADDED", make_pod("team-a", "y", gpus={"nvidia.com/gpu": 1},
+                                                                   node="h100-single"))
+        got = core.placement.filter(req, asked)
+        fresh = placement_module.Placement(core.view, core.config).filter(req, asked)
+        assert sorted(got.passed) == sorted(fresh.passed), step
+        assert (got.failed, got.unresolvable, +got.reasons) == (fresh.failed, fresh.unresolvable, +fresh.reasons), step
+        assert set(got.passed) | set(got.failed) | set(got.unresolvable) == set(asked), step
