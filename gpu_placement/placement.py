@@ -12,7 +12,6 @@ from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields, replace
-from itertools import filterfalse, islice
 from typing import Any
 
 import orjson
@@ -106,7 +105,7 @@ class _Answer:
     another order each cycle (and the passing names may go back in any order: it looks each up)."""
 
     version: int
-    asked: set[str]
+    asked: frozenset[str]
     passed: dict[str, None]  # an ordered set
     failed: dict[str, bytes]  # name -> its piece of FailedNodes
     unresolvable: dict[str, bytes]  # name -> its piece of FailedAndUnresolvableNodes
@@ -141,28 +140,28 @@ class Placement:
             return FilterResult(list(names))
         view = self.view
         view.expire_reservations()
+        asked = frozenset(names)  # touches only this request's names, each hashed once
+        hash(asked)  # order-free, from the names' hashes; kept in the set
         with view.lock:
             verdicts = self._verdicts(req)
             last, changed = verdicts.answer, verdicts.changed
             if last is not None:
-                asked = last.asked
-                if len(names) == len(asked) and asked.issuperset(names):  # one C pass, no new set
-                    # The same nodes (kube-scheduler never names a node twice).
+                if _same_names(last.asked, asked):
                     if last.version == verdicts.version:
                         # Nothing this kind's answer depends on changed (a pod bound on a node that
                         # still passes, a heartbeat): the same answer.
                         return last.result
                     if len(changed) <= _PATCH_AT_MOST:
-                        return _patch(verdicts, last)
-                elif abs(len(names) - len(asked)) + len(changed) <= _PATCH_AT_MOST:
+                        return _patch(verdicts, last, last.asked)
+                elif abs(len(last.asked) - len(asked)) + len(changed) <= _PATCH_AT_MOST:
                     # Most often a node or two fewer or more: kube-scheduler's own filters dropped a
-                    # node that filled up, or took back one that was freed.
-                    removed = asked.difference(names)  # the last set copied, each name asked taken out
-                    new = len(names) - (len(asked) - len(removed))  # how many names the last answer lacks
-                    added = frozenset(islice(filterfalse(asked.__contains__, names), new)) if new > 0 else _NO_NAMES
-                    if len(removed) + len(added) + len(changed) <= _PATCH_AT_MOST:
-                        return _patch(verdicts, last, added, removed)
-            verdicts.answer = _answer(verdicts, set(names))
+                    # node that filled up, or took back one that was freed. One pass: `^` copies the
+                    # last set's table and looks each name asked up in the copy.
+                    differ = set(last.asked ^ asked)  # copied small: the result has the big table
+                    if len(differ) + len(changed) <= _PATCH_AT_MOST:
+                        removed = differ - asked
+                        return _patch(verdicts, last, asked, differ - removed, removed)
+            verdicts.answer = _answer(verdicts, asked)
             changed.clear()
             return verdicts.answer.result
 
@@ -449,7 +448,17 @@ def _decision_key(req: Requirements) -> Requirements:
 _PATCH_AT_MOST = 64  # nodes an answer is put right for, one by one; past this, building it again is as cheap
 
 
-def _answer(verdicts: _Verdicts, asked: set[str]) -> _Answer:
+def _same_names(last: frozenset[str], asked: frozenset[str]) -> bool:
+    """Whether the same nodes were asked, by size and set hash. Comparing the names themselves would
+    read every name of the last request again, cold in memory by now: at 5,000 names that alone
+    costs more than parsing the request. The hash of a frozenset is order-free and made from the
+    names' own seeded 64-bit hashes, so two different sets of one size match by chance about once
+    in 2**64; and a wrong match places nothing wrongly: kube-scheduler refuses an answer naming a
+    node it did not ask about, or a node left out waits for the next cycle, and /bind checks again."""
+    return len(last) == len(asked) and hash(last) == hash(asked)
+
+
+def _answer(verdicts: _Verdicts, asked: frozenset[str]) -> _Answer:
     """The answer built for every name asked: set operations and lookups in C, pieces encoded when
     each node last changed; Python work only for names not in the view."""
     passed = asked & verdicts.passing
@@ -473,13 +482,12 @@ def _subset(table: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
     return dict(zip(names, map(table.__getitem__, names), strict=True))  # in C: no Python step per name
 
 
-def _patch(verdicts: _Verdicts, answer: _Answer, added: AbstractSet[str] = _NO_NAMES,
+def _patch(verdicts: _Verdicts, answer: _Answer, asked: frozenset[str], added: AbstractSet[str] = _NO_NAMES,
            removed: AbstractSet[str] = _NO_NAMES) -> FilterResult:
-    """The last answer put right: names no longer asked taken out, and each name newly asked or
-    whose verdict changed taken out and put back as it stands now; the others are as they were."""
-    asked = answer.asked
-    asked -= removed
-    asked |= added
+    """The last answer put right for the names `asked`: names no longer asked taken out, and each
+    name newly asked or whose verdict changed taken out and put back as it stands now; the others
+    are as they were."""
+    answer.asked = asked
     for name in removed:
         _take_out(answer, name)
     redo = verdicts.changed | added if added else verdicts.changed
