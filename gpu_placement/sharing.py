@@ -68,7 +68,9 @@ def parse_sharing(text: str) -> Sharing:
         profile = text[4:]
         if _MIG_PROFILE.fullmatch(profile):
             return Sharing("mig", profile)
-        raise ValueError(f"{quoted(profile)} is not a MIG profile like 1g.10gb, 2g.20gb or 3g.40gb")
+        dotted = profile.replace("+", ".")  # as the device plugin names nvidia-smi's 1g.10gb+me
+        hint = f" (the device plugin advertises {profile} as mig-{dotted})" if _MIG_PROFILE.fullmatch(dotted) else ""
+        raise ValueError(f"{quoted(profile)} is not a MIG profile like 1g.10gb, 2g.20gb or 3g.40gb{hint}")
     hint = f" (values are lower case: {text.lower()})" if text.lower() in ("exclusive", "shared") else ""
     raise ValueError(f"{quoted(text)} is not exclusive, shared or mig-<profile>{hint}")
 

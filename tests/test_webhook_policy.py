@@ -85,6 +85,7 @@ def test_the_quota_message_of_the_contract() -> None:
     ({"gpu-placement.io/quota": "nvidia.com/gpu=1e999999999"}, '"1e999999999" is not a quantity'),
     ({"gpu-placement.io/sharing": "Shared"}, "(values are lower case: shared)"),
     ({"gpu-placement.io/sharing": "mig-huge"}, '"huge" is not a MIG profile like 1g.10gb'),
+    ({"gpu-placement.io/sharing": "mig-1g.10gb+me"}, "(the device plugin advertises 1g.10gb+me as mig-1g.10gb.me)"),
     ({"gpu-placement.io/sharing": "time-slicing"}, '"time-slicing" is not exclusive, shared or mig-<profile>'),
     ({"gpu-placement.io/pools": "traning"}, 'no pool named "traning" in the configuration (pools: inference, '
                                             "training)"),
