@@ -7,6 +7,7 @@ Requests are the JSON kube-scheduler's `HTTPExtender` marshals from `k8s.io/kube
 from __future__ import annotations
 
 import copy
+import random
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -171,6 +172,19 @@ def _codes(messages: dict[str, str]) -> dict[str, str]:
 
 
 # -- /filter -----------------------------------------------------------------------------------
+def test_the_same_nodes_in_any_order_get_the_same_answer(demo: Extender) -> None:
+    """kube-scheduler's feasible list is filled by parallel workers: the same nodes come in another
+    order every cycle, and fewer when one fills up. The answer is a function of the set asked."""
+    rng = random.Random(7)
+    first = demo.post("filter", {"Pod": api_pod(), "Nodes": None, "NodeNames": DEMO_NODES}).json()
+    for asked in (DEMO_NODES[::-1], rng.sample(DEMO_NODES, len(DEMO_NODES)), DEMO_NODES[2:], DEMO_NODES):
+        raw = demo.post("filter", {"Pod": api_pod(), "Nodes": None, "NodeNames": asked}).json()
+        assert len(raw["NodeNames"]) == len(set(raw["NodeNames"]))
+        assert set(raw["NodeNames"]) == set(first["NodeNames"]) & set(asked)
+        for key in ("FailedNodes", "FailedAndUnresolvableNodes"):
+            assert raw[key] == {name: why for name, why in first[key].items() if name in asked}, key
+
+
 def test_filter_node_names_form(demo: Extender) -> None:
     asked = [*DEMO_NODES, "ghost-node"]
     answer = demo.filter(api_pod(), asked)

@@ -83,6 +83,35 @@ class E2E:
         assert self.scheduler is not None
         return f"http://127.0.0.1:{self.scheduler.local_port(8888)}"
 
+    def extender_seconds(self, verb: str) -> tuple[int, float, float, float]:
+        """(requests, mean, p50, p99) of the extender's answer time for a verb, from its /metrics
+        histogram (quantiles interpolated within buckets, as PromQL's histogram_quantile does)."""
+        text = httpx.get(f"{self.extender_url()}/metrics", timeout=5).text
+        buckets: list[tuple[float, float]] = []
+        count = total = 0.0
+        for line in text.splitlines():  # labels come sorted by name: le sits between component and verb
+            if 'component="extender"' not in line or f'verb="{verb}"' not in line:
+                continue
+            value = float(line.rsplit(" ", 1)[1])
+            if line.startswith("gpu_placement_request_seconds_bucket{"):
+                bound = line.split('le="', 1)[1].split('"', 1)[0]
+                buckets.append((float(bound), value))
+            elif line.startswith("gpu_placement_request_seconds_count{"):
+                count = value
+            elif line.startswith("gpu_placement_request_seconds_sum{"):
+                total = value
+
+        def quantile(q: float) -> float:
+            lower, below = 0.0, 0.0
+            for upper, cumulative in sorted(buckets):
+                if cumulative >= q * count:
+                    inside = cumulative - below
+                    return lower + (upper - lower) * ((q * count - below) / inside if inside else 1.0)
+                lower, below = upper, cumulative
+            return lower
+
+        return int(count), total / count if count else 0.0, quantile(0.5), quantile(0.99)
+
     def webhook_requests(self) -> dict[str, float]:
         """Admission requests answered, per path, summed over the webhook replicas (their /metrics)."""
         totals: dict[str, float] = {}
