@@ -31,7 +31,8 @@ def test_pods_differing_only_in_container_names_share_one_entry() -> None:
     first = core.placement.filter(core.placement.requirements(_pod("sim-a", "main")), names)
     second = core.placement.filter(core.placement.requirements(_pod("sim-b", "trainer")), names)
     assert len(core.placement._cache) == 1
-    assert (first.passed, first.failed, first.unresolvable) == (second.passed, second.failed, second.unresolvable)
+    assert (sorted(first.passed), first.failed, first.unresolvable) == (sorted(second.passed), second.failed,
+                                                                        second.unresolvable)
     too_old = first.unresolvable["h100-single"]
     assert "the image needs CUDA 13.0.0 (image tag)," in too_old  # no container name in a reason
     assert "main" not in too_old and "trainer" not in too_old
