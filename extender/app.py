@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.routing import Route
 
-from extender.args import ParsedArgs, WireError, json_object, parse_extender_args
+from extender.args import ParsedArgs, WireError, json_object, parse_extender_args, pod_label
 from extender.binding import Binder, BindError
 from extender.preempt import preempt_endpoint
 from extender.wire import ExtenderBindingArgs, ExtenderFilterResult
@@ -44,6 +44,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
                max_body: int = DEFAULT_MAX_BODY) -> Starlette:
     recent: OrderedDict[str, tuple[str, Requirements]] = OrderedDict()  # pod -> (UID, what /filter judged)
     tracker = tracker_for(view)  # pods rejected on every node, for gpu_placement_pods_waiting
+    decisions: dict[str, Any] = {}  # reason code -> its gpu_placement_decisions child, looked up once
 
     def refuse(verb: str, status: int, problem: str, message: str) -> ORJSONResponse:
         log.warning("extender %s refused (%d): %s", verb, status, message)
@@ -59,9 +60,8 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             return refuse(verb, 413, "too_large", f"{exc} (raise it with --extender-max-body-bytes)")
 
     def remember(pod: dict[str, Any], req: Requirements) -> None:
-        meta = pod.get("metadata") or {}
-        key = pod_key(meta.get("namespace") or "default", meta.get("name") or "")
-        recent[key] = (str(meta.get("uid") or ""), req)
+        key = _key(pod)
+        recent[key] = (str((pod.get("metadata") or {}).get("uid") or ""), req)
         recent.move_to_end(key)
         if len(recent) > _RECENT_PODS:
             recent.popitem(last=False)
@@ -124,12 +124,12 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
                 return decided
             result, encoded = decided
         for code, count in result.reasons.items():
-            metrics.DECISIONS.labels("extender", code).inc(count)
+            (decisions.get(code) or decisions.setdefault(code, metrics.DECISIONS.labels("extender", code))).inc(count)
         if tracker is not None and req.gpus:
             tracker.filtered(_key(pod), bool(result.passed), result.reasons)
         if log.isEnabledFor(logging.DEBUG):
             short = {name: placement.detail(req, name) for name in islice(orjson.loads(result.failed_json), 20)}
-            log.debug("filter pod=%s needs=%s passed=%d rejected=%s short=%s", _name(pod), req.describe(),
+            log.debug("filter pod=%s needs=%s passed=%d rejected=%s short=%s", pod_label(pod), req.describe(),
                       len(result.passed), dict(result.reasons), short)
         return ORJSONResponse(encoded)
 
@@ -289,7 +289,3 @@ def _key(pod: dict[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     return pod_key(meta.get("namespace") or "default", meta.get("name") or "")
 
-
-def _name(pod: dict[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"

@@ -10,7 +10,7 @@ import orjson
 from extender.wire import ExtenderArgs
 from gpu_placement import shape
 
-__all__ = ["ParsedArgs", "WireError", "json_object", "parse_extender_args"]
+__all__ = ["ParsedArgs", "WireError", "json_object", "parse_extender_args", "pod_label"]
 
 ParsedArgs = tuple[dict[str, Any], list[str], list[dict[str, Any]] | None]
 
@@ -66,3 +66,9 @@ def _pod(args: ExtenderArgs) -> dict[str, Any]:
         raise WireError("ExtenderArgs.Pod is missing: expected the v1.Pod being scheduled")
     shape.check_pod(pod, "Pod")
     return pod
+
+
+def pod_label(pod: dict[str, Any]) -> str:
+    """`namespace/name` of a pod as sent, for log lines."""
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
-from extender.args import WireError, json_object
+from extender.args import WireError, json_object, pod_label
 from extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaVictims
 from gpu_placement import metrics, shape
 from gpu_placement.http import ORJSONResponse
@@ -117,15 +117,11 @@ def preempt_endpoint(placement: Placement, ready: Callable[[], tuple[bool, str]]
             outcome = "dropped" if not plan.ok else "victims_added" if any(v.added for v in plan.victims) else "kept"
             metrics.PREEMPTION_NODES.labels(outcome).inc()
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("preempt pod=%s node=%s outcome=%s victims=%s reason=%s", _name(pod), node, outcome,
+                log.debug("preempt pod=%s node=%s outcome=%s victims=%s reason=%s", pod_label(pod), node, outcome,
                           [v.pod or v.uid for v in plan.victims], plan.reason)
-        log.info("preempt pod=%s priority=%d: %d of %d proposed nodes kept", _name(pod), pod_priority(spec),
+        log.info("preempt pod=%s priority=%d: %d of %d proposed nodes kept", pod_label(pod), pod_priority(spec),
                  sum(plan.ok for plan in plans.values()), len(proposals))
         return ORJSONResponse(encode_result(plans))
 
     return endpoint
 
-
-def _name(pod: dict[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"

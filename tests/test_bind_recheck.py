@@ -76,6 +76,18 @@ def test_concurrent_filter_filter_bind_bind_never_overcommits(t4: Extender) -> N
         assert view.free_mib[SHARED][T4] == 15360
 
 
+def test_the_next_cycle_counts_a_bind_in_flight(t4: Extender) -> None:
+    """kube-scheduler binds pod A while it already filters pod B (with the same nodes, in another
+    order): B's answer is the kind's cached one put right for A's hold, not replayed from before it."""
+    view = t4.core.view
+    assert t4.filter(_pod("chat-a"), [T4, "cpu-1"])["NodeNames"] == [T4]
+    assert _bind(t4, "chat-a") == ""  # the watch has not shown A yet: only its hold counts
+    assert "inference/chat-a" in view.reservations and "inference/chat-a" not in view.pods
+    answer = t4.filter(_pod("chat-b"), ["cpu-1", T4])
+    assert answer["NodeNames"] == [], answer
+    assert answer["FailedNodes"][T4].startswith(f"InsufficientGPUMemory: the pod needs 10240 MiB of {SHARED}")
+
+
 def test_bind_to_a_node_filter_rejected_is_refused(t4: Extender) -> None:
     answer = t4.filter(_pod("chat-x"), [T4, "cpu-1"])
     assert answer["NodeNames"] == [T4] and set(answer["FailedAndUnresolvableNodes"]) == {"cpu-1"}

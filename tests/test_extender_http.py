@@ -185,6 +185,15 @@ def test_the_same_nodes_in_any_order_get_the_same_answer(demo: Extender) -> None
             assert raw[key] == {name: why for name, why in first[key].items() if name in asked}, key
 
 
+def test_a_node_named_twice_is_answered_once(demo: Extender) -> None:
+    """kube-scheduler never names a node twice; a client that does gets each node once, not an
+    error, and the cached answer for the nodes as a set is unchanged by it."""
+    answer = demo.post("filter", {"Pod": api_pod(), "Nodes": None,
+                                  "NodeNames": ["h100-single", "v100-legacy", "h100-single", "v100-legacy"]}).json()
+    assert answer["NodeNames"] == ["h100-single"] and list(answer["FailedAndUnresolvableNodes"]) == ["v100-legacy"]
+    assert demo.filter(api_pod(), ["v100-legacy", "h100-single"]) == answer
+
+
 def test_filter_node_names_form(demo: Extender) -> None:
     asked = [*DEMO_NODES, "ghost-node"]
     answer = demo.filter(api_pod(), asked)

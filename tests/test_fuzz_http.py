@@ -22,6 +22,7 @@ import copy
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import httpx
@@ -236,6 +237,25 @@ def run(examples: Callable[[], None]) -> None:
     assert growth[0] < MEMORY_TOLERANCE, f"the service holds {growth[0] / 2**20:.1f} MiB more after the run"
 
 
+def drive(name: str, bases: list[Any], post: Callable[[bytes], httpx.Response],
+          check: Callable[[bytes, httpx.Response], None]) -> None:
+    """Hostile bodies drawn from `bases` through one endpoint: every answer checked, the service's
+    memory measured across them, and both kinds of answer (200 and 400) exercised."""
+    seen = Counter[int]()
+
+    @SETTINGS
+    @given(st.data())
+    def examples(data: st.DataObject) -> None:
+        body = hostile(data, bases)
+        response = post(body)
+        seen[response.status_code] += 1
+        check(body, response)
+
+    run(examples)
+    _statuses(seen, name)
+    assert seen[200] and seen[400]
+
+
 # -- the extender ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -262,37 +282,13 @@ def _extender_bases() -> list[Any]:
 
 @pytest.mark.parametrize("verb", ["filter", "prioritize"])
 def test_filter_and_prioritize_take_any_input(extender: Extender, verb: str) -> None:
-    bases, seen = _extender_bases(), Counter[int]()
-
-    @SETTINGS
-    @given(st.data())
-    def examples(data: st.DataObject) -> None:
-        body = hostile(data, bases)
-        response = extender.post(verb, body)
-        seen[response.status_code] += 1
-        check_extender(verb, body, response)
-
-    run(examples)
-    _statuses(seen, f"/{verb}")
-    assert seen[200] and seen[400]  # both kinds of answer were exercised
+    drive(f"/{verb}", _extender_bases(), partial(extender.post, verb), partial(check_extender, verb))
 
 
 def test_bind_takes_any_input(extender: Extender) -> None:
     bases = [{"PodName": "queued", "PodNamespace": "team-a", "PodUID": "uid-team-a-queued", "Node": "h100-single"},
              {"PodName": "ghost", "PodNamespace": "team-b", "PodUID": "", "Node": "ghost-node"}]
-    seen = Counter[int]()
-
-    @SETTINGS
-    @given(st.data())
-    def examples(data: st.DataObject) -> None:
-        body = hostile(data, bases)
-        response = extender.post("bind", body)
-        seen[response.status_code] += 1
-        check_extender("bind", body, response)
-
-    run(examples)
-    _statuses(seen, "/bind")
-    assert seen[200] and seen[400]
+    drive("/bind", bases, partial(extender.post, "bind"), partial(check_extender, "bind"))
 
 
 # -- the webhook ----------------------------------------------------------------------------------
@@ -319,19 +315,7 @@ def _webhook_bases() -> list[Any]:
 
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])
 def test_mutate_and_validate_take_any_input(hook: Webhook, path: str) -> None:
-    bases, seen = _webhook_bases(), Counter[int]()
-
-    @SETTINGS
-    @given(st.data())
-    def examples(data: st.DataObject) -> None:
-        body = hostile(data, bases)
-        response = hook.post(path, body)
-        seen[response.status_code] += 1
-        check_webhook(body, response)
-
-    run(examples)
-    _statuses(seen, path)
-    assert seen[200] and seen[400]
+    drive(path, _webhook_bases(), partial(hook.post, path), check_webhook)
 
 
 def test_preempt_takes_any_input(extender: Extender) -> None:
@@ -341,14 +325,8 @@ def test_preempt_takes_any_input(extender: Extender) -> None:
     full = {"h100-single": {"Pods": [make_pod("team-a", "queued", gpus={"nvidia.com/gpu": 2})], "NumPDBViolations": 0}}
     bases = [{"Pod": api_pod(gpus=2), "NodeNameToMetaVictims": victims},
              {"Pod": api_pod(annotations={"gpu-placement.io/gpu-memory": "20Gi"}), "NodeNameToVictims": full}]
-    seen = Counter[int]()
 
-    @SETTINGS
-    @given(st.data())
-    def examples(data: st.DataObject) -> None:
-        body = hostile(data, bases)
-        response = extender.post("preempt", body)
-        seen[response.status_code] += 1
+    def check(body: bytes, response: httpx.Response) -> None:
         assert response.status_code in (200, 400, 413), f"{response.status_code} {response.text[:500]}"
         answer = response.json()
         if response.status_code != 200:
@@ -356,6 +334,4 @@ def test_preempt_takes_any_input(extender: Extender) -> None:
         else:
             assert set(answer) == {"NodeNameToMetaVictims"} and len(response.content) <= 1024 + len(body)
 
-    run(examples)
-    _statuses(seen, "/preempt")
-    assert seen[200] and seen[400]
+    drive("/preempt", bases, partial(extender.post, "preempt"), check)
