@@ -9,7 +9,7 @@ set -euo pipefail
 PRINT_DIR=0
 [[ "${1:-}" == "--print-dir" ]] && PRINT_DIR=1
 
-K8S_VERSION="${K8S_VERSION:-1.35.4}"
+K8S_VERSION="${K8S_VERSION:-1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
 DEST="${KUBEBUILDER_ASSETS:-${HOME}/.cache/gpu-placement/k8s-${K8S_VERSION}}"
 K8S_BINS=(kube-apiserver kube-controller-manager kube-scheduler)

@@ -457,7 +457,7 @@ class Kubelets:
         node["metadata"].pop("uid", None)
         for cond in status["conditions"]:
             cond.update(lastHeartbeatTime=now_rfc3339(), lastTransitionTime=now_rfc3339())
-        status["nodeInfo"] = {"kubeletVersion": "v1.35.4", "architecture": "amd64", "operatingSystem": "linux",
+        status["nodeInfo"] = {"kubeletVersion": "v1.37.2", "architecture": "amd64", "operatingSystem": "linux",
                               "containerRuntimeVersion": "containerd://2.0.0", "kernelVersion": "6.8.0",
                               "osImage": "Ubuntu 24.04", "kubeProxyVersion": "", "machineID": "", "systemUUID": "",
                               "bootID": ""}
