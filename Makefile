@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 # would start a Prometheus server).
 PROM_TOOLS := $(BIN)/prometheus $(BIN)/promtool
 
-.PHONY: demo test fuzz e2e e2e-scale bench lint install clean
+.PHONY: demo test fuzz e2e e2e-scale image image-test bench lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,15 @@ e2e: $(STAMP)
 e2e-scale: $(STAMP)
 	bash tests/e2e/build_control_plane.sh
 	$(BIN)/python -m pytest -q -s tests/e2e/test_9_scale.py
+
+# The image the chart deploys: gpu-placement:<version> from the Dockerfile (image/build.sh: docker, else
+# podman from Debian; a Debian base made with mmdebstrap, once, when no registry answers).
+image:
+	bash image/build.sh
+
+# That image run as the chart's pod spec runs it: same answers as the source, TLS, SIGTERM, size, start.
+image-test: $(STAMP)
+	$(BIN)/python -m pytest -q -s tests/image
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
