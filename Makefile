@@ -46,14 +46,18 @@ fuzz: $(STAMP)
 	GPU_PLACEMENT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -s tests/test_fuzz_http.py
 
 # A real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, built once from
-# Go modules into ~/.cache/gpu-placement, or taken from $$KUBEBUILDER_ASSETS) with the chart installed.
+# Go modules into ~/.cache/gpu-placement, or taken from $$KUBEBUILDER_ASSETS) with the chart installed,
+# its gpu-placement containers run from the image (built first; E2E_FROM_SOURCE=1: from source).
+E2E_IMAGE = if [ "$${E2E_FROM_SOURCE:-0}" = 0 ]; then bash image/build.sh; fi
 e2e: $(STAMP)
 	bash tests/e2e/build_control_plane.sh
+	@$(E2E_IMAGE)
 	$(BIN)/python -m pytest -q tests/e2e --ignore=tests/e2e/test_9_scale.py
 
 # 1,000 nodes and 2,000 GPU pods through the same path (about 7 minutes here): prints pods/s.
 e2e-scale: $(STAMP)
 	bash tests/e2e/build_control_plane.sh
+	@$(E2E_IMAGE)
 	$(BIN)/python -m pytest -q -s tests/e2e/test_9_scale.py
 
 # The image the chart deploys: gpu-placement:<version> from the Dockerfile (image/build.sh: docker, else

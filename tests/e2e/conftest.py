@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.e2e.cluster import Api, ControlPlane, Kubelets, start_control_plane, wait_for
-from tests.e2e.deploy import NAMESPACE, Pod, install, render, wait_ready, webhook_port
+from tests.e2e.deploy import NAMESPACE, Pod, install, render, webhook_port
 
 Obj = dict[str, Any]
 WEBHOOK = "gpu-placement-webhook"
@@ -35,6 +35,7 @@ class E2E:
     docs: list[Obj]
     webhooks: list[Pod] = field(default_factory=list)
     scheduler: Pod | None = None
+    probed: dict[str, dict[str, float]] = field(default_factory=dict)  # container -> seconds per probe
 
     # -- the chart's processes
     def start_webhook(self, replica: int = 0, extra_args: tuple[str, ...] = ()) -> Pod:
@@ -44,7 +45,8 @@ class E2E:
         if pod not in self.webhooks:
             self.webhooks.append(pod)
         self.route_webhooks()
-        wait_ready(proc, self.webhook_url(pod, "/readyz"))
+        self.probed[pod.procs["webhook"].name] = pod.wait_probes("webhook")
+        assert proc.alive()
         return pod
 
     def upgrade(self, values: Obj) -> None:
@@ -73,8 +75,9 @@ class E2E:
     def start_scheduler(self) -> Pod:
         pod = self.scheduler or Pod(self.plane, self.docs, SCHEDULER)
         self.scheduler = pod
-        extender = pod.start("extender")
-        wait_ready(extender, f"{self.extender_url()}/readyz")
+        pod.start("extender")
+        # kubelet starts kube-scheduler once the sidecar's startup probe passes (a native sidecar).
+        self.probed[pod.procs["extender"].name] = pod.wait_probes("extender")
         if "kube-scheduler" not in pod.procs or not pod.procs["kube-scheduler"].alive():
             pod.start("kube-scheduler")
         return pod
