@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from gpu_placement.quantity import QuantityError, parse_quantity
@@ -230,6 +231,13 @@ def _container_requests(container: Any) -> Resources:
 
 
 def _amount(resource: str, value: Any) -> int:
+    if isinstance(value, str | int | float):
+        return _cached_amount(resource, value)  # a cluster repeats a few quantities over and over
+    return 0
+
+
+@lru_cache(maxsize=4096)
+def _cached_amount(resource: str, value: str | int | float) -> int:
     try:
         amount = parse_quantity(value)
     except QuantityError:
