@@ -1,6 +1,6 @@
 """kube-scheduler's own node filters, as `explain` applies them before the extender's verdicts: the
 plugins' logic and their exact sentences (k8s.io/kubernetes v1.37.2, pkg/scheduler/framework/plugins),
-and the FitError message built from them. tests/e2e/test_13_explain.py holds the same answers against
+and the FitError message built from them. tests/e2e/test_22_explain.py holds the same answers against
 the real kube-scheduler."""
 
 from __future__ import annotations
