@@ -8,7 +8,7 @@
 # cached in $CACHE and imported into the engine. The build uses the host network, and the host's
 # CA bundle and pip configuration as build secrets (never stored in the image).
 #
-#   bash image/build.sh                 build (BASE=..., IMAGE=... override)
+#   bash image/build.sh                 build (BASE=..., IMAGE=..., DOCKERFILE=... override)
 #   bash image/build.sh --print-engine  how the image tests run containers: the engine command on one
 #                                       line, the flags its `run` and `build` need on the next
 set -euo pipefail
@@ -19,6 +19,7 @@ BASE=${BASE:-python:3.12-slim-bookworm}
 CACHE=${GPU_PLACEMENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-placement}/image
 VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
 IMAGE=${IMAGE:-gpu-placement:$VERSION}
+DOCKERFILE=${DOCKERFILE:-Dockerfile}
 # What mmdebstrap puts in the fallback base; its hash names the cached tarball and the image.
 DEBIAN_BASE=(--variant=essential --include=python3,python3-venv,ca-certificates
              --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
@@ -127,7 +128,11 @@ for line in open(sys.argv[1]):  # files first, then PIP_* variables, which win a
     key, _, value = line.strip().partition("=")
     section, _, name = key.rpartition(".")
     section = "global" if section in ("", ":env:") else section
-    sections.setdefault(section, {})[name] = str(ast.literal_eval(value)).replace("\n", "\n    ")
+    values = str(ast.literal_eval(value)).split()
+    if name == "find-links":  # a folder of this host means nothing inside the build
+        values = [v for v in values if "://" in v]
+    if values:
+        sections.setdefault(section, {})[name] = "\n    ".join(values)
 for section, options in sections.items():
     print(f"[{section}]", *(f"{name} = {value}" for name, value in options.items()), sep="\n")
 EOF
@@ -139,6 +144,6 @@ read -ra flags <<<"$(engine_flags)"
 flags+=(--network host --build-arg "BASE=$base" --build-arg "VERSION=$VERSION" --tag "$IMAGE")
 say "building $IMAGE with $ENGINE"
 start=$SECONDS
-run_engine build "${flags[@]}" "${secrets[@]}" --file Dockerfile . >&2
+run_engine build "${flags[@]}" "${secrets[@]}" --file "$DOCKERFILE" . >&2
 size=$(run_engine image inspect --format '{{.Size}}' "$IMAGE")
 say "built $IMAGE in $((SECONDS - start)) s: $((size / 1000000)) MB"

@@ -181,6 +181,16 @@ def rewrite_listen(args: Sequence[str], local_port: Callable[[int], int]) -> lis
     return out
 
 
+def loopback_rewrite(ports: dict[int, int]) -> Callable[[str], str]:
+    """The same move for an address written in a command (an exec probe's URL): 127.0.0.1:<container
+    port> becomes the local port it listens on (read when called: ports fill as listeners are moved)."""
+    def rewrite(arg: str) -> str:
+        for container_port, local in ports.items():
+            arg = arg.replace(f"127.0.0.1:{container_port}", f"127.0.0.1:{local}")
+        return arg
+    return rewrite
+
+
 # -- probes ------------------------------------------------------------------------------------------
 
 @dataclass

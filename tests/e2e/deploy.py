@@ -33,7 +33,16 @@ import helm_python
 import yaml
 
 from tests.e2e.cluster import Api, ControlPlane, Proc, free_port, wait_for
-from tests.e2e.container import Container, Prober, Volume, engine, local_exec, rewrite_listen, run_args
+from tests.e2e.container import (
+    Container,
+    Prober,
+    Volume,
+    engine,
+    local_exec,
+    loopback_rewrite,
+    rewrite_listen,
+    run_args,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpu-placement"
@@ -206,17 +215,9 @@ class Pod:
     def prober(self, name: str) -> Prober:
         """The chart's probes of this container, run against it (exec probes inside the container,
         or here for a process from source; both on the host network, so the listen rewrite applies)."""
-        container = self.container(name)
-        rewrites = {f"127.0.0.1:{c}": f"127.0.0.1:{lp}" for c, lp in self.ports.items()}
-
-        def rewrite(arg: str) -> str:
-            for old, new in rewrites.items():
-                arg = arg.replace(old, new)
-            return arg
-
         proc = self.procs[name]
         run = proc.exec if isinstance(proc, Container) else local_exec
-        return Prober(container, self.local_port, run, rewrite)
+        return Prober(self.container(name), self.local_port, run, loopback_rewrite(self.ports))
 
     def wait_probes(self, name: str) -> dict[str, float]:
         """As a kubelet before the pod is Ready: startup, then readiness, then one liveness run."""

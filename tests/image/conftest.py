@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.e2e.cluster import Proc, free_port
-from tests.e2e.container import Container, Prober, Volume, engine, rewrite_listen, run_args
+from tests.e2e.container import Container, Prober, Volume, engine, loopback_rewrite, rewrite_listen, run_args
 from tests.e2e.deploy import find, render
 from tests.image.snapshot import write_big_snapshot
 
@@ -181,13 +181,6 @@ class Chart:
         cname = f"image-test-{work.name}"
         cmd = run_args(cname, spec, container, rewrite_listen(edited, local), volumes, env, hostname=cname,
                        image=self.image, extra_mounts=extra)
-        rewrites = {f"127.0.0.1:{c}": f"127.0.0.1:{lp}" for c, lp in ports.items()}
-
-        def rewrite(arg: str) -> str:
-            for old, new in rewrites.items():
-                arg = arg.replace(old, new)
-            return arg
-
         moved = {SNAPSHOT_DIR: self.snapshot} if self.snapshot else {}
         for mount in container.get("volumeMounts", []):
             folder = volumes[mount["name"]].host or work / "source" / mount["name"]
@@ -196,7 +189,8 @@ class Chart:
         started = time.monotonic()
         proc = Container(cname, [*engine().command, *cmd], work / "container.log", container=cname,
                          grace=float(spec.get("terminationGracePeriodSeconds", 30))).start()
-        run = Run(proc, Prober(container, local, proc.exec, rewrite), ports, edited, moved, env, started)
+        prober = Prober(container, local, proc.exec, loopback_rewrite(ports))
+        run = Run(proc, prober, ports, edited, moved, env, started)
         self.runs.append(run)
         return run
 

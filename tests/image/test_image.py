@@ -90,7 +90,8 @@ def test_help_needs_no_writable_path_and_no_network(image: str) -> None:
 
 
 def test_nothing_to_build_or_install_with_at_run_time(image: str) -> None:
-    """No compiler, no pip (nor its cache), no source tree: the project is an installed package."""
+    """No compiler, no pip (nor its cache or the build's configuration), no source tree: the project
+    is an installed package."""
     code = """
 import importlib.util, json, os, shutil, sys
 import gpu_placement, extender, webhook
@@ -99,7 +100,7 @@ print(json.dumps({
     "tools": {t: shutil.which(t) for t in ("cc", "gcc", "g++", "c++", "clang", "pip", "pip3", "apt-get")},
     "pip": importlib.util.find_spec("pip") is not None,
     "caches": [p for p in ("/root/.cache", "/root/.cache/pip", os.path.expanduser("~/.cache"), "/src", "/wheels",
-                           "/tmp/slim.py") if os.path.exists(p)],
+                           "/tmp/slim.py", "/etc/pip.conf", "/opt/pip") if os.path.exists(p)],
     "packages": [os.path.dirname(os.path.dirname(m.__file__)) for m in (gpu_placement, extender, webhook)],
     "editable": [n for n in os.listdir(site) if "editable" in n or n.endswith((".egg-link", ".pth"))],
     "uid": os.getuid(),
