@@ -5,10 +5,11 @@
 The fake API server (tests/fakeapi.py, TLS on loopback) runs in a child process, so the memory
 figures are this process's alone: what the service would hold. Time to ready is set against the
 floor measured just before and after it in the same run: the same paged lists through the same
-client, each page read and parsed with orjson and nothing kept (goal: within 1.5x; RSS <= 400 MB). The child builds the cluster from
-the GPU Operator label sets in `gpu_placement/demo_cluster.py`, bulk-loads it, and patches nodes when
-asked; this process runs the real `LiveSource` through the real `kubernetes` client. Everything is
-bounded: the child is killed when this process ends, and every wait has a deadline.
+client, each page read and parsed with orjson and nothing kept (goal: within 1.5x; RSS <= 400 MB).
+The child builds the cluster from the GPU Operator label sets in `gpu_placement/demo_cluster.py`,
+bulk-loads it, and patches nodes when asked; this process runs the real `LiveSource` through the
+real `kubernetes` client. Everything is bounded: the child is killed when this process ends, and
+every wait has a deadline.
 """
 
 from __future__ import annotations
