@@ -220,7 +220,9 @@ class LiveSource:
     # -- list ----------------------------------------------------------------------------------
     def _list(self, state: _Kind) -> None:
         """Every page, parsed as it arrives; the view changes only once the last page is in (the view
-        builds the new records first, then swaps under its lock), so a failed list changes nothing."""
+        builds the new records first, then swaps under its lock), so a failed list changes nothing;
+        except the first list of pods into an empty view, which goes in as it comes (ClusterView._fill:
+        nothing decides from a view before every kind is listed, and the next list puts it right)."""
         version: list[str | None] = [None]
         start = time.monotonic()
         self.ingest.replace(self.view, state.kind, self._pages(state, version))
