@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node
+from gpu_placement.demo_cluster import make_node, make_pod
 from gpu_placement.ingest import Ingest
 from gpu_placement.kube import WatchSettings
 from gpu_placement.live import LiveSource
@@ -117,6 +117,54 @@ def test_a_list_failing_on_a_later_page_changes_nothing_and_is_tried_again(fake_
         assert lists >= 4  # at least two pages of the failed list, then the three of the retry
         time.sleep(0.2)
         assert not [t for t in threading.enumerate() if t.name.startswith("list-") and t.is_alive()]
+    finally:
+        source.stop()
+        gc.unfreeze()
+
+
+class OnePodAtATime(ClusterView):
+    """Applies the first pod list record by record, so a list failing half way leaves part of it."""
+
+    def _fill(self, kind: str, records: Iterable[Any], upsert: Any, batch: int = 500) -> None:
+        super()._fill(kind, records, upsert, batch=1)
+
+
+class PodsFailingLater(Ingest):
+    """On the third pod of the first pod list: p0 (already in the view) is deleted from the API server,
+    and the next pod list request fails."""
+
+    def __init__(self, config: Config, fake: FakeApiServer) -> None:
+        super().__init__(config)
+        self.fake, self.armed = fake, True
+
+    def replace(self, view: ClusterView, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
+        if kind == "pods" and self.armed:
+            self.armed = False
+            objects = self._failing(objects)
+        super().replace(view, kind, objects)
+
+    def _failing(self, objects: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+        for index, obj in enumerate(objects):
+            if index == 2:
+                self.fake.delete("Pod", "p0", "default")
+                self.fake.fail_next(1, 500, path="/api/v1/pods", message="etcd leader changed")
+            yield obj
+
+
+def test_a_first_pod_list_failing_half_way_is_put_right_by_the_next(fake_api: FakeApiServer) -> None:
+    fake_api.load([make_node("gpu-1", "h100x8"), *(make_pod("default", f"p{i}", gpus={"nvidia.com/gpu": 1},
+                                                            node="gpu-1") for i in range(6))])
+    config = Config()
+    view = OnePodAtATime(config)
+    source = LiveSource(view, PodsFailingLater(config, fake_api), fake_api.api_client(), SETTINGS)
+    source.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not source.ready and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert source.ready
+        assert sorted(view.pods) == [f"default/p{i}" for i in range(1, 6)]  # p0, gone meanwhile, is not kept
+        assert view.free_units["nvidia.com/gpu"]["gpu-1"] == 8 - 5  # and holds no GPU
     finally:
         source.stop()
         gc.unfreeze()
