@@ -1,6 +1,7 @@
 """A list's next page is on its way while the current one is ingested (gpu_placement/live.py): at
 150,000 pods the list then takes the longer of the API server's and the view's work, not their sum.
-And a list that fails on a later page still changes nothing."""
+A list that fails on a later page still changes nothing, except the first pod list, which goes into
+the empty view as it comes: the next list puts that right."""
 
 from __future__ import annotations
 
