@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from typing import Protocol
 from urllib.parse import quote
@@ -11,7 +12,7 @@ import aiohttp
 import orjson
 from kubernetes.client import ApiClient
 
-from gpu_placement import kube
+from gpu_placement import kube, metrics
 from gpu_placement.kube_async import AsyncApi
 from gpu_placement.pods import pod_key
 from gpu_placement.snapshot import SnapshotSource
@@ -90,8 +91,10 @@ class ApiBinder:
         body = orjson.dumps({"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                              "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
         path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/binding"
+        start = time.perf_counter()
         try:
             answer = await self.api.post(path, body, self.timeout)
+            metrics.BIND_POST_SECONDS.observe(time.perf_counter() - start)
         except aiohttp.ConnectionTimeoutError:
             raise BindError(f"binding {namespace}/{name} to {node} failed: API server did not answer within "
                             f"{self.timeout[0]:g} s (connect timed out)") from None

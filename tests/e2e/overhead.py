@@ -171,9 +171,10 @@ def _scrape(url: str) -> str:
 
 
 def _extender_histograms(e2e: E2E) -> dict[str, Histogram]:
+    """The extender's answer time per verb, and ("post") its Binding POSTs as it sees them."""
     page = _scrape(f"{e2e.extender_url()}/metrics")
-    return {verb: histogram(page, "gpu_placement_request_seconds", component="extender", verb=verb)
-            for verb in _VERBS}
+    return {**{verb: histogram(page, "gpu_placement_request_seconds", component="extender", verb=verb)
+               for verb in _VERBS}, "post": histogram(page, "gpu_placement_bind_post_seconds")}
 
 
 def _bind_post(e2e: E2E) -> Histogram:
@@ -269,7 +270,8 @@ def _batch(e2e: E2E, schedulers: Schedulers, profile: str, namespace: str, group
         histogram(page, "scheduler_scheduling_algorithm_duration_seconds"),
         histogram(page, "scheduler_scheduling_attempt_duration_seconds", result="scheduled"),
         post_after - post_before,
-        {verb: extender_after[verb] - extender_before[verb] for verb in _VERBS}, os.getloadavg()[0], meter.spent)
+        {verb: extender_after[verb] - extender_before[verb] for verb in extender_after}, os.getloadavg()[0],
+        meter.spent)
     _delete_all(e2e, namespace)
     return batch
 
@@ -343,13 +345,16 @@ def scheduling_table(batches: list[SchedulingBatch], nodes: int) -> str:
         lines.append(f"  {p:<14} " + ", ".join(f"{name} {seconds / count * 1e3:.2f}" for name, seconds in spent.items())
                      + f"; total {sum(spent.values()) / count * 1e3:.2f}")
     gpu = by[GPU_PLACEMENT]
-    verbs = {verb: EMPTY for verb in _VERBS}
+    verbs = {verb: EMPTY for verb in (*_VERBS, "post")}
     for batch in gpu:
-        for verb in _VERBS:
+        for verb in verbs:
             verbs[verb] = verbs[verb] + batch.extender[verb]
+    post_seen = verbs.pop("post")
     post = {p: total(p, lambda b: b.bind_post) for p in by}
     lines.append("in the extender (its own histogram, gpu-placement batches): " + ", ".join(
         f"/{verb} mean {_ms(h.mean)} p99 {_ms(h.quantile(0.99))}" for verb, h in verbs.items()))
+    lines.append(f"Binding POST as the extender sees it (sent to answer read): mean {_ms(post_seen.mean)} p99 "
+                 f"{_ms(post_seen.quantile(0.99))}")
     lines.append(f"Binding POST in the API server (its own histogram): mean {_ms(post[GPU_PLACEMENT].mean)} p99 "
                  f"{_ms(post[GPU_PLACEMENT].quantile(0.99))} in the gpu-placement batches (sent by the extender), "
                  f"mean {_ms(post[STOCK].mean)} p99 {_ms(post[STOCK].quantile(0.99))} in the stock batches "
