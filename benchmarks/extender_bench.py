@@ -59,7 +59,9 @@ from gpu_placement.view import ClusterView
 
 TARGET_NODES = 5000
 TARGET_P99_MS = 5.0
-TARGET_FLOOR_RATIO = 1.5  # /filter p50 within this of the floor's p50
+# /filter p50 within this of the floor's p50 (issue 24's decision: on shuffled NodeNames an order-free
+# check of the nodes asked hashes every name, about half the floor by itself in CPython).
+TARGET_FLOOR_RATIO = 2.0
 PODS_PER_NODE = 30
 SEED = 1515
 
