@@ -16,7 +16,7 @@ kind's answer is replayed when none of its verdicts changed and the same nodes w
 /prioritize (sent, as kube-scheduler does, the nodes /filter passed); the answer's size; the floor,
 measured side by side in the same server and run: a route on the same stack (uvicorn, Starlette, the
 same body reader and orjson response) that parses the same request with orjson and answers every
-node passing, with filter p50 / floor p50 against the goal of 1.5x in three cases: the same nodes
+node passing, with filter p50 / floor p50 against the goal of 2.0x in three cases: the same nodes
 asked and the kind's verdicts as they were, the same nodes and a node's verdict flipped, other nodes
 asked; the in-process cost per node (an answer built from nothing / node count).
 Bounded: a fixed number of requests per size; stops by itself.
