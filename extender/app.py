@@ -28,7 +28,7 @@ from gpu_placement.pods import pod_key
 from gpu_placement.requirements import Requirements
 from gpu_placement.rules import unknown_node
 from gpu_placement.shape import ShapeError
-from gpu_placement.view import ClusterView
+from gpu_placement.view import ClusterView, same_pod
 
 __all__ = ["DEFAULT_MAX_BODY", "create_app"]
 
@@ -178,7 +178,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             binder.bind(namespace, name, uid, node)  # network I/O: outside the lock
         except BindError as exc:
             if reserved and not exc.ambiguous:
-                view.release(key)
+                view.release(key, uid)
             return str(exc) + ("; its GPUs stay reserved until the pod is seen bound or deleted, or "
                                "reservationTTLSeconds passes" if reserved and exc.ambiguous else "")
         return ""
@@ -191,7 +191,9 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if node not in view.nodes:
             return unknown_node()
         pod = view.pods.get(key)
-        if pod is not None and pod.node:
+        # Identity is the UID: the view may still show the pod this one replaced under the same name (a
+        # StatefulSet's, with the watch a moment behind), bound elsewhere; that says nothing of this pod.
+        if pod is not None and pod.node and same_pod(pod.uid, uid):
             return False  # already bound: the binder says to which node
         known = recent.get(key)
         if known is None:
@@ -207,14 +209,16 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         held = view.reservations.get(key)  # a retry after an ambiguous failure: its own hold does not count
         if held is not None:
             view.release(key)
+            if not same_pod(held.uid, uid):
+                held = None  # the hold of the pod this one replaced: that pod is gone
         problem = placement.recheck(req, node)
         if problem is not None:
             if held is not None:
-                view.reserve(key, held.node, held.gpus, held.memory_annotation)
+                view.reserve(key, held.node, held.gpus, held.memory_annotation, held.uid)
             metrics.DECISIONS.labels("extender", "BindRefused").inc()
             return f"{problem} (checked again at /bind; kube-scheduler retries the pod)"
         memory = f"{req.memory_mib}Mi" if req.memory_mib is not None else None  # the ask /filter judged
-        view.reserve(key, node, req.gpus, memory)
+        view.reserve(key, node, req.gpus, memory, uid or filtered_uid)
         return True
 
     async def not_found(request: Request, exc: Exception) -> ORJSONResponse:

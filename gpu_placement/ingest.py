@@ -62,7 +62,7 @@ class Ingest:
             view.delete_node(name) if deleted else view.upsert_node(self.node(obj))
         elif kind == "pods":
             key = pod_key(str(meta.get("namespace") or "default"), name)
-            view.delete_pod(key) if deleted else view.upsert_pod(self.pod(obj))
+            view.delete_pod(key, str(meta.get("uid") or "")) if deleted else view.upsert_pod(self.pod(obj))
         elif kind == "namespaces":
             view.delete_namespace(name) if deleted else view.upsert_namespace(self.namespace(obj))
         else:

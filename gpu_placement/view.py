@@ -25,7 +25,7 @@ from gpu_placement.pods import GpuRequests, PodRecord
 from gpu_placement.requirements import parse_memory
 from gpu_placement.rules import ValidatorState, charge
 
-__all__ = ["ClusterView", "Frozen", "Reservation", "Telemetry"]
+__all__ = ["ClusterView", "Frozen", "Reservation", "Telemetry", "same_pod"]
 
 NodeListener = Callable[[str | None], None]  # a node name, or None for "everything changed"
 _NO_VALIDATOR = ValidatorState(None, False)
@@ -40,6 +40,12 @@ class Reservation:
     gpus: GpuRequests
     memory_annotation: str | None
     expires: float
+    uid: str = ""  # the pod's UID: a pod recreated under the same name (new UID) is another pod
+
+
+def same_pod(uid: str, other: str) -> bool:
+    """Whether two UIDs may name one pod: equal, or one unknown (a snapshot, a test, an old caller)."""
+    return not uid or not other or uid == other
 
 
 @dataclass(slots=True, frozen=True)
@@ -182,23 +188,34 @@ class ClusterView:
                 return
             self.pods[key] = pod
             self._unaccount(key, old)
+            if old is not None and not same_pod(old.uid, pod.uid):
+                self.release(key, old.uid)  # the pod this one replaced is gone from the API server
             self._account(key, pod)
             for listener in self._pod_listeners:
                 listener(key, pod)
 
-    def delete_pod(self, key: str) -> None:
+    def delete_pod(self, key: str, uid: str = "") -> None:
+        """The pod `key` of UID `uid` is gone. Only that pod: a late DELETED event of a pod recreated
+        under the same name since (a StatefulSet's) leaves the new one's record and reservation alone."""
         with self.lock:
-            old = self.pods.pop(key, None)
-            if self._frozen.pop(key, None) is not None and old is not None:
-                self._unseen_namespace.get(old.namespace, set()).discard(key)
-            if old is not None:
+            old = self.pods.get(key)
+            if old is not None and same_pod(old.uid, uid):
+                del self.pods[key]
+                if self._frozen.pop(key, None) is not None:
+                    self._unseen_namespace.get(old.namespace, set()).discard(key)
                 self._unaccount(key, old)
                 for listener in self._pod_listeners:
                     listener(key, None)
-            self.release(key)  # a pod deleted between /bind and the watch holds nothing any more
+            self.release(key, uid)  # a pod deleted between /bind and the watch holds nothing any more
 
     def replace_pods(self, records: Iterable[PodRecord]) -> None:
-        self._replace("pods", self.pods, {pod.key: pod for pod in records}, self.delete_pod, self.upsert_pod)
+        self._replace("pods", self.pods, {pod.key: pod for pod in records}, self._delete_listed_pod, self.upsert_pod)
+
+    def _delete_listed_pod(self, key: str) -> None:
+        """A relist without the pod: that pod (its UID) is gone; a reservation made for a newer pod of
+        that name, which the list predates, stays."""
+        old = self.pods.get(key)
+        self.delete_pod(key, old.uid if old is not None else "")
 
     # -- namespaces ----------------------------------------------------------------------------
     def upsert_namespace(self, record: NamespaceRecord) -> None:
@@ -247,21 +264,24 @@ class ClusterView:
             self.listed.add(kind)
 
     # -- reservations and telemetry ------------------------------------------------------------
-    def reserve(self, pod: str, node: str, gpus: GpuRequests, memory_annotation: str | None) -> Reservation:
+    def reserve(self, pod: str, node: str, gpus: GpuRequests, memory_annotation: str | None,
+                uid: str = "") -> Reservation:
         with self.lock:
             self.release(pod)
             reservation = Reservation(pod, node, gpus, memory_annotation,
-                                      self.clock() + self.config.reservation_ttl_seconds)
+                                      self.clock() + self.config.reservation_ttl_seconds, uid)
             self.reservations[pod] = reservation
             heapq.heappush(self._expiry, (reservation.expires, pod))
             self._charge(f"reservation:{pod}", node, gpus, memory_annotation)
             self._touch()
             return reservation
 
-    def release(self, pod: str) -> None:
+    def release(self, pod: str, uid: str = "") -> None:
+        """Drop the reservation of `pod` (namespace/name), unless it was made for another UID."""
         with self.lock:
-            reservation = self.reservations.pop(pod, None)
-            if reservation is not None:
+            reservation = self.reservations.get(pod)
+            if reservation is not None and same_pod(reservation.uid, uid):
+                del self.reservations[pod]
                 self._discharge(f"reservation:{pod}")
                 self._touch()
 
@@ -298,9 +318,8 @@ class ClusterView:
             self._node_pods.setdefault(pod.node, set()).add(key)
             if pod.active and pod.gpus:
                 self._charge(key, pod.node, pod.gpus, self._memory_annotation(pod))
-            reservation = self.reservations.get(key)
-            if reservation is not None:  # seen bound (here or elsewhere): the pod's own charge counts now
-                self.release(key)
+            if key in self.reservations:  # seen bound (here or elsewhere): the pod's own charge counts now
+                self.release(key, pod.uid)
         if pod.validator_ready is not None and pod.node:
             self.validators.setdefault(pod.node, {})[key] = pod.validator_ready
             self._changed(pod.node)
