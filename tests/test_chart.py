@@ -502,7 +502,7 @@ def test_webhook_configurations(rendered: Rendered) -> None:
     create, update = validating["webhooks"]
     assert update["name"] == "validate-annotations.gpu-placement.io" != create["name"]
     assert update["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
-                                "resources": ["pods"], "scope": "Namespaced"}]
+                                "resources": ["pods", "pods/status"], "scope": "Namespaced"}]
     for key in ("clientConfig", "failurePolicy", "timeoutSeconds", "sideEffects", "admissionReviewVersions",
                 "matchPolicy", "namespaceSelector"):
         assert update[key] == create[key], key

@@ -26,7 +26,16 @@ from webhook.namespace_reader import NamespaceReader
 from webhook.patches import asks_for_gpu_nodes, gpu_patch, protect_patch, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
 from webhook.quota import Reservations, quota_problems
-from webhook.review import AdmissionRequest, AdmissionResponse, BadPod, Subject, allowed, denied, subject_of
+from webhook.review import (
+    AdmissionRequest,
+    AdmissionResponse,
+    BadPod,
+    Subject,
+    allowed,
+    bad_update,
+    denied,
+    subject_of,
+)
 
 __all__ = ["Admission", "Decision"]
 
@@ -149,14 +158,17 @@ class Admission:
         annotations were decided at admission and charge the pod (gpu-memory, sharing, admitted)."""
         uid, namespace, name = request["uid"], request.get("namespace", ""), request.get("name", "")
         resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
-        if resource.get("resource", "pods") != "pods" or resource.get("group") or request.get("subResource"):
+        # pods/status keeps metadata changes (kube-apiserver's podStatusStrategy resets only the spec,
+        # ownerReferences and deletionTimestamp), so it is guarded too; other subresources reset them.
+        if resource.get("resource", "pods") != "pods" or resource.get("group") or (
+                request.get("subResource") or "status") != "status":
             return Decision(allowed(uid), NOT_A_POD, namespace, name)
         if namespace in self.config.exempt_namespaces:
             return Decision(allowed(uid), EXEMPT, namespace, name)
         new, old = request.get("object"), request.get("oldObject")
-        if not isinstance(new, dict) or not isinstance(old, dict):
-            text = "a pod UPDATE carries the pod in request.object and request.oldObject"
-            return Decision(denied(uid, text, 400, "BadRequest"), BAD_POD, namespace, name, [text])
+        problem = bad_update(new, old)
+        if problem is not None:
+            return Decision(denied(uid, problem, 400, "BadRequest"), BAD_POD, namespace, name, [problem])
         changed = _changed_annotations(old, new)
         if not changed:
             return Decision(allowed(uid), ALLOWED, namespace, name)
