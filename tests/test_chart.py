@@ -21,6 +21,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from webhook.quota_mirror import MIRROR_NAME
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "gpu-placement"
 NAMESPACE = "gpu-placement"
@@ -649,8 +651,10 @@ def test_webhook_quota_mirror_rbac_and_args(rendered: Rendered) -> None:
         return
     assert args.quota_mirror is True and args.namespace == ns
     assert args.quota_lease == f"{name}-quota-mirror"
-    assert roles[f"{name}-webhook-quotas"]["rules"] == [
-        {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["get", "list", "create", "update", "delete"]}]
+    assert roles[f"{name}-webhook-quotas"]["rules"] == [  # every verb RBAC can limit by name is limited to ours
+        {"apiGroups": [""], "resources": ["resourcequotas"], "resourceNames": [MIRROR_NAME],
+         "verbs": ["get", "list", "watch", "update", "delete"]},
+        {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["create"]}]
     lease_role = roles[f"{name}-webhook-quota-lease"]
     assert lease_role["metadata"]["namespace"] == ns
     assert lease_role["rules"] == [
