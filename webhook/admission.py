@@ -7,8 +7,8 @@ resource, the figures and the annotation to change.
 
 Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, ChoseGpuNodes, NoGpuAsked, NotAPodCreate,
 Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed (in this module); BadPod
-(review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); OverQuota, NotInQuota
-(quota.py). In audit mode a would-be denial is counted as `Audit<code>`.
+(review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); NotShaped (shaping.py); OverQuota,
+NotInQuota (quota.py). In audit mode a would-be denial is counted as `Audit<code>`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from webhook.review import (
     denied,
     subject_of,
 )
+from webhook.shaping import NOT_SHAPED, governed, unshaped
 
 __all__ = ["Admission", "Decision"]
 
@@ -202,7 +203,7 @@ class Admission:
         if not policy.entitled(config):
             problems.append((NO_GPU_ACCESS, self._no_access(namespace, gpus)))
         elif n.ANN_SHARING not in policy.errors:
-            escalations = self._escalations(policy, asked, gpus, where)
+            escalations = self._unshaped(policy, subject, where) or self._escalations(policy, asked, gpus, where)
             problems += escalations
             if not escalations and policy.quota is not None:
                 with self.view.lock:
@@ -227,6 +228,15 @@ class Admission:
                 self.reservations.hold(namespace, subject.key, subject.uid, gpus)
         reason = f"Audit{problems[0][0]}" if problems else ALLOWED
         return self._decision(allowed(uid, warnings=warnings + texts), reason, subject, texts)
+
+    def _unshaped(self, policy: NamespacePolicy, subject: Subject, where: str) -> list[tuple[str, str]]:
+        """A GPU pod in a namespace with a GPU policy that /mutate did not shape (webhook/shaping.py)."""
+        if not policy.shapes_ok or not governed(policy, self.config):
+            return []
+        text = unshaped(subject.pod, subject.gpus, subject.namespace, where, self._sharing(policy, subject),
+                        [self.config.pools[name] for name in policy.pools], policy, self.config,
+                        _is_daemonset_pod(subject.pod))
+        return [(NOT_SHAPED, text)] if text else []
 
     def _no_access(self, namespace: str, gpus: GpuRequests) -> str:
         asks = ", ".join(f"{count} {resource}" for resource, count in gpus)

@@ -63,6 +63,7 @@ class NamespacePolicy:
     cuda: Version | None = None
     errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # annotation -> sentence
     warnings: tuple[str, ...] = ()
+    annotated: bool = False  # any of NAMESPACE_ANNOTATIONS is set (parsed or not): the namespace has a GPU policy
 
     def entitled(self, config: Config) -> bool:
         """May GPU pods run here at all? A quota says yes (up to it); no quota: the default policy."""
@@ -107,7 +108,8 @@ def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> N
         gpu_memory=annotations.get(n.ANN_GPU_MEMORY) if memory is not None else None,
         gpu_memory_mib=memory,  # type: ignore[arg-type]
         products=values.get(n.ANN_PRODUCTS), cuda=values.get(n.ANN_CUDA),  # type: ignore[arg-type]
-        errors=MappingProxyType(errors), warnings=tuple(warnings))
+        errors=MappingProxyType(errors), warnings=tuple(warnings),
+        annotated=any(key in annotations for key in NAMESPACE_ANNOTATIONS))
 
 
 class PolicyCache:
