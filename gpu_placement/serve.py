@@ -65,7 +65,7 @@ def serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     core = (core_from_snapshot(config, args.snapshot, watch=True) if args.snapshot
-            else core_from_cluster(config, args.kubeconfig))
+            else core_from_cluster(config, args.kubeconfig, _kinds(args, config)))
     servers = []
     try:
         if "extender" in args.components and args.managed_resources:
@@ -89,6 +89,17 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         core.stop()
     return 0
+
+
+def _kinds(args: argparse.Namespace, config: Any) -> tuple[str, ...]:
+    """What the live view watches: the core kinds, PodDisruptionBudgets for the extender's /preempt,
+    and the mirrored ResourceQuotas where the webhook's quota mirror runs."""
+    from gpu_placement.ingest import KINDS
+
+    extra = ("poddisruptionbudgets",) if "extender" in args.components else ()
+    if "webhook" in args.components and getattr(args, "quota_mirror", True) and config.mode != "audit":
+        extra += ("resourcequotas",)
+    return (*KINDS, *extra)
 
 
 def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:

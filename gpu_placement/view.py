@@ -92,6 +92,11 @@ class ClusterView:
         self.telemetry: dict[str, Telemetry] = {}
         self.namespace_usage: dict[str, dict[str, int]] = {}
         self.validators: dict[str, dict[str, bool]] = {}  # node -> validator pod key -> Ready
+        self.nominated: dict[str, set[str]] = {}  # node -> unbound GPU pods nominated there (status.nominatedNodeName)
+        # Kinds kept as records only, by key (gpu_placement/ingest.py OBJECT_KINDS): PodDisruptionBudgets
+        # by namespace/name (the extender's /preempt), the mirrored ResourceQuotas by namespace (the webhook).
+        self.poddisruptionbudgets: dict[str, Any] = {}
+        self.resourcequotas: dict[str, Any] = {}
         self.reservations: dict[str, Reservation] = {}
         self.generation = 0  # bumped on every change: cheap "has anything changed" for callers
         self.listed: set[str] = set()  # kinds whose first full list is in
@@ -263,6 +268,33 @@ class ClusterView:
                 upsert(record)
             self.listed.add(kind)
 
+    # -- records without derived figures (OBJECT_KINDS) -------------------------------------------
+    def upsert_object(self, kind: str, key: str, record: object) -> None:
+        with self.lock:
+            table = self._table(kind)
+            if table.get(key) != record:
+                table[key] = record
+                self._touch()
+
+    def delete_object(self, kind: str, key: str) -> None:
+        with self.lock:
+            if self._table(kind).pop(key, None) is not None:
+                self._touch()
+
+    def replace_objects(self, kind: str, records: dict[str, object]) -> None:
+        with self.lock:
+            table = self._table(kind)
+            if table != records:
+                table.clear()
+                table.update(records)
+                self._touch()
+            self.listed.add(kind)
+
+    def _table(self, kind: str) -> dict[str, Any]:
+        if kind not in ("poddisruptionbudgets", "resourcequotas"):
+            raise ValueError(f"unknown kind {kind!r}")
+        return getattr(self, kind)  # type: ignore[no-any-return]
+
     # -- reservations and telemetry ------------------------------------------------------------
     def reserve(self, pod: str, node: str, gpus: GpuRequests, memory_annotation: str | None,
                 uid: str = "") -> Reservation:
@@ -314,6 +346,8 @@ class ClusterView:
             usage = self.namespace_usage.setdefault(pod.namespace, {})
             for resource, count in pod.gpus:
                 usage[resource] = usage.get(resource, 0) + count
+            if pod.nominated and not pod.node:  # preemption made room there: /filter holds it (nominated.py)
+                self.nominated.setdefault(pod.nominated, set()).add(key)
         if pod.node:
             self._node_pods.setdefault(pod.node, set()).add(key)
             if pod.active and pod.gpus:
@@ -334,6 +368,12 @@ class ClusterView:
                 usage[resource] = usage.get(resource, 0) - count
                 if usage[resource] <= 0:
                     del usage[resource]
+        if pod.nominated and not pod.node:
+            held = self.nominated.get(pod.nominated)
+            if held is not None:
+                held.discard(key)
+                if not held:
+                    del self.nominated[pod.nominated]
         if pod.node:
             self._node_pods.get(pod.node, set()).discard(key)
             self._discharge(key)

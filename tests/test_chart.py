@@ -460,6 +460,7 @@ def test_scheduler_rbac(rendered: Rendered) -> None:
     extender_rules = rendered.one("ClusterRole", f"{name}-extender")["rules"]
     assert extender_rules == [
         {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},  # /preempt
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     ]
     assert rendered.deployment("scheduler")["spec"]["template"]["spec"]["serviceAccountName"] == sa

@@ -8,7 +8,7 @@ resource, the figures and the annotation to change.
 Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, ChoseGpuNodes, NoGpuAsked, NotAPodCreate,
 Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed (in this module); BadPod
 (review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); NotShaped (shaping.py); OverQuota,
-NotInQuota (quota.py). In audit mode a would-be denial is counted as `Audit<code>`.
+NotInQuota (quota.py); QuotaPending (quota_gate.py). In audit mode a would-be denial is counted as `Audit<code>`.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from webhook.namespace_reader import NamespaceReader
 from webhook.patches import asks_for_gpu_nodes, gpu_patch, protect_patch, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
 from webhook.quota import Reservations, quota_problems
+from webhook.quota_gate import QUOTA_PENDING, quota_pending
 from webhook.review import (
     AdmissionRequest,
     AdmissionResponse,
@@ -68,12 +69,15 @@ class Decision:
 
 
 class Admission:
-    def __init__(self, view: ClusterView, config: Config, api: Any = None) -> None:
+    def __init__(self, view: ClusterView, config: Config, api: Any = None, quota_gate: bool = False) -> None:
         """`api`: the kubernetes ApiClient when there is an API server (holds are then settled by lists
-        of pods, see webhook/holds.py); None with --snapshot."""
+        of pods, see webhook/holds.py); None with --snapshot. `quota_gate`: the view watches the mirrored
+        ResourceQuotas, and GPU pods are admitted only while the API server enforces the quota
+        (webhook/quota_gate.py)."""
         self.view = view
         self.config = config
         self.api = api
+        self.quota_gate = quota_gate
         self.policies = PolicyCache(config)
         self.reservations = Reservations(view, config.reservation_ttl_seconds, listed=api is not None)
         self.reader = NamespaceReader(view, api) if api is not None else None
@@ -209,14 +213,18 @@ class Admission:
                 with self.view.lock:
                     used = dict(self.view.namespace_usage.get(namespace) or {})
                     pending = self.reservations.pending(namespace, exclude=subject.key)
-                problems += quota_problems(namespace, policy.quota, used, pending, gpus)
+                    enforced = self.view.resourcequotas.get(namespace)
+                over = quota_problems(namespace, policy.quota, used, pending, gpus)
+                problems += over or (quota_pending(namespace, policy.quota, enforced, gpus) if self.quota_gate else [])
         texts = [text for _, text in problems]
         warnings = list(policy.warnings)
         audit = config.mode == "audit"
         if problems and not audit:
             message = texts[0] if len(texts) == 1 else f"{len(texts)} problems: " + " ".join(
                 f"({i}) {text};" for i, text in enumerate(texts, 1)).rstrip(";")
-            response = denied(uid, message)
+            # 503 for the one refusal that passes by itself (the quota not in force yet): nothing is wrong with the pod.
+            response = denied(uid, message, 503, "ServiceUnavailable") if problems[0][0] == QUOTA_PENDING and len(
+                problems) == 1 else denied(uid, message)
             if warnings:
                 response["warnings"] = warnings
             if policy.quota is not None and not subject.dry_run:
