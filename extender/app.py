@@ -23,8 +23,9 @@ from extender.wire import ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement import metrics, shape
 from gpu_placement.cluster_metrics import tracker_for
 from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
+from gpu_placement.nominated import keep_for_nominated
 from gpu_placement.placement import FilterResult, Placement
-from gpu_placement.pods import pod_key
+from gpu_placement.pods import pod_key, pod_priority
 from gpu_placement.requirements import Requirements
 from gpu_placement.rules import unknown_node
 from gpu_placement.shape import ShapeError
@@ -90,9 +91,12 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         except (WireError, ShapeError) as exc:
             return refuse(verb, 400, "malformed", str(exc))
 
-    def decide(req: Requirements, names: list[str], objects: list[dict[str, Any]] | None
+    def decide(pod: dict[str, Any], req: Requirements, names: list[str], objects: list[dict[str, Any]] | None
                ) -> tuple[FilterResult, bytes] | ORJSONResponse:
         result = placement.filter(req, names)  # a kind's unchanged answer comes back with its bytes
+        # Room preemption made for a nominated pod of equal or higher priority stays its (nominated.py).
+        result = keep_for_nominated(placement, req, result, pod_priority(pod.get("spec") or {}),
+                                    str((pod.get("metadata") or {}).get("uid") or ""))
         try:
             return result, _encode_filter(result, objects)
         except ShapeError as exc:  # a passing node too deep to echo back
@@ -109,7 +113,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         req = placement.requirements(pod)
         if req.wants_gpu and req.error is None:  # a pod no node can take is not bound; and its text is not kept
             remember(pod, req)
-        decided = decide(req, names, objects)
+        decided = decide(pod, req, names, objects)
         if isinstance(decided, ORJSONResponse):
             return decided
         result, encoded = decided
@@ -119,7 +123,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             # its informer, while our own watch may still be a few milliseconds behind; answered from
             # that view, the pod would wait for the next event or kube-scheduler's 5-minute flush. So
             # the view gets a moment to take a change already on its way, and the pod is judged again.
-            decided = decide(req, names, objects)
+            decided = decide(pod, req, names, objects)
             if isinstance(decided, ORJSONResponse):
                 return decided
             result, encoded = decided

@@ -394,6 +394,10 @@ class ClusterView:
             return frozen.ask
         return self._ask(pod)[0]
 
+    def ask_of(self, pod: PodRecord) -> str | None:
+        """The memory ask a pod is (or, unbound, would be) charged by: its annotation, else its namespace's."""
+        return self._memory_annotation(pod)
+
     def _ask(self, pod: PodRecord) -> tuple[str | None, str]:
         if pod.memory_annotation is not None:
             return pod.memory_annotation, "pod annotation"
