@@ -4,7 +4,7 @@ One daemon thread per kind runs the reflector loop client-go runs, written out b
 `kubernetes` client's own `Watch` helper cannot be used (KeyError on ERROR events, a frozen
 resourceVersion, no reconnect with `timeout_seconds`, 410s retried from the same version):
 
-    list (paged: limit/continue) -> ingest.replace, the view swaps to it in one go
+    list (paged: limit/continue) -> ingest.relist: nothing changes until the last page is in
     watch from the list's resourceVersion (allowWatchBookmarks, timeoutSeconds)
       stream ended by the server, or cut      -> watch again from the last version seen
       410 Gone (ERROR event or HTTP status)   -> list again
@@ -228,7 +228,7 @@ class LiveSource:
         builds the new records first, then swaps under its lock), so a failed list changes nothing."""
         version: list[str | None] = [None]
         start = time.monotonic()
-        self.ingest.replace(self.view, state.kind, self._pages(state, version))
+        self.ingest.relist(self.view, state.kind, self._pages(state, version))
         state.version = version[0] or "0"
         state.progressed = True
         log.info("%s listed: %d in the view at resourceVersion %s in %.2f s", state.kind, self._count(state.kind),

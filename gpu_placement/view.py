@@ -5,7 +5,8 @@ derived figures it touches (free GPU units and memory of one node, one namespace
 listeners which node changed, so per-request work never rescans the cluster.
 
 Thread model: sources write from their own threads under `lock`; readers on the request path take
-`lock` for the few hundred microseconds they need, so they never see half of a relist.
+`lock` for the few hundred microseconds they need, so they never see half of a change. A relist is
+applied as its changes, a slice at a time (`_replace`): readers see it as they see a watch's events.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from gpu_placement.config import Config
@@ -28,6 +30,7 @@ from gpu_placement.rules import ValidatorState, charge
 __all__ = ["ClusterView", "Frozen", "Reservation", "Telemetry", "same_pod"]
 
 NodeListener = Callable[[str | None], None]  # a node name, or None for "everything changed"
+_SLICE = 256  # relisted changes applied per hold of the lock
 _NO_VALIDATOR = ValidatorState(None, False)
 
 
@@ -213,8 +216,10 @@ class ClusterView:
                     listener(key, None)
             self.release(key, uid)  # a pod deleted between /bind and the watch holds nothing any more
 
-    def replace_pods(self, records: Iterable[PodRecord]) -> None:
-        self._replace("pods", self.pods, {pod.key: pod for pod in records}, self._delete_listed_pod, self.upsert_pod)
+    def replace_pods(self, records: Iterable[PodRecord] | dict[str, PodRecord]) -> None:
+        """A full list of pods (records, or records by key)."""
+        fresh = records if isinstance(records, dict) else {pod.key: pod for pod in records}
+        self._replace("pods", self.pods, fresh, self._delete_listed_pod, self.upsert_pod)
 
     def _delete_listed_pod(self, key: str) -> None:
         """A relist without the pod: that pod (its UID) is gone; a reservation made for a newer pod of
@@ -257,15 +262,22 @@ class ClusterView:
         """A full relist of one kind: apply only the differences, so a relist costs what changed.
 
         `fresh` is complete before the lock is taken (a live source hands in records built from pages
-        as they arrive: no network I/O may happen under the lock), and the comparison runs outside it
-        too; only the changes are applied under it, so readers wait for what changed, not for 150,000
-        equal records to be compared."""
-        changed = [record for key, record in fresh.items() if current.get(key) != record]
+        as they arrive: no network I/O may happen under the lock, and a list that fails changes
+        nothing), and the comparison runs outside it too. The changes are applied in slices of
+        `_SLICE`, each under the lock, handing the GIL over in between: a reader waits for one slice
+        (a few milliseconds), never for a relist of 10,000 changes. A reader may see a relist partly
+        applied, as it sees a watch's events one at a time; `listed` marks the kind complete at the end."""
+        changed = [record for key, record in fresh.items() if (old := current.get(key)) is not record and old != record]
+        gone = list(current.keys() - fresh.keys())  # C-level set work; only this kind's source writes it
+        work: list[Callable[[], None]] = [*(partial(delete, key) for key in gone),
+                                          *(partial(upsert, record) for record in changed)]
+        for start in range(0, len(work), _SLICE):
+            with self.lock:
+                for step in work[start:start + _SLICE]:
+                    step()
+            if start + _SLICE < len(work):
+                time.sleep(0)  # let a request waiting for the lock (or the GIL) in before the next slice
         with self.lock:
-            for key in current.keys() - fresh.keys():  # C-level set work; other threads may write meanwhile
-                delete(key)
-            for record in changed:
-                upsert(record)
             self.listed.add(kind)
 
     # -- records without derived figures (OBJECT_KINDS) -------------------------------------------
