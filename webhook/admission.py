@@ -139,13 +139,17 @@ class Admission:
             # How to shape the pod is unknown; /validate denies it with the same sentences.
             problems = [policy.errors[key] for key in (n.ANN_SHARING, n.ANN_POOLS) if key in policy.errors]
             return self._decision(allowed(uid, warnings=problems), POLICY_BROKEN, subject, problems)
-        sharing = self._sharing(policy, subject)
-        pools = [config.pools[name] for name in policy.pools]
+        ops = self._shape(policy, subject)
+        return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
+
+    def _shape(self, policy: NamespacePolicy, subject: Subject) -> list[dict[str, Any]]:
+        """The patch that shapes a GPU pod under its namespace's policy: empty for a pod already shaped
+        (/validate asks the same question, webhook/shaping.py)."""
+        pools = [self.config.pools[name] for name in policy.pools]
         # DaemonSet pods keep their scheduler: the controller pins each to its node, and the extender
         # would refuse nodes the DaemonSet's own tolerations allow.
-        ops = gpu_patch(pod, subject.gpus, sharing, pools, policy.gpu_memory, config,
-                        keep_scheduler=_is_daemonset_pod(pod))
-        return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
+        return gpu_patch(subject.pod, subject.gpus, self._sharing(policy, subject), pools, policy.gpu_memory,
+                         self.config, keep_scheduler=_is_daemonset_pod(subject.pod))
 
     def _sharing(self, policy: NamespacePolicy, subject: Subject) -> Sharing:
         """The pod's own narrower ask when it has a valid one; the namespace's level otherwise (a wider
@@ -241,10 +245,8 @@ class Admission:
         """A GPU pod in a namespace with a GPU policy that /mutate did not shape (webhook/shaping.py)."""
         if not policy.shapes_ok or not governed(policy, self.config):
             return []
-        text = unshaped(subject.pod, subject.gpus, subject.namespace, where, self._sharing(policy, subject),
-                        [self.config.pools[name] for name in policy.pools], policy, self.config,
-                        _is_daemonset_pod(subject.pod))
-        return [(NOT_SHAPED, text)] if text else []
+        ops = self._shape(policy, subject)
+        return [(NOT_SHAPED, unshaped(ops, subject.namespace, where))] if ops else []
 
     def _no_access(self, namespace: str, gpus: GpuRequests) -> str:
         asks = ", ".join(f"{count} {resource}" for resource, count in gpus)

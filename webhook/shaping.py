@@ -18,10 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_placement import names as n
-from gpu_placement.config import Config, Pool
-from gpu_placement.pods import GpuRequests
-from webhook.patches import escape, gpu_patch
-from webhook.policy import NamespacePolicy, Sharing
+from gpu_placement.config import Config
+from webhook.patches import escape
+from webhook.policy import NamespacePolicy
 
 __all__ = ["NOT_SHAPED", "governed", "unshaped"]
 
@@ -41,13 +40,10 @@ def governed(policy: NamespacePolicy, config: Config) -> bool:
     return policy.annotated or config.default_namespace_policy == "deny"
 
 
-def unshaped(pod: Mapping[str, Any], gpus: GpuRequests, namespace: str, where: str, sharing: Sharing,
-             pools: Sequence[Pool], policy: NamespacePolicy, config: Config, keep_scheduler: bool) -> str | None:
-    """The denial sentence when the pod is not as /mutate would have left it; None when it is."""
-    ops = gpu_patch(pod, gpus, sharing, pools, policy.gpu_memory, config, keep_scheduler=keep_scheduler)
-    if not ops:
-        return None
-    fields = list(dict.fromkeys(_field(op["path"]) for op in ops))
+def unshaped(ops: Sequence[Mapping[str, Any]], namespace: str, where: str) -> str:
+    """The denial sentence for a pod /mutate would still patch with `ops` (webhook/admission.py
+    `Admission._shape`, the function /mutate itself uses): what it lacks, why, and what to do."""
+    fields = list(dict.fromkeys(_field(str(op["path"])) for op in ops))
     return (f"{where} was not shaped by gpu-placement's mutating webhook, which GPU pods in namespace {namespace} "
             f"must be (the namespace has a GPU policy); it lacks "
             f"{', '.join(fields)}. Most likely the webhook could not be reached when the pod was created (its "
