@@ -364,6 +364,9 @@ class ControlPlane:
             # Validating webhooks, ResourceQuota, ...) plus NodeRestriction, as kubeadm sets it.
             "--enable-admission-plugins=NodeRestriction",
             "--service-cluster-ip-range=10.0.0.0/24",
+            # 1.37 refuses a loopback advertise address with the default endpoint reconciler; nothing
+            # here reads the `kubernetes` Service's endpoints (every client dials this address).
+            "--endpoint-reconciler-type=none",
             f"--egress-selector-config-file={w / 'egress.yaml'}",
             "--profiling=false", "--v=1"])
         self.api = Api(self.server, self.ca_path, ADMIN_TOKEN)
