@@ -181,8 +181,9 @@ def part1(args: argparse.Namespace, bench: Any) -> None:
     view = ClusterView(config)
     ingest = Ingest(config)
     start = time.monotonic()
+    relist = getattr(ingest, "relist", ingest.replace)  # a tree from before Ingest.relist: a before/after
     for kind in KINDS:
-        ingest.relist(view, kind, [obj for obj in objects if Ingest.kind_of(obj) == kind])
+        relist(view, kind, [obj for obj in objects if Ingest.kind_of(obj) == kind])
     gc.collect()
     gc.freeze()
     print(f"  view: {len(view.nodes)} nodes, {len(view.pods)} pods, listed in {time.monotonic() - start:.1f} s")
@@ -214,8 +215,8 @@ def part1(args: argparse.Namespace, bench: Any) -> None:
             time.sleep(args.seconds)  # the quiet window
             quiet_waits = len(waits)
             began = time.monotonic_ns()
-            ingest.relist(view, "nodes", _parsed(node_pages))  # as LiveSource._list hands them over
-            ingest.relist(view, "pods", _parsed(pod_pages))
+            relist(view, "nodes", _parsed(node_pages))  # as LiveSource._list hands them over
+            relist(view, "pods", _parsed(pod_pages))
             ended = time.monotonic_ns()
             time.sleep(0.5)
             probing.set()
@@ -306,9 +307,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.client:
         return client(int(args.client[0]), args.client[1], float(args.client[2]))
-    from gpu_placement.serve import SWITCH_INTERVAL_S
+    from gpu_placement import serve
 
-    sys.setswitchinterval(args.switch_interval or SWITCH_INTERVAL_S)
+    sys.setswitchinterval(args.switch_interval or getattr(serve, "SWITCH_INTERVAL_S", 0.005))
     bench = _cache_bench()
     load = os.getloadavg()
     print(f"relist_bench: load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs "
