@@ -95,7 +95,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
                ) -> tuple[FilterResult, bytes] | ORJSONResponse:
         result = placement.filter(req, names)  # a kind's unchanged answer comes back with its bytes
         # Room preemption made for a nominated pod of equal or higher priority stays its (nominated.py).
-        result = keep_for_nominated(placement, req, result, pod_priority(pod.get("spec") or {}),
+        result = keep_for_nominated(placement, req, result, pod_priority(pod.get("spec") or {}), _key(pod),
                                     str((pod.get("metadata") or {}).get("uid") or ""))
         try:
             return result, _encode_filter(result, objects)

@@ -23,7 +23,7 @@ import orjson
 from gpu_placement.placement import FilterResult, Freed, Placement
 from gpu_placement.requirements import Requirements, parse_memory
 from gpu_placement.rules import Rejection, charge
-from gpu_placement.view import ClusterView
+from gpu_placement.view import ClusterView, same_pod
 
 __all__ = ["HELD_FOR_NOMINATED", "held_for_nominated", "keep_for_nominated"]
 
@@ -31,14 +31,16 @@ HELD_FOR_NOMINATED = ("; part of what is free there is held for a pod of equal o
                       "made room for (status.nominatedNodeName)")
 
 
-def held_for_nominated(view: ClusterView, node: str, priority: int, uid: str) -> Freed:
+def held_for_nominated(view: ClusterView, node: str, priority: int, pod_key: str, uid: str) -> Freed:
     """(units, MiB) per resource the pods nominated to `node` with at least `priority`, other than the
-    pod `uid`, will hold there, as negative figures (what is free, less them). Call under `view.lock`."""
+    pod being judged (`pod_key`, `uid`), will hold there, as negative figures (what is free, less them).
+    Call under `view.lock`."""
     facts = view.nodes.get(node)
     held: dict[str, tuple[int, int]] = {}
     for key in view.nominated.get(node, ()):
         pod = view.pods.get(key)
-        if pod is None or pod.priority < priority or (uid and pod.uid == uid) or key in view.reservations:
+        if pod is None or pod.priority < priority or (key == pod_key and same_pod(pod.uid, uid)) or (
+                key in view.reservations):
             continue
         ask = view.ask_of(pod)
         try:
@@ -53,7 +55,7 @@ def held_for_nominated(view: ClusterView, node: str, priority: int, uid: str) ->
 
 
 def keep_for_nominated(placement: Placement, req: Requirements, result: FilterResult, priority: int,
-                       uid: str) -> FilterResult:
+                       pod_key: str, uid: str) -> FilterResult:
     """`result` (a /filter answer), with the passing nodes where what the nominated pods will take leaves
     too little for this pod moved to FailedNodes (preemption may help: a resolvable reason). The same
     object when no node changes, which is the case whenever no pod is nominated."""
@@ -65,7 +67,7 @@ def keep_for_nominated(placement: Placement, req: Requirements, result: FilterRe
         passed = set(result.passed) & view.nominated.keys()
         for node in passed:
             need = placement.entry(req, node)
-            held = held_for_nominated(view, node, priority, uid)
+            held = held_for_nominated(view, node, priority, pod_key, uid)
             if not held or need is None or need.__class__ is Rejection:
                 continue
             shortfall = placement.shortfall(node, need, held)  # type: ignore[arg-type]

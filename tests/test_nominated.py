@@ -63,8 +63,11 @@ def test_a_lower_priority_pod_cannot_take_the_room_preemption_made(extender: Ext
     # Equal priority: held too (kube-scheduler adds nominated pods of >= priority); higher: not held.
     assert extender.filter(_asking("peer", 1000), [T4])["NodeNames"] == []
     assert extender.filter(_asking("boss", 2000), [T4])["NodeNames"] == [T4]
-    # The nominated pod itself is not kept out by its own nomination.
+    # The nominated pod itself is not kept out by its own nomination (by UID; by name when it has none).
     assert extender.filter(_asking("hi", 1000), [T4])["NodeNames"] == [T4]
+    unnamed = _asking("hi", 1000)
+    del unnamed["metadata"]["uid"]
+    assert extender.filter(unnamed, [T4])["NodeNames"] == [T4]
 
 
 def test_the_hold_ends_when_the_pod_binds_or_gives_up(extender: Extender) -> None:
