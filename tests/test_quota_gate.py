@@ -56,9 +56,13 @@ class Gated:
         status = {key: value for key, value in (("hard", hard), ("used", used)) if value is not None}
         self.fake.upsert({"kind": "ResourceQuota", "metadata": {"name": "gpu-placement", "namespace": ns},
                           "spec": {"hard": spec}, "status": status})
-        wanted = {f"requests.{GPU}"} & set(used or {})
-        wait_for(lambda: (self.hook.view.resourcequotas.get(ns) is not None
-                          and self.hook.view.resourcequotas[ns].used == wanted), 5.0, what="the quota watched")
+        wanted = ({key: int(value) for key, value in (hard or {}).items()}, {f"requests.{GPU}"} & set(used or {}))
+
+        def watched() -> bool:
+            record = self.hook.view.resourcequotas.get(ns)
+            return record is not None and (dict(record.hard), set(record.used)) == wanted
+
+        wait_for(watched, 5.0, what="the quota watched")
 
     def annotate(self, quota: str, ns: str = "fresh") -> None:
         self.fake.set_annotations("Namespace", ns, {QUOTA: quota})

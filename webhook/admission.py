@@ -26,7 +26,7 @@ from webhook.namespace_reader import NamespaceReader
 from webhook.patches import asks_for_gpu_nodes, gpu_patch, protect_patch, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
 from webhook.quota import Reservations, quota_problems
-from webhook.quota_gate import QUOTA_PENDING, quota_pending
+from webhook.quota_gate import GATED_HOLD_SECONDS, QUOTA_PENDING, quota_pending
 from webhook.review import (
     AdmissionRequest,
     AdmissionResponse,
@@ -79,7 +79,10 @@ class Admission:
         self.api = api
         self.quota_gate = quota_gate
         self.policies = PolicyCache(config)
-        self.reservations = Reservations(view, config.reservation_ttl_seconds, listed=api is not None)
+        # With the API server enforcing the quota (the gate), a hold only brings the friendlier sentence
+        # forward; one whose pod the API server refused then blocks no one past a short list (holds.py).
+        due = min(config.reservation_ttl_seconds, GATED_HOLD_SECONDS) if quota_gate else config.reservation_ttl_seconds
+        self.reservations = Reservations(view, due, listed=api is not None)
         self.reader = NamespaceReader(view, api) if api is not None else None
 
     def policy(self, namespace: str) -> NamespacePolicy:

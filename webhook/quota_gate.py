@@ -30,9 +30,15 @@ from gpu_placement import names as n
 from gpu_placement.pods import GpuRequests
 from gpu_placement.resourcequotas import MIRROR_NAME, QuotaStatus
 
-__all__ = ["QUOTA_PENDING", "quota_pending"]
+__all__ = ["GATED_HOLD_SECONDS", "QUOTA_PENDING", "quota_pending"]
 
 QUOTA_PENDING = "QuotaPending"
+# When a replica's hold (a pod it admitted that its view has not shown) is settled by a list of the
+# namespace's pods, with the gate on. The API server's quota refuses what several replicas let in
+# together beyond the quota, and those pods never come: without the gate their holds must last
+# reservationTTLSeconds (60 s) against watch lag; with it the API server is the limit, so they are
+# settled after a few seconds, and the namespace is not kept full by pods that do not exist.
+GATED_HOLD_SECONDS = 5.0
 
 
 def quota_pending(namespace: str, quota: Mapping[str, int], status: QuotaStatus | None,
