@@ -22,13 +22,11 @@ import orjson
 
 from gpu_placement.placement import FilterResult, Freed, Placement
 from gpu_placement.requirements import Requirements, parse_memory
-from gpu_placement.rules import Rejection, charge
+from gpu_placement.rules import HELD_FOR_NOMINATED, Rejection, charge
 from gpu_placement.view import ClusterView, same_pod
 
-__all__ = ["HELD_FOR_NOMINATED", "held_for_nominated", "keep_for_nominated"]
+__all__ = ["held_for_nominated", "keep_for_nominated"]
 
-HELD_FOR_NOMINATED = ("; part of what is free there is held for a pod of equal or higher priority that preemption "
-                      "made room for (status.nominatedNodeName)")
 
 
 def held_for_nominated(view: ClusterView, node: str, priority: int, pod_key: str, uid: str) -> Freed:
