@@ -2,9 +2,9 @@
 
 1. Prune what the service cannot import. The `kubernetes` distribution ships its client twice: the
    synchronous one the service uses (gpu_placement/kube.py: configuration, auth, one raw call) and
-   an asyncio twin, `kubernetes.aio`, 60 MB of generated code that needs aiohttp. The twin goes, and
-   with it every distribution that only it needs (aiohttp and its stack), found from the installed
-   metadata rather than listed by hand.
+   an asyncio twin, `kubernetes.aio`, 60 MB of generated code. The twin goes, and with it each
+   distribution kubernetes requires for it that nothing else requires (aiohttp-retry; aiohttp
+   stays while the service's /bind uses it), found from the installed metadata.
 2. Byte-code for exactly what the service imports. pip installed no .pyc (`--no-compile`); this
    runs each command the image serves once, as the chart runs it, with byte-code writing on, so
    Python writes a .pyc for every module that is imported and for no other (the thousands of
@@ -37,8 +37,10 @@ from importlib.metadata import PathDistribution
 from pathlib import Path
 from typing import Any
 
-# The asyncio twin, and the distributions it brings.
+# The asyncio twin, and what kubernetes requires for it alone (aiohttp is the service's own
+# dependency too since /bind went asynchronous: it stays, and so does what it needs).
 PRUNED_PACKAGES = ["kubernetes/aio"]
+PRUNED_OWNER = "kubernetes"
 PRUNED_ROOTS = ["aiohttp", "aiohttp-retry"]
 
 # A pod for `explain`, as a user would write it.
@@ -64,15 +66,19 @@ def _requires(dist: PathDistribution) -> set[str]:
     return names
 
 
-def exclusive_dependencies(dists: dict[str, PathDistribution], roots: list[str]) -> list[str]:
-    """`roots` and every distribution that nothing outside that set requires."""
-    gone = {_name(r) for r in roots if _name(r) in dists}
+def exclusive_dependencies(dists: dict[str, PathDistribution], roots: list[str], owner: str) -> list[str]:
+    """Of `roots` (requirements of `owner` for the part of it pruned) and what they need, the
+    distributions that nothing else requires: each goes when every distribution requiring it is
+    `owner` or goes too."""
+    users = {name: {user for user, d in dists.items() if name in _requires(d)} for name in dists}
+    candidates = {_name(r) for r in roots if _name(r) in dists}
+    gone: set[str] = set()
     while True:
-        more = {dep for name in gone for dep in _requires(dists[name]) if dep in dists and dep not in gone
-                and all(user in gone for user, d in dists.items() if dep in _requires(d))}
+        more = {name for name in candidates - gone if users[name] <= gone | {owner}}
         if not more:
             return sorted(gone)
         gone |= more
+        candidates |= {dep for name in more for dep in _requires(dists[name]) if dep in dists}
 
 
 def prune(venv: Path, site: Path) -> None:
@@ -82,10 +88,14 @@ def prune(venv: Path, site: Path) -> None:
     dists = _distributions(site)
     for name in PRUNED_ROOTS:
         assert name in dists, f"{name} is not installed: update PRUNED_ROOTS"
-    names = exclusive_dependencies(dists, PRUNED_ROOTS)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "uninstall",
-                    "--yes", "--quiet", *names], check=True)
-    print(f"slim: uninstalled {', '.join(names)} (needed by kubernetes.aio only)")
+    names = exclusive_dependencies(dists, PRUNED_ROOTS, PRUNED_OWNER)
+    if names:
+        subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "uninstall",
+                        "--yes", "--quiet", *names], check=True)
+        print(f"slim: uninstalled {', '.join(names)} (required for {PRUNED_OWNER}.aio only)")
+    for name in sorted(set(PRUNED_ROOTS) - set(names)):
+        needed = sorted(u for u, d in dists.items() if name in _requires(d) and u != PRUNED_OWNER)
+        print(f"slim: kept {name} (required by {', '.join(needed)})")
 
 
 # -- running the service's commands once ---------------------------------------------------------
