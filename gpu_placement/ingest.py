@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpu_placement.config import Config
+from gpu_placement.dra.state import DRA_BY_KIND, DRA_KINDS
 from gpu_placement.namespaces import NamespaceRecord, namespace_from_json
 from gpu_placement.nodes import NodeFacts, node_from_json
 from gpu_placement.pods import PodRecord, pod_from_json, pod_key
@@ -50,6 +51,10 @@ class Ingest:
             view.replace_pods(self.pod(obj) for obj in objects)
         elif kind == "namespaces":
             view.replace_namespaces(self.namespace(obj) for obj in objects)
+        elif kind in DRA_KINDS:
+            view.dra.replace(kind, list(objects))
+            with view.lock:
+                view.listed.add(kind)
         else:
             raise ValueError(f"unknown kind {kind!r}")
 
@@ -65,9 +70,12 @@ class Ingest:
             view.delete_pod(key) if deleted else view.upsert_pod(self.pod(obj))
         elif kind == "namespaces":
             view.delete_namespace(name) if deleted else view.upsert_namespace(self.namespace(obj))
+        elif kind in DRA_KINDS:
+            view.dra.event(kind, event_type, obj)
         else:
             raise ValueError(f"unknown kind {kind!r}")
 
     @staticmethod
     def kind_of(obj: Mapping[str, Any]) -> str | None:
-        return _BY_KIND.get(str(obj.get("kind") or ""))
+        kind = str(obj.get("kind") or "")
+        return _BY_KIND.get(kind) or DRA_BY_KIND.get(kind)

@@ -19,6 +19,7 @@ from extender.binding import Binder, SnapshotBinder
 from gpu_placement import metrics
 from gpu_placement.cluster_metrics import track_cluster
 from gpu_placement.config import Config
+from gpu_placement.dra.state import DRA_KINDS
 from gpu_placement.ingest import KINDS, Ingest
 from gpu_placement.placement import Placement
 from gpu_placement.snapshot import SnapshotSource
@@ -92,13 +93,13 @@ def _core(config: Config, binder_for: Callable[[ClusterView], Binder]) -> Core:
 def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
     """A view of these objects only (the demo, tests): bindings are recorded in the view."""
     core = _core(config, SnapshotBinder)
-    by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
+    by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in (*KINDS, *DRA_KINDS)}
     for obj in objects:
         kind = Ingest.kind_of(obj)
         if kind is not None:
             by_kind[kind].append(obj)
     with core.view.lock:
-        for kind in KINDS:
+        for kind in (*KINDS, *(k for k in DRA_KINDS if by_kind[k])):
             core.ingest.replace(core.view, kind, by_kind[kind])
     metrics.heard_from_source()  # the objects are the source, listed in full
     metrics.SOURCE_UP.set(1)
