@@ -23,7 +23,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,7 @@ class _Kind:
 
     kind: str
     path: str
+    selector: str | None = None  # fieldSelector of its list and watch
     version: str | None = None  # resume point; None: list first
     healthy: bool = False  # the API server answered our last request for this kind
     progressed: bool = False  # something arrived since the last restart
@@ -82,13 +83,17 @@ class LiveSource:
     """Feeds `view` from the API server behind `api_client`. `start()` once, `stop()` once."""
 
     def __init__(self, view: ClusterView, ingest: Ingest, api_client: ApiClient,
-                 settings: WatchSettings | None = None, kinds: tuple[str, ...] = KINDS) -> None:
+                 settings: WatchSettings | None = None, kinds: tuple[str, ...] = KINDS,
+                 paths: Mapping[str, str] | None = None, selectors: Mapping[str, str] | None = None) -> None:
+        """`paths`, `selectors`: where kinds beyond the core three are served (the DRA kinds, found by
+        discovery), and a fieldSelector per kind."""
         self.view = view
         self.ingest = ingest
         self.api = api_client
         self.settings = settings or WatchSettings()
         self.kinds = kinds
-        self._states = {kind: _Kind(kind, _PATHS[kind], counters={
+        every = {**_PATHS, **(paths or {})}
+        self._states = {kind: _Kind(kind, every[kind], (selectors or {}).get(kind), counters={
             t: metrics.WATCH_EVENTS.labels(kind, t) for t in _EVENT_TYPES}) for kind in kinds}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -233,6 +238,8 @@ class LiveSource:
         token: str | None = None
         while True:
             query: list[tuple[str, str | int | bool]] = [("limit", self.settings.page_size)]
+            if state.selector:
+                query.append(("fieldSelector", state.selector))
             if token:
                 query.append(("continue", token))
             response = self._request(state, query, self.settings.list_timeout)
@@ -266,7 +273,8 @@ class LiveSource:
                 return
 
     def _count(self, kind: str) -> int:
-        return len(getattr(self.view, kind))
+        table = getattr(self.view, kind, None)
+        return len(table) if table is not None else self.view.dra.count(kind)
 
     def _freeze_once(self) -> None:
         """Once every kind's first list is in (the pods' being by far the largest), move the heap built
@@ -291,6 +299,8 @@ class LiveSource:
         query: list[tuple[str, str | int | bool]] = [
             ("watch", True), ("allowWatchBookmarks", True), ("resourceVersion", state.version or "0"),
             ("timeoutSeconds", self.settings.server_timeout)]
+        if state.selector:
+            query.append(("fieldSelector", state.selector))
         response = self._request(state, query, self.settings.watch_timeout)
         opened = time.monotonic()
         try:
@@ -422,7 +432,9 @@ def _classify(error: ApiError, listing: bool) -> _Restart:
     if error.status >= 500:
         return _Restart("unavailable", f"API server error ({error})", failed=True, retry_after=error.retry_after)
     if error.status in (401, 403):
-        hint = " (RBAC: the service needs list and watch on namespaces, nodes and pods)" if error.status == 403 else ""
+        hint = (" (RBAC: the service needs list and watch on namespaces, nodes and pods, and on resource.k8s.io's "
+                "resourceslices, deviceclasses, resourceclaims and resourceclaimtemplates where DRA is served)"
+                if error.status == 403 else "")
         return _Restart("refused", f"{error}{hint}", failed=True)
     return _Restart("refused", str(error), failed=True, relist=True)
 

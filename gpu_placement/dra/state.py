@@ -126,6 +126,10 @@ class DraState:
         {"resourceslices": self.replace_slices, "deviceclasses": self.replace_classes,
          "resourceclaims": self.replace_claims, "resourceclaimtemplates": self.replace_templates}[kind](objects)
 
+    def count(self, kind: str) -> int:
+        return len({"resourceslices": self.slices, "deviceclasses": self.classes, "resourceclaims": self.claims,
+                    "resourceclaimtemplates": self.templates}[kind])
+
     def event(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         name = str(meta.get("name") or "")
