@@ -52,9 +52,9 @@ class Live:
 @pytest.fixture
 def served() -> Iterator[Live]:
     with FakeApiServer(dra="v1", taint_rules="v1") as fake:
-        fake.load([*base(), *device_classes(), resource_slice("dra-1", 2),
-                   {**resource_slice("dra-2", 4), "spec": {**resource_slice("dra-2", 4)["spec"], "driver": "x.example.com"},
-                    "metadata": {"name": "dra-2-x"}},
+        other = resource_slice("dra-2", 4)
+        other["metadata"]["name"], other["spec"]["driver"] = "dra-2-x", "x.example.com"
+        fake.load([*base(), *device_classes(), resource_slice("dra-1", 2), other,
                    template("ml", "one-gpu", "gpu.nvidia.com")])
         live = Live(fake)
         yield live
