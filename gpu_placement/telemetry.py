@@ -78,12 +78,17 @@ def readings_from(fb_free: str | bytes, xid: str | bytes, now: float) -> dict[st
         device = metric.get("gpu") or metric.get("UUID") or str(len(devices.get(node, {})))
         devices.setdefault(node, {})[device] = int(float(series["value"][1]))
     xids: dict[str, int] = {}
+    uuids: dict[str, set[str]] = {}
     for series in _vector(xid):
-        node = _node(series.get("metric") or {})
+        metric = series.get("metric") or {}
+        node = _node(metric)
         if node is not None:
             xids[node] = xids.get(node, 0) + 1
+            if metric.get("UUID"):
+                uuids.setdefault(node, set()).add(str(metric["UUID"]))
     return {node: Telemetry(sum(devices[node].values()) if node in devices else None, xids.get(node, 0), now,
-                            tuple(sorted(devices.get(node, {}).values(), reverse=True)))
+                            tuple(sorted(devices.get(node, {}).values(), reverse=True)),
+                            frozenset(uuids.get(node, ())))
             for node in devices.keys() | xids.keys()}
 
 

@@ -49,6 +49,7 @@ class Telemetry:
     xid_errors: int  # devices with an XID event in the recent window
     at: float
     device_free_mib: tuple[int, ...] = ()  # each device's free framebuffer, largest first
+    xid_devices: frozenset[str] = frozenset()  # UUIDs of the devices with those XID events (DRA taints them)
 
 
 @dataclass(slots=True, frozen=True)

@@ -79,6 +79,9 @@ class DraState:
     def devices_on(self, node: str) -> tuple[Device, ...]:
         return self._devices.get(node, _NOTHING)
 
+    def slices_of(self, node: str) -> tuple[Slice, ...]:
+        return tuple(self._by_node.get(node, {}).values())
+
     def used_on(self, node: str) -> Mapping[str, int]:
         """Device name -> how many allocated claims hold it (admin-access claims share)."""
         return self._used.get(node) or {}
