@@ -42,7 +42,8 @@ def waiting_validator(node: str) -> dict[str, Any]:
     del pod["spec"]["nodeName"]
     pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
-    pod["spec"]["resourceClaims"] = [{"name": "validation-gpu", "resourceClaimTemplateName": "nvidia-dra-validator-gpu"}]
+    claim = {"name": "validation-gpu", "resourceClaimTemplateName": "nvidia-dra-validator-gpu"}
+    pod["spec"]["resourceClaims"] = [claim]
     return pod
 
 
@@ -237,7 +238,7 @@ def test_rules_edited_by_hand_are_put_back_at_the_resync(replicas: Callable[...,
     edited["spec"]["taint"]["effect"] = "None"
     fake.update(edited)
     fake.delete("DeviceTaintRule", "gpu-placement-upgrading")
-    replica.taints._next_resync = 0.0  # noqa: SLF001: the resync is due
+    replica.taints._next_resync = 0.0  # the resync is due
     replica.taints.step()
     assert {name: taint(rule)[2] for name, rule in rules(fake).items()} == {
         "gpu-placement-unvalidated": "NoSchedule", "gpu-placement-upgrading": "NoSchedule"}
