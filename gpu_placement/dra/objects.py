@@ -91,7 +91,7 @@ class Claim:
     name: str
     classes: tuple[str, ...]  # every class named by a request (exactly, or any firstAvailable entry)
     selectors: int = 0  # CEL selectors in its requests (not evaluated here: the allocator does)
-    tolerations: tuple[tuple[str, str, str], ...] = ()  # (key, operator, effect) of its requests
+    tolerations: tuple[tuple[str, str, str, str], ...] = ()  # (key, operator, value, effect) of its requests
     allocated: tuple[tuple[str, str, str], ...] = ()  # (driver, pool, device) from status.allocation
     admin: bool = False  # adminAccess: may share devices already in use
 
@@ -207,7 +207,7 @@ def _requests(spec: Any) -> Iterable[Mapping[str, Any]]:
 def _claim(namespace: str, name: str, spec: Any, status: Any) -> Claim:
     classes: list[str] = []
     selectors = 0
-    tolerations: list[tuple[str, str, str]] = []
+    tolerations: list[tuple[str, str, str, str]] = []
     admin = False
     for request in _requests(spec):
         if isinstance(request.get("deviceClassName"), str) and request["deviceClassName"] not in classes:
@@ -217,7 +217,7 @@ def _claim(namespace: str, name: str, spec: Any, status: Any) -> Claim:
         for toleration in request.get("tolerations") or ():
             if isinstance(toleration, Mapping):
                 tolerations.append((str(toleration.get("key") or ""), str(toleration.get("operator") or "Equal"),
-                                    str(toleration.get("effect") or "")))
+                                    str(toleration.get("value") or ""), str(toleration.get("effect") or "")))
     allocated: list[tuple[str, str, str]] = []
     allocation = (status or {}).get("allocation") if isinstance(status, Mapping) else None
     results = ((allocation or {}).get("devices") or {}).get("results") if isinstance(allocation, Mapping) else None
