@@ -4,7 +4,7 @@ One daemon thread per kind runs the reflector loop client-go runs, written out b
 `kubernetes` client's own `Watch` helper cannot be used (KeyError on ERROR events, a frozen
 resourceVersion, no reconnect with `timeout_seconds`, 410s retried from the same version):
 
-    list (paged: limit/continue) -> ingest.replace, the view swaps to it in one go
+    list (paged: limit/continue) -> ingest.relist: nothing changes until the last page is in
     watch from the list's resourceVersion (allowWatchBookmarks, timeoutSeconds)
       stream ended by the server, or cut      -> watch again from the last version seen
       410 Gone (ERROR event or HTTP status)   -> list again
@@ -34,13 +34,18 @@ from kubernetes.client import ApiClient
 from gpu_placement import metrics
 from gpu_placement.ingest import KINDS, Ingest
 from gpu_placement.kube import ApiError, Status, WatchSettings, api_error, request
+from gpu_placement.resourcequotas import MIRROR_NAME
 from gpu_placement.view import ClusterView
 
 __all__ = ["LiveSource"]
 
 log = logging.getLogger("gpu_placement.live")
 
-_PATHS = {"namespaces": "/api/v1/namespaces", "nodes": "/api/v1/nodes", "pods": "/api/v1/pods"}
+_PATHS = {"namespaces": "/api/v1/namespaces", "nodes": "/api/v1/nodes", "pods": "/api/v1/pods",
+          "poddisruptionbudgets": "/apis/policy/v1/poddisruptionbudgets", "resourcequotas": "/api/v1/resourcequotas"}
+# The webhook may read only the ResourceQuota the quota mirror owns (its RBAC names it): a list or watch
+# by that name is authorized as a request for it.
+_SELECTORS = {"resourcequotas": f"metadata.name={MIRROR_NAME}"}
 _CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 _EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")
 _READ_SIZE = 65536  # for a stream that is not chunked: read what has arrived, up to this much
@@ -93,7 +98,8 @@ class LiveSource:
         self.settings = settings or WatchSettings()
         self.kinds = kinds
         every = {**_PATHS, **(paths or {})}
-        self._states = {kind: _Kind(kind, every[kind], (selectors or {}).get(kind), counters={
+        chosen = {**_SELECTORS, **(selectors or {})}
+        self._states = {kind: _Kind(kind, every[kind], chosen.get(kind), counters={
             t: metrics.WATCH_EVENTS.labels(kind, t) for t in _EVENT_TYPES}) for kind in kinds}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -227,7 +233,7 @@ class LiveSource:
         builds the new records first, then swaps under its lock), so a failed list changes nothing."""
         version: list[str | None] = [None]
         start = time.monotonic()
-        self.ingest.replace(self.view, state.kind, self._pages(state, version))
+        self.ingest.relist(self.view, state.kind, self._pages(state, version))
         state.version = version[0] or "0"
         state.progressed = True
         log.info("%s listed: %d in the view at resourceVersion %s in %.2f s", state.kind, self._count(state.kind),
@@ -432,9 +438,10 @@ def _classify(error: ApiError, listing: bool) -> _Restart:
     if error.status >= 500:
         return _Restart("unavailable", f"API server error ({error})", failed=True, retry_after=error.retry_after)
     if error.status in (401, 403):
-        hint = (" (RBAC: the service needs list and watch on namespaces, nodes and pods, and on resource.k8s.io's "
-                "resourceslices, deviceclasses, resourceclaims and resourceclaimtemplates where DRA is served)"
-                if error.status == 403 else "")
+        hint = (" (RBAC: the service needs list and watch on namespaces, nodes and pods; the extender on "
+                "policy's poddisruptionbudgets; the webhook's quota mirror on the resourcequotas named "
+                f"{MIRROR_NAME}; both on resource.k8s.io's resourceslices, deviceclasses, resourceclaims and "
+                "resourceclaimtemplates where DRA is served)" if error.status == 403 else "")
         return _Restart("refused", f"{error}{hint}", failed=True)
     return _Restart("refused", str(error), failed=True, relist=True)
 

@@ -76,6 +76,11 @@ DRA_TAINT_WRITES = Counter("gpu_placement_dra_taint_writes",
                            ["action", "outcome"])
 DRA_TAINT_SUCCESS = Gauge("gpu_placement_dra_taint_last_success_timestamp_seconds",
                           "Unix time of the DRA taint controller's last turn without an API error.", ["lease"])
+TELEMETRY_SKIPPED = Counter("gpu_placement_telemetry_samples_skipped",
+                            "DCGM telemetry samples skipped, each alone, by why: non_finite (NaN or Inf), malformed.",
+                            ["reason"])
+for _reason in ("non_finite", "malformed"):  # both series from the start: rate() and alerts need a zero
+    TELEMETRY_SKIPPED.labels(_reason)
 
 API_OUTCOMES = ("ok", "conflict", "not_found", "refused", "timeout", "unreachable")
 

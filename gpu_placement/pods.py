@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_placement import names as n
 from gpu_placement.quantity import QuantityError, quantity_to_int
 
 __all__ = ["MAX_GPU_COUNT", "GpuRequests", "PodRecord", "container_gpu_requests", "effective_gpu_requests",
-           "pod_from_json", "pod_key", "pod_priority"]
+           "pod_from_json", "pod_key", "pod_priority", "resource_version"]
 
 # ((resource, count), ...) sorted by resource: hashable, so it can key caches.
 GpuRequests = tuple[tuple[str, int], ...]
@@ -40,6 +40,14 @@ class PodRecord:
     priority: int = 0  # spec.priority (set by the API server from the PriorityClass): who may preempt whom
     waits_for: str | None = None  # a validator pod not bound yet: the node its DaemonSet made it for
     claims: bool = False  # a validator pod that takes a device through a ResourceClaim (GPU Operator's DRA validator)
+    # GPU pods only (the rest are never weighed against a PodDisruptionBudget or held for): their labels,
+    # for the budgets that select them, and status.nominatedNodeName while unbound (preemption made room).
+    labels: tuple[tuple[str, str], ...] = ()
+    nominated: str | None = None
+    # metadata.resourceVersion: the same version is the same object, so a relist reuses the record it
+    # has instead of building it again (Ingest.relist). Not part of equality: a change the rules do
+    # not read still compares equal, and the view skips it.
+    version: int = field(default=0, compare=False)
 
     @property
     def key(self) -> str:
@@ -63,11 +71,13 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
     except QuantityError:
         gpus = ()  # the API server validates quantities; a broken one cannot have been scheduled
     waits_for = _daemon_node(spec) if validator_ready is not None and not spec.get("nodeName") else None
+    node = sys.intern(spec["nodeName"]) if spec.get("nodeName") else None
+    nominated = status.get("nominatedNodeName") if gpus and not node else None
     return PodRecord(
         namespace=namespace,
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
-        node=sys.intern(spec["nodeName"]) if spec.get("nodeName") else None,
+        node=node,
         active=status.get("phase") not in _TERMINAL,
         gpus=gpus,
         memory_annotation=(meta.get("annotations") or {}).get(n.ANN_GPU_MEMORY),
@@ -75,7 +85,22 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         priority=pod_priority(spec),
         waits_for=waits_for,
         claims=validator_ready is not None and bool(spec.get("resourceClaims")),
+        labels=_labels(labels) if gpus and labels else (),
+        nominated=sys.intern(nominated) if isinstance(nominated, str) and nominated else None,
+        version=resource_version(meta),
     )
+
+
+def resource_version(meta: Mapping[str, Any]) -> int:
+    """metadata.resourceVersion as a number (etcd's revision), 0 when there is none to go by."""
+    version = meta.get("resourceVersion")
+    return int(version) if isinstance(version, str) and version.isdigit() and len(version) < 20 else 0
+
+
+def _labels(labels: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(labels, Mapping):
+        return ()
+    return tuple(sorted((sys.intern(str(key)), str(value)) for key, value in labels.items()))
 
 
 def _daemon_node(spec: Mapping[str, Any]) -> str | None:
@@ -84,9 +109,9 @@ def _daemon_node(spec: Mapping[str, Any]) -> str | None:
     required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
     for term in required.get("nodeSelectorTerms") or ():
-        for field in term.get("matchFields") or ():
-            values = field.get("values") or ()
-            if field.get("key") == "metadata.name" and field.get("operator") == "In" and len(values) == 1:
+        for requirement in term.get("matchFields") or ():
+            values = requirement.get("values") or ()
+            if requirement.get("key") == "metadata.name" and requirement.get("operator") == "In" and len(values) == 1:
                 return str(values[0])
     return None
 

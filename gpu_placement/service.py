@@ -23,7 +23,7 @@ from gpu_placement.cluster_metrics import track_cluster
 from gpu_placement.config import Config
 from gpu_placement.dra.discovery import DraApi
 from gpu_placement.dra.state import DRA_KINDS
-from gpu_placement.ingest import KINDS, Ingest
+from gpu_placement.ingest import FILE_KINDS, KINDS, Ingest
 from gpu_placement.placement import Placement
 from gpu_placement.snapshot import SnapshotSource
 from gpu_placement.view import ClusterView
@@ -44,6 +44,8 @@ class Core:
     stoppers: list[Callable[[], None]] = field(default_factory=list)
     api: Any = None  # the kubernetes ApiClient when the view comes from an API server
     dra: DraApi = field(default_factory=DraApi)  # what of resource.k8s.io the API server serves
+    kinds: tuple[str, ...] = KINDS  # what the source lists and watches (ingest.OBJECT_KINDS where needed)
+    config_source: str = "built-in defaults"  # where `config` came from, for commands that say so
 
     def extender_app(self, max_body: int = DEFAULT_MAX_BODY) -> Starlette:
         return create_extender_app(self.view, self.placement, self.binder, self.readiness, max_body)
@@ -51,7 +53,10 @@ class Core:
     def webhook_app(self) -> Starlette:
         from webhook.app import create_app as create_webhook_app
 
-        return create_webhook_app(self.view, self.config, self.readiness, self.api)
+        # The mirrored ResourceQuotas in the view: /validate admits a quota namespace's GPU pods only once
+        # the API server enforces its quota (webhook/quota_gate.py).
+        return create_webhook_app(self.view, self.config, self.readiness, self.api,
+                                  quota_gate="resourcequotas" in self.kinds)
 
     def stop(self) -> None:
         for stop in reversed(self.stoppers):
@@ -99,13 +104,13 @@ def _core(config: Config, binder_for: Callable[[ClusterView], Binder]) -> Core:
 def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
     """A view of these objects only (the demo, tests): bindings are recorded in the view."""
     core = _core(config, SnapshotBinder)
-    by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in (*KINDS, *DRA_KINDS)}
+    by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in (*FILE_KINDS, *DRA_KINDS)}
     for obj in objects:
         kind = Ingest.kind_of(obj)
         if kind is not None:
             by_kind[kind].append(obj)
     with core.view.lock:
-        for kind in (*KINDS, *(k for k in DRA_KINDS if by_kind[k])):
+        for kind in (*FILE_KINDS, *(k for k in DRA_KINDS if by_kind[k])):
             core.ingest.replace(core.view, kind, by_kind[kind])
     metrics.heard_from_source()  # the objects are the source, listed in full
     metrics.SOURCE_UP.set(1)
@@ -155,8 +160,9 @@ def discover_dra(api: Any, tries: int = 5, wait: float = 2.0) -> DraApi:
     return found
 
 
-def core_from_cluster(config: Config, kubeconfig: str | None) -> Core:
-    """List+watch a live API server (kubeconfig file, else in-cluster config); bind through it."""
+def core_from_cluster(config: Config, kubeconfig: str | None, kinds: tuple[str, ...] = KINDS) -> Core:
+    """List+watch a live API server (kubeconfig file, else in-cluster config); bind through it. `kinds`:
+    KINDS and the OBJECT_KINDS the process's components need."""
     from extender.binding import ApiBinder
     from gpu_placement.kube import load_api_client
     from gpu_placement.live import LiveSource
@@ -165,10 +171,11 @@ def core_from_cluster(config: Config, kubeconfig: str | None) -> Core:
     view = ClusterView(config)
     ingest = Ingest(config)
     dra = discover_dra(api)
-    source = LiveSource(view, ingest, api, kinds=(*KINDS, *dra.paths()), paths=dra.paths(),
+    source = LiveSource(view, ingest, api, kinds=(*kinds, *dra.paths()), paths=dra.paths(),
                         selectors={"resourceslices": f"spec.driver={config.dra.driver}"})
     _track(view, config)
-    core = Core(config, view, ingest, Placement(view, config), ApiBinder(api), source.readiness, api=api, dra=dra)
+    core = Core(config, view, ingest, Placement(view, config), ApiBinder(api), source.readiness, api=api,
+                kinds=(*kinds, *dra.paths()), dra=dra)
     source.start()
     core.stoppers.append(source.stop)
     return _with_telemetry(core)

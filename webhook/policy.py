@@ -9,7 +9,9 @@ extender reads a pod's level with the same parser.
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -40,7 +42,6 @@ _LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re
 _EXAMPLES = {
     n.ANN_SHARING: "exclusive, shared or mig-1g.10gb",
     n.ANN_QUOTA: "nvidia.com/gpu=4,nvidia.com/gpu.shared=16",
-    n.ANN_POOLS: "training,inference",
     n.ANN_GPU_MEMORY: "20Gi",
     n.ANN_PRODUCTS: "NVIDIA-H100-80GB-HBM3,NVIDIA-A100-SXM4-80GB",
     n.ANN_CUDA: "12.4",
@@ -62,6 +63,7 @@ class NamespacePolicy:
     cuda: Version | None = None
     errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # annotation -> sentence
     warnings: tuple[str, ...] = ()
+    annotated: bool = False  # any of NAMESPACE_ANNOTATIONS is set (parsed or not): the namespace has a GPU policy
 
     def entitled(self, config: Config) -> bool:
         """May GPU pods run here at all? A quota says yes (up to it); no quota: the default policy."""
@@ -106,20 +108,31 @@ def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> N
         gpu_memory=annotations.get(n.ANN_GPU_MEMORY) if memory is not None else None,
         gpu_memory_mib=memory,  # type: ignore[arg-type]
         products=values.get(n.ANN_PRODUCTS), cuda=values.get(n.ANN_CUDA),  # type: ignore[arg-type]
-        errors=MappingProxyType(errors), warnings=tuple(warnings))
+        errors=MappingProxyType(errors), warnings=tuple(warnings),
+        annotated=any(key in annotations for key in NAMESPACE_ANNOTATIONS))
 
 
 class PolicyCache:
     """Policies by namespace, reparsed only when the view holds a different record for it: the view
-    replaces a record on every change, so an identity check is enough on the hot path."""
+    replaces a record on every change, so an identity check is enough on the hot path.
 
-    def __init__(self, config: Config, limit: int = 100_000) -> None:
+    Namespaces with a record (in the view, or read from the API server: they exist) are kept up to
+    `limit`. Names without one cost nothing to parse again and come from whoever reaches the webhook
+    (it listens on every interface: a stream of reviews naming random namespaces), so at most
+    `unknown_limit` of them are kept, the least recently used going first: that bound does not grow
+    with hostile input, and it never pushes out the namespaces that exist."""
+
+    def __init__(self, config: Config, limit: int = 100_000, unknown_limit: int = 1024) -> None:
         self.config = config
         self.limit = limit
-        self._cache: dict[str, tuple[NamespaceRecord | None, NamespacePolicy]] = {}
+        self.unknown_limit = unknown_limit
+        self._cache: dict[str, tuple[NamespaceRecord, NamespacePolicy]] = {}
+        self._unknown: OrderedDict[str, NamespacePolicy] = OrderedDict()
         self.parses = 0  # for tests and benchmarks: how often we really parsed
 
     def get(self, name: str, record: NamespaceRecord | None) -> NamespacePolicy:
+        if record is None:
+            return self._without_record(name)
         cached = self._cache.get(name)
         if cached is not None and (cached[0] is record or cached[0] == record):
             return cached[1]
@@ -128,6 +141,21 @@ class PolicyCache:
         if len(self._cache) >= self.limit:  # namespaces come and go; never grow without bound
             self._cache.clear()
         self._cache[name] = (record, policy)
+        self._unknown.pop(name, None)
+        return policy
+
+    def __len__(self) -> int:
+        return len(self._cache) + len(self._unknown)
+
+    def _without_record(self, name: str) -> NamespacePolicy:
+        policy = self._unknown.get(name)
+        if policy is not None:
+            self._unknown.move_to_end(name)
+            return policy
+        policy = self._unknown[name] = parse_policy(None, name, self.config)
+        self.parses += 1
+        if len(self._unknown) > self.unknown_limit:
+            self._unknown.popitem(last=False)
         return policy
 
 
@@ -191,13 +219,22 @@ def _parse_quota(text: str, config: Config) -> Mapping[str, int]:
 
 
 def _parse_pools(text: str, config: Config) -> tuple[str, ...]:
+    """The pools named; the sentence's fix names only pools the configuration has (the closest one to
+    a misspelt name), or says to define one when it has none."""
     pools = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    known = sorted(config.pools)
+    if not known:
+        fix = "define the pool under pools in gpu-placement's configuration, or remove the annotation"
     if not pools:
-        raise ValueError("it names no pool")
+        raise ValueError(f"it names no pool; {f'write it as {known[0]}' if known else fix}")
     unknown = [pool for pool in pools if pool not in config.pools]
     if unknown:
-        known = f"pools: {', '.join(sorted(config.pools))}" if config.pools else "the configuration defines no pools"
-        raise ValueError(f"no pool named {', '.join(quoted(p) for p in unknown)} in the configuration ({known})")
+        named = ", ".join(quoted(p) for p in unknown)
+        if not known:
+            raise ValueError(f"no pool named {named} in the configuration (the configuration defines no pools); {fix}")
+        closest = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"write it as {closest[0]}" if closest else f"write it as one or more of {', '.join(known)}"
+        raise ValueError(f"no pool named {named} in the configuration (pools: {', '.join(known)}); {hint}")
     return pools
 
 
