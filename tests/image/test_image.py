@@ -26,6 +26,7 @@ import orjson
 import pytest
 
 from gpu_placement.demo_cluster import demo_objects, demo_pods
+from gpu_placement.dra.published import device_classes, resource_slice
 from tests.e2e.container import engine
 from tests.e2e.deploy import SERVICE_ACCOUNT_DIR, render
 from tests.fakeapi import FakeApiServer
@@ -255,7 +256,9 @@ def _audit():
     uncompiled = sorted(n for n, m in list(sys.modules.items()) if getattr(m, "__spec__", None) is not None
                         and (m.__spec__.origin or "").endswith(".py") and m.__spec__.cached
                         and not os.path.exists(m.__spec__.cached))
-    print("AUDIT " + json.dumps({"modules": len(sys.modules), "uncompiled": uncompiled}), file=sys.stderr, flush=True)
+    dra = sorted(n for n in sys.modules if n.startswith("gpu_placement.dra."))
+    print("AUDIT " + json.dumps({"modules": len(sys.modules), "uncompiled": uncompiled, "dra": dra}), file=sys.stderr,
+          flush=True)
 atexit.register(_audit)
 from gpu_placement.cli import main
 sys.exit(main())
@@ -345,12 +348,22 @@ def test_figures_image_size_and_what_takes_it(image: str) -> None:
     assert "aiohttp_retry" not in parts, "what kubernetes needs for kubernetes.aio alone is pruned"
 
 
+@pytest.fixture
+def fake_api() -> Iterator[FakeApiServer]:
+    """The test suite's fake API server serving resource.k8s.io as Kubernetes 1.37 does (DRA's v1 and
+    DeviceTaintRules), with NVIDIA's DRA driver's DeviceClasses and a ResourceSlice per demo node."""
+    with FakeApiServer(dra="v1", taint_rules="v1") as server:
+        server.load([*device_classes(), *(resource_slice(n["metadata"]["name"], 2) for n in demo_objects()
+                                          if n["kind"] == "Node")])
+        yield server
+
+
 def test_the_chart_containers_unchanged_against_an_api_server(chart: Chart, fake_api: FakeApiServer,
                                                               tmp_path: Path) -> None:
     """The rendered args as they are, in-cluster configuration from the mounted token, against an
-    API server (tests/fakeapi.py): the webhook keeps its certificate in a Secret and patches the
-    caBundles (--manage-certs, into its tmpfs), the extender lists the cluster and binds; no module
-    is compiled at start in either."""
+    API server (tests/fakeapi.py, resource.k8s.io served): the webhook keeps its certificate in a
+    Secret and patches the caBundles (--manage-certs, into its tmpfs), the extender lists the cluster
+    and binds, both with DRA on; no module is compiled at start in either."""
     docs = render()
     fake_api.load([{"kind": "Namespace", "metadata": {"name": "gpu-placement"}}, *demo_objects()])
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
@@ -387,6 +400,7 @@ def test_the_chart_containers_unchanged_against_an_api_server(chart: Chart, fake
         {"PodName": "trainer", "PodNamespace": "research", "PodUID": stored["metadata"]["uid"], "Node": passing[0]}))
     assert bound.status_code == 200 and not bound.json().get("Error"), bound.text
     assert (fake_api.get("Pod", "trainer", "research") or {})["spec"].get("nodeName") == passing[0]
-    for run in (webhook, extender):
-        found = _audit(run)
-        assert found["uncompiled"] == [], found["uncompiled"]
+    found = {"webhook": _audit(webhook), "extender": _audit(extender)}
+    for name, audit in found.items():
+        assert audit["uncompiled"] == [], (name, audit["uncompiled"])
+    assert "gpu_placement.dra.taints" in found["webhook"]["dra"], "the webhook's DeviceTaintRule controller ran"
