@@ -14,6 +14,7 @@ from typing import Any
 from gpu_placement import names as n
 from gpu_placement.cuda import Version, VersionError, driver_table, parse_version
 from gpu_placement.quantity import QuantityError, quantity_to_int
+from gpu_placement.timestamps import parse_time
 
 __all__ = ["MigProfile", "NodeFacts", "node_from_json"]
 
@@ -52,6 +53,7 @@ class NodeFacts:
     allocatable: dict[str, int]
     problems: dict[str, str]  # label -> what is wrong with its value
     pool: str | None = None  # the first configured pool whose nodeSelector the node's labels match
+    created: float | None = None  # metadata.creationTimestamp (Unix s): tells a new node's first driver from a change
 
     def unit_memory(self, resource: str) -> int | None:
         """MiB that one unit of `resource` stands for on this node (a whole GPU, a share, a MIG slice)."""
@@ -121,6 +123,7 @@ def node_from_json(obj: Mapping[str, Any], pool_of: Callable[[Mapping[str, str]]
         allocatable=_gpu_resources(status.get("allocatable"), problems, "allocatable"),
         problems=problems,
         pool=pool_of(labels) if pool_of is not None else None,
+        created=parse_time(meta.get("creationTimestamp")),
     )
 
 

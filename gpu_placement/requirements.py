@@ -42,6 +42,7 @@ class Requirements:
     sharing: str = "exclusive"  # the pod's sharing level (namespace's, narrowed by the pod): exclusive, shared, mig-<p>
     image_cuda: CudaNeed | None = None  # what the images need, as the container runtime reads it
     error: str | None = None  # a broken annotation or request: no node can be chosen until it is fixed
+    canary: bool = False  # its namespace has gpu-placement.io/canary: "true": takes soaking drivers first
 
     @property
     def wants_gpu(self) -> bool:
@@ -63,6 +64,8 @@ class Requirements:
         if self.products:
             parts.append("product in " + ",".join(sorted(self.products)))
         parts.append(f"sharing {self.sharing}")
+        if self.canary:
+            parts.append("canary (takes new drivers first)")
         return "; ".join(parts)
 
 
@@ -98,7 +101,8 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
         return Requirements(gpus=gpus, error=f"BadAnnotation: {exc}")
     level = narrowed(level or EXCLUSIVE, asked)
     return Requirements(gpus, memory, memory_source, cuda, cuda_source, compat == "minor",
-                        min_driver, min_compute, products, level.text, image_cuda)
+                        min_driver, min_compute, products, level.text, image_cuda,
+                        canary=ns_ann.get(n.ANN_CANARY) == "true")
 
 
 def _first(pod_ann: Mapping[str, str], ns_ann: Mapping[str, str], key: str, where: str, ns_where: str,

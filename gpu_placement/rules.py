@@ -20,6 +20,7 @@ from gpu_placement.cuda import format_version as v
 from gpu_placement.cudaneed import brand_of, term_holds
 from gpu_placement.nodes import NodeFacts
 from gpu_placement.requirements import Requirements
+from gpu_placement.soak import FAILED, NO_SOAK, Soak
 
 __all__ = [
     "CODES",
@@ -52,7 +53,9 @@ INSUFFICIENT_GPU = "InsufficientGPU"
 UNKNOWN_NODE = "UnknownNode"
 BAD_ANNOTATION = "BadAnnotation"
 SHARING_MISMATCH = "SharingMismatch"
-CODES = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING, SHARING_MISMATCH, BAD_LABEL,
+DRIVER_SOAKING = "DriverSoaking"
+CODES = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING, DRIVER_SOAKING, SHARING_MISMATCH,
+         BAD_LABEL,
          UNKNOWN_DRIVER, DRIVER_TOO_OLD, COMPUTE_CAPABILITY, PRODUCT_MISMATCH, UNKNOWN_GPU_MEMORY,
          INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU, UNKNOWN_NODE, BAD_ANNOTATION)
 # Preemption can free memory and devices on a node; it cannot install a driver, validate a node, or
@@ -84,13 +87,16 @@ def _reject(code: str, sentence: str) -> Rejection:
     return Rejection(code, f"{code}: {sentence}")
 
 
-def check_node(node: NodeFacts, validator: ValidatorState, req: Requirements, config: Config) -> Rejection | Need:
-    """The verdict that does not depend on what else runs on the node: readiness, compatibility,
-    and whether one device can ever hold the ask. Otherwise, what the pod will take (`Need`)."""
+def check_node(node: NodeFacts, validator: ValidatorState, req: Requirements, config: Config,
+               soak: Soak = NO_SOAK) -> Rejection | Need:
+    """The verdict that does not depend on what else runs on the node: readiness, the driver's soak,
+    compatibility, and whether one device can ever hold the ask. Otherwise, what the pod will take
+    (`Need`)."""
     if req.error is not None:
         return Rejection(BAD_ANNOTATION, req.error)
-    return (_readiness(node, validator, req, config) or _sharing_fit(node, req, config) or _image_cuda_fit(node, req)
-            or _compatibility(node, req) or _label_problems(node, req) or _device_fit(node, req))
+    return (_readiness(node, validator, req, config) or _soaking(node, soak, req, config)
+            or _sharing_fit(node, req, config) or _image_cuda_fit(node, req) or _compatibility(node, req)
+            or _label_problems(node, req) or _device_fit(node, req))
 
 
 def node_readiness(node: NodeFacts, validator: ValidatorState, config: Config) -> Rejection | None:
@@ -125,6 +131,23 @@ def _readiness(node: NodeFacts, validator: ValidatorState, req: Requirements, co
         return _reject(MIG_RECONFIGURING, f"the node is applying a MIG layout "
                                           f"({n.MIG_CONFIG_STATE}={node.mig_config_state})")
     return None
+
+
+def _soaking(node: NodeFacts, soak: Soak, req: Requirements, config: Config) -> Rejection | None:
+    """`rollout.soak: strict`: a driver that changed less than `soakMinutes` ago (or failed its soak)
+    runs canary namespaces' pods only. With `prefer` the score says it instead (placement)."""
+    if not soak.avoided or req.canary or config.rollout.soak != "strict":
+        return None
+    driver = f"driver {v(node.driver)}" if node.driver else "the node's driver"
+    minutes = f"{config.rollout.soak_minutes:g} minutes"
+    allow = f"only pods of namespaces annotated {n.ANN_CANARY}=\"true\" run on it"
+    if soak.state == FAILED:
+        return _reject(DRIVER_SOAKING, f"{driver} failed its {minutes} soak on the node (an XID error, a driver or "
+                                       f"validator restart, or upgrade-failed; see gpu-placement rollout): {allow} "
+                                       "until the driver is replaced or rolled back (rollout.soak: strict)")
+    return _reject(DRIVER_SOAKING, f"{driver} changed on the node less than {minutes} ago and is soaking: {allow} "
+                                   f"until it has run {minutes} without an XID error or a validator restart "
+                                   "(rollout.soak: strict)")
 
 
 def _no_resource(node: NodeFacts, resource: str) -> str:

@@ -21,6 +21,7 @@ from gpu_placement.cluster_metrics import track_cluster
 from gpu_placement.config import Config
 from gpu_placement.ingest import KINDS, Ingest
 from gpu_placement.placement import Placement
+from gpu_placement.rollout import track_rollout
 from gpu_placement.snapshot import SnapshotSource
 from gpu_placement.view import ClusterView
 
@@ -83,10 +84,17 @@ def _track(view: ClusterView, config: Config) -> None:
     track_cluster(view, config, lambda record: parse_policy(record, record.name, config).quota)
 
 
+def _placement(view: ClusterView, config: Config) -> Placement:
+    """Placement, with its driver rollout's figures on /metrics."""
+    placement = Placement(view, config)
+    track_rollout(placement.rollout)
+    return placement
+
+
 def _core(config: Config, binder_for: Callable[[ClusterView], Binder]) -> Core:
     view = ClusterView(config)
     _track(view, config)
-    return Core(config, view, Ingest(config), Placement(view, config), binder_for(view), lambda: _view_ready(view))
+    return Core(config, view, Ingest(config), _placement(view, config), binder_for(view), lambda: _view_ready(view))
 
 
 def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
@@ -114,7 +122,7 @@ def core_from_snapshot(config: Config, path: str | Path, watch: bool = False) ->
     source.load()
     freeze_heap()
     _track(view, config)
-    core = Core(config, view, ingest, Placement(view, config), SnapshotBinder(view, source), lambda: _view_ready(view))
+    core = Core(config, view, ingest, _placement(view, config), SnapshotBinder(view, source), lambda: _view_ready(view))
     if watch:
         source.start()
         core.stoppers.append(source.stop)
@@ -133,7 +141,7 @@ def core_from_cluster(config: Config, kubeconfig: str | None) -> Core:
     ingest = Ingest(config)
     source = LiveSource(view, ingest, api)
     _track(view, config)
-    core = Core(config, view, ingest, Placement(view, config), ApiBinder(api), source.readiness, api=api)
+    core = Core(config, view, ingest, _placement(view, config), ApiBinder(api), source.readiness, api=api)
     source.start()
     core.stoppers.append(source.stop)
     return _with_telemetry(core)

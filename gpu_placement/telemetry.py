@@ -78,12 +78,14 @@ def readings_from(fb_free: str | bytes, xid: str | bytes, now: float) -> dict[st
         device = metric.get("gpu") or metric.get("UUID") or str(len(devices.get(node, {})))
         devices.setdefault(node, {})[device] = int(float(series["value"][1]))
     xids: dict[str, int] = {}
+    events: dict[str, int] = {}
     for series in _vector(xid):
         node = _node(series.get("metric") or {})
         if node is not None:
             xids[node] = xids.get(node, 0) + 1
+            events[node] = events.get(node, 0) + int(float(series["value"][1]))  # changes() in the window
     return {node: Telemetry(sum(devices[node].values()) if node in devices else None, xids.get(node, 0), now,
-                            tuple(sorted(devices.get(node, {}).values(), reverse=True)))
+                            tuple(sorted(devices.get(node, {}).values(), reverse=True)), events.get(node, 0))
             for node in devices.keys() | xids.keys()}
 
 

@@ -48,6 +48,7 @@ class Telemetry:
     xid_errors: int  # devices with an XID event in the recent window
     at: float
     device_free_mib: tuple[int, ...] = ()  # each device's free framebuffer, largest first
+    xid_events: int = 0  # XID events (value changes) over the node's devices in the window: rollout metrics
 
 
 @dataclass(slots=True, frozen=True)
