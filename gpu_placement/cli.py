@@ -1,4 +1,4 @@
-"""The `gpu-placement` command: serve, demo, explain, nodes, certs.
+"""The `gpu-placement` command: serve, demo, explain, nodes, rollout, certs.
 
 Exit status 0 on success, 2 on bad usage or bad input with a one-line message naming the problem.
 """
@@ -139,6 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_arguments(nodes)
     nodes.add_argument("--config", metavar="FILE")
 
+    rollout = commands.add_parser("rollout", help="driver versions and their nodes (done, pending, upgrading, "
+                                  "soaking, failed), soak left, XID rate and failed GPU pods per version, next wave")
+    _cluster_arguments(rollout)
+    rollout.add_argument("--prometheus", metavar="URL", help="Prometheus to read DCGM XID events from (default: "
+                         "the config's telemetry.url)")
+    rollout.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    rollout.add_argument("--config", metavar="FILE")
+
     certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle")
     certs.add_argument("--out", metavar="DIR", required=True)
     certs.add_argument("--service", metavar="NAME", required=True)
@@ -172,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _explain(args)
         if args.command == "nodes":
             return _nodes(args)
+        if args.command == "rollout":
+            return _rollout(args)
         if args.command == "certs":
             return _certs(args)
     except (UsageError, ConfigError, SnapshotError, *_extra_errors()) as exc:
@@ -206,6 +216,14 @@ def _nodes(args: argparse.Namespace) -> int:
 
     core, _ = _core(args)
     print(table(NODE_HEADER, node_rows(core.view)))
+    return 0
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from gpu_placement.rollout_report import run_rollout
+
+    core, access = _core(args)
+    print(run_rollout(core, access, args.snapshot, args.prometheus, args.output))
     return 0
 
 
