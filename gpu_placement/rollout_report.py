@@ -178,25 +178,26 @@ def fetch_policy(access: Any) -> tuple[ClusterPolicy | None, str]:
 
 
 
-def run_rollout(core: Any, access: Any, snapshot: str | None, prometheus: str | None, output: str) -> str:
-    """The command's output for a core read from `access` (live) or `snapshot`; XID figures from
-    Prometheus when a URL is given or configured (one reading, as the service's refresher takes it)."""
+def run_rollout(core: Any, access: Any, objects: list[dict[str, Any]], prometheus: str | None, output: str) -> str:
+    """The command's output for a core read from `access` (live) or a snapshot's `objects`; XID
+    figures from Prometheus when a URL is given or configured (one reading, as the service's
+    refresher takes it)."""
     from dataclasses import replace
 
-    from gpu_placement.snapshot import read_objects
     from gpu_placement.telemetry import TelemetrySource
 
-    policy, problem = fetch_policy(access) if access is not None else policy_from_objects(read_objects(snapshot or ""))
+    policy, problem = fetch_policy(access) if access is not None else policy_from_objects(objects)
     url = prometheus or core.config.telemetry.url
     telemetry: dict[str, Any] = {"url": url, "error": None}
     if url:
         source = TelemetrySource(core.view, replace(core.config.telemetry, url=url))
         source.refresh()
         telemetry["error"] = source.last_error
-    report = {**rollout_json(core.placement.rollout, policy, problem), "telemetry": telemetry}
+    report = {**rollout_json(core.placement.rollout, policy, problem), "telemetry": telemetry,
+              "configuration": getattr(core, "config_source", "")}
     if output == "json":
         return orjson.dumps(report, option=orjson.OPT_INDENT_2).decode()
-    text = rollout_text(report)
+    text = rollout_text(report) + f"\nConfiguration: {report['configuration']}"
     if not url:
         text += "\nXID/NODE-HOUR: no telemetry (set telemetry.url in --config, or --prometheus URL)"
     elif telemetry["error"]:

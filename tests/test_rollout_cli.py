@@ -39,7 +39,9 @@ def rollout(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
 def test_rollout_of_a_snapshot(snapshot: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["rollout", "--snapshot", str(snapshot)]) == 0
     text = capsys.readouterr().out
-    assert text.startswith("Driver soak: 60 minutes, prefer (rollout.soakMinutes, rollout.soak)\n")
+    # judged with the configuration the snapshot's chart ConfigMap holds (the demo's: strict)
+    assert text.startswith("Driver soak: 60 minutes, strict (rollout.soakMinutes, rollout.soak)\n")
+    assert "Configuration: ConfigMap gpu-placement/gpu-placement-config" in text
     assert "XID/NODE-HOUR: no telemetry (set telemetry.url in --config, or --prometheus URL)" in text
     report = rollout(capsys, "--snapshot", str(snapshot))
     newest = report["versions"][0]

@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpu_placement.demo_cluster import driver_labels, driver_pod
 from tests.e2e.cluster import wait_for
 from tests.e2e.conftest import E2E
@@ -75,13 +73,15 @@ def label(e2e: E2E, node: str, labels: dict[str, str | None], unschedulable: boo
 
 
 def rollout_report(e2e: E2E, tmp: Path) -> Obj:
+    """`gpu-placement rollout -o json` against the cluster, with the configuration it finds deployed there."""
     kubeconfig = e2e.api.kubeconfig(tmp / "admin.kubeconfig", e2e.api.token, "e2e-admin")
-    config = tmp / "config.yaml"
-    config.write_text(yaml.safe_dump({"rollout": {"soak": "strict", "soakMinutes": SOAK_MINUTES}}))
-    result = subprocess.run([GPU_PLACEMENT, "rollout", "--kubeconfig", str(kubeconfig), "--config", str(config),
-                             "-o", "json"], capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run([GPU_PLACEMENT, "rollout", "--kubeconfig", str(kubeconfig), "-o", "json"],
+                            capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
-    return dict(json.loads(result.stdout))
+    report = dict(json.loads(result.stdout))
+    assert report["configuration"].startswith("ConfigMap gpu-placement/"), report["configuration"]
+    assert report["soak"] == {"minutes": SOAK_MINUTES, "policy": "strict"}
+    return report
 
 
 def test_a_new_driver_soaks_on_canaries_across_a_restart_then_takes_everyone(e2e: E2E, tmp_path: Path) -> None:
