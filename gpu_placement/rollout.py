@@ -43,7 +43,7 @@ from gpu_placement.soak import (
     first_driver,
     node_soak,
 )
-from gpu_placement.view import ClusterView
+from gpu_placement.view import ClusterView, Telemetry
 
 __all__ = ["UNKNOWN_VERSION", "Rollout", "VersionFigures", "releases", "track_rollout"]
 
@@ -164,6 +164,9 @@ class Rollout:
             self._share(name)
 
     def _pod_changed(self, key: str, pod: PodRecord | None, notify: bool = True) -> None:
+        if (pod is None or (pod.operator is None and not pod.gpus)) and key not in self._operator_node \
+                and key not in self._placed:
+            return  # most pods: no GPU, not the operator's (this runs for every pod event)
         before = self._operator_node.pop(key, None)
         if before is not None:
             self._drivers.get(before, {}).pop(key, None)
@@ -341,8 +344,9 @@ def _newest(pods: dict[str, OperatorPod] | None) -> OperatorPod | None:
     return max(pods.values(), key=lambda pod: pod.created or 0.0)
 
 
-def _reading(reading: object) -> tuple[int, bool]:
-    return (getattr(reading, "xid_events", 0), True) if reading is not None else (0, False)
+def _reading(reading: Telemetry | None) -> tuple[int, bool]:
+    """A node's part of its version's XID rate: events, and whether it has a reading at all."""
+    return (reading.xid_events, True) if reading is not None else (0, False)
 
 
 def _placement_key(soak: Soak | None) -> str:
