@@ -31,6 +31,8 @@ def test_demo_admits_places_and_explains() -> None:
     assert "denied research/sweep: namespace research may use 2 nvidia.com/gpu (gpu-placement.io/quota)" in text
     assert "denied web/frontend-gpu: namespace web has no GPU access" in text
     assert 'gpu-placement.io/cuda="twelve"' in text
+    canary = admission["batch-canary/smoke-test"]  # its gpu-placement.io/canary is known: no warning
+    assert " allowed " in canary and "warning" not in canary
 
     placed = rows(text, "SCHEDULING")
     assert placed["team-a/llama-finetune"].split()[1] == "h100-train-1"  # binpack: the node already in use
