@@ -94,6 +94,9 @@ def test_strict_refuses_ordinary_pods_with_one_sentence_for_every_soaking_node()
     assert result.failed == {} and set(result.unresolvable) == {"new-1", "new-2"}  # preemption cannot end a soak
     assert wave.filter("canary") == (set(NODES), {})
     assert wave.placement.recheck(wave.requirements("team"), "new-1") == SOAKING_SENTENCE  # /bind checks it too
+    fresh = Wave(STRICT)  # ... also when no /filter has judged that kind of pod yet (nothing cached)
+    assert fresh.placement.recheck(fresh.requirements("team"), "new-2") == SOAKING_SENTENCE
+    assert fresh.placement.recheck(fresh.requirements("canary"), "new-2") is None
 
 
 def test_a_soak_ends_on_the_clock_with_no_object_changing() -> None:
@@ -139,6 +142,7 @@ def test_a_wave_followed_event_by_event() -> None:
 
 def test_an_xid_or_a_validator_restart_during_the_soak_fails_it() -> None:
     wave = Wave(STRICT)
+    assert wave.scores("canary")["new-1"] == 10  # cached verdicts, which the XID below must redo
     wave.view.set_telemetry({"new-1": Telemetry(None, 1, 0.0, (), 2)})
     assert wave.rollout.soak("new-1").state == FAILED
     assert wave.rollout.soak("new-1").why == "DCGM reported an XID error during the soak"
@@ -188,6 +192,7 @@ def test_figures_per_version_follow_every_change_and_match_a_rebuild() -> None:
     assert _plain(fresh.figures()) == _plain(wave.rollout.figures())
     assert releases(["550.54.15", "580.126.09", "535.129.03", "unknown"]) == {
         "580.126.09": "newest", "550.54.15": "previous", "535.129.03": "older", "unknown": "unknown"}
+    assert releases(["535.54.03", "535.104.05"]) == {"535.104.05": "newest", "535.54.03": "previous"}  # not as text
 
 
 def _plain(figures: dict[str, Any]) -> dict[str, Any]:
