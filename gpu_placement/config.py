@@ -16,7 +16,7 @@ import yaml
 from gpu_placement.names import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from gpu_placement.selectors import LabelSelector, SelectorError
 
-__all__ = ["Config", "ConfigError", "Pool", "Rollout", "Scoring", "Telemetry", "Validator", "load_config",
+__all__ = ["Config", "ConfigError", "Dra", "Pool", "Rollout", "Scoring", "Telemetry", "Validator", "load_config",
            "parse_config"]
 
 Toleration = dict[str, Any]
@@ -57,6 +57,16 @@ class Telemetry:
 
 
 @dataclass(slots=True, frozen=True)
+class Dra:
+    """Dynamic Resource Allocation (CONTRACT.md section 13); off where resource.k8s.io is not served."""
+
+    driver: str = "gpu.nvidia.com"
+    device_classes: tuple[str, ...] = ("gpu.nvidia.com", "mig.nvidia.com")
+    taint_effect: str = "NoSchedule"  # None: a dry run; NoExecute evicts (docs/dra.md says what that means)
+    taints: bool = True  # write DeviceTaintRules for unverified nodes
+
+
+@dataclass(slots=True, frozen=True)
 class Rollout:
     """Driver rollouts (docs/rollouts.md): how long a node soaks after its driver changed, and what
     soaking means for pods outside canary namespaces."""
@@ -87,6 +97,7 @@ class Config:
     scoring: Scoring = field(default_factory=Scoring)
     telemetry: Telemetry = field(default_factory=Telemetry)
     reservation_ttl_seconds: float = 60.0
+    dra: Dra = field(default_factory=Dra)
     rollout: Rollout = field(default_factory=Rollout)
 
     def is_gpu_resource(self, name: str) -> bool:
@@ -114,6 +125,7 @@ def parse_config(data: Any) -> Config:
     scoring = _Section(top.take("scoring", dict, {}), "scoring.")
     weights = _Section(scoring.take("weights", dict, {}), "scoring.weights.")
     telemetry = _Section(top.take("telemetry", dict, {}), "telemetry.")
+    dra = _Section(top.take("dra", dict, {}), "dra.")
     rollout = _Section(top.take("rollout", dict, {}), "rollout.")
     config = Config(
         scheduler_name=_name(top.take("schedulerName", str, "gpu-placement"), "schedulerName"),
@@ -144,6 +156,13 @@ def parse_config(data: Any) -> Config:
             xid_window_seconds=telemetry.take_seconds("xidWindowSeconds", 600.0),
         ),
         reservation_ttl_seconds=top.take_seconds("reservationTTLSeconds", 60.0),
+        dra=Dra(
+            driver=_name(dra.take("driver", str, "gpu.nvidia.com"), "dra.driver"),
+            device_classes=tuple(_name(c, "dra.deviceClasses[]") for c in
+                                 dra.take_list("deviceClasses", str, ["gpu.nvidia.com", "mig.nvidia.com"])),
+            taint_effect=dra.take_choice("taintEffect", ("NoSchedule", "None", "NoExecute"), "NoSchedule"),
+            taints=dra.take("taints", bool, True),
+        ),
         rollout=Rollout(
             soak_minutes=rollout.take_minutes("soakMinutes", 60.0),
             soak=rollout.take_choice("soak", ("prefer", "strict"), "prefer"),
@@ -151,7 +170,7 @@ def parse_config(data: Any) -> Config:
                                       "rollout.driverSelector"),
         ),
     )
-    for section in (top, validator, scoring, weights, telemetry, rollout):
+    for section in (top, validator, scoring, weights, telemetry, dra, rollout):
         section.reject_unknown()
     if not config.gpu_resources:
         raise ConfigError("gpuResources must name at least one resource, e.g. [nvidia.com/gpu]")

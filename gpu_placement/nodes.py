@@ -53,6 +53,7 @@ class NodeFacts:
     allocatable: dict[str, int]
     problems: dict[str, str]  # label -> what is wrong with its value
     pool: str | None = None  # the first configured pool whose nodeSelector the node's labels match
+    dra_devices: int = 0  # devices the DRA driver publishes for the node (its ResourceSlices), see gpu_placement.dra
     created: float | None = None  # metadata.creationTimestamp (Unix s): tells a new node's first driver from a change
 
     def unit_memory(self, resource: str) -> int | None:

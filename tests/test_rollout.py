@@ -4,6 +4,7 @@ followed event by event, failures, a restart that keeps the state, and the per-v
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -12,11 +13,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpu_placement import metrics
 from gpu_placement.config import Config, parse_config
 from gpu_placement.demo_cluster import driver_labels, driver_pod, make_node, make_pod, namespace, validator_pod
+from gpu_placement.dra.published import device_classes, resource_slice
 from gpu_placement.ingest import Ingest
 from gpu_placement.placement import Placement
 from gpu_placement.rollout import Rollout, releases, track_rollout
+from gpu_placement.service import core_from_objects
 from gpu_placement.soak import DONE, FAILED, SOAKING, UPGRADING
 from gpu_placement.view import ClusterView, Telemetry
+from tests.test_dra_extender import claim_pod, dra_node, template
 
 NOW = 1_800_000_000.0
 DAY = 86400.0
@@ -143,7 +147,7 @@ def test_a_wave_followed_event_by_event() -> None:
 def test_an_xid_or_a_validator_restart_during_the_soak_fails_it() -> None:
     wave = Wave(STRICT)
     assert wave.scores("canary")["new-1"] == 10  # cached verdicts, which the XID below must redo
-    wave.view.set_telemetry({"new-1": Telemetry(None, 1, 0.0, (), 2)})
+    wave.view.set_telemetry({"new-1": Telemetry(None, 1, 0.0, (), xid_events=2)})
     assert wave.rollout.soak("new-1").state == FAILED
     assert wave.rollout.soak("new-1").why == "DCGM reported an XID error during the soak"
     wave.view.set_telemetry({})  # the XID leaves the telemetry window: still failed
@@ -176,8 +180,8 @@ def test_figures_per_version_follow_every_change_and_match_a_rebuild() -> None:
     wave.apply(make_pod("team", "crashed", gpus={GPU: 1}, node="new-1", phase="Failed"))
     wave.apply(make_pod("team", "old-job", gpus={GPU: 2}, node="old", phase="Succeeded"))
     wave.apply(make_pod("team", "no-gpu", node="old"))
-    wave.view.set_telemetry({"new-1": Telemetry(None, 1, 0.0, (), 3), "new-2": Telemetry(1000, 0, 0.0, (1000,), 0),
-                             "old": Telemetry(1000, 0, 0.0, (1000,), 0)})
+    wave.view.set_telemetry({"new-1": Telemetry(None, 1, 0.0, (), xid_events=3),
+                             "new-2": Telemetry(1000, 0, 0.0, (1000,)), "old": Telemetry(1000, 0, 0.0, (1000,))})
     figures = wave.rollout.figures()
     assert list(figures) == ["580.126.09", "550.54.15"]
     new, old = figures["580.126.09"], figures["550.54.15"]
@@ -230,3 +234,21 @@ def test_new_nodes_listed_before_their_driver_pods_still_soak_as_the_first_of_a_
     assert [rollout.soak(n).state for n in ("fresh-1", "fresh-2", "proven")] == [DONE, DONE, DONE]
     view.delete_node("proven")
     assert [rollout.soak(n).state for n in ("fresh-1", "fresh-2")] == [SOAKING, SOAKING]
+
+
+def test_a_pod_claiming_gpus_through_dra_follows_the_soak_too() -> None:
+    """The soak is a node rule: a DRA pod (its claim asks for gpu.nvidia.com) gets it like any GPU pod."""
+    now = time.time()
+    objects: list[dict[str, Any]] = [namespace("team"), namespace("canary", {"gpu-placement.io/canary": "true"}),
+                                     *device_classes()]
+    for ns in ("team", "canary"):
+        objects.append(template(ns, "one-gpu", "gpu.nvidia.com"))
+    for name, ready_ago in (("settled", 40 * DAY), ("soaking", 10 * 60)):
+        objects += [dra_node(name, labels=driver_labels(*NEW), created=now - 100 * DAY), validator_pod(name),
+                    resource_slice(name, 2), driver_pod(name, NEW[0], now - ready_ago)]
+    placement = core_from_objects(STRICT, objects).placement
+    nodes = ["settled", "soaking"]
+    team = placement.filter(placement.requirements(claim_pod("team", "train", "one-gpu")), nodes)
+    assert team.passed == ["settled"] and team.unresolvable["soaking"] == SOAKING_SENTENCE
+    canary = placement.filter(placement.requirements(claim_pod("canary", "smoke", "one-gpu")), nodes)
+    assert sorted(canary.passed) == nodes

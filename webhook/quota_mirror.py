@@ -32,6 +32,7 @@ from kubernetes.client import ApiClient
 from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.lease import Lease, drain
 from gpu_placement.metrics import (
     API_OUTCOMES,
     QUOTA_MIRROR_LEADING,
@@ -40,15 +41,14 @@ from gpu_placement.metrics import (
     api_outcome,
 )
 from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.resourcequotas import MIRROR_NAME
 from gpu_placement.view import ClusterView
-from webhook.lease import Lease, drain
 from webhook.policy import parse_policy
 
 __all__ = ["MANAGED_BY", "MIRROR_NAME", "MirrorSettings", "QuotaMirror", "desired_hard"]
 
 log = logging.getLogger("gpu_placement.quota_mirror")
 
-MIRROR_NAME = "gpu-placement"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
 _SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
 _TIMEOUT = (5.0, 15.0)
