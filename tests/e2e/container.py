@@ -149,6 +149,12 @@ class Container(Proc):
         state = engine().run("inspect", "--format", "{{.State.Running}}", self.container, check=False)
         return state.stdout.strip() == "true"
 
+    def service_pid(self) -> int | None:
+        """The container's main process as this host numbers it (not the `run` client's, which
+        only relays output)."""
+        found = engine().run("inspect", "--format", "{{.State.Pid}}", self.container, check=False).stdout.strip()
+        return int(found) if found.isdigit() and int(found) > 0 else None
+
     def stop(self, timeout: float | None = None) -> None:
         if self.popen is None:
             return
