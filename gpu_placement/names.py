@@ -45,3 +45,5 @@ ANN_SHARING = PREFIX + "sharing"
 ANN_QUOTA = PREFIX + "quota"
 ANN_POOLS = PREFIX + "pools"
 ANN_ADMITTED = PREFIX + "admitted"
+# Namespace label: "true" opts a namespace in (namespaceSelection optIn), "false" out (optOut).
+LABEL_ENABLED = PREFIX + "enabled"

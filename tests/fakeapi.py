@@ -7,6 +7,7 @@ client (generated models or `_preload_content=False`) and our own list+watch loo
                                    resourcequotas (stored and validated: spec.hard names and quantities)
     coordination.k8s.io/v1         leases
     admissionregistration.k8s.io/v1  mutating- and validatingwebhookconfigurations (cluster-scoped)
+    discovery.k8s.io/v1            endpointslices
 
     GET one / LIST (labelSelector, fieldSelector, limit + continue over a consistent snapshot)
     WATCH (resourceVersion "", "0" or N, allowWatchBookmarks, timeoutSeconds, sendInitialEvents;
@@ -123,6 +124,7 @@ RESOURCES: tuple[Resource, ...] = (
              "MutatingWebhookConfiguration", False),
     Resource(_ADMISSION, "v1", "validatingwebhookconfigurations", "validatingwebhookconfiguration",
              "ValidatingWebhookConfiguration", False),
+    Resource("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice", True),
 )
 _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 _BY_NAME = {name.lower(): r for r in RESOURCES for name in (r.plural, r.singular, r.kind, *r.short_names)}

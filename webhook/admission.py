@@ -8,7 +8,9 @@ resource, the figures and the annotation to change.
 Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, ChoseGpuNodes, NoGpuAsked, NotAPodCreate,
 Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed (in this module); BadPod
 (review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); OverQuota, NotInQuota
-(quota.py). In audit mode a would-be denial is counted as `Audit<code>`.
+(quota.py); Unshaped (unshaped.py: allowed with a warning). In audit mode a would-be denial is
+counted as `Audit<code>`, and so is a patch /mutate would have sent (`AuditMutated`,
+`AuditKeptOffGpuNodes`): audit mode changes no pod (webhook/audit.py).
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from gpu_placement.config import Config
 from gpu_placement.pods import GpuRequests
 from gpu_placement.sharing import effective_sharing
 from gpu_placement.view import ClusterView
+from webhook.audit import would_do
 from webhook.namespace_reader import NamespaceReader
-from webhook.patches import asks_for_gpu_nodes, gpu_patch, protect_patch, tolerates_gpu_taint
+from webhook.patches import asks_for_gpu_nodes, gpu_patch, protect_patch, shaped_requests, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
 from webhook.quota import Reservations, quota_problems
 from webhook.review import AdmissionRequest, AdmissionResponse, BadPod, Subject, allowed, denied, subject_of
+from webhook.unshaped import UNSHAPED, unshaped
 
 __all__ = ["Admission", "Decision"]
 
@@ -115,6 +119,8 @@ class Admission:
                             "nodes without using a GPU")
                     return self._decision(allowed(uid, warnings=[text]), CHOSE_GPU_NODES, subject, [text])
                 ops = protect_patch(pod)
+                if ops and config.mode == "audit":
+                    return self._told(uid, would_do(ops), KEPT_OFF_GPU, subject)
                 return self._decision(allowed(uid, ops), KEPT_OFF_GPU if ops else UNCHANGED, subject)
             return self._decision(allowed(uid), NO_GPU, subject)
         unknown = self._unknown_namespace(subject.namespace)
@@ -131,7 +137,13 @@ class Admission:
         # would refuse nodes the DaemonSet's own tolerations allow.
         ops = gpu_patch(pod, subject.gpus, sharing, pools, policy.gpu_memory, config,
                         keep_scheduler=_is_daemonset_pod(pod))
+        if ops and config.mode == "audit":
+            return self._told(uid, would_do(ops, policy.pools), MUTATED, subject)
         return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
+
+    def _told(self, uid: str, text: str, reason: str, subject: Subject) -> Decision:
+        """Audit mode: the patch is not sent; the warning says what it would have done."""
+        return self._decision(allowed(uid, warnings=[text]), f"Audit{reason}", subject, [text])
 
     def _sharing(self, policy: NamespacePolicy, subject: Subject) -> Sharing:
         """The pod's own narrower ask when it has a valid one; the namespace's level otherwise (a wider
@@ -183,6 +195,9 @@ class Admission:
             return self._decision(denied(uid, unknown, 503, "ServiceUnavailable"), NAMESPACE_UNKNOWN, subject,
                                   [unknown])
         policy = self.policy(namespace)
+        audit = config.mode == "audit"
+        if audit and policy.shapes_ok:  # the pod is as it came (audit /mutate changes nothing): check it as shaped
+            gpus = shaped_requests(pod, gpus, self._sharing(policy, subject), config)
         where = f"pod {namespace}/{subject.name}"
         problems: list[tuple[str, str]] = [(BAD_ANNOTATION, text) for text in policy.errors.values()]
         asked, pod_problems = pod_annotation_problems((pod.get("metadata") or {}).get("annotations") or {}, where)
@@ -199,7 +214,6 @@ class Admission:
                 problems += quota_problems(namespace, policy.quota, used, pending, gpus)
         texts = [text for _, text in problems]
         warnings = list(policy.warnings)
-        audit = config.mode == "audit"
         if problems and not audit:
             message = texts[0] if len(texts) == 1 else f"{len(texts)} problems: " + " ".join(
                 f"({i}) {text};" for i, text in enumerate(texts, 1)).rstrip(";")
@@ -214,6 +228,9 @@ class Admission:
             with self.view.lock:
                 self.reservations.hold(namespace, subject.key, subject.uid, gpus)
         reason = f"Audit{problems[0][0]}" if problems else ALLOWED
+        if not audit and not problems and policy.shapes_ok and n.ANN_ADMITTED not in (
+                (pod.get("metadata") or {}).get("annotations") or {}):
+            texts, reason = [unshaped(namespace, subject.name)], UNSHAPED  # /mutate did not run: say so
         return self._decision(allowed(uid, warnings=warnings + texts), reason, subject, texts)
 
     def _no_access(self, namespace: str, gpus: GpuRequests) -> str:
