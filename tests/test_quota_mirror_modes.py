@@ -83,10 +83,12 @@ def test_opt_out_mirrors_all_but_the_namespaces_labelled_out(fake_api: FakeApiSe
                                                              replica: Callable[..., Replica]) -> None:
     namespace(fake_api, "team-unlabelled", "nvidia.com/gpu=4")
     namespace(fake_api, "team-out", "nvidia.com/gpu=4", enabled="false")
+    namespace(fake_api, "gpu-operator", "nvidia.com/gpu=4", enabled="true")  # exempt: never touched
     one = replica({"namespaceSelection": "optOut"})
     wait_for(lambda: mirrored(fake_api, "team-unlabelled"), 5.0, what="the quota")
     one.mirror.resync()
     assert mirrored(fake_api, "team-out") is None
+    assert mirrored(fake_api, "gpu-operator") is None
 
 
 def test_audit_mode_deletes_the_quotas_enforce_mode_kept(fake_api: FakeApiServer,

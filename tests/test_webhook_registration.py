@@ -24,7 +24,7 @@ from webhook.registration import (
 pytestmark = pytest.mark.timeout(30)
 
 NAME, NS, SERVICE = "gpu-placement", "gpu-placement", "gpu-placement-webhook"
-NOW = RegistrationSettings(interval_seconds=0.05, settle_seconds=0.0)
+NOW = RegistrationSettings(interval_seconds=0.05, recheck_seconds=0.05, settle_seconds=0.0)
 
 
 def spec() -> dict[str, list[dict[str, Any]]]:
@@ -96,13 +96,31 @@ def test_the_settle_time_runs_from_the_first_ready_endpoint(fake_api: FakeApiSer
     endpoint(fake_api, ready=True)
     api = fake_api.api_client()
     slow = WebhookRegistration(api, NAME, NS, SERVICE, spec(), lambda: True, None, "pod-a",
-                               RegistrationSettings(interval_seconds=0.05, settle_seconds=0.3))
+                               RegistrationSettings(interval_seconds=0.05, recheck_seconds=0.05, settle_seconds=0.3))
     try:
         slow.step()
         assert not slow.registered
         slow._stop.wait(0.35)
         slow.step()
         assert slow.registered
+    finally:
+        api.close()
+
+
+def test_on_a_rolling_update_a_new_replica_writes_as_soon_as_it_is_ready(fake_api: FakeApiServer) -> None:
+    """The old replicas are the Service's endpoints already: the settle time runs while it starts."""
+    empty_configurations(fake_api)
+    endpoint(fake_api, ready=True)
+    state = {"ready": False}
+    api = fake_api.api_client()
+    new = WebhookRegistration(api, NAME, NS, SERVICE, spec(), lambda: state["ready"], None, "pod-new",
+                              RegistrationSettings(interval_seconds=0.05, recheck_seconds=0.05, settle_seconds=0.3))
+    try:
+        new.step()  # starting: the endpoint is seen, the settle time starts
+        new._stop.wait(0.35)
+        state["ready"] = True
+        new.step()
+        assert new.registered
     finally:
         api.close()
 

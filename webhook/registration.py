@@ -57,7 +57,8 @@ WebhookSpec = dict[str, list[dict[str, Any]]]  # "mutating" | "validating" -> we
 
 @dataclass(slots=True, frozen=True)
 class RegistrationSettings:
-    interval_seconds: float = 2.0  # how often to look: for readiness before writing, for emptied ones after
+    interval_seconds: float = 1.0  # how often to look for readiness and the endpoint, until written
+    recheck_seconds: float = 30.0  # then how often to look for emptied configurations (two GETs each time)
     settle_seconds: float = 3.0  # from the first ready endpoint to the write: kube-proxy programs the Service
 
 
@@ -112,7 +113,7 @@ class WebhookRegistration:
                 self.step()
             except Exception:  # a bug, not the network: say so, keep the thread
                 log.exception("webhook registration failed")
-            self._stop.wait(self.settings.interval_seconds)
+            self._stop.wait(self.settings.recheck_seconds if self.registered else self.settings.interval_seconds)
 
     def step(self) -> None:
         """One turn: write the webhooks when due. API errors are logged once each and retried."""
@@ -131,14 +132,16 @@ class WebhookRegistration:
             self.last_error = str(exc)
 
     def _due(self) -> bool:
-        if not self.ready():
-            return self._wait("this replica to be ready (its view listed, its listener up)")
+        """The endpoint is watched from the start, so on a rolling update (the old replicas are the
+        Service's endpoints) a new replica writes as soon as it is ready itself."""
+        now = time.monotonic()
         if not self._endpoint_ready():
             self._endpoint_since = None
             return self._wait(f"a ready endpoint of Service {self.namespace}/{self.service}")
-        now = time.monotonic()
         if self._endpoint_since is None:
             self._endpoint_since = now
+        if not self.ready():
+            return self._wait("this replica to be ready (its view listed, its listener up)")
         return now - self._endpoint_since >= self.settings.settle_seconds
 
     def _wait(self, what: str) -> bool:
