@@ -6,6 +6,7 @@ collector: the e2e suite shows the deletion itself, tests/e2e/test_0_adoption.py
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -125,3 +126,15 @@ def test_the_quotas_are_owned_by_the_validating_webhook_configuration(fake_api: 
     one.mirror.resync()
     quota = fake_api.get("ResourceQuota", "gpu-placement", "team-a")
     assert quota is not None and quota["metadata"]["ownerReferences"][0]["uid"] == again["metadata"]["uid"]
+
+
+def test_when_the_owner_comes_back_the_quotas_are_written_at_once(fake_api: FakeApiServer,
+                                                                  replica: Callable[..., Replica]) -> None:
+    """The emergency stop (configurations deleted by hand; the garbage collector takes the quotas), then
+    helm upgrade puts them back: the mirror does not wait for its next full pass."""
+    namespace(fake_api, "team-a", "nvidia.com/gpu=4")
+    replica(settings=OWNED)  # resync_seconds 3600: only the owner's return can bring the quota
+    time.sleep(0.3)
+    assert mirrored(fake_api, "team-a") is None
+    fake_api.add({"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "gpu-placement"}})
+    wait_for(lambda: mirrored(fake_api, "team-a"), 5.0, what="the quota written once the owner is back")

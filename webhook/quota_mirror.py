@@ -152,7 +152,7 @@ class QuotaMirror:
             if "namespaces" not in self.view.listed:
                 return  # never act on a half-known view: a missing namespace would look unannotated
             now = time.monotonic()
-            if now >= self._next_resync:
+            if now >= self._next_resync or self._owner_missing:  # owner back (helm upgrade): mend at once
                 with self._dirty_lock:
                     self._dirty.clear()
                 self.resync()
