@@ -339,6 +339,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _bypassed(core: Any, access: Any, pod: dict[str, Any]) -> list[str]:
     """How a pod that exists went around gpu-placement, if it did."""
     from gpu_placement.bypass import Webhook, bypass_reasons
+    from gpu_placement.names import REGISTERED_ANNOTATION
 
     webhook = None
     if access is not None:
@@ -352,10 +353,13 @@ def _bypassed(core: Any, access: Any, pod: dict[str, Any]) -> list[str]:
         if found is not None:
             first = found[0] if found else {}
             meta = first.get("metadata") or {}
-            hooks = first.get("webhooks") or [{}]
-            webhook = Webhook(meta.get("name"), meta.get("creationTimestamp"), hooks[0].get("failurePolicy"))
+            hooks = first.get("webhooks") or []
+            registered = str((meta.get("annotations") or {}).get(REGISTERED_ANNOTATION) or "").split(" ")[0] or None
+            webhook = Webhook(meta.get("name"), meta.get("creationTimestamp"), (hooks or [{}])[0].get("failurePolicy"),
+                              len(hooks) if found else None, registered)
     asks_gpu = core.placement.requirements(pod).wants_gpu
-    return bypass_reasons(pod, core.config, asks_gpu, webhook)
+    record = core.view.namespaces.get((pod.get("metadata") or {}).get("namespace") or "default")
+    return bypass_reasons(pod, core.config, asks_gpu, webhook, record.labels if record is not None else None)
 
 
 def _existing_pod(args: argparse.Namespace, access: Any, namespace: str, name: str) -> dict[str, Any]:

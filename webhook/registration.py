@@ -42,6 +42,7 @@ from kubernetes.client import ApiClient
 
 from gpu_placement import metrics
 from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.names import REGISTERED_ANNOTATION
 from webhook.lease import drain
 
 __all__ = ["KINDS", "REGISTERED_ANNOTATION", "RegistrationSettings", "WebhookRegistration", "WebhookSpec",
@@ -50,7 +51,6 @@ __all__ = ["KINDS", "REGISTERED_ANNOTATION", "RegistrationSettings", "WebhookReg
 log = logging.getLogger("gpu_placement.registration")
 
 KINDS = {"mutating": "mutatingwebhookconfigurations", "validating": "validatingwebhookconfigurations"}
-REGISTERED_ANNOTATION = "gpu-placement.io/webhooks-registered"
 _TIMEOUT = (5.0, 15.0)
 WebhookSpec = dict[str, list[dict[str, Any]]]  # "mutating" | "validating" -> webhooks
 
