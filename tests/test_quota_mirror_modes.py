@@ -112,20 +112,23 @@ def test_the_quotas_are_owned_by_the_validating_webhook_configuration(fake_api: 
     """Owner: what helm uninstall deletes. Missing (being uninstalled, deleted by hand): nothing is
     written, since the garbage collector would not take it; back with a new uid: rewritten to it."""
     namespace(fake_api, "team-a", "nvidia.com/gpu=4")
-    one = replica(settings=OWNED)
-    one.mirror.resync()
+    replica(settings=OWNED)
+    time.sleep(0.3)
     assert mirrored(fake_api, "team-a") is None, "no owner yet: nothing written"
     vwc = fake_api.add({"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "gpu-placement"}})
-    one.mirror.resync()
+
+    def owner_uid() -> str | None:
+        quota = fake_api.get("ResourceQuota", "gpu-placement", "team-a")
+        return None if quota is None else quota["metadata"]["ownerReferences"][0]["uid"]
+
+    wait_for(lambda: owner_uid() == vwc["metadata"]["uid"], 5.0, what="the quota, owned by it")
     quota = fake_api.get("ResourceQuota", "gpu-placement", "team-a")
     assert quota is not None and quota["metadata"]["ownerReferences"] == [
         {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
          "name": "gpu-placement", "uid": vwc["metadata"]["uid"]}]
     fake_api.delete("ValidatingWebhookConfiguration", "gpu-placement")
     again = fake_api.add({"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "gpu-placement"}})
-    one.mirror.resync()
-    quota = fake_api.get("ResourceQuota", "gpu-placement", "team-a")
-    assert quota is not None and quota["metadata"]["ownerReferences"][0]["uid"] == again["metadata"]["uid"]
+    wait_for(lambda: owner_uid() == again["metadata"]["uid"], 5.0, what="the quota owned by the new one")
 
 
 def test_when_the_owner_comes_back_the_quotas_are_written_at_once(fake_api: FakeApiServer,

@@ -7,8 +7,9 @@ resources). The API server's quota admission runs after every mutating and valid
 counts the rewritten resource names, and it is atomic across any number of webhook replicas: the
 quota is hard. /validate still answers first, with the friendlier sentence.
 
-Owner: the release's ValidatingWebhookConfiguration (`owner`), so the garbage collector deletes every
-mirrored quota when `helm uninstall` deletes it; without one, the quota's own Namespace. In audit
+Owner: the release's ValidatingWebhookConfiguration (`owner`, read on every turn of the leader), so the
+garbage collector deletes every mirrored quota when `helm uninstall` deletes it; recreated (a new uid),
+the quotas are written again at once; without one, the quota's own Namespace. In audit
 mode nothing is wanted anywhere: the mirror deletes what it kept in enforce mode (audit enforces
 nothing), and so it does in a namespace that leaves the selection.
 
@@ -151,8 +152,13 @@ class QuotaMirror:
                 return
             if "namespaces" not in self.view.listed:
                 return  # never act on a half-known view: a missing namespace would look unannotated
+            if self.settings.owner:
+                before = self._owner
+                self._read_owner()
+                if self._owner != before:  # a new owner (helm upgrade after it was deleted): mend everything now
+                    self._next_resync = 0.0
             now = time.monotonic()
-            if now >= self._next_resync or self._owner_missing:  # owner back (helm upgrade): mend at once
+            if now >= self._next_resync:
                 with self._dirty_lock:
                     self._dirty.clear()
                 self.resync()
@@ -160,8 +166,6 @@ class QuotaMirror:
             else:
                 with self._dirty_lock:
                     names, self._dirty = self._dirty, set()
-                if names:
-                    self._read_owner()
                 for name in sorted(names):
                     self.reconcile(name)
             self.last_error = None
@@ -216,7 +220,6 @@ class QuotaMirror:
 
     def resync(self) -> None:
         """Every namespace the view has, against every ResourceQuota we own (one list call)."""
-        self._read_owner()
         owned = {(quota.get("metadata") or {}).get("namespace"): quota for quota in self._list_owned()}
         for name in sorted(set(self.view.namespaces) | {ns for ns in owned if ns}):
             known, wanted, uid = self._wanted(name)
@@ -262,8 +265,9 @@ class QuotaMirror:
         return [{"apiVersion": "v1", "kind": "Namespace", "name": namespace, "uid": uid}] if uid else []
 
     def _read_owner(self) -> None:
-        """The owner reference for this turn: the ValidatingWebhookConfiguration, read again each turn
-        with work (it is recreated with a new uid by an uninstall and install). Missing: no owner."""
+        """The owner reference for this turn: the ValidatingWebhookConfiguration, read every turn of the
+        leader (one GET every renew_seconds): deleted by hand, the quotas go with it (the garbage
+        collector), and when Helm recreates it (a new uid) they are written again at once. Missing: no owner."""
         if not self.settings.owner:
             return
         path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{self.settings.owner}"

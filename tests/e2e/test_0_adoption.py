@@ -297,12 +297,14 @@ def test_on_a_cluster_serving_openshift_security_the_ids_are_left_to_the_platfor
     path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
     def contexts() -> list[Obj]:
-        # A Helm configuration of its own each time: Helm keeps the capabilities it read once per configuration.
+        """`helm install --dry-run=server`: rendered with the capabilities Helm reads from the cluster
+        (a fresh configuration each time: Helm keeps what it read once per configuration)."""
         kubeconfig = adoption.plane.work / "helm.kubeconfig"
-        with helm_python.Chart.load(CHART) as chart, helm_python.Config(kubeconfig_path=kubeconfig) as helm:
-            files = helm.render(chart, {}, name=RELEASE, namespace=NAMESPACE)
-        docs = [d for p, text in files.items() if p.endswith("deployment.yaml") for d in yaml.safe_load_all(text) if d]
+        with helm_python.Config(kubeconfig_path=kubeconfig, namespace="default") as helm:
+            release = helm.install(str(CHART), "probe", {}, namespace="default", dry_run="server")
+        docs = [d for d in yaml.safe_load_all(release["manifest"]) if d and d["kind"] == "Deployment"]
         pods = [d["spec"]["template"]["spec"] for d in docs]
+        assert len(pods) == 2
         return [p["securityContext"] for p in pods] + [c["securityContext"] for p in pods for c in
                                                        [*p.get("initContainers", []), *p["containers"]]]
 
