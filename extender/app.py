@@ -23,12 +23,13 @@ from extender.wire import ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement import metrics, shape
 from gpu_placement.cluster_metrics import tracker_for
 from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
+from gpu_placement.nominated import keep_for_nominated
 from gpu_placement.placement import FilterResult, Placement
-from gpu_placement.pods import pod_key
+from gpu_placement.pods import pod_key, pod_priority
 from gpu_placement.requirements import Requirements
 from gpu_placement.rules import unknown_node
 from gpu_placement.shape import ShapeError
-from gpu_placement.view import ClusterView
+from gpu_placement.view import ClusterView, same_pod
 
 __all__ = ["DEFAULT_MAX_BODY", "create_app"]
 
@@ -90,9 +91,12 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         except (WireError, ShapeError) as exc:
             return refuse(verb, 400, "malformed", str(exc))
 
-    def decide(req: Requirements, names: list[str], objects: list[dict[str, Any]] | None
+    def decide(pod: dict[str, Any], req: Requirements, names: list[str], objects: list[dict[str, Any]] | None
                ) -> tuple[FilterResult, bytes] | ORJSONResponse:
         result = placement.filter(req, names)  # a kind's unchanged answer comes back with its bytes
+        # Room preemption made for a nominated pod of equal or higher priority stays its (nominated.py).
+        result = keep_for_nominated(placement, req, result, pod_priority(pod.get("spec") or {}), _key(pod),
+                                    str((pod.get("metadata") or {}).get("uid") or ""))
         try:
             return result, _encode_filter(result, objects)
         except ShapeError as exc:  # a passing node too deep to echo back
@@ -109,7 +113,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         req = placement.requirements(pod)
         if req.wants_gpu and req.error is None:  # a pod no node can take is not bound; and its text is not kept
             remember(pod, req)
-        decided = decide(req, names, objects)
+        decided = decide(pod, req, names, objects)
         if isinstance(decided, ORJSONResponse):
             return decided
         result, encoded = decided
@@ -119,7 +123,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             # its informer, while our own watch may still be a few milliseconds behind; answered from
             # that view, the pod would wait for the next event or kube-scheduler's 5-minute flush. So
             # the view gets a moment to take a change already on its way, and the pod is judged again.
-            decided = decide(req, names, objects)
+            decided = decide(pod, req, names, objects)
             if isinstance(decided, ORJSONResponse):
                 return decided
             result, encoded = decided
@@ -178,7 +182,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             binder.bind(namespace, name, uid, node)  # network I/O: outside the lock
         except BindError as exc:
             if reserved and not exc.ambiguous:
-                view.release(key)
+                view.release(key, uid)
             return str(exc) + ("; its GPUs stay reserved until the pod is seen bound or deleted, or "
                                "reservationTTLSeconds passes" if reserved and exc.ambiguous else "")
         return ""
@@ -191,7 +195,9 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if node not in view.nodes:
             return unknown_node()
         pod = view.pods.get(key)
-        if pod is not None and pod.node:
+        # Identity is the UID: the view may still show the pod this one replaced under the same name (a
+        # StatefulSet's, with the watch a moment behind), bound elsewhere; that says nothing of this pod.
+        if pod is not None and pod.node and same_pod(pod.uid, uid):
             return False  # already bound: the binder says to which node
         known = recent.get(key)
         if known is None:
@@ -207,14 +213,16 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         held = view.reservations.get(key)  # a retry after an ambiguous failure: its own hold does not count
         if held is not None:
             view.release(key)
+            if not same_pod(held.uid, uid):
+                held = None  # the hold of the pod this one replaced: that pod is gone
         problem = placement.recheck(req, node)
         if problem is not None:
             if held is not None:
-                view.reserve(key, held.node, held.gpus, held.memory_annotation)
+                view.reserve(key, held.node, held.gpus, held.memory_annotation, held.uid)
             metrics.DECISIONS.labels("extender", "BindRefused").inc()
             return f"{problem} (checked again at /bind; kube-scheduler retries the pod)"
         memory = f"{req.memory_mib}Mi" if req.memory_mib is not None else None  # the ask /filter judged
-        view.reserve(key, node, req.gpus, memory)
+        view.reserve(key, node, req.gpus, memory, uid or filtered_uid)
         return True
 
     async def not_found(request: Request, exc: Exception) -> ORJSONResponse:

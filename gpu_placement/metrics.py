@@ -61,6 +61,12 @@ NAMESPACE_READS = Counter("gpu_placement_namespace_reads",
                           "GETs of a namespace the view lacked when one of its pods was admitted, by outcome.",
                           ["outcome"])
 
+TELEMETRY_SKIPPED = Counter("gpu_placement_telemetry_samples_skipped",
+                            "DCGM telemetry samples skipped, each alone, by why: non_finite (NaN or Inf), malformed.",
+                            ["reason"])
+for _reason in ("non_finite", "malformed"):  # both series from the start: rate() and alerts need a zero
+    TELEMETRY_SKIPPED.labels(_reason)
+
 API_OUTCOMES = ("ok", "conflict", "not_found", "refused", "timeout", "unreachable")
 
 

@@ -6,6 +6,7 @@ client (generated models or `_preload_content=False`) and our own list+watch loo
     core v1                        nodes, namespaces (cluster-scoped); pods, secrets, configmaps,
                                    resourcequotas (stored and validated: spec.hard names and quantities)
     coordination.k8s.io/v1         leases
+    policy/v1                      poddisruptionbudgets (stored as given: no disruption controller)
     admissionregistration.k8s.io/v1  mutating- and validatingwebhookconfigurations (cluster-scoped)
     discovery.k8s.io/v1            endpointslices
 
@@ -120,6 +121,8 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("", "v1", "resourcequotas", "resourcequota", "ResourceQuota", True, has_status=True,
              short_names=("quota",)),
     Resource("coordination.k8s.io", "v1", "leases", "lease", "Lease", True),
+    Resource("policy", "v1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget", True,
+             has_status=True, short_names=("pdb",)),
     Resource(_ADMISSION, "v1", "mutatingwebhookconfigurations", "mutatingwebhookconfiguration",
              "MutatingWebhookConfiguration", False),
     Resource(_ADMISSION, "v1", "validatingwebhookconfigurations", "validatingwebhookconfiguration",

@@ -138,7 +138,7 @@ def test_load_builds_the_view(tmp_path: Path) -> None:
     assert snap.free("gpu-1") == (6, 6 * H100)
     assert snap.view.validator_state("gpu-1").ready
     assert snap.view.namespaces["ml"].get("gpu-placement.io/gpu-memory") == "4Gi"
-    assert snap.view.listed == {"nodes", "pods", "namespaces"}
+    assert snap.view.listed == {"nodes", "pods", "namespaces", "poddisruptionbudgets"}
 
 
 def test_reload_only_when_the_file_changes(tmp_path: Path) -> None:

@@ -17,9 +17,13 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
+from gpu_placement.config import Config
+from gpu_placement.namespaces import NamespaceRecord
 from tests.e2e.cluster import Api, ControlPlane, Kubelets, namespace, start_control_plane, wait_for
-from tests.e2e.deploy import NAMESPACE, Pod, install, render, wait_ready, webhook_port
+from tests.e2e.deploy import NAMESPACE, Pod, find, install, render, wait_ready, webhook_port
+from webhook.policy import parse_policy
 
 Obj = dict[str, Any]
 WEBHOOK = "gpu-placement-webhook"
@@ -46,6 +50,13 @@ class E2E:
         self.route_webhooks()
         wait_ready(proc, self.webhook_url(pod, "/readyz"))
         return pod
+
+    def stop_webhook(self, replica: int) -> None:
+        """That replica gone from behind the Service, its process stopped."""
+        for pod in [p for p in self.webhooks if p.replica == replica]:
+            pod.stop()
+            self.webhooks.remove(pod)
+        self.route_webhooks()
 
     def upgrade(self, values: Obj) -> None:
         """`helm upgrade` with these values: the chart re-applied, the webhook pods rolled (the
@@ -138,7 +149,30 @@ class E2E:
     def namespace(self, prefix: str, annotations: dict[str, str] | None = None, opted_in: bool = True) -> str:
         """A namespace, opted in to gpu-placement (the chart's default namespaceSelection is optIn)."""
         labels = {"gpu-placement.io/enabled": "true"} if opted_in else {}
-        return namespace(self.api, f"{prefix}-{next(_ids)}", labels, annotations)
+        name = namespace(self.api, f"{prefix}-{next(_ids)}", labels, annotations)
+        quota = quota_of(annotations or {})
+        if quota and opted_in and self.quota_mirrored():  # /validate refuses GPU pods (QuotaPending) until in force
+            wait_for(f"ResourceQuota {name}/gpu-placement in force", lambda: self.quota_in_force(name, quota))
+        return name
+
+    def quota_mirrored(self) -> bool:
+        """The running chart mirrors quotas into ResourceQuotas (not audit mode, not --no-quota-mirror)."""
+        args = find(self.docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"][0]["args"]
+        return "--no-quota-mirror" not in args and self.config().get("mode", "enforce") != "audit"
+
+    def config(self) -> Obj:
+        docs = [d for d in self.docs if d["kind"] == "ConfigMap" and "config.yaml" in d.get("data", {})]
+        return dict(yaml.safe_load(docs[0]["data"]["config.yaml"]) or {})
+
+    def quota_in_force(self, namespace: str, quota: dict[str, int]) -> bool:
+        """The API server enforces the quota: the mirrored ResourceQuota's status, counted by the quota
+        controller, holds each figure (what quota admission reads)."""
+        r = self.api.http.get(f"/api/v1/namespaces/{namespace}/resourcequotas/gpu-placement")
+        if r.status_code != 200:
+            return False
+        status = r.json().get("status") or {}
+        return all(status.get("hard", {}).get(f"requests.{res}") == str(count) and f"requests.{res}" in
+                   status.get("used", {}) for res, count in quota.items())
 
     def nodes(self, group: str, specs: list[tuple[str, str | None, dict[str, Any]]],
               validators: bool = True) -> list[str]:
@@ -198,6 +232,14 @@ class E2E:
             if not hooks or not all(w["clientConfig"].get("caBundle") for w in hooks):
                 return False
         return True
+
+
+def quota_of(annotations: dict[str, str]) -> dict[str, int]:
+    """The gpu-placement.io/quota annotation as the webhook parses it; {} when absent or broken."""
+    if "gpu-placement.io/quota" not in annotations:
+        return {}
+    policy = parse_policy(NamespaceRecord("probe", dict(annotations)), "probe", Config())
+    return dict(policy.quota or {})
 
 
 def admitted(pod: Obj) -> Obj:

@@ -64,6 +64,13 @@ class Adoption:
         r = self.api.http.get(f"/api/v1/namespaces/{namespace}/resourcequotas/gpu-placement")
         return None if r.status_code == 404 else dict(r.json())
 
+    def quota_in_force(self, namespace: str) -> bool:
+        """The mirrored quota as the API server enforces it: counted by the quota controller (until then
+        /validate refuses the namespace's GPU pods with QuotaPending, docs/webhook.md)."""
+        quota = self.quota(namespace)
+        status = (quota or {}).get("status") or {}
+        return bool(quota) and status.get("hard") == quota["spec"]["hard"] and "used" in status  # type: ignore[index]
+
     def left_behind(self) -> list[str]:
         """Anything of the release still in the cluster: by name, by label, and its namespace."""
         left = [f"{kind}/{RELEASE}" for kind, hooks in self.webhooks().items() if hooks is not None]
@@ -185,7 +192,8 @@ def test_install_opt_in_audit_rollback_and_uninstall_as_documented(adoption: Ado
     adoption.kubelets.add_node("adopt-gpu", "h100x8", labels={"e2e-group": "adopt-gpu"})
     adoption.kubelets.add_validator("adopt-gpu")
     adoption.kubelets.wait_schedulable(["adopt-gpu"])
-    wait_for("the mirrored ResourceQuota", lambda: adoption.quota(opted), timeout=30, interval=0.5)
+    wait_for("the mirrored ResourceQuota in force", lambda: adoption.quota_in_force(opted), timeout=30,
+             interval=0.5)
     owner = adoption.quota(opted)["metadata"]["ownerReferences"]  # type: ignore[index]
     vwc = adoption.api.get(f"{ADMISSION}/validatingwebhookconfigurations/{RELEASE}")
     assert owner == [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
@@ -238,14 +246,14 @@ def test_install_opt_in_audit_rollback_and_uninstall_as_documented(adoption: Ado
     started = time.monotonic()
     adoption.helm.rollback(RELEASE, version=1, wait="watcher", timeout=180)
     steps["rollback --wait"] = time.monotonic() - started
-    wait_for("the quota mirrored again", lambda: adoption.quota(opted), timeout=60, interval=0.5)
+    wait_for("the quota mirrored again", lambda: adoption.quota_in_force(opted), timeout=60, interval=0.5)
     wait_for("enforce mode's webhooks written again", lambda: {h["failurePolicy"] for h in adoption.webhooks()[
         "validatingwebhookconfigurations"] or []} == {"Fail"}, timeout=60, interval=0.5)
     full = adoption.gpu_pod(opted, "over-again")
     assert full.status_code == 403 and f"namespace {opted} may use 1 nvidia.com/gpu" in full.text, full.text
     later = adoption.namespace("team-next", opted_in=True, annotations={QUOTA: "nvidia.com/gpu=4"})
+    wait_for("the new namespace's quota", lambda: adoption.quota_in_force(later), timeout=30, interval=0.5)
     assert created(later, "shaped")["spec"]["schedulerName"] == "gpu-placement"
-    wait_for("the new namespace's quota", lambda: adoption.quota(later), timeout=30, interval=0.5)
 
     # One namespace misbehaves (the way back): remove its label. Its quota goes; its pods are left alone.
     unlabel = {"metadata": {"labels": {"gpu-placement.io/enabled": None}}}
@@ -267,7 +275,7 @@ def test_install_opt_in_audit_rollback_and_uninstall_as_documented(adoption: Ado
     adoption.helm.upgrade(str(CHART), RELEASE, {}, namespace=NAMESPACE, wait="watcher", timeout=180)
     wait_for("the webhooks written again", lambda: all(adoption.webhooks().values()), timeout=60, interval=0.5)
     steps["helm upgrade: webhooks back"] = time.monotonic() - started
-    wait_for("the quota mirrored again", lambda: adoption.quota(later), timeout=60, interval=0.5)
+    wait_for("the quota mirrored again", lambda: adoption.quota_in_force(later), timeout=60, interval=0.5)
     steps["helm upgrade: quota back"] = time.monotonic() - started
     assert created(later, "shaped-again")["spec"]["schedulerName"] == "gpu-placement"
 
