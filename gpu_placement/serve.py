@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 from collections.abc import Callable
@@ -20,6 +18,7 @@ from gpu_placement.config import load_config
 from gpu_placement.http import ops_routes
 from gpu_placement.logs import setup_logging
 from gpu_placement.service import Core, core_from_cluster, core_from_snapshot
+from gpu_placement.serving import run_servers
 
 __all__ = ["SWITCH_INTERVAL_S", "health_app", "serve"]
 
@@ -106,7 +105,7 @@ def serve(args: argparse.Namespace) -> int:
             host, port = args.health_listen
             servers.append(make_server(health_app(core.readiness), host, port))
             log.info("health probes on http://%s:%d (/healthz, /readyz)", host, port)
-        asyncio.run(_run(servers))
+        run_servers(servers)
     finally:
         core.stop()
     return 0
@@ -182,16 +181,3 @@ def _track_expiry(listener: str, tls: Any) -> None:
     if tls is not None:
         tls.start()
         metrics.CERT_EXPIRY.labels(listener).set_function(lambda: tls.not_after.timestamp())
-
-
-async def _run(servers: list[Any]) -> None:
-    """All servers in one loop; SIGTERM or SIGINT stops them all gracefully."""
-    loop = asyncio.get_running_loop()
-
-    def stop() -> None:
-        for server in servers:
-            server.should_exit = True
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-    await asyncio.gather(*(server.serve() for server in servers))
