@@ -100,6 +100,7 @@ def serve(args: argparse.Namespace) -> int:
             _start_quota_mirror(args, core)
             if webhooks is not None:
                 _start_registration(args, core, webhooks, server, Path(tls.cert_file).parent / "ca.crt")
+            _start_dra_taints(args, core)
             log.info("webhook listening on https://%s:%d", host, port)
         if getattr(args, "health_listen", None):
             host, port = args.health_listen
@@ -175,6 +176,22 @@ def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:
                          MirrorSettings(lease_name=args.quota_lease, owner=getattr(args, "quota_owner", None)))
     mirror.start()
     core.stoppers.append(mirror.stop)
+
+
+def _start_dra_taints(args: argparse.Namespace, core: Core) -> None:
+    """DeviceTaintRules for unverified nodes' DRA devices: its own Lease, in the webhook replicas."""
+    if core.api is None or not core.dra.served:
+        return  # no API server, or no resource.k8s.io: nothing to taint (the log said which at start)
+    if not core.config.dra.taints:
+        log.info("dra.taints is false: no DeviceTaintRules are written; only the extender guards DRA pods")
+        return
+    from gpu_placement.dra.taints import TaintController, TaintSettings
+
+    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "gpu-placement"
+    controller = TaintController(core.api, core.view, core.config, namespace, f"{socket.gethostname()}-{os.getpid()}",
+                                 TaintSettings(lease_name=getattr(args, "dra_lease", "gpu-placement-dra")))
+    controller.start()
+    core.stoppers.append(controller.stop)
 
 
 def _track_expiry(listener: str, tls: Any) -> None:

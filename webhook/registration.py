@@ -42,8 +42,8 @@ from kubernetes.client import ApiClient
 
 from gpu_placement import metrics
 from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.lease import drain
 from gpu_placement.names import REGISTERED_ANNOTATION
-from webhook.lease import drain
 
 __all__ = ["KINDS", "REGISTERED_ANNOTATION", "RegistrationSettings", "WebhookRegistration", "WebhookSpec",
            "load_webhook_spec"]
