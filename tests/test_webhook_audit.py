@@ -4,11 +4,13 @@ have shaped it, so its warnings are enforce mode's denials; both are counted."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 
 import pytest
 
 from gpu_placement import metrics
+from gpu_placement.dra.published import device_classes
 from tests.test_webhook_helpers import TEST_CONFIG, Webhook, serving, user_pod
 from webhook.audit import KEEP_OFF, would_do
 from webhook.certs import CertBundle
@@ -85,3 +87,27 @@ def test_validate_judges_the_pod_as_mutate_would_have_shaped_it(hook: Webhook, a
     assert verdict["allowed"] is True
     assert verdict["warnings"] == [enforced["status"]["message"]]
     assert len(verdict["warnings"]) == count
+
+
+def test_a_dra_pod_is_not_routed_either(hook: Webhook, audit: Webhook) -> None:
+    """A pod whose ResourceClaims ask for a GPU class: audit mode tells the routing enforce mode does."""
+    from tests.test_dra_webhook import TEMPLATES, bare, claim_pod
+
+    pod = bare(claim_pod("team-a", "train", "one-gpu"))
+    for served in (hook, audit):
+        with served.view.lock:
+            served.ingest.replace(served.view, "deviceclasses", copy.deepcopy(device_classes()))
+            served.ingest.replace(served.view, "resourceclaimtemplates", copy.deepcopy(TEMPLATES))
+    try:
+        mutated, ops, response = audit.mutate(pod, "team-a")
+        _, enforce_ops, _ = hook.mutate(pod, "team-a")
+    finally:
+        for served in (hook, audit):
+            with served.view.lock:
+                for kind in ("deviceclasses", "resourceclaimtemplates"):
+                    served.ingest.replace(served.view, kind, [])
+                served.view.dra.active = False
+                served.view.listed -= {"deviceclasses", "resourceclaimtemplates"}
+    assert ops == [] and mutated == pod, "audit mode: nothing a pod runs with changes"
+    assert response["warnings"] == [would_do(enforce_ops, ["training"])]
+    assert "set schedulerName gpu-placement" in response["warnings"][0]
