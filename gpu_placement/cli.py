@@ -124,9 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "enforces it; in audit mode, delete the ones kept before (default on; off with --snapshot)")
     serve.add_argument("--quota-lease", metavar="NAME", default="gpu-placement-quota-mirror",
                        help="Lease (in --namespace) that elects the one replica writing ResourceQuotas")
-    serve.add_argument("--quota-owner", metavar="NAME",
-                       help="owner of every mirrored ResourceQuota: this ValidatingWebhookConfiguration, so they go "
-                       "with it (helm uninstall); default: each quota's own Namespace")
+    serve.add_argument("--owner", metavar="NAME",
+                       help="owner of every object the service writes (mirrored ResourceQuotas, DRA DeviceTaintRules): "
+                       "this ValidatingWebhookConfiguration, so they go with it (helm uninstall); default: none "
+                       "(a quota's own Namespace)")
     serve.add_argument("--dra-lease", metavar="NAME", default="gpu-placement-dra",
                        help="Lease (in --namespace) that elects the one webhook replica writing DeviceTaintRules "
                        "for unverified nodes' DRA devices (config dra.taints)")

@@ -173,7 +173,7 @@ def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:
     if core.config.mode == "audit":
         log.info("audit mode: the ResourceQuotas mirrored in enforce mode are deleted, none is written")
     mirror = QuotaMirror(core.api, core.view, core.config, _namespace(args), _identity(),
-                         MirrorSettings(lease_name=args.quota_lease, owner=getattr(args, "quota_owner", None)))
+                         MirrorSettings(lease_name=args.quota_lease, owner=getattr(args, "owner", None)))
     mirror.start()
     core.stoppers.append(mirror.stop)
 
@@ -189,7 +189,8 @@ def _start_dra_taints(args: argparse.Namespace, core: Core) -> None:
 
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "gpu-placement"
     controller = TaintController(core.api, core.view, core.config, namespace, f"{socket.gethostname()}-{os.getpid()}",
-                                 TaintSettings(lease_name=getattr(args, "dra_lease", "gpu-placement-dra")))
+                                 TaintSettings(lease_name=getattr(args, "dra_lease", "gpu-placement-dra"),
+                                               owner=getattr(args, "owner", None)))
     controller.start()
     core.stoppers.append(controller.stop)
 

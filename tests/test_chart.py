@@ -683,7 +683,7 @@ def test_webhook_quota_mirror_rbac_and_args(rendered: Rendered) -> None:
     roles = {r["metadata"]["name"]: r for r in rendered.all("Role") + rendered.all("ClusterRole")}
     assert args.quota_mirror is True and args.namespace == ns
     assert args.quota_lease == f"{name}-quota-mirror"
-    assert args.quota_owner == name == _webhooks(rendered)[1]["metadata"]["name"]
+    assert args.owner == name == _webhooks(rendered)[1]["metadata"]["name"]
     assert roles[f"{name}-webhook-quotas"]["rules"] == [  # every verb RBAC can limit by name is limited to ours
         {"apiGroups": [""], "resources": ["resourcequotas"], "resourceNames": [MIRROR_NAME],
          "verbs": ["get", "list", "watch", "update", "delete"]},

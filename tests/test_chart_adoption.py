@@ -112,7 +112,7 @@ def test_name_overrides(chart: helm_python.Chart) -> None:
     full = render(chart, {"fullnameOverride": "placement"}, release="prod")
     assert full.one("ValidatingWebhookConfiguration", "placement")
     args = build_parser().parse_args(full.container("webhook")["args"])
-    assert (args.webhook_configuration, args.service, args.quota_owner) == (
+    assert (args.webhook_configuration, args.service, args.owner) == (
         "placement", "placement-webhook", "placement")
     full.one("Service", "placement-webhook")
     spec = yaml.safe_load(full.one("ConfigMap", "placement-webhooks")["data"]["webhooks.yaml"])

@@ -47,6 +47,7 @@ from gpu_placement.metrics import (
     api_outcome,
 )
 from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.owner import Owner
 from gpu_placement.resourcequotas import MIRROR_NAME
 from gpu_placement.view import ClusterView
 from webhook.policy import parse_policy
@@ -96,8 +97,7 @@ class QuotaMirror:
         self._thread: threading.Thread | None = None
         self._renewed = float("-inf")
         self._next_resync = 0.0
-        self._owner: dict[str, Any] | None = None  # the owner reference for this turn's writes
-        self._owner_missing = False
+        self._owner = Owner(self.settings.owner, "quota mirror") if self.settings.owner else None
         view.subscribe_namespaces(self._changed)
 
     @property
@@ -152,11 +152,8 @@ class QuotaMirror:
                 return
             if "namespaces" not in self.view.listed:
                 return  # never act on a half-known view: a missing namespace would look unannotated
-            if self.settings.owner:
-                before = self._owner
-                self._read_owner()
-                if self._owner != before:  # a new owner (helm upgrade after it was deleted): mend everything now
-                    self._next_resync = 0.0
+            if self._owner is not None and self._owner.read(self.api):
+                self._next_resync = 0.0  # a new owner (helm upgrade after it was deleted): mend everything now
             now = time.monotonic()
             if now >= self._next_resync:
                 with self._dirty_lock:
@@ -238,8 +235,8 @@ class QuotaMirror:
             if current is not None:
                 self._delete(name, current)
             return
-        if self.settings.owner and self._owner is None:
-            return  # no owner to give it (said once by _read_owner): write nothing the uninstall would miss
+        if self._owner is not None and self._owner.ref is None:
+            return  # no owner to give it (said once by Owner.read): write nothing the uninstall would miss
         if current is None:
             self._write("POST", name, self._body(name, wanted, uid, None))
             log.info("quota mirror: created ResourceQuota %s/%s with %s", name, MIRROR_NAME, _text(wanted))
@@ -260,36 +257,9 @@ class QuotaMirror:
         return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": meta, "spec": spec}
 
     def _owner_refs(self, namespace: str, uid: str) -> list[dict[str, Any]]:
-        if self.settings.owner and self._owner is not None:
-            return [self._owner]
+        if self._owner is not None and self._owner.ref is not None:
+            return [self._owner.ref]
         return [{"apiVersion": "v1", "kind": "Namespace", "name": namespace, "uid": uid}] if uid else []
-
-    def _read_owner(self) -> None:
-        """The owner reference for this turn: the ValidatingWebhookConfiguration, read every turn of the
-        leader (one GET every renew_seconds): deleted by hand, the quotas go with it (the garbage
-        collector), and when Helm recreates it (a new uid) they are written again at once. Missing: no owner."""
-        if not self.settings.owner:
-            return
-        path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{self.settings.owner}"
-        response = request(self.api, "GET", path, timeout=_TIMEOUT)
-        if response.status == 404:
-            drain(response)
-            self._owner = None
-            if not self._owner_missing:
-                log.warning("quota mirror: ValidatingWebhookConfiguration %s does not exist (the release is being "
-                            "uninstalled, or it was deleted by hand): no ResourceQuota is written until it is back",
-                            self.settings.owner)
-            self._owner_missing = True
-            return
-        if response.status >= 300:
-            raise api_error(response)
-        meta = orjson.loads(response.read()).get("metadata") or {}
-        if meta.get("deletionTimestamp"):
-            self._owner = None
-            return
-        self._owner = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-                       "name": self.settings.owner, "uid": meta.get("uid")}
-        self._owner_missing = False
 
     # -- HTTP ----------------------------------------------------------------------------------
     def _path(self, namespace: str, name: str | None = None) -> str:
