@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.e2e.cluster import Api, ControlPlane, Kubelets, namespace, wait_for
+from tests.e2e.cluster import Api, ControlPlane, DraPlugin, Kubelets, namespace, wait_for
 from tests.e2e.deploy import CHART, K8S_TAG, NAMESPACE, RELEASE
 from tests.e2e.release import ReleaseKubelet
 
@@ -28,6 +28,7 @@ pytestmark = pytest.mark.timeout(900)
 
 Obj = dict[str, Any]
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+TAINT_RULES = "/apis/resource.k8s.io/v1/devicetaintrules"
 QUOTA = "gpu-placement.io/quota"
 
 
@@ -80,9 +81,20 @@ class Adoption:
                 path, labelSelector=f"app.kubernetes.io/instance={RELEASE}")["items"]]
         left += [f"resourcequota {q['metadata']['namespace']}/{q['metadata']['name']}" for q in self.api.get(
             "/api/v1/resourcequotas", labelSelector="app.kubernetes.io/managed-by=gpu-placement")["items"]]
+        left += [f"devicetaintrule {r['metadata']['name']}" for r in self.api.get(
+            TAINT_RULES, labelSelector="app.kubernetes.io/managed-by=gpu-placement")["items"]]
         if self.api.http.get(f"/api/v1/namespaces/{NAMESPACE}").status_code != 404:
             left.append(f"namespace/{NAMESPACE}")
         return left
+
+    def taint_rule(self, node: str) -> Obj | None:
+        """The DRA DeviceTaintRule the release keeps for an unverified node's devices."""
+        r = self.api.http.get(f"{TAINT_RULES}/gpu-placement-{node}")
+        return None if r.status_code == 404 else dict(r.json())
+
+    def taint_effect(self, node: str) -> str | None:
+        rule = self.taint_rule(node)
+        return None if rule is None else str(rule["spec"]["taint"]["effect"])
 
     def uninstall(self) -> None:
         """docs/deploy.md, Uninstall: `helm uninstall`, then the namespace (and what the service made in it)."""
@@ -187,11 +199,26 @@ def test_install_opt_in_audit_rollback_and_uninstall_as_documented(adoption: Ado
     steps["webhooks written"] = time.monotonic() - started
 
     # Opt-in: a namespace labelled in is shaped and quota'd; one that is not is left alone.
-    opted = adoption.namespace("team-in", opted_in=True, annotations={QUOTA: "nvidia.com/gpu=1"})
-    other = adoption.namespace("team-out", opted_in=False, annotations={QUOTA: "nvidia.com/gpu=1"})
     adoption.kubelets.add_node("adopt-gpu", "h100x8", labels={"e2e-group": "adopt-gpu"})
     adoption.kubelets.add_validator("adopt-gpu")
-    adoption.kubelets.wait_schedulable(["adopt-gpu"])
+    # A node whose GPUs only the DRA driver publishes, its validator not Ready: the release taints its
+    # devices (a DeviceTaintRule owned by the ValidatingWebhookConfiguration, like the quotas).
+    dra = DraPlugin(adoption.api)
+    dra.install()
+    adoption.kubelets.add_node("adopt-dra", "h100", allocatable={}, labels={"e2e-group": "adopt-dra"})
+    adoption.kubelets.add_validator("adopt-dra", ready=False)
+    adoption.kubelets.wait_schedulable(["adopt-gpu", "adopt-dra"])
+    dra.publish("adopt-dra", 2)
+    try:
+        adopt_gpus(adoption, steps)
+    finally:
+        dra.stop()
+
+
+def adopt_gpus(adoption: Adoption, steps: dict[str, float]) -> None:
+    """The rest of the documented path, from the first namespace opted in to the uninstall."""
+    opted = adoption.namespace("team-in", opted_in=True, annotations={QUOTA: "nvidia.com/gpu=1"})
+    other = adoption.namespace("team-out", opted_in=False, annotations={QUOTA: "nvidia.com/gpu=1"})
     wait_for("the mirrored ResourceQuota in force", lambda: adoption.quota_in_force(opted), timeout=30,
              interval=0.5)
     owner = adoption.quota(opted)["metadata"]["ownerReferences"]  # type: ignore[index]
@@ -199,6 +226,9 @@ def test_install_opt_in_audit_rollback_and_uninstall_as_documented(adoption: Ado
     assert owner == [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
                       "name": RELEASE, "uid": vwc["metadata"]["uid"]}]
     assert adoption.quota(other) is None
+    wait_for("the unverified DRA node's DeviceTaintRule", lambda: adoption.taint_effect("adopt-dra") == "NoSchedule",
+             timeout=30, interval=0.5)
+    assert adoption.taint_rule("adopt-dra")["metadata"]["ownerReferences"] == owner  # type: ignore[index]
 
     def created(ns: str, name: str, group: str = "adopt-nowhere", gpus: int = 1) -> Obj:
         r = adoption.gpu_pod(ns, name, gpus=gpus, group=group)
@@ -230,6 +260,8 @@ def test_install_opt_in_audit_rollback_and_uninstall_as_documented(adoption: Ado
         h["failurePolicy"] for kind in adoption.webhooks().values() for h in kind or []} == {"Ignore"},
         timeout=30, interval=0.2)
     steps["audit webhooks written"] = time.monotonic() - started
+    wait_for("audit mode's DeviceTaintRule only reporting", lambda: adoption.taint_effect("adopt-dra") == "None",
+             timeout=30, interval=0.5)
     r = adoption.gpu_pod(opted, "audited", gpus=2)
     assert r.status_code == 201, r.text
     audited = r.json()
@@ -249,6 +281,8 @@ def test_install_opt_in_audit_rollback_and_uninstall_as_documented(adoption: Ado
     wait_for("the quota mirrored again", lambda: adoption.quota_in_force(opted), timeout=60, interval=0.5)
     wait_for("enforce mode's webhooks written again", lambda: {h["failurePolicy"] for h in adoption.webhooks()[
         "validatingwebhookconfigurations"] or []} == {"Fail"}, timeout=60, interval=0.5)
+    wait_for("enforce mode's DeviceTaintRule", lambda: adoption.taint_effect("adopt-dra") == "NoSchedule",
+             timeout=30, interval=0.5)
     full = adoption.gpu_pod(opted, "over-again")
     assert full.status_code == 403 and f"namespace {opted} may use 1 nvidia.com/gpu" in full.text, full.text
     later = adoption.namespace("team-next", opted_in=True, annotations={QUOTA: "nvidia.com/gpu=4"})
@@ -268,7 +302,8 @@ def test_install_opt_in_audit_rollback_and_uninstall_as_documented(adoption: Ado
     started = time.monotonic()
     for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
         adoption.api.delete(f"{ADMISSION}/{kind}/{RELEASE}")
-    wait_for("the quotas gone with their owner", lambda: adoption.quota(later) is None, timeout=60, interval=0.5)
+    wait_for("the quotas and device taints gone with their owner", lambda: adoption.quota(later) is None and
+             adoption.taint_rule("adopt-dra") is None, timeout=60, interval=0.5)
     steps["emergency stop: quotas gone"] = time.monotonic() - started
     assert created(later, "unchecked")["spec"]["schedulerName"] == "default-scheduler"
     started = time.monotonic()
@@ -277,6 +312,8 @@ def test_install_opt_in_audit_rollback_and_uninstall_as_documented(adoption: Ado
     steps["helm upgrade: webhooks back"] = time.monotonic() - started
     wait_for("the quota mirrored again", lambda: adoption.quota_in_force(later), timeout=60, interval=0.5)
     steps["helm upgrade: quota back"] = time.monotonic() - started
+    wait_for("the device taint back", lambda: adoption.taint_effect("adopt-dra") == "NoSchedule", timeout=60,
+             interval=0.5)
     assert created(later, "shaped-again")["spec"]["schedulerName"] == "gpu-placement"
 
     # Uninstall: the webhooks, the mirrored quotas (their owner goes) and every cluster-scoped object.
