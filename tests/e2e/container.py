@@ -175,7 +175,7 @@ class Container(Proc):
         return engine().run("exec", self.container, *argv, timeout=timeout, check=False)
 
 
-LISTEN_FLAGS = ("--webhook-listen", "--extender-listen")
+LISTEN_FLAGS = ("--webhook-listen", "--extender-listen", "--health-listen")
 
 
 def rewrite_listen(args: Sequence[str], local_port: Callable[[int], int]) -> list[str]:

@@ -53,9 +53,17 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 Obj = dict[str, Any]
 
 
+K8S_TAG = "v1.37.2"  # the control plane's version (tests/e2e/build_control_plane.sh): kube-scheduler's image tag
+
+
 def render(values: Obj | None = None) -> list[Obj]:
+    """Offline, as `helm template` renders: kube-scheduler's tag must then be given."""
+    values = dict(values or {})
+    scheduler = dict(values.get("scheduler") or {})
+    scheduler["image"] = {"tag": K8S_TAG, **(scheduler.get("image") or {})}
+    values["scheduler"] = scheduler
     with helm_python.Chart.load(CHART) as chart:
-        files = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE)
+        files = chart.render(values, name=RELEASE, namespace=NAMESPACE)
     return [doc for path, text in sorted(files.items()) if path.endswith(".yaml")
             for doc in yaml.safe_load_all(text) if doc]
 
@@ -64,8 +72,8 @@ def install(api: Api, docs: list[Obj]) -> None:
     """`helm install --create-namespace`, by server-side apply: namespace, then everything else
     (RBAC before workloads, the webhook configurations last, as Helm orders kinds)."""
     api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    order = ["ServiceAccount", "Secret", "ConfigMap", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-             "Service", "Deployment", "PodDisruptionBudget", "MutatingWebhookConfiguration",
+    order = ["NetworkPolicy", "PodDisruptionBudget", "ServiceAccount", "Secret", "ConfigMap", "ClusterRole",
+             "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment", "MutatingWebhookConfiguration",
              "ValidatingWebhookConfiguration"]
     for doc in sorted(docs, key=lambda d: order.index(d["kind"]) if d["kind"] in order else len(order)):
         api.apply(doc, manager="helm")
@@ -79,17 +87,19 @@ def find(docs: list[Obj], kind: str, name: str) -> Obj:
 
 @dataclass
 class Pod:
-    """One replica of a rendered Deployment, its containers as local processes."""
+    """One replica of a rendered Deployment (or a live Pod: `template` and `docs` holding its
+    ConfigMaps), its containers as local processes."""
 
     plane: ControlPlane
     docs: list[Obj]
     deployment: str
-    replica: int = 0
+    replica: int | str = 0
     ports: dict[int, int] = field(default_factory=dict)  # container port -> local port
     procs: dict[str, Proc] = field(default_factory=dict)
+    template: Obj = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.template = find(self.docs, "Deployment", self.deployment)["spec"]["template"]
+        self.template = self.template or find(self.docs, "Deployment", self.deployment)["spec"]["template"]
         self.dir = self.plane.work / f"{self.deployment}-{self.replica}"
         self.dir.mkdir(exist_ok=True)
         api = self.plane.api
@@ -156,8 +166,10 @@ class Pod:
 
     @staticmethod
     def _env(container: Obj) -> dict[str, str]:
-        return {e["name"]: NAMESPACE for e in container.get("env", [])
-                if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace"}
+        env = {e["name"]: NAMESPACE for e in container.get("env", [])
+               if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace"}
+        env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+        return env
 
     def start(self, name: str, extra_args: tuple[str, ...] = ()) -> Proc:
         """The container's process; `extra_args` are serve flags a test adds (gpu-placement only)."""
