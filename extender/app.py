@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from itertools import islice
 from typing import Any
 
 import orjson
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -164,22 +164,23 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if waiting is not None:
             metrics.BINDINGS.labels("error").inc()
             return ORJSONResponse({"Error": waiting})
-        error = await run_in_threadpool(_bind, namespace, name, uid, node)
+        error = await _bind(namespace, name, uid, node)
         metrics.BINDINGS.labels("error" if error else "ok").inc()
         if error:
             log.warning("bind %s/%s to %s failed: %s", namespace, name, node, error)
         else:
-            log.info("bound %s/%s to %s", namespace, name, node)
+            log.debug("bound %s/%s to %s", namespace, name, node)  # kube-scheduler logs it, and writes an Event
         return ORJSONResponse({"Error": error})
 
-    def _bind(namespace: str, name: str, uid: str, node: str) -> str:
+    async def _bind(namespace: str, name: str, uid: str, node: str) -> str:
         key = pod_key(namespace, name)
         with view.lock:  # the fit is checked and the memory reserved in one step: no other bind in between
             reserved = _recheck_and_reserve(key, uid, node)
             if isinstance(reserved, str):
                 return reserved
         try:
-            binder.bind(namespace, name, uid, node)  # network I/O: outside the lock
+            # The API call, a coroutine on this loop (no thread, a kept connection): outside the lock.
+            await binder.bind(namespace, name, uid, node)
         except BindError as exc:
             if reserved and not exc.ambiguous:
                 view.release(key, uid)
@@ -255,7 +256,16 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
     preempt = preempt_endpoint(placement, ready, read, refuse)
     routes = [timed("filter", filter_), timed("prioritize", prioritize), timed("bind", bind),
               timed("preempt", preempt), *ops_routes(ready)]
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await binder.aclose()  # its connections belong to this loop
+
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed},
+                     lifespan=lifespan)
 
 
 async def _view_changes(view: ClusterView, seconds: float) -> bool:

@@ -75,8 +75,8 @@ class Ingest:
         """A full list from the API server, as `replace`, where a pod of the resourceVersion the view
         holds keeps its record: a relist of 150,000 pods builds only those that changed, which is most
         of the Python work it does while the request path waits for the GIL."""
-        if kind != "pods":
-            self.replace(view, kind, objects)
+        if kind != "pods" or (not view.pods and "pods" not in view.listed):  # the first: nothing to keep
+            self.replace(view, kind, objects)  # (pods into the empty view as the pages come: ClusterView._fill)
             return
         current = view.pods  # read without the lock: only this kind's watch thread writes it
         fresh: dict[str, PodRecord] = {}

@@ -33,6 +33,9 @@ SNAPSHOT_RELOADS = Counter("gpu_placement_snapshot_reloads", "Snapshot reloads, 
 PREEMPTION_NODES = Counter("gpu_placement_preemption_nodes", "Nodes kube-scheduler proposed for preemption, by "
                            "outcome: kept, victims_added, dropped.", ["outcome"])
 BINDINGS = Counter("gpu_placement_bindings", "Bind calls, by result.", ["result"])
+BIND_POST_SECONDS = Histogram("gpu_placement_bind_post_seconds",
+                              "The Binding POST of a /bind as the extender sees it: from sending to the answer read.",
+                              buckets=_BUCKETS)
 UNMANAGED_GPU_NODES = Gauge("gpu_placement_unmanaged_gpu_resource_nodes",
                             "Nodes offering a GPU resource missing from kube-scheduler's managedResources.",
                             ["resource"])

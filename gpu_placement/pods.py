@@ -142,10 +142,18 @@ def container_gpu_requests(container: Mapping[str, Any], is_gpu_resource: Callab
 def effective_gpu_requests(spec: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]) -> GpuRequests:
     """Kubernetes' effective request per resource: the larger of what app containers (plus sidecars)
     hold together and what each init container needs while it runs (plus sidecars started before it)."""
-    app = _sum(container_gpu_requests(c, is_gpu_resource) for c in spec.get("containers") or ())
+    containers = spec.get("containers") or ()
+    inits = spec.get("initContainers")
+    if not inits:  # most pods: what the app containers ask (one list of 150,000 is this path)
+        if len(containers) == 1:
+            app = container_gpu_requests(containers[0], is_gpu_resource)
+        else:
+            app = _sum(container_gpu_requests(c, is_gpu_resource) for c in containers)
+        return tuple(sorted((name, count) for name, count in app.items() if count > 0)) if app else ()
+    app = _sum(container_gpu_requests(c, is_gpu_resource) for c in containers)
     sidecars: dict[str, int] = {}
     peak: dict[str, int] = {}
-    for init in spec.get("initContainers") or ():
+    for init in inits:
         asked = container_gpu_requests(init, is_gpu_resource)
         if init.get("restartPolicy") == "Always":  # a sidecar: keeps running beside the app
             sidecars = _sum((sidecars, asked))

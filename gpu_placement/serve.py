@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 from typing import Any
@@ -15,6 +13,7 @@ from gpu_placement import metrics
 from gpu_placement.config import load_config
 from gpu_placement.logs import setup_logging
 from gpu_placement.service import Core, core_from_cluster, core_from_snapshot
+from gpu_placement.serving import run_servers
 
 __all__ = ["SWITCH_INTERVAL_S", "serve"]
 
@@ -94,7 +93,7 @@ def serve(args: argparse.Namespace) -> int:
             _start_quota_mirror(args, core)
             _start_dra_taints(args, core)
             log.info("webhook listening on https://%s:%d", host, port)
-        asyncio.run(_run(servers))
+        run_servers(servers)
     finally:
         core.stop()
     return 0
@@ -150,16 +149,3 @@ def _track_expiry(listener: str, tls: Any) -> None:
     if tls is not None:
         tls.start()
         metrics.CERT_EXPIRY.labels(listener).set_function(lambda: tls.not_after.timestamp())
-
-
-async def _run(servers: list[Any]) -> None:
-    """All servers in one loop; SIGTERM or SIGINT stops them all gracefully."""
-    loop = asyncio.get_running_loop()
-
-    def stop() -> None:
-        for server in servers:
-            server.should_exit = True
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-    await asyncio.gather(*(server.serve() for server in servers))

@@ -223,6 +223,9 @@ class ClusterView:
 
     def replace_pods(self, records: Iterable[PodRecord] | dict[str, PodRecord]) -> None:
         """A full list of pods (records, or records by key)."""
+        if not self.pods and "pods" not in self.listed:  # the first list: 150,000 pods go in as they come
+            self._fill("pods", records.values() if isinstance(records, dict) else records, self.upsert_pod)
+            return
         fresh = records if isinstance(records, dict) else {pod.key: pod for pod in records}
         self._replace("pods", self.pods, fresh, self._delete_listed_pod, self.upsert_pod)
 
@@ -261,6 +264,25 @@ class ClusterView:
     def replace_namespaces(self, records: Iterable[NamespaceRecord]) -> None:
         self._replace("namespaces", self.namespaces, {record.name: record for record in records},
                       self.delete_namespace, self.upsert_namespace)
+
+    def _fill(self, kind: str, records: Iterable[Any], upsert: Callable[[Any], None], batch: int = 500) -> None:
+        """The first list of a kind into an empty view: nothing to compare or delete, so the records
+        go in as the list's pages arrive (a batch at a time under the lock), while the next page is
+        still on its way, rather than all after the last one. Nothing decides from a view before
+        every kind is listed; a list that fails half way leaves part of it, and the next list, now
+        compared with it, puts that right."""
+        pending: list[Any] = []
+        for record in records:
+            pending.append(record)
+            if len(pending) >= batch:
+                with self.lock:
+                    for item in pending:
+                        upsert(item)
+                pending.clear()
+        with self.lock:
+            for item in pending:
+                upsert(item)
+            self.listed.add(kind)
 
     def _replace(self, kind: str, current: dict[str, Any], fresh: dict[str, Any], delete: Callable[[str], None],
                  upsert: Callable[[Any], None]) -> None:

@@ -349,6 +349,7 @@ class RequestRecord:
     path: str
     query: dict[str, str]
     verb: str
+    client: tuple[str, int] | None = None  # the connection it came on (host, port)
 
 
 @dataclass(slots=True)
@@ -1027,7 +1028,8 @@ class FakeApiServer:
         if path.endswith("/") and path != "/":
             path = path.rstrip("/")  # the client asks for /version/; the API server serves both
         target = self._route(path)
-        record = RequestRecord(request.method, path, dict(request.query_params), self._verb(request, target))
+        client = (request.client.host, request.client.port) if request.client else None
+        record = RequestRecord(request.method, path, dict(request.query_params), self._verb(request, target), client)
         with self._lock:
             self.requests_log.append(record)
         if self.delay > 0:

@@ -8,6 +8,7 @@ group of its own that its pods select, so tests do not see each other's capacity
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import shutil
@@ -253,9 +254,18 @@ def plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="session")
 def e2e(plane: ControlPlane) -> Iterator[E2E]:
+    with chart_running(plane) as env:
+        yield env
+
+
+@contextlib.contextmanager
+def chart_running(plane: ControlPlane, lease_renew_seconds: float = 10.0) -> Iterator[E2E]:
+    """The chart installed on `plane`, its webhook and scheduler pod running, kubelets emulated
+    (the suite's fixture; benchmarks/scheduler_bench.py uses it too, with Leases renewed less often
+    at 5,000 nodes: within kube-controller-manager's 120 s grace period)."""
     assert plane.api is not None
     api = plane.api
-    kubelets = Kubelets(api)
+    kubelets = Kubelets(api, renew_every=lease_renew_seconds)
     docs = render()
     env = E2E(plane, api, kubelets, docs)
     try:
