@@ -45,3 +45,4 @@ ANN_SHARING = PREFIX + "sharing"
 ANN_QUOTA = PREFIX + "quota"
 ANN_POOLS = PREFIX + "pools"
 ANN_ADMITTED = PREFIX + "admitted"
+ANN_ALLOCATION = PREFIX + "allocation"  # namespace: device-plugin | dra

@@ -125,6 +125,10 @@ def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "gpu-placement"
     mirror = QuotaMirror(core.api, core.view, core.config, namespace, f"{socket.gethostname()}-{os.getpid()}",
                          MirrorSettings(lease_name=args.quota_lease))
+    if core.dra.version in ("v1", "v1beta2"):  # the `exactly` request shape; v1beta1 namespaces stay on the plugin
+        from webhook.dra_templates import TemplateKeeper
+
+        mirror.templates = TemplateKeeper(core.api, core.view, core.config, core.dra.version)
     mirror.start()
     core.stoppers.append(mirror.stop)
 

@@ -8,7 +8,8 @@ resource, the figures and the annotation to change.
 Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, ChoseGpuNodes, NoGpuAsked, NotAPodCreate,
 Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed (in this module); BadPod
 (review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); NotShaped (shaping.py); OverQuota,
-NotInQuota (quota.py); QuotaPending (quota_gate.py). In audit mode a would-be denial is counted as `Audit<code>`.
+NotInQuota (quota.py); QuotaPending (quota_gate.py); TemplatePending (dra_claims.py). In audit mode a would-be
+denial is counted as `Audit<code>`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gpu_placement.config import Config
 from gpu_placement.pods import GpuRequests
 from gpu_placement.sharing import effective_sharing
 from gpu_placement.view import ClusterView
+from webhook.dra_claims import TEMPLATE_PENDING, Conversion, convert, missing_sentence
 from webhook.namespace_reader import NamespaceReader
 from webhook.patches import asks_for_gpu_nodes, claim_patch, gpu_patch, protect_patch, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
@@ -46,6 +48,7 @@ NO_GPU, NOT_A_POD, EXEMPT, POLICY_BROKEN = "NoGpuAsked", "NotAPodCreate", "Exemp
 NAMESPACE_UNKNOWN, ANNOTATIONS_FIXED = "NamespaceUnknown", "AnnotationsFixed"
 BAD_POD, BAD_ANNOTATION, NO_GPU_ACCESS, ESCALATION, ALLOWED = (
     "BadPod", "BadAnnotation", "NoGpuAccess", "Escalation", "Allowed")
+_RETRIABLE = (QUOTA_PENDING, TEMPLATE_PENDING)  # refusals that pass by themselves: 503, nothing is wrong with the pod
 
 
 @dataclass(slots=True)
@@ -144,10 +147,28 @@ class Admission:
         policy = self.policy(subject.namespace)
         if not policy.shapes_ok:
             # How to shape the pod is unknown; /validate denies it with the same sentences.
-            problems = [policy.errors[key] for key in (n.ANN_SHARING, n.ANN_POOLS) if key in policy.errors]
+            problems = [policy.errors[key] for key in (n.ANN_SHARING, n.ANN_POOLS, n.ANN_ALLOCATION)
+                        if key in policy.errors]
             return self._decision(allowed(uid, warnings=problems), POLICY_BROKEN, subject, problems)
+        if self._dra(policy):
+            conversion = self._convert(policy, subject)
+            if conversion.missing:  # /validate refuses it, retriably, with the same sentence
+                text = missing_sentence(conversion.missing, f"pod {subject.namespace}/{subject.name}")
+                return self._decision(allowed(uid, warnings=[text]), TEMPLATE_PENDING, subject, [text])
+            return self._decision(allowed(uid, conversion.ops), MUTATED, subject)
         ops = self._shape(policy, subject)
         return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
+
+    def _dra(self, policy: NamespacePolicy) -> bool:
+        """GPU pods here are given ResourceClaims (webhook/dra_claims.py): a `dra` namespace on a cluster
+        that serves resource.k8s.io. Elsewhere `dra` falls back to the device plugin's resources."""
+        return policy.mode(self.config) == "dra" and self.view.dra.active
+
+    def _convert(self, policy: NamespacePolicy, subject: Subject) -> Conversion:
+        pools = [self.config.pools[name] for name in policy.pools]
+        with self.view.lock:
+            return convert(subject.pod, subject.gpus, self._sharing(policy, subject), policy, pools,
+                           self.view.dra.templates, self.config, keep_scheduler=_is_daemonset_pod(subject.pod))
 
     def _shape(self, policy: NamespacePolicy, subject: Subject) -> list[dict[str, Any]]:
         """The patch that shapes a GPU pod under its namespace's policy: empty for a pod already shaped
@@ -251,7 +272,7 @@ class Admission:
             message = texts[0] if len(texts) == 1 else f"{len(texts)} problems: " + " ".join(
                 f"({i}) {text};" for i, text in enumerate(texts, 1)).rstrip(";")
             # 503 for the one refusal that passes by itself (the quota not in force yet): nothing is wrong with the pod.
-            response = denied(uid, message, 503, "ServiceUnavailable") if problems[0][0] == QUOTA_PENDING and len(
+            response = denied(uid, message, 503, "ServiceUnavailable") if problems[0][0] in _RETRIABLE and len(
                 problems) == 1 else denied(uid, message)
             if warnings:
                 response["warnings"] = warnings
@@ -267,6 +288,11 @@ class Admission:
 
     def _unshaped(self, policy: NamespacePolicy, subject: Subject, where: str) -> list[tuple[str, str]]:
         """A GPU pod in a namespace with a GPU policy that /mutate did not shape (webhook/shaping.py)."""
+        if self._dra(policy) and policy.shapes_ok:
+            conversion = self._convert(policy, subject)
+            if conversion.missing:
+                return [(TEMPLATE_PENDING, missing_sentence(conversion.missing, where))]
+            return [(NOT_SHAPED, unshaped(conversion.ops, subject.namespace, where))]
         if not policy.shapes_ok or not governed(policy, self.config):
             return []
         ops = self._shape(policy, subject)

@@ -43,6 +43,7 @@ from gpu_placement.metrics import (
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.resourcequotas import MIRROR_NAME
 from gpu_placement.view import ClusterView
+from webhook.dra_templates import device_hard
 from webhook.policy import parse_policy
 
 __all__ = ["MANAGED_BY", "MIRROR_NAME", "MirrorSettings", "QuotaMirror", "desired_hard"]
@@ -82,6 +83,7 @@ class QuotaMirror:
         self.leading = False
         self.last_error: str | None = None
         self.writes = 0  # creates, updates and deletes made: for tests and the log
+        self.templates: Any = None  # webhook/dra_templates.TemplateKeeper where resource.k8s.io is served
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
         self._wake = threading.Event()
@@ -193,10 +195,19 @@ class QuotaMirror:
         policy = parse_policy(record, name, self.config)
         if n.ANN_QUOTA in policy.errors:
             return False, None, record.uid
-        return True, (desired_hard(policy.quota) if policy.quota is not None else None), record.uid
+        if policy.quota is None:
+            return True, None, record.uid
+        hard = desired_hard(policy.quota)
+        if policy.mode(self.config) == "dra":  # the API server charges claims by class (webhook/dra_templates.py)
+            hard.update(device_hard(policy.quota, self.config))
+        return True, hard, record.uid
 
     def reconcile(self, name: str) -> None:
         known, wanted, uid = self._wanted(name)
+        if self.templates is not None:
+            record = self.view.namespaces.get(name)
+            if record is not None:
+                self.templates.reconcile(name, parse_policy(record, name, self.config), record.uid)
         if not known:
             return
         self._apply(name, self._get(name), wanted, uid)
@@ -209,6 +220,12 @@ class QuotaMirror:
             if known:
                 self._apply(name, owned.get(name) if wanted is None or name in owned else self._get(name),
                             wanted, uid)
+        if self.templates is not None:
+            policies = {}
+            for name, record in list(self.view.namespaces.items()):
+                policy = parse_policy(record, name, self.config)
+                policies[name] = (policy if policy.shapes_ok else None, record.uid)
+            self.templates.resync(policies)
 
     def _apply(self, name: str, current: dict[str, Any] | None, wanted: dict[str, str] | None, uid: str) -> None:
         if current is not None and not _ours(current):
