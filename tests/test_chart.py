@@ -513,7 +513,8 @@ def test_webhook_configurations(rendered: Rendered) -> None:
     assert "reinvocationPolicy" not in validating["webhooks"][0]
     assert len(mutating["webhooks"]) == 1
     # The second validating webhook: pod UPDATEs that change a gpu-placement.io/* annotation.
-    create, update = validating["webhooks"]
+    create, update, claims = validating["webhooks"]
+    assert claims["name"] == "validate-claims.gpu-placement.io"  # tests/test_dra_claims_validate.py
     assert update["name"] == "validate-annotations.gpu-placement.io" != create["name"]
     assert update["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
                                 "resources": ["pods", "pods/status"], "scope": "Namespaced"}]
@@ -652,7 +653,7 @@ def test_webhook_rbac_reads_the_view(rendered: Rendered) -> None:
                "verbs": ["get", "list", "create", "update", "delete"]}] if writes else []
     assert rendered.one("ClusterRole", f"{name}-webhook")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
-        DRA_READ, *taints]
+        DRA_READ, DRA_TEMPLATES, *taints]
     assert rendered.deployment("webhook")["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-webhook"
 
 
@@ -973,6 +974,7 @@ def _asks(kind: str, resource: str) -> Doc:
 CPU = {"name": "c", "image": "app", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
 DRA_READ = {"apiGroups": ["resource.k8s.io"], "verbs": ["get", "list", "watch"],
             "resources": ["resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates"]}
+DRA_TEMPLATES = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create", "delete"]}
 EMPTY_RESOURCES = {"name": "c", "image": "app", "resources": {}}
 
 # (description, pod, sent to /mutate with protectGpuNodes, sent to /validate)

@@ -174,3 +174,5 @@ def test_where_resource_k8s_io_is_not_served_a_dra_namespace_keeps_the_device_pl
     set_namespaces(hook, DRA_NAMESPACES)
     mutated, _, _ = hook.mutate(user_pod("ai", "train", gpus={"nvidia.com/gpu": 1}), "ai")
     assert "resourceClaims" not in mutated["spec"]
+    assert mutated["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true", "pool": "training"}
+    assert hook.validate(mutated, "ai")["allowed"] is True

@@ -8,7 +8,8 @@ resource, the figures and the annotation to change.
 Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, ChoseGpuNodes, NoGpuAsked, NotAPodCreate,
 Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed (in this module); BadPod
 (review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); NotShaped (shaping.py); OverQuota,
-NotInQuota (quota.py); QuotaPending (quota_gate.py); TemplatePending (dra_claims.py). In audit mode a would-be
+NotInQuota (quota.py); QuotaPending (quota_gate.py); TemplatePending (dra_claims.py); ClaimOutsidePolicy
+(dra_validate.py). In audit mode a would-be
 denial is counted as `Audit<code>`.
 """
 
@@ -24,6 +25,7 @@ from gpu_placement.pods import GpuRequests
 from gpu_placement.sharing import effective_sharing
 from gpu_placement.view import ClusterView
 from webhook.dra_claims import TEMPLATE_PENDING, Conversion, convert, missing_sentence
+from webhook.dra_validate import CLAIM_KINDS, CLAIM_OUTSIDE_POLICY, claim_problems
 from webhook.namespace_reader import NamespaceReader
 from webhook.patches import asks_for_gpu_nodes, claim_patch, gpu_patch, protect_patch, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
@@ -203,6 +205,9 @@ class Admission:
 
     # -- /validate ---------------------------------------------------------------------------------
     def validate(self, request: AdmissionRequest) -> Decision:
+        resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
+        if resource.get("group") == "resource.k8s.io" and resource.get("resource") in CLAIM_KINDS:
+            return self._claim_object(request, resource["resource"])
         if request.get("operation") == "UPDATE":
             return self._update(request)
         return self._guarded(request, self._validate)
@@ -234,6 +239,26 @@ class Admission:
         if self.config.mode == "audit":
             return Decision(allowed(uid, warnings=[text]), f"Audit{ANNOTATIONS_FIXED}", namespace, name, [text])
         return Decision(denied(uid, text), ANNOTATIONS_FIXED, namespace, name, [text])
+
+    def _claim_object(self, request: AdmissionRequest, resource: str) -> Decision:
+        """A ResourceClaim or ResourceClaimTemplate written in a namespace with a GPU policy
+        (webhook/dra_validate.py): held to the policy; in audit mode the same text as warnings."""
+        uid, namespace, name = request["uid"], request.get("namespace", ""), request.get("name", "")
+        obj = request.get("object")
+        if request.get("operation", "CREATE") != "CREATE" or namespace in self.config.exempt_namespaces:
+            return Decision(allowed(uid), NOT_A_POD, namespace, name)
+        if not isinstance(obj, dict):
+            text = f"request.object: expected a {CLAIM_KINDS[resource]} object"
+            return Decision(denied(uid, text, 400, "BadRequest"), BAD_POD, namespace, name, [text])
+        policy = self.policy(namespace)
+        if not governed(policy, self.config) or n.ANN_SHARING in policy.errors:
+            return Decision(allowed(uid), ALLOWED, namespace, name)
+        problems = claim_problems(obj, resource, policy, self.config)
+        if not problems:
+            return Decision(allowed(uid), ALLOWED, namespace, name)
+        if self.config.mode == "audit":
+            return Decision(allowed(uid, warnings=problems), f"Audit{CLAIM_OUTSIDE_POLICY}", namespace, name, problems)
+        return Decision(denied(uid, _joined(problems)), CLAIM_OUTSIDE_POLICY, namespace, name, problems)
 
     def _validate(self, uid: str, subject: Subject) -> Decision:
         config, pod, gpus = self.config, subject.pod, subject.gpus
@@ -269,8 +294,7 @@ class Admission:
         warnings = list(policy.warnings)
         audit = config.mode == "audit"
         if problems and not audit:
-            message = texts[0] if len(texts) == 1 else f"{len(texts)} problems: " + " ".join(
-                f"({i}) {text};" for i, text in enumerate(texts, 1)).rstrip(";")
+            message = _joined(texts)
             # 503 for the one refusal that passes by itself (the quota not in force yet): nothing is wrong with the pod.
             response = denied(uid, message, 503, "ServiceUnavailable") if problems[0][0] in _RETRIABLE and len(
                 problems) == 1 else denied(uid, message)
@@ -350,6 +374,11 @@ class Admission:
     def _decision(response: AdmissionResponse, reason: str, subject: Subject,
                   problems: list[str] | None = None) -> Decision:
         return Decision(response, reason, subject.namespace, subject.name, problems or [])
+
+
+def _joined(texts: list[str]) -> str:
+    return texts[0] if len(texts) == 1 else f"{len(texts)} problems: " + " ".join(
+        f"({i}) {text};" for i, text in enumerate(texts, 1)).rstrip(";")
 
 
 def _is_daemonset_pod(pod: dict[str, Any]) -> bool:
