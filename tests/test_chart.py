@@ -974,7 +974,8 @@ def _asks(kind: str, resource: str) -> Doc:
 CPU = {"name": "c", "image": "app", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
 DRA_READ = {"apiGroups": ["resource.k8s.io"], "verbs": ["get", "list", "watch"],
             "resources": ["resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates"]}
-DRA_TEMPLATES = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create", "delete"]}
+DRA_TEMPLATES = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"],
+                 "verbs": ["create", "delete"]}
 EMPTY_RESOURCES = {"name": "c", "image": "app", "resources": {}}
 
 # (description, pod, sent to /mutate with protectGpuNodes, sent to /validate)

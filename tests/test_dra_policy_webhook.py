@@ -64,7 +64,8 @@ def stored_template(hook: Webhook, ns: str, name: str) -> Obj:
 
 def gpu_keys(container: Obj) -> list[str]:
     resources = container.get("resources") or {}
-    return [k for section in ("requests", "limits") for k in resources.get(section) or {} if k.startswith("nvidia.com/")]
+    return [k for section in ("requests", "limits") for k in resources.get(section) or {}
+            if k.startswith("nvidia.com/")]
 
 
 def test_a_gpu_pod_written_the_usual_way_gets_claims_carrying_the_namespace_policy(dra: Webhook) -> None:
