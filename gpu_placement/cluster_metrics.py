@@ -251,7 +251,8 @@ class ClusterMetrics:
         out += [limits, used]
         claimed = GaugeMetricFamily("gpu_placement_namespace_dra_devices", "Devices the namespace's ResourceClaims "
                                     "ask for, per device class, as ResourceQuota charges them "
-                                    "(<class>.deviceclass.resource.k8s.io/devices).", labels=["namespace", "device_class"])
+                                    "(<class>.deviceclass.resource.k8s.io/devices).",
+                                    labels=["namespace", "device_class"])
         for namespace, counts in sorted(dra_devices.items()):
             for device_class, value in sorted(counts.items()):
                 claimed.add_metric([namespace, device_class], value)
