@@ -87,6 +87,17 @@ def test_one_annotation_moves_a_namespace_between_dra_and_the_device_plugin(e2e:
         return next((m for m in messages if "exceeded quota" in m), None)
     message = wait_for("the quota refusal of too-many's claims", refused, timeout=60)
     assert "gpu.nvidia.com.deviceclass.resource.k8s.io/devices" in str(message)
+    # Its first claim fitted and is charged until the pod goes; DRAExtendedResource charges the claims of
+    # gpu.nvidia.com (extendedResourceName nvidia.com/gpu) to requests.nvidia.com/gpu too: one quota for both
+    # worlds.
+    e2e.api.delete(f"/api/v1/namespaces/{ns}/pods/too-many")
+
+    def used() -> dict[str, str]:
+        return dict((e2e.api.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpu-placement").get("status") or {})
+                    .get("used", {}))
+    wait_for("too-many's claim gone from the quota",
+             lambda: used().get("gpu.nvidia.com.deviceclass.resource.k8s.io/devices") == "1", timeout=60)
+    assert used().get("requests.nvidia.com/gpu") == "1"  # train's one claimed device
 
     # Back to the device plugin: new pods keep nvidia.com/gpu and are placed by the extender's unit fit;
     # the templates go.
