@@ -12,9 +12,11 @@ from typing import Any
 import orjson
 import pytest
 
+from gpu_placement.config import ConfigError, parse_config
 from gpu_placement.demo_cluster import namespace
 from gpu_placement.dra.published import device_classes
-from tests.test_webhook_helpers import NAMESPACES, Webhook, user_pod
+from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, serving, user_pod
+from webhook.certs import CertBundle
 from webhook.dra_templates import wanted_templates
 
 pytestmark = pytest.mark.timeout(30)
@@ -177,3 +179,28 @@ def test_where_resource_k8s_io_is_not_served_a_dra_namespace_keeps_the_device_pl
     assert "resourceClaims" not in mutated["spec"]
     assert mutated["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true", "pool": "training"}
     assert hook.validate(mutated, "ai")["allowed"] is True
+
+
+def test_the_configuration_makes_dra_the_default_and_shared_mps(bundle: CertBundle) -> None:
+    config = {**TEST_CONFIG, "dra": {"allocation": "dra", "sharedStrategy": "MPS", "mpsActiveThreadPercentage": 50}}
+    with serving(bundle, config) as hook:
+        set_namespaces(hook, [namespace("plain", {"gpu-placement.io/quota": "nvidia.com/gpu=2",
+                                                  "gpu-placement.io/gpu-memory": "20Gi"})])
+        with hook.view.lock:
+            hook.ingest.replace(hook.view, "deviceclasses", copy.deepcopy(device_classes()))
+            hook.ingest.replace(hook.view, "resourceclaimtemplates", templates_for(hook, "plain"))
+        pod = user_pod("plain", "notebook", gpus={"nvidia.com/gpu": 1},
+                       annotations={"gpu-placement.io/sharing": "shared"})
+        mutated, _, _ = hook.mutate(pod, "plain")  # no allocation annotation: the configuration's default
+        name = mutated["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+        devices = stored_template(hook, "plain", name)["spec"]["spec"]["devices"]
+        assert devices["config"][0]["opaque"]["parameters"]["sharing"] == {
+            "strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50,
+                                             "defaultPinnedDeviceMemoryLimit": "20Gi"}}
+
+
+@pytest.mark.parametrize(("dra", "problem"), [({"allocation": "both"}, "dra.allocation"),
+                                               ({"mpsActiveThreadPercentage": 101}, "from 0 to 100")])
+def test_bad_dra_configuration_is_named(dra: Obj, problem: str) -> None:
+    with pytest.raises(ConfigError, match=problem):
+        parse_config({"dra": dra})
