@@ -1004,9 +1004,9 @@ SAMPLE_PODS: list[tuple[str, Callable[[Rendered], Doc], bool, bool]] = [
     ("DaemonSet asking for a gpu", lambda r: _pod(_asks("requests", "nvidia.com/gpu"), owner="DaemonSet"),
      True, True),
     # DRA: the class is in the claim, which the CEL cannot read: /mutate sees any pod with claims and
-    # routes those that ask for a GPU class; /validate (quota, policy of GPU resources) does not.
+    # routes those that ask for a GPU class; /validate counts their devices in `dra` namespaces.
     ("ResourceClaims", lambda r: {**_pod(CPU), "spec": {**_pod(CPU)["spec"], "resourceClaims": [
-        {"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}}, True, False),
+        {"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}}, True, True),
 ]
 
 
@@ -1039,7 +1039,7 @@ def test_match_conditions_agree_with_the_code(rendered: Rendered) -> None:
         daemonset = any(o["kind"] == "DaemonSet" for o in pod["metadata"].get("ownerReferences", []))
         protect = config.protect_gpu_nodes and not daemonset and tolerates_gpu_taint(pod["spec"], config)
         claims = bool(pod["spec"].get("resourceClaims"))  # /mutate reads their classes (Admission._claims)
-        assert validate(pod) == gpu, description
+        assert validate(pod) == (gpu or claims), description
         assert mutate(pod) == (gpu or protect or claims), description
 
 

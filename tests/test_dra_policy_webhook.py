@@ -204,3 +204,25 @@ def test_the_configuration_makes_dra_the_default_and_shared_mps(bundle: CertBund
 def test_bad_dra_configuration_is_named(dra: Obj, problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
         parse_config({"dra": dra})
+
+
+def test_validate_counts_the_devices_of_a_converted_pod_against_the_quota(dra: Webhook) -> None:
+    # Three devices claimed already in namespace ai (quota nvidia.com/gpu=4: 4 devices of gpu.nvidia.com).
+    held = [{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": f"held-{i}", "namespace": "ai"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}
+            for i in range(3)]
+    with dra.view.lock:
+        dra.ingest.replace(dra.view, "resourceclaims", held)
+    try:
+        two, _, _ = dra.mutate(user_pod("ai", "two", gpus={"nvidia.com/gpu": 2}), "ai")
+        answer = dra.validate(two, "ai")
+        assert answer["allowed"] is False
+        assert answer["status"]["message"] == (
+            "namespace ai may use 4 gpu.nvidia.com.deviceclass.resource.k8s.io/devices (gpu-placement.io/quota); "
+            "3 are in use and this pod asks 2 more: lower the request or raise the quota on the namespace")
+        one, _, _ = dra.mutate(user_pod("ai", "one", gpus={"nvidia.com/gpu": 1}), "ai")
+        assert dra.validate(one, "ai")["allowed"] is True
+    finally:
+        with dra.view.lock:
+            dra.ingest.replace(dra.view, "resourceclaims", [])

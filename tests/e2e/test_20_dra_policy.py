@@ -77,27 +77,38 @@ def test_one_annotation_moves_a_namespace_between_dra_and_the_device_plugin(e2e:
     [device] = allocation(e2e, ns, "train")
     assert (device["driver"], device["pool"], device["device"]) == ("gpu.nvidia.com", nodes[3], "gpu-0")
 
-    # The namespace's quota is 2 devices: a second pod asking 2 more is refused by the API server when the
-    # claim controller creates its claims.
-    assert e2e.gpu_pod(ns, "too-many", group, gpus=2).status_code == 201
-
-    def refused() -> str | None:
-        messages = [e.get("message", "") for e in e2e.events(ns, "too-many")
-                    if e.get("reason") == "FailedResourceClaimCreation"]
-        return next((m for m in messages if "exceeded quota" in m), None)
-    message = wait_for("the quota refusal of too-many's claims", refused, timeout=60)
-    assert "gpu.nvidia.com.deviceclass.resource.k8s.io/devices" in str(message)
-    # Its first claim fitted and is charged until the pod goes; DRAExtendedResource charges the claims of
-    # gpu.nvidia.com (extendedResourceName nvidia.com/gpu) to requests.nvidia.com/gpu too: one quota for both
-    # worlds.
-    e2e.api.delete(f"/api/v1/namespaces/{ns}/pods/too-many")
+    # The namespace's quota is 2 devices. A pod asking 2 more is refused by /validate, which counts the
+    # devices its claims would take; one asking 1 more fits.
+    r = e2e.gpu_pod(ns, "too-many", group, gpus=2)
+    assert r.status_code == 403, r.text
+    assert ("may use 2 gpu.nvidia.com.deviceclass.resource.k8s.io/devices (gpu-placement.io/quota); 1 is in use and "
+            "this pod asks 2 more") in r.json()["message"]
+    assert e2e.gpu_pod(ns, "second", group).status_code == 201
 
     def used() -> dict[str, str]:
         return dict((e2e.api.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpu-placement").get("status") or {})
                     .get("used", {}))
-    wait_for("too-many's claim gone from the quota",
+    wait_for("second's claim charged", lambda: used().get("gpu.nvidia.com.deviceclass.resource.k8s.io/devices") == "2",
+             timeout=60)
+    # DRAExtendedResource charges claims of gpu.nvidia.com (extendedResourceName nvidia.com/gpu) to
+    # requests.nvidia.com/gpu too: one quota for the namespace's pods of both worlds.
+    assert used().get("requests.nvidia.com/gpu") == "2"
+    # The API server holds the line for claims too: a claim written by hand within the policy but past the quota.
+    products = [s for s in ours(e2e, ns)[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+                if "productName" in s["cel"]["expression"]]
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "by-hand"},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+                                                                           "selectors": products}}]}}}
+    r = e2e.api.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", claim)
+    assert r.status_code == 403 and "exceeded quota: gpu-placement" in r.text, r.text
+    assert "gpu.nvidia.com.deviceclass.resource.k8s.io/devices" in r.text
+    # ... and one outside the policy is refused by gpu-placement, naming the field.
+    del claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    r = e2e.api.create(f"{RESOURCE}/namespaces/{ns}/resourceclaims", claim)
+    assert r.status_code == 403 and "spec.devices.requests[0].exactly.selectors lacks the products selector" in r.text
+    e2e.api.delete(f"/api/v1/namespaces/{ns}/pods/second")
+    wait_for("second's claim gone from the quota",
              lambda: used().get("gpu.nvidia.com.deviceclass.resource.k8s.io/devices") == "1", timeout=60)
-    assert used().get("requests.nvidia.com/gpu") == "1"  # train's one claimed device
 
     # Back to the device plugin: new pods keep nvidia.com/gpu and are placed by the extender's unit fit;
     # the templates go.
