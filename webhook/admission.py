@@ -21,10 +21,12 @@ from typing import Any
 
 from gpu_placement import names as n
 from gpu_placement.config import Config
+from gpu_placement.dra.claims import devices_quota_key
 from gpu_placement.pods import GpuRequests
 from gpu_placement.sharing import effective_sharing
 from gpu_placement.view import ClusterView
-from webhook.dra_claims import TEMPLATE_PENDING, Conversion, convert, missing_sentence
+from webhook.dra_claims import TEMPLATE_PENDING, Conversion, convert, missing_sentence, pod_devices
+from webhook.dra_templates import device_hard
 from webhook.dra_validate import CLAIM_KINDS, CLAIM_OUTSIDE_POLICY, claim_problems
 from webhook.namespace_reader import NamespaceReader
 from webhook.patches import asks_for_gpu_nodes, claim_patch, gpu_patch, protect_patch, tolerates_gpu_taint
@@ -263,6 +265,8 @@ class Admission:
     def _validate(self, uid: str, subject: Subject) -> Decision:
         config, pod, gpus = self.config, subject.pod, subject.gpus
         if not gpus:
+            if pod["spec"].get("resourceClaims") and self.view.dra.active:
+                return self._validate_claims(uid, subject)
             return self._decision(allowed(uid), NO_GPU, subject)
         namespace = subject.namespace
         unknown = self._unknown_namespace(namespace)
@@ -309,6 +313,26 @@ class Admission:
                 self.reservations.hold(namespace, subject.key, subject.uid, gpus)
         reason = f"Audit{problems[0][0]}" if problems else ALLOWED
         return self._decision(allowed(uid, warnings=warnings + texts), reason, subject, texts)
+
+    def _validate_claims(self, uid: str, subject: Subject) -> Decision:
+        """A pod whose GPUs are claims, in a `dra` namespace with a quota: the devices its templates' claims
+        will ask for, against the quota in devices (what the API server charges when the claims are made),
+        so the pod is refused with a sentence instead of waiting on claims the API server refuses."""
+        namespace = subject.namespace
+        policy = self.policy(namespace)
+        if policy.mode(self.config) != "dra" or policy.quota is None or n.ANN_QUOTA in policy.errors:
+            return self._decision(allowed(uid), ALLOWED, subject)
+        quota = {key: int(value) for key, value in device_hard(policy.quota, self.config).items()}
+        with self.view.lock:
+            asks = pod_devices(self.view.dra, namespace, subject.pod["spec"])
+            used = {devices_quota_key(c): v for c, v in (self.view.dra.namespace_devices.get(namespace) or {}).items()}
+        problems = quota_problems(namespace, quota, used, {}, tuple(sorted(asks.items())))
+        texts = [text for _, text in problems]
+        if not problems:
+            return self._decision(allowed(uid), ALLOWED, subject)
+        if self.config.mode == "audit":
+            return self._decision(allowed(uid, warnings=texts), f"Audit{problems[0][0]}", subject, texts)
+        return self._decision(denied(uid, _joined(texts)), problems[0][0], subject, texts)
 
     def _unshaped(self, policy: NamespacePolicy, subject: Subject, where: str) -> list[tuple[str, str]]:
         """A GPU pod in a namespace with a GPU policy that /mutate did not shape (webhook/shaping.py)."""

@@ -20,14 +20,15 @@ from typing import Any
 
 from gpu_placement import names as n
 from gpu_placement.config import Config, Pool
-from gpu_placement.dra.claims import ClaimPlan, ClaimPolicy, Template, level_of, plan, template_for
+from gpu_placement.dra.claims import ClaimPlan, ClaimPolicy, Template, devices_quota_key, level_of, plan, template_for
 from gpu_placement.dra.objects import Claim
+from gpu_placement.dra.state import DraState
 from gpu_placement.pods import GpuRequests
 from gpu_placement.sharing import Sharing
 from webhook.patches import Patch, claim_patch, escape
 from webhook.policy import NamespacePolicy
 
-__all__ = ["TEMPLATE_PENDING", "Conversion", "claim_policy", "convert", "missing_sentence"]
+__all__ = ["TEMPLATE_PENDING", "Conversion", "claim_policy", "convert", "missing_sentence", "pod_devices"]
 
 TEMPLATE_PENDING = "TemplatePending"
 
@@ -82,6 +83,20 @@ def missing_sentence(missing: Iterable[Template], where: str) -> str:
     return (f"{where} is in a namespace whose GPUs are claimed through DRA ({n.ANN_ALLOCATION}=dra), and the "
             f"ResourceClaimTemplate it needs is not there yet ({names}): gpu-placement creates it from the namespace's "
             "annotations within seconds of a change; create the pod again in a few seconds")
+
+
+def pod_devices(dra: DraState, namespace: str, spec: Mapping[str, Any]) -> dict[str, int]:
+    """The devices of GPU classes the claims made from the pod's templates will ask for, by quota key
+    (`<class>.deviceclass.resource.k8s.io/devices`). Claims that exist already are charged already."""
+    asks: dict[str, int] = {}
+    for entry in spec.get("resourceClaims") or ():
+        name = entry.get("resourceClaimTemplateName") if isinstance(entry, Mapping) else None
+        template = dra.templates.get(f"{namespace}/{name}") if name else None
+        for device_class, count in template.devices if template is not None else ():
+            if device_class in dra.gpu_classes:
+                key = devices_quota_key(device_class)
+                asks[key] = asks.get(key, 0) + count
+    return asks
 
 
 def _remove_resources(spec: Mapping[str, Any], config: Config, ops: Patch) -> None:
