@@ -94,9 +94,8 @@ def test_a_changed_policy_replaces_the_templates_and_device_plugin_removes_them(
              what="new templates for the new products, the old ones gone")
     set_annotations(fake, "ai", {**DRA, "gpu-placement.io/allocation": "device-plugin"})
     wait_for(lambda: not ours(fake, "ai"), 5.0, what="no templates once back on the device plugin")
-    quota = fake.get("ResourceQuota", "gpu-placement", "ai")
-    assert quota is not None and quota["spec"]["hard"] == {"requests.nvidia.com/gpu": "4",
-                                                           "requests.nvidia.com/mig-1g.10gb": "2"}
+    wait_for(lambda: fake.get("ResourceQuota", "gpu-placement", "ai")["spec"]["hard"] == {  # type: ignore[index]
+        "requests.nvidia.com/gpu": "4", "requests.nvidia.com/mig-1g.10gb": "2"}, 5.0, what="the quota without devices")
 
 
 def test_templates_someone_else_wrote_are_never_touched_and_a_broken_annotation_keeps_ours(
