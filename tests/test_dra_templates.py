@@ -106,7 +106,7 @@ def test_templates_someone_else_wrote_are_never_touched_and_a_broken_annotation_
               "spec": {"spec": {"devices": {"requests": [{"name": "gpu",
                                                           "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
     set_annotations(fake, "ai", DRA)
-    wait_for(lambda: len(ours(fake, "ai")) == 2, 5.0, what="the templates")
+    wait_for(lambda: len(ours(fake, "ai")) == 2 and replica.mirror.templates.writes == 2, 5.0, what="the templates")
     writes = replica.mirror.templates.writes
     set_annotations(fake, "ai", {**DRA, "gpu-placement.io/allocation": "yes"})
     wait_for(lambda: replica.view.namespaces["ai"].annotations.get("gpu-placement.io/allocation") == "yes", 5.0,
