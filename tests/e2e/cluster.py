@@ -357,9 +357,6 @@ class ControlPlane:
             str(self.bin_dir / "kube-apiserver"),
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
-            # 1.37 refuses a loopback advertise address with the lease reconciler (controlplane/instance.go
-            # ValidateIP); nothing here dials the kubernetes Service, so its Endpoints need no reconciler.
-            "--endpoint-reconciler-type=none",
             f"--tls-cert-file={w / 'apiserver.pem'}", f"--tls-private-key-file={w / 'apiserver.pem'}",
             f"--client-ca-file={w / 'ca.crt'}",
             f"--token-auth-file={w / 'tokens.csv'}",
