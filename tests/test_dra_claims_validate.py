@@ -14,6 +14,7 @@ import pytest
 from gpu_placement.demo_cluster import namespace
 from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, serving
 from webhook.certs import CertBundle
+from webhook.dra_templates import wanted_templates
 
 pytestmark = pytest.mark.timeout(30)
 Obj = dict[str, Any]
@@ -106,3 +107,25 @@ def test_audit_mode_warns_with_the_same_text(audit: Webhook) -> None:
     assert answer["allowed"] is True
     assert any("lacks the products selector" in w for w in answer["warnings"])
     assert any("more than namespace ai's quota of 4" in w for w in answer["warnings"])
+
+
+def test_the_services_own_templates_pass(ai: Webhook) -> None:
+    """What the template keeper writes goes through this same webhook on a real cluster."""
+    shared = namespace("pool", {"gpu-placement.io/allocation": "dra", "gpu-placement.io/sharing": "shared",
+                                "gpu-placement.io/quota": "nvidia.com/gpu.shared=8"})
+    with ai.view.lock:
+        ai.ingest.replace(ai.view, "namespaces", copy.deepcopy(NAMESPACES) + copy.deepcopy(EXTRA) + [shared])
+    for ns in ("ai", "pool", "mig-lab", "inference", "team-a"):
+        policy = ai.app.state.admission.policy(ns)
+        for template in wanted_templates(policy, {"1g.10gb", "3g.40gb"}, ai.config):
+            body = template.body(ai.config.dra.driver)
+            answer = ai.answer("/validate", review(body, "resourceclaimtemplates", ns))
+            assert answer["allowed"] is True, (ns, template.name, answer.get("status"))
+
+
+def test_a_whole_gpu_claim_in_a_shared_namespace_needs_the_sharing_config(ai: Webhook) -> None:
+    answer = check(ai, "inference")
+    assert answer["allowed"] is False
+    assert "more than namespace inference gives (gpu-placement.io/sharing=shared): add the opaque configuration" \
+        in answer["status"]["message"]
+    assert '"strategy":"TimeSlicing"' in answer["status"]["message"]

@@ -226,3 +226,19 @@ def test_validate_counts_the_devices_of_a_converted_pod_against_the_quota(dra: W
     finally:
         with dra.view.lock:
             dra.ingest.replace(dra.view, "resourceclaims", [])
+
+
+def test_shared_in_a_mig_dra_namespace_stays_a_mig_slice(dra: Webhook) -> None:
+    """Through DRA a claim's device is its own: `shared` would be a whole GPU, more than a MIG slice."""
+    pod = user_pod("ai-mig", "narrow", gpus={"nvidia.com/gpu": 1}, annotations={"gpu-placement.io/sharing": "shared"})
+    mutated, _, _ = dra.mutate(pod, "ai-mig")
+    assert mutated["spec"]["resourceClaims"][0]["resourceClaimTemplateName"].startswith("gpu-placement-mig-1g-10gb-")
+    assert [t["metadata"]["name"].rsplit("-", 1)[0] for t in templates_for(dra, "ai-mig")] == [
+        "gpu-placement-mig-1g-10gb"]
+
+
+def test_a_resource_the_quota_does_not_list_is_refused_as_before(dra: Webhook) -> None:
+    """No template is kept for a class the quota gives nothing of: the pod hears why, not 'not there yet'."""
+    answer = dra.validate(user_pod("ai", "mig", gpus={"nvidia.com/mig-1g.10gb": 1}), "ai")
+    assert answer["allowed"] is False and answer["status"]["code"] == 403
+    assert answer["status"]["message"].startswith("namespace ai may not use nvidia.com/mig-1g.10gb")

@@ -31,7 +31,7 @@ from webhook.dra_validate import CLAIM_KINDS, CLAIM_OUTSIDE_POLICY, claim_proble
 from webhook.namespace_reader import NamespaceReader
 from webhook.patches import asks_for_gpu_nodes, claim_patch, gpu_patch, protect_patch, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
-from webhook.quota import Reservations, quota_problems
+from webhook.quota import NOT_IN_QUOTA, Reservations, quota_problems
 from webhook.quota_gate import GATED_HOLD_SECONDS, QUOTA_PENDING, quota_pending
 from webhook.review import (
     AdmissionRequest,
@@ -338,8 +338,10 @@ class Admission:
         """A GPU pod in a namespace with a GPU policy that /mutate did not shape (webhook/shaping.py)."""
         if self._dra(policy) and policy.shapes_ok:
             conversion = self._convert(policy, subject)
-            if conversion.missing:
-                return [(TEMPLATE_PENDING, missing_sentence(conversion.missing, where))]
+            if conversion.missing:  # none is kept for a class the quota gives nothing of: say that instead
+                unlisted = [p for p in quota_problems(subject.namespace, policy.quota, {}, {}, subject.gpus)
+                            if p[0] == NOT_IN_QUOTA] if policy.quota is not None else []
+                return unlisted or [(TEMPLATE_PENDING, missing_sentence(conversion.missing, where))]
             return [(NOT_SHAPED, unshaped(conversion.ops, subject.namespace, where))]
         if not policy.shapes_ok or not governed(policy, self.config):
             return []

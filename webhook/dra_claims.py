@@ -20,7 +20,16 @@ from typing import Any
 
 from gpu_placement import names as n
 from gpu_placement.config import Config, Pool
-from gpu_placement.dra.claims import ClaimPlan, ClaimPolicy, Template, devices_quota_key, level_of, plan, template_for
+from gpu_placement.dra.claims import (
+    ClaimPlan,
+    ClaimPolicy,
+    Template,
+    devices_quota_key,
+    dra_level,
+    level_of,
+    plan,
+    template_for,
+)
 from gpu_placement.dra.objects import Claim
 from gpu_placement.dra.state import DraState
 from gpu_placement.pods import GpuRequests
@@ -54,7 +63,8 @@ def convert(pod: Mapping[str, Any], gpus: GpuRequests, level: Sharing, policy: N
     spec: Mapping[str, Any] = pod.get("spec") or {}
     namespace = policy.namespace
     wanted = claim_policy(policy)
-    levels = {resource: template_for(namespace, level_of(resource, level, config), wanted, config)
+    levels = {resource: template_for(namespace, dra_level(level_of(resource, level, config), policy.sharing), wanted,
+                                     config)
               for resource, _ in gpus}
     missing = tuple(t for t in {t.name: t for t in levels.values()}.values()
                     if (found := templates.get(f"{namespace}/{t.name}")) is None or found.digest != t.digest)

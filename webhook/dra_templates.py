@@ -39,10 +39,15 @@ _TIMEOUT = (5.0, 15.0)
 
 
 def wanted_templates(policy: NamespacePolicy, mig_profiles: set[str], config: Config) -> list[Template]:
-    """The templates a `dra` namespace needs: one per level a pod there may be given."""
+    """The templates a `dra` namespace needs: one per level a pod there may be given, and with a quota,
+    only of the device classes it gives devices of."""
     levels = levels_for(policy.sharing, {plugin_profile(p) for p in mig_profiles})
     wanted = claim_policy(policy)
-    return [template_for(policy.namespace, level, wanted, config) for level in levels]
+    templates = [template_for(policy.namespace, level, wanted, config) for level in levels]
+    if policy.quota is None:
+        return templates
+    allowed = device_hard(policy.quota, config)
+    return [t for t in templates if devices_quota_key(t.device_class) in allowed]
 
 
 def device_hard(quota: Mapping[str, int], config: Config) -> dict[str, str]:

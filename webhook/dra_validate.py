@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import orjson
+
 from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.dra.claims import template_for
@@ -46,14 +48,22 @@ def claim_problems(obj: Mapping[str, Any], resource: str, policy: NamespacePolic
     wanted_products = template_for(policy.namespace, EXCLUSIVE, products, config).selectors if products.products else ()
     wanted_products = tuple(s for s in wanted_products if "productName" in s)
     quota = device_hard(policy.quota, config) if policy.quota is not None else None
+    # `shared` through DRA: the GPU class with the opaque GpuConfig the namespace's shared template carries.
+    shared = template_for(policy.namespace, SHARED, products, config)
+    shared_config = {"driver": config.dra.driver, "parameters": dict(shared.config or {})}
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    configs = [c.get("opaque") for c in (devices.get("config") or () if isinstance(devices, Mapping) else ())
+               if isinstance(c, Mapping)]
     problems: list[str] = []
     for path, request in _requests(spec, prefix):
         device_class = request.get("deviceClassName")
         if device_class not in gpu_classes:
             continue
-        if level.kind != "exclusive" and not (level.kind == "mig" and device_class == config.dra.mig_class):
-            fix = (f"use a template of gpu-placement's in this namespace (label app.kubernetes.io/managed-by="
-                   f"gpu-placement), which carries the {level.text} configuration") if level == SHARED else (
+        if level.kind != "exclusive" and not (level.kind == "mig" and device_class == config.dra.mig_class) and not (
+                level == SHARED and device_class == config.dra.gpu_class and shared_config in configs):
+            fix = ("add the opaque configuration of namespace's shared level: {driver: "
+                   f"{config.dra.driver}, parameters: {orjson.dumps(shared.config).decode()}}}, or use a template of "
+                   "gpu-placement's in this namespace") if level == SHARED else (
                 f"ask {config.dra.mig_class} with profile {level.profile}")
             problems.append(f"{where}: {path}.deviceClassName is {device_class}, more than namespace "
                             f"{policy.namespace} gives ({n.ANN_SHARING}={level.text}): {fix}")

@@ -58,8 +58,9 @@ from gpu_placement.dra.objects import Device, device_product
 from gpu_placement.pods import container_gpu_requests
 from gpu_placement.sharing import SHARED, Sharing, sharing_of_resource
 
-__all__ = ["MANAGED_BY", "REQUEST", "ClaimPlan", "ClaimPolicy", "Template", "devices_quota_key", "dra_profile",
-           "level_of", "levels_for", "plan", "plugin_profile", "semver_text", "spec_digest", "template_for"]
+__all__ = ["MANAGED_BY", "REQUEST", "ClaimPlan", "ClaimPolicy", "Template", "devices_quota_key", "dra_level",
+           "dra_profile", "level_of", "levels_for", "plan", "plugin_profile", "semver_text", "spec_digest",
+           "template_for"]
 
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
 REQUEST = "gpu"  # the one request of each template; containers name the claim, not the request
@@ -152,15 +153,23 @@ def template_for(namespace: str, level: Sharing, policy: ClaimPolicy, config: Co
 
 def levels_for(level: Sharing, profiles: Iterable[str]) -> list[Sharing]:
     """The levels a pod of a namespace at `level` may be given: its own, `shared`, and each published
-    MIG profile (in the device plugin's spelling, `1g.10gb.me`) within it."""
+    MIG profile (in the device plugin's spelling, `1g.10gb.me`) within it. Not `shared` under a MIG
+    level: through DRA a claim's device is its own, so `shared` is a whole GPU time-sliced among the
+    claim's containers, more than a MIG slice (`dra_level`)."""
     found = [level]
-    if level != SHARED:
+    if level not in (SHARED,) and level.kind != "mig":
         found.append(SHARED)
     for profile in sorted(set(profiles)):
         candidate = Sharing("mig", profile)
         if candidate not in found and candidate.within(level):
             found.append(candidate)
     return found
+
+
+def dra_level(asked: Sharing, namespace_level: Sharing) -> Sharing:
+    """The level a pod gets through DRA: its own narrower ask, except `shared` in a MIG namespace, which
+    through DRA would be a whole GPU (`levels_for`): the namespace's MIG level then."""
+    return namespace_level if asked == SHARED and namespace_level.kind == "mig" else asked
 
 
 def dra_profile(profile: str) -> str:
