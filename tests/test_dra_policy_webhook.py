@@ -15,9 +15,11 @@ import pytest
 from gpu_placement.config import ConfigError, parse_config
 from gpu_placement.demo_cluster import namespace
 from gpu_placement.dra.published import device_classes
+from gpu_placement.namespaces import namespace_from_json
 from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, serving, user_pod
 from webhook.certs import CertBundle
 from webhook.dra_templates import wanted_templates
+from webhook.policy import parse_policy
 
 pytestmark = pytest.mark.timeout(30)
 Obj = dict[str, Any]
@@ -242,3 +244,13 @@ def test_a_resource_the_quota_does_not_list_is_refused_as_before(dra: Webhook) -
     answer = dra.validate(user_pod("ai", "mig", gpus={"nvidia.com/mig-1g.10gb": 1}), "ai")
     assert answer["allowed"] is False and answer["status"]["code"] == 403
     assert answer["status"]["message"].startswith("namespace ai may not use nvidia.com/mig-1g.10gb")
+
+
+def test_a_mig_dra_namespace_is_given_no_whole_gpu_template_even_without_quota() -> None:
+    config = parse_config({})
+    policy = parse_policy(namespace_from_json(namespace("lab", {"gpu-placement.io/allocation": "dra",
+                                                                "gpu-placement.io/sharing": "mig-3g.40gb"})), "lab",
+                          config)
+    templates = wanted_templates(policy, {"1g.10gb", "3g.40gb", "7g.80gb"}, config)
+    assert [(t.level.text, t.device_class) for t in templates] == [("mig-3g.40gb", "mig.nvidia.com"),
+                                                                   ("mig-1g.10gb", "mig.nvidia.com")]
