@@ -45,9 +45,10 @@ def ours(e2e: E2E, ns: str) -> list[Obj]:
     return list(items)
 
 
-def dra_namespace(e2e: E2E, prefix: str, annotations: dict[str, str]) -> str:
+def dra_namespace(e2e: E2E, prefix: str, annotations: dict[str, str], templates: int = 2) -> str:
+    """A namespace with its policy, once the webhook's leader wrote its templates and quota."""
     ns = e2e.namespace(prefix, annotations)
-    wait_for(f"the templates of {ns}", lambda: len(ours(e2e, ns)) >= 2, timeout=30)
+    wait_for(f"the templates of {ns}", lambda: len(ours(e2e, ns)) == templates, timeout=30)
     def counting() -> bool:
         status = e2e.api.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpu-placement").get("status") or {}
         return any(key.endswith(".deviceclass.resource.k8s.io/devices") for key in status.get("used", {}))
@@ -130,7 +131,8 @@ def test_a_mig_namespace_gets_a_device_of_its_profile(e2e: E2E, plugin: DraPlugi
     plugin.publish(nodes[1], 1, mig=("1g.10gb", 7, 10 * GIB))
     ns = dra_namespace(e2e, "dra-mig", {"gpu-placement.io/allocation": "dra",
                                         "gpu-placement.io/sharing": "mig-1g.10gb",
-                                        "gpu-placement.io/quota": "nvidia.com/mig-1g.10gb=2"})
+                                        "gpu-placement.io/quota": "nvidia.com/mig-1g.10gb=2"},
+                       templates=1)  # its own profile only: 3g.40gb is wider, shared would be a whole GPU
     r = e2e.gpu_pod(ns, "small-job", group)
     assert r.status_code == 201, r.text
     assert e2e.wait_bound(ns, "small-job", timeout=60) == nodes[1]
