@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from gpu_placement.names import GPU_RESOURCE, MIG_RESOURCE_PREFIX
+from gpu_placement.names import GPU_RESOURCE, LABEL_ENABLED, MIG_RESOURCE_PREFIX
 from gpu_placement.selectors import LabelSelector, SelectorError
 
 __all__ = ["Config", "ConfigError", "Dra", "Pool", "Rollout", "Scoring", "Telemetry", "Validator", "load_config",
@@ -99,6 +99,9 @@ class Config:
     pools: dict[str, Pool] = field(default_factory=dict)
     default_namespace_policy: str = "allow"
     mode: str = "enforce"
+    # optIn: gpu-placement acts in namespaces labelled gpu-placement.io/enabled=true only; optOut: in
+    # every namespace but those labelled "false". The webhook configurations select the same namespaces.
+    namespace_selection: str = "optOut"
     exempt_namespaces: frozenset[str] = frozenset({"kube-system", "gpu-operator"})
     protect_gpu_nodes: bool = True
     validator: Validator = field(default_factory=Validator)
@@ -107,6 +110,11 @@ class Config:
     reservation_ttl_seconds: float = 60.0
     dra: Dra = field(default_factory=Dra)
     rollout: Rollout = field(default_factory=Rollout)
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        """Whether a namespace with these labels is one gpu-placement acts in (exemptions aside)."""
+        value = labels.get(LABEL_ENABLED)
+        return value == "true" if self.namespace_selection == "optIn" else value != "false"
 
     def is_gpu_resource(self, name: str) -> bool:
         return name in self.gpu_resources or name == self.shared_resource or name.startswith(MIG_RESOURCE_PREFIX)
@@ -144,6 +152,7 @@ def parse_config(data: Any) -> Config:
         pools=_pools(top.take("pools", dict, {})),
         default_namespace_policy=top.take_choice("defaultNamespacePolicy", ("allow", "deny"), "allow"),
         mode=top.take_choice("mode", ("enforce", "audit"), "enforce"),
+        namespace_selection=top.take_choice("namespaceSelection", ("optIn", "optOut"), "optOut"),
         exempt_namespaces=frozenset(top.take_list("exemptNamespaces", str, ["kube-system", "gpu-operator"])),
         protect_gpu_nodes=top.take("protectGpuNodes", bool, True),
         validator=Validator(

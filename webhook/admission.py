@@ -7,10 +7,11 @@ resource, the figures and the annotation to change.
 
 Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, ChoseGpuNodes, NoGpuAsked, NotAPodCreate,
 Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed (in this module); BadPod
-(review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); NotShaped (shaping.py); OverQuota,
-NotInQuota (quota.py); QuotaPending (quota_gate.py); TemplatePending (dra_claims.py); ClaimOutsidePolicy
-(dra_validate.py). In audit mode a would-be
-denial is counted as `Audit<code>`.
+(review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); NotShaped, NotShapedAllowed
+(shaping.py); OverQuota, NotInQuota (quota.py); QuotaPending (quota_gate.py); TemplatePending
+(dra_claims.py); ClaimOutsidePolicy (dra_validate.py). In audit mode a would-be
+denial is counted as `Audit<code>`, and so is a patch /mutate would have sent (`AuditMutated`,
+`AuditKeptOffGpuNodes`): audit mode changes no pod (webhook/audit.py).
 """
 
 from __future__ import annotations
@@ -25,11 +26,19 @@ from gpu_placement.dra.claims import devices_quota_key
 from gpu_placement.pods import GpuRequests
 from gpu_placement.sharing import effective_sharing
 from gpu_placement.view import ClusterView
+from webhook.audit import would_do
 from webhook.dra_claims import TEMPLATE_PENDING, Conversion, convert, missing_sentence, pod_devices
 from webhook.dra_templates import device_hard
 from webhook.dra_validate import CLAIM_KINDS, CLAIM_OUTSIDE_POLICY, claim_problems
 from webhook.namespace_reader import NamespaceReader
-from webhook.patches import asks_for_gpu_nodes, claim_patch, gpu_patch, protect_patch, tolerates_gpu_taint
+from webhook.patches import (
+    asks_for_gpu_nodes,
+    claim_patch,
+    gpu_patch,
+    protect_patch,
+    shaped_requests,
+    tolerates_gpu_taint,
+)
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
 from webhook.quota import NOT_IN_QUOTA, Reservations, quota_problems
 from webhook.quota_gate import GATED_HOLD_SECONDS, QUOTA_PENDING, quota_pending
@@ -43,7 +52,7 @@ from webhook.review import (
     denied,
     subject_of,
 )
-from webhook.shaping import NOT_SHAPED, governed, unshaped
+from webhook.shaping import NOT_SHAPED, NOT_SHAPED_ALLOWED, governed, unshaped, unshaped_warning
 
 __all__ = ["Admission", "Decision"]
 
@@ -143,6 +152,8 @@ class Admission:
                             "nodes without using a GPU")
                     return self._decision(allowed(uid, warnings=[text]), CHOSE_GPU_NODES, subject, [text])
                 ops = protect_patch(pod)
+                if ops and config.mode == "audit":
+                    return self._told(uid, would_do(ops), KEPT_OFF_GPU, subject)
                 return self._decision(allowed(uid, ops), KEPT_OFF_GPU if ops else UNCHANGED, subject)
             return self._decision(allowed(uid), NO_GPU, subject)
         unknown = self._unknown_namespace(subject.namespace)
@@ -159,8 +170,12 @@ class Admission:
             if conversion.missing:  # /validate refuses it, retriably, with the same sentence
                 text = missing_sentence(conversion.missing, f"pod {subject.namespace}/{subject.name}")
                 return self._decision(allowed(uid, warnings=[text]), TEMPLATE_PENDING, subject, [text])
+            if config.mode == "audit":
+                return self._told(uid, would_do(conversion.ops, policy.pools), MUTATED, subject)
             return self._decision(allowed(uid, conversion.ops), MUTATED, subject)
         ops = self._shape(policy, subject)
+        if ops and config.mode == "audit":
+            return self._told(uid, would_do(ops, policy.pools), MUTATED, subject)
         return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
 
     def _dra(self, policy: NamespacePolicy) -> bool:
@@ -183,6 +198,10 @@ class Admission:
         return gpu_patch(subject.pod, subject.gpus, self._sharing(policy, subject), pools, policy.gpu_memory,
                          self.config, keep_scheduler=_is_daemonset_pod(subject.pod))
 
+    def _told(self, uid: str, text: str, reason: str, subject: Subject) -> Decision:
+        """Audit mode: the patch is not sent; the warning says what it would have done."""
+        return self._decision(allowed(uid, warnings=[text]), f"Audit{reason}", subject, [text])
+
     def _claims(self, uid: str, subject: Subject) -> Decision | None:
         """A pod whose ResourceClaims ask for a GPU device class (DRA): routed to the gpu-placement scheduler
         with the namespace's pools; None when its claims ask for no GPU (then it is any other pod)."""
@@ -198,6 +217,8 @@ class Admission:
         policy = self.policy(subject.namespace)
         pools = [self.config.pools[name] for name in policy.pools] if policy.shapes_ok else []
         ops = claim_patch(subject.pod, found.classes, pools, self.config, keep_scheduler=_is_daemonset_pod(subject.pod))
+        if ops and self.config.mode == "audit":
+            return self._told(uid, would_do(ops, policy.pools), MUTATED, subject)
         return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
 
     def _sharing(self, policy: NamespacePolicy, subject: Subject) -> Sharing:
@@ -278,6 +299,9 @@ class Admission:
             return self._decision(denied(uid, unknown, 503, "ServiceUnavailable"), NAMESPACE_UNKNOWN, subject,
                                   [unknown])
         policy = self.policy(namespace)
+        audit = config.mode == "audit"
+        if audit and policy.shapes_ok:  # the pod is as it came (audit /mutate changes nothing): check it as shaped
+            gpus = shaped_requests(pod, gpus, self._sharing(policy, subject), config)
         where = f"pod {namespace}/{subject.name}"
         problems: list[tuple[str, str]] = [(BAD_ANNOTATION, text) for text in policy.errors.values()]
         asked, pod_problems = pod_annotation_problems((pod.get("metadata") or {}).get("annotations") or {}, where)
@@ -285,7 +309,9 @@ class Admission:
         if not policy.entitled(config):
             problems.append((NO_GPU_ACCESS, self._no_access(namespace, gpus)))
         elif n.ANN_SHARING not in policy.errors:
-            escalations = self._unshaped(policy, subject, where) or self._escalations(policy, asked, gpus, where)
+            # Audit /mutate shapes nothing, so no pod is held to having been shaped there.
+            escalations = ([] if audit else self._unshaped(policy, subject, where)) or self._escalations(
+                policy, asked, gpus, where)
             problems += escalations
             if not escalations and policy.quota is not None:
                 with self.view.lock:
@@ -296,7 +322,6 @@ class Admission:
                 problems += over or (quota_pending(namespace, policy.quota, enforced, gpus) if self.quota_gate else [])
         texts = [text for _, text in problems]
         warnings = list(policy.warnings)
-        audit = config.mode == "audit"
         if problems and not audit:
             message = _joined(texts)
             # 503 for the one refusal that passes by itself (the quota not in force yet): nothing is wrong with the pod.
@@ -312,6 +337,9 @@ class Admission:
             with self.view.lock:
                 self.reservations.hold(namespace, subject.key, subject.uid, gpus)
         reason = f"Audit{problems[0][0]}" if problems else ALLOWED
+        told = None if audit or problems else self._unshaped_told(policy, subject, where)
+        if told is not None:
+            texts, reason = [told], NOT_SHAPED_ALLOWED
         return self._decision(allowed(uid, warnings=warnings + texts), reason, subject, texts)
 
     def _validate_claims(self, uid: str, subject: Subject) -> Decision:
@@ -347,6 +375,13 @@ class Admission:
             return []
         ops = self._shape(policy, subject)
         return [(NOT_SHAPED, unshaped(ops, subject.namespace, where))] if ops else []
+
+    def _unshaped_told(self, policy: NamespacePolicy, subject: Subject, where: str) -> str | None:
+        """The same pod in a namespace without a GPU policy: let in, and its user told (webhook/shaping.py)."""
+        if not policy.shapes_ok or governed(policy, self.config):
+            return None
+        ops = self._shape(policy, subject)
+        return unshaped_warning(ops, where) if ops else None
 
     def _no_access(self, namespace: str, gpus: GpuRequests) -> str:
         asks = ", ".join(f"{count} {resource}" for resource, count in gpus)
