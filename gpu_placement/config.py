@@ -64,6 +64,14 @@ class Dra:
     device_classes: tuple[str, ...] = ("gpu.nvidia.com", "mig.nvidia.com")
     taint_effect: str = "NoSchedule"  # None: a dry run; NoExecute evicts (docs/dra.md says what that means)
     taints: bool = True  # write DeviceTaintRules for unverified nodes
+    # Namespace allocation mode (gpu-placement.io/allocation; docs/dra.md): the default for
+    # namespaces without the annotation, the classes claims are written for, what `shared` becomes.
+    allocation: str = "device-plugin"  # or dra
+    gpu_class: str = "gpu.nvidia.com"
+    mig_class: str = "mig.nvidia.com"
+    shared_strategy: str = "TimeSlicing"  # TimeSlicing | MPS (NVIDIA's feature gates of the same names) | None
+    time_slicing_interval: str = "Default"  # Default | Short | Medium | Long
+    mps_active_thread_percentage: int | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -171,6 +179,13 @@ def parse_config(data: Any) -> Config:
                                  dra.take_list("deviceClasses", str, ["gpu.nvidia.com", "mig.nvidia.com"])),
             taint_effect=dra.take_choice("taintEffect", ("NoSchedule", "None", "NoExecute"), "NoSchedule"),
             taints=dra.take("taints", bool, True),
+            allocation=dra.take_choice("allocation", ("device-plugin", "dra"), "device-plugin"),
+            gpu_class=_name(dra.take("gpuClass", str, "gpu.nvidia.com"), "dra.gpuClass"),
+            mig_class=_name(dra.take("migClass", str, "mig.nvidia.com"), "dra.migClass"),
+            shared_strategy=dra.take_choice("sharedStrategy", ("TimeSlicing", "MPS", "None"), "TimeSlicing"),
+            time_slicing_interval=dra.take_choice("timeSlicingInterval", ("Default", "Short", "Medium", "Long"),
+                                                  "Default"),
+            mps_active_thread_percentage=_percent(dra.take("mpsActiveThreadPercentage", int, None)),
         ),
         rollout=Rollout(
             soak_minutes=rollout.take_minutes("soakMinutes", 60.0),
@@ -249,6 +264,12 @@ def _kind(value: Any) -> str:
 def _name(value: str, key: str) -> str:
     if not value or any(ch.isspace() for ch in value):
         raise ConfigError(f"{key} must be a non-empty name without spaces, got {value!r}")
+    return value
+
+
+def _percent(value: int | None) -> int | None:
+    if value is not None and not 0 <= value <= 100:
+        raise ConfigError(f"dra.mpsActiveThreadPercentage must be from 0 to 100, got {value!r}")
     return value
 
 

@@ -533,7 +533,8 @@ def test_webhook_configurations(rendered: Rendered) -> None:
     assert "reinvocationPolicy" not in validating["webhooks"][0]
     assert len(mutating["webhooks"]) == 1
     # The second validating webhook: pod UPDATEs that change a gpu-placement.io/* annotation.
-    create, update = validating["webhooks"]
+    create, update, claims = validating["webhooks"]
+    assert claims["name"] == "validate-claims.gpu-placement.io"  # tests/test_dra_claims_validate.py
     assert update["name"] == "validate-annotations.gpu-placement.io" != create["name"]
     assert update["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
                                 "resources": ["pods", "pods/status"], "scope": "Namespaced"}]
@@ -668,7 +669,7 @@ def test_webhook_rbac_reads_the_view(rendered: Rendered) -> None:
                "verbs": ["get", "list", "create", "update", "delete"]}] if writes else []
     assert rendered.one("ClusterRole", f"{name}-webhook")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
-        DRA_READ, *taints]
+        DRA_READ, DRA_TEMPLATES, *taints]
     assert rendered.deployment("webhook")["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-webhook"
 
 
@@ -987,6 +988,8 @@ def _asks(kind: str, resource: str) -> Doc:
 CPU = {"name": "c", "image": "app", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
 DRA_READ = {"apiGroups": ["resource.k8s.io"], "verbs": ["get", "list", "watch"],
             "resources": ["resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates"]}
+DRA_TEMPLATES = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"],
+                 "verbs": ["create", "delete"]}
 EMPTY_RESOURCES = {"name": "c", "image": "app", "resources": {}}
 
 # (description, pod, sent to /mutate with protectGpuNodes, sent to /validate)
@@ -1015,9 +1018,9 @@ SAMPLE_PODS: list[tuple[str, Callable[[Rendered], Doc], bool, bool]] = [
     ("DaemonSet asking for a gpu", lambda r: _pod(_asks("requests", "nvidia.com/gpu"), owner="DaemonSet"),
      True, True),
     # DRA: the class is in the claim, which the CEL cannot read: /mutate sees any pod with claims and
-    # routes those that ask for a GPU class; /validate (quota, policy of GPU resources) does not.
+    # routes those that ask for a GPU class; /validate counts their devices in `dra` namespaces.
     ("ResourceClaims", lambda r: {**_pod(CPU), "spec": {**_pod(CPU)["spec"], "resourceClaims": [
-        {"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}}, True, False),
+        {"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}}, True, True),
 ]
 
 
@@ -1050,7 +1053,7 @@ def test_match_conditions_agree_with_the_code(rendered: Rendered) -> None:
         daemonset = any(o["kind"] == "DaemonSet" for o in pod["metadata"].get("ownerReferences", []))
         protect = config.protect_gpu_nodes and not daemonset and tolerates_gpu_taint(pod["spec"], config)
         claims = bool(pod["spec"].get("resourceClaims"))  # /mutate reads their classes (Admission._claims)
-        assert validate(pod) == gpu, description
+        assert validate(pod) == (gpu or claims), description
         assert mutate(pod) == (gpu or protect or claims), description
 
 

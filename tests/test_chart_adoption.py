@@ -88,7 +88,7 @@ def test_namespace_selection_is_enforced_by_every_webhooks_namespace_selector(
     values = {} if selection == "optIn" else {"namespaceSelection": selection}  # optIn is the default
     rendered = render(chart, values)
     hooks = [hook for config in _webhooks(rendered) for hook in config["webhooks"]]
-    assert len(hooks) == 3
+    assert len(hooks) == 4  # mutate; validate pods, their annotation updates, DRA claims
     for hook in hooks:
         assert hook["namespaceSelector"]["matchExpressions"][1] == expression, hook["name"]
     config = parse_config(yaml.safe_load(rendered.config_text()))
@@ -117,7 +117,7 @@ def test_name_overrides(chart: helm_python.Chart) -> None:
     full.one("Service", "placement-webhook")
     spec = yaml.safe_load(full.one("ConfigMap", "placement-webhooks")["data"]["webhooks.yaml"])
     assert [h["clientConfig"]["service"]["name"] for hooks in spec.values() for h in hooks] == [
-        "placement-webhook"] * 3
+        "placement-webhook"] * 4
 
 
 def test_pod_labels_never_override_the_selector(chart: helm_python.Chart) -> None:

@@ -50,7 +50,8 @@ from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.owner import Owner
 from gpu_placement.resourcequotas import MIRROR_NAME
 from gpu_placement.view import ClusterView
-from webhook.policy import parse_policy
+from webhook.dra_templates import device_hard
+from webhook.policy import NamespacePolicy, parse_policy
 
 __all__ = ["MANAGED_BY", "MIRROR_NAME", "MirrorSettings", "QuotaMirror", "desired_hard"]
 
@@ -90,6 +91,7 @@ class QuotaMirror:
         self.leading = False
         self.last_error: str | None = None
         self.writes = 0  # creates, updates and deletes made: for tests and the log
+        self.templates: Any = None  # webhook/dra_templates.TemplateKeeper where resource.k8s.io is served
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
         self._wake = threading.Event()
@@ -207,10 +209,19 @@ class QuotaMirror:
         policy = parse_policy(record, name, self.config)
         if n.ANN_QUOTA in policy.errors:
             return False, None, record.uid
-        return True, (desired_hard(policy.quota) if policy.quota is not None else None), record.uid
+        if policy.quota is None:
+            return True, None, record.uid
+        hard = desired_hard(policy.quota)
+        if policy.mode(self.config) == "dra":  # the API server charges claims by class (webhook/dra_templates.py)
+            hard.update(device_hard(policy.quota, self.config))
+        return True, hard, record.uid
 
     def reconcile(self, name: str) -> None:
         known, wanted, uid = self._wanted(name)
+        if self.templates is not None:
+            record = self.view.namespaces.get(name)
+            if record is not None:
+                self.templates.reconcile(name, self._template_policy(name, record), record.uid)
         if not known:
             return
         self._apply(name, self._get(name), wanted, uid)
@@ -223,6 +234,19 @@ class QuotaMirror:
             if known:
                 self._apply(name, owned.get(name) if wanted is None or name in owned else self._get(name),
                             wanted, uid)
+        if self.templates is not None:
+            policies = {}
+            for name, record in list(self.view.namespaces.items()):
+                policies[name] = (self._template_policy(name, record), record.uid)
+            self.templates.resync(policies)
+
+    def _template_policy(self, name: str, record: NamespaceRecord) -> NamespacePolicy:
+        """The policy the namespace's templates follow: none wanted where gpu-placement enforces nothing
+        (audit mode, a namespace not selected or exempt), as for the ResourceQuota."""
+        if self.config.mode == "audit" or not self.config.selects(record.labels) or (
+                name in self.config.exempt_namespaces):
+            return NamespacePolicy(name, allocation="device-plugin")
+        return parse_policy(record, name, self.config)
 
     def _apply(self, name: str, current: dict[str, Any] | None, wanted: dict[str, str] | None, uid: str) -> None:
         if current is not None and not _ours(current):
