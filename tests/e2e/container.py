@@ -111,7 +111,13 @@ def run_args(name: str, pod_spec: Obj, container: Obj, args: Sequence[str], volu
         out += ["--security-opt", "seccomp=unconfined"]  # RuntimeDefault is the engine's default profile
     for key, value in env.items():
         out += ["--env", f"{key}={value}"]
-    for mount in container.get("volumeMounts", []):
+    mounts = container.get("volumeMounts", [])
+    for inner in mounts:  # a kubelet makes the mount points nested in a ConfigMap or Secret volume (kubernetes#60342)
+        for outer in mounts:
+            prefix, host = outer["mountPath"].rstrip("/") + "/", volumes[outer["name"]].host
+            if host is not None and inner["mountPath"].startswith(prefix):
+                (host / inner["mountPath"][len(prefix):]).mkdir(parents=True, exist_ok=True)
+    for mount in mounts:
         volume = volumes[mount["name"]]
         if volume.host is None:
             size = f",size={_tmpfs_size(volume.size)}" if volume.size else ""
