@@ -38,11 +38,12 @@ Obj = dict[str, Any]
 EXTENDER, WEBHOOK = "gpu-placement-scheduler", "gpu-placement-webhook"
 SERVICE_DNS = "gpu-placement-webhook.gpu-placement.svc"
 VENV_BUDGET = 231e6 / 2  # half of the venv before slimming (231 MB)
-MANAGED_CERTS = ("--manage-certs", "--cert-secret", "--webhook-configuration", "--cert-dir")
+# What the chart's webhook does with an API server (its certificate, registering the webhooks).
+MANAGED_CERTS = ("--manage-certs", "--cert-secret", "--webhook-configuration", "--cert-dir", "--webhooks-file")
 
 
 def with_snapshot(args: list[str]) -> list[str]:
-    return [*args, "--snapshot", SNAPSHOT]
+    return [*without(args, "--webhooks-file"), "--snapshot", SNAPSHOT]
 
 
 def self_signed(args: list[str]) -> list[str]:
