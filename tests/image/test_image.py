@@ -27,6 +27,7 @@ import pytest
 
 from gpu_placement.demo_cluster import demo_objects, demo_pods
 from gpu_placement.dra.published import device_classes, resource_slice
+from tests.e2e.cluster import wait_for
 from tests.e2e.container import engine
 from tests.e2e.deploy import SERVICE_ACCOUNT_DIR, render
 from tests.fakeapi import FakeApiServer
@@ -378,11 +379,17 @@ def test_the_chart_containers_unchanged_against_an_api_server(chart: Chart, fake
               "mounts": [(account, SERVICE_ACCOUNT_DIR)], "command": ["python", "-c", AUDIT]}
     webhook = chart.start(WEBHOOK, "webhook", **in_pod)  # type: ignore[arg-type]
     webhook.prober.start_and_ready(webhook.container.alive)
+    # Its readiness probe passed: the endpoint controller publishes it in the Service's EndpointSlice,
+    # and the ready replica writes the webhook configurations (webhook/registration.py).
+    fake_api.add({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                  "metadata": {"name": "gpu-placement-webhook-1", "namespace": "gpu-placement",
+                               "labels": {"kubernetes.io/service-name": "gpu-placement-webhook"}},
+                  "addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.10"], "conditions": {"ready": True}}]})
     secret = fake_api.get("Secret", "gpu-placement-webhook-tls", "gpu-placement")
     assert secret is not None and "ca.crt" in secret["data"]
     bundle = base64.b64decode(secret["data"]["ca.crt"])
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        hooks = (fake_api.get(kind, "gpu-placement") or {})["webhooks"]
+        hooks = wait_for(f"{kind} written", lambda k=kind: (fake_api.get(k, "gpu-placement") or {}).get("webhooks"))
         assert all(base64.b64decode(h["clientConfig"]["caBundle"]) == bundle for h in hooks)
     pod = user_pod("research", "trainer", gpus={"nvidia.com/gpu": 1})
     with httpx.Client(verify=ssl.create_default_context(cadata=bundle.decode()), timeout=10) as client:
