@@ -125,19 +125,20 @@ def build_parser() -> argparse.ArgumentParser:
                       "List (JSON) to FILE, for `nodes` and `explain`")
 
     explain = commands.add_parser("explain", help="what the webhook would change, and every node's verdict")
-    explain.add_argument("pod_file", metavar="POD_FILE|pod/NAME", help="a Pod as JSON or YAML, or pod/NAME: a pod "
-                         "that exists (in the cluster, or in --snapshot)")
+    explain.add_argument("pod_file", metavar="FILE|pod/NAME", help="a Pod, or any workload with a pod template "
+                         "(Deployment, StatefulSet, DaemonSet, Job, CronJob, PyTorchJob, ...), as JSON or YAML; or "
+                         "pod/NAME: a pod that exists (in the cluster, or in --snapshot)")
     _cluster_arguments(explain)
     explain.add_argument("-n", "--namespace", metavar="NS", help="namespace of pod/NAME, or to admit the file's pod "
                          "into (default: the pod's own, else the context's)")
     explain.add_argument("--all", action="store_true", dest="show_all",
                          help="every node, not counts and a few examples per reason")
     explain.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    explain.add_argument("--config", metavar="FILE")
+    _config_argument(explain)
 
     nodes = commands.add_parser("nodes", help="one line per node: readiness, product, GPUs, driver, CUDA, memory")
     _cluster_arguments(nodes)
-    nodes.add_argument("--config", metavar="FILE")
+    _config_argument(nodes)
 
     certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle")
     certs.add_argument("--out", metavar="DIR", required=True)
@@ -153,6 +154,13 @@ def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig (default: $KUBECONFIG, else "
                         "~/.kube/config, as kubectl)")
     parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
+
+
+def _config_argument(parser: argparse.ArgumentParser) -> None:
+    """For commands that answer for the running service: by default they use its own configuration."""
+    parser.add_argument("--config", metavar="FILE", help="configuration file (YAML) to judge with; default: the "
+                        "deployed one, the chart's ConfigMap (labelled app.kubernetes.io/part-of=gpu-placement) in "
+                        "the cluster or the snapshot, else the built-in defaults; the output says which")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -205,56 +213,139 @@ def _nodes(args: argparse.Namespace) -> int:
     from gpu_placement.report import NODE_HEADER, node_rows, table
 
     core, _ = _core(args)
+    print(f"configuration: {core.config_source}", file=sys.stderr)
     print(table(NODE_HEADER, node_rows(core.view)))
     return 0
 
 
 def _core(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The view of `--snapshot`, else of the live cluster read once; and the live access, if any."""
-    from gpu_placement.service import core_from_objects, core_from_snapshot
+    """The view of `--snapshot`, else of the live cluster read once, judged with the deployed
+    configuration (`core.config_source` says which); and the live access, if any."""
+    core, access, _ = _cluster(args)
+    return core, access
+
+
+def _cluster(args: argparse.Namespace) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """`_core`, and the objects it was built from (explain runs kube-scheduler's filters on them)."""
+    from gpu_placement.service import core_from_objects
 
     if args.snapshot:
         if args.kubeconfig or args.context:
             raise UsageError("--snapshot and --kubeconfig/--context exclude each other: one cluster at a time")
-        return core_from_snapshot(_config(args.config), args.snapshot), None
-    from gpu_placement.fetch import connect, fetch_objects
+        from gpu_placement.snapshot import read_objects
 
-    access = connect(args.kubeconfig, args.context)
-    return core_from_objects(_config(args.config), fetch_objects(access)), access
+        objects, access = read_objects(args.snapshot), None
+    else:
+        from gpu_placement.fetch import connect, fetch_objects
+
+        access = connect(args.kubeconfig, args.context)
+        objects = fetch_objects(access)
+    deployed = deployed_config(args, access, objects)
+    core = core_from_objects(deployed.config, objects)
+    core.config_source = deployed.source
+    return core, access, objects
+
+
+def deployed_config(args: argparse.Namespace, access: Any, objects: list[dict[str, Any]]) -> Any:
+    """The configuration of a command that answers for the running service (`explain`, `nodes`,
+    `rollout`): `--config FILE`, else the chart's ConfigMap in the cluster (`access`) or among the
+    snapshot's `objects`, else the built-in defaults. A DeployedConfig: `.config`, `.source`."""
+    from gpu_placement.deployed import LABEL_SELECTOR, DeployedConfig, from_config_maps, from_file
+
+    if args.config:
+        return from_file(args.config)
+    if access is None:
+        return from_config_maps([o for o in objects if o.get("kind") == "ConfigMap"], f"snapshot {args.snapshot}")
+    from gpu_placement.config import Config
+    from gpu_placement.fetch import FetchError, fetch_labelled
+
+    refused = ""
+    for path in ("/api/v1/configmaps", "/api/v1/namespaces/gpu-placement/configmaps"):  # the chart's namespace
+        try:
+            return from_config_maps(fetch_labelled(access, path, LABEL_SELECTOR, "ConfigMap"),
+                                    f"context {access.context}")
+        except FetchError as exc:
+            if exc.status != 403:
+                raise
+            refused = refused or str(exc)
+    return DeployedConfig(Config(), f"built-in defaults: ConfigMaps could not be read ({refused}); pass "
+                                    "--config FILE with the deployed configuration")
 
 
 def read_pod_file(path: str) -> dict[str, Any]:
+    """A Pod or a workload, as JSON or YAML (a file without `kind` is taken for a Pod)."""
     try:
         text = Path(path).read_bytes()
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror}") from exc
     try:
-        pod = orjson.loads(text) if text.lstrip()[:1] == b"{" else yaml.safe_load(text)
+        obj = orjson.loads(text) if text.lstrip()[:1] == b"{" else yaml.safe_load(text)
     except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
         raise UsageError(f"{path}: not valid JSON or YAML: {str(exc).splitlines()[0]}") from exc
-    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod" or not isinstance(pod.get("spec"), dict):
-        found = pod.get("kind") if isinstance(pod, dict) else type(pod).__name__
-        raise UsageError(f"{path}: expected a Pod with a spec, found {found}")
-    return pod
+    if not isinstance(obj, dict):
+        raise UsageError(f"{path}: expected a Kubernetes object, found {type(obj).__name__}")
+    return obj
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from gpu_placement.explain import explain_json, explain_pod
+    from gpu_placement.explain import Context, explain_json, explain_pod
+    from gpu_placement.kubefilters import KubeNodes
+    from gpu_placement.workloads import PodTemplate, WorkloadError, pods_of
 
-    core, access = _core(args)
+    core, access, objects = _cluster(args)
     kind, _, name = args.pod_file.partition("/")
+    notes: tuple[str, ...] = ()
     if kind in ("pod", "pods", "po") and name and not Path(args.pod_file).exists():
         namespace = args.namespace or (access.namespace if access else "default")
         pod = _existing_pod(args, access, namespace, name)
-        existing = True
+        templates, existing, leave_out = [PodTemplate(f"Pod {namespace}/{name}", pod)], True, f"{namespace}/{name}"
+        notes = tuple(_bypassed(core, access, pod))
     else:
-        pod = read_pod_file(args.pod_file)
-        namespace, existing = args.namespace, False
+        obj = read_pod_file(args.pod_file)
+        try:
+            templates = pods_of(obj)
+        except WorkloadError as exc:
+            raise UsageError(f"{args.pod_file}: {exc}") from exc
+        namespace, existing, leave_out = args.namespace, False, None
+    answers = []
+    for template in templates:
+        workload = None if template.where.startswith("Pod ") else template.where + (
+            f", {template.replicas} replicas" if template.replicas is not None else "") + (
+            f"; {template.note}" if template.note else "")
+        context = Context(KubeNodes.from_objects(objects, leave_out), core.config_source, workload, notes)
+        if args.output == "json":
+            answers.append(explain_json(core, template.pod, namespace, existing, context))
+        else:
+            answers.append(explain_pod(core, template.pod, namespace, show_all=args.show_all, existing=existing,
+                                       context=context))
     if args.output == "json":
-        print(orjson.dumps(explain_json(core, pod, namespace, existing), option=orjson.OPT_INDENT_2).decode())
+        answer = answers[0] if len(answers) == 1 else {"workload": templates[0].where.split(" (")[0], "pods": answers}
+        print(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())
     else:
-        print(explain_pod(core, pod, namespace, show_all=args.show_all, existing=existing))
+        print(("\n\n" + "=" * 100 + "\n\n").join(answers))
     return 0
+
+
+def _bypassed(core: Any, access: Any, pod: dict[str, Any]) -> list[str]:
+    """How a pod that exists went around gpu-placement, if it did."""
+    from gpu_placement.bypass import Webhook, bypass_reasons
+
+    webhook = None
+    if access is not None:
+        from gpu_placement.fetch import FetchError, fetch_labelled
+
+        try:
+            found = fetch_labelled(access, "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+                                   "app.kubernetes.io/part-of=gpu-placement", "MutatingWebhookConfiguration")
+        except FetchError:
+            found = None  # not allowed to read them: the sentence says the reason is unknown
+        if found is not None:
+            first = found[0] if found else {}
+            meta = first.get("metadata") or {}
+            hooks = first.get("webhooks") or [{}]
+            webhook = Webhook(meta.get("name"), meta.get("creationTimestamp"), hooks[0].get("failurePolicy"))
+    asks_gpu = core.placement.requirements(pod).wants_gpu
+    return bypass_reasons(pod, core.config, asks_gpu, webhook)
 
 
 def _existing_pod(args: argparse.Namespace, access: Any, namespace: str, name: str) -> dict[str, Any]:

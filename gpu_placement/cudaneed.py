@@ -11,7 +11,11 @@ Three sources, per container, best first:
   against, or says it is unconfirmed).
 - a CUDA version in the image tag (`nvidia/cuda:12.4.1-runtime-...`, `...-cuda12.4-...`).
 A version from a tag is minor-version compatible: the toolkit's runtime and the framework wheels run on
-any driver of the same CUDA major at or above that major's floor.
+any driver of the same CUDA major at or above that major's floor. NGC framework images and the
+nvidia/cuda images also carry NVIDIA's CUDA compatibility package, which runs them on older driver
+branches on data-center GPUs (forward compatibility): the branches come from each NGC release's own
+notes, or from the NVIDIA_REQUIRE_CUDA alternatives an nvidia/cuda tag is built with
+(`data/forward-compat.json`, which also says which products are data-center GPUs).
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from typing import Any
 from gpu_placement.cuda import Version, VersionError, driver_table, parse_version
 from gpu_placement.cuda import format_version as v
 
-__all__ = ["CudaNeed", "Factor", "brand_of", "container_need", "ngc_cuda", "parse_require_cuda", "term_holds"]
+__all__ = ["CudaNeed", "Factor", "Forward", "brand_of", "container_need", "is_data_center", "ngc_cuda",
+           "parse_require_cuda", "term_holds"]
 
 Factor = tuple[str, str, str]  # (property, operator, value) as written: ("driver", ">=", "535")
 Term = tuple[Factor, ...]
+Forward = tuple[tuple[int, Version], ...]  # forward compatibility: (driver branch, its lowest driver), ...
 _PROPERTIES = ("cuda", "driver", "arch", "brand")  # what the container runtime knows; others are skipped
 _OPERATORS = ("!=", "<=", ">=", "=", "<", ">")  # the runtime's order: longest first
 _CUDA_IMAGE_TAG = re.compile(r"^(\d+\.\d+(?:\.\d+)?)(?:[-_.]|$)")
@@ -47,6 +53,8 @@ class CudaNeed:
     source: str  # "image tag of container main", for sentences and `explain`
     compat: bool = True
     terms: tuple[Term, ...] | None = None
+    forward: Forward = ()  # driver branches its CUDA compatibility package serves on data-center GPUs
+    forward_source: str = ""  # "NGC 24.05 release notes", where `forward` comes from
 
     def describe(self) -> str:
         if self.terms is not None:
@@ -54,7 +62,13 @@ class CudaNeed:
                     f"({' | '.join(','.join(''.join(f) for f in term) for term in self.terms[:3])}"
                     f"{' | ...' if len(self.terms) > 3 else ''}), as the container runtime checks it")
         rule = "minor-version compatible" if self.compat else "strict"
-        return f"CUDA >= {v(self.version)} ({self.source}, {rule})"
+        forward = f", or forward compatibility on data-center GPUs with {self.branches()} ({self.forward_source})" \
+            if self.forward and self.compat else ""
+        return f"CUDA >= {v(self.version)} ({self.source}, {rule}{forward})"
+
+    def branches(self) -> str:
+        """`R470 470.57+, R525 525.85+`: the forward-compatible driver branches, for sentences."""
+        return ", ".join(f"R{branch} {v(floor)}+" if len(floor) > 1 else f"R{branch}" for branch, floor in self.forward)
 
 
 def parse_require_cuda(value: str) -> tuple[Term, ...]:
@@ -115,6 +129,17 @@ _BRANDS = (("GeForce-RTX", "geforcertx"), ("GeForce", "geforce"), ("TITAN-RTX", 
            ("RTX", "nvidiartx"), ("GRID", "vcs"))
 
 
+def is_data_center(product: str | None) -> bool:
+    """Whether forward compatibility works on this product: a data-center GPU by NVIDIA's own lists
+    (`data/forward-compat.json`); GeForce, Quadro, TITAN and RTX workstation boards are not."""
+    if not product:
+        return False
+    words = product.removesuffix("-SHARED").split("-MIG-", 1)[0].split("-")
+    if words[0] == "Tesla":
+        return True
+    return words[0] == "NVIDIA" and len(words) > 1 and words[1] in _forward_data()[0]
+
+
 def brand_of(product: str | None) -> str | None:
     if not product:
         return None
@@ -140,15 +165,22 @@ def container_need(container: Mapping[str, Any], compat: bool) -> CudaNeed | Non
     last = repository.rsplit("/", 1)[-1]
     ngc = _NGC_RELEASE.match(tag)
     if ngc and repository.startswith(_ngc()[1]) and last in _ngc()[2]:
-        found = ngc_cuda(ngc.group(1))
+        release = ngc.group(1)
+        found = ngc_cuda(release)
         if found is not None:
-            return CudaNeed(found, f"NGC {last} {ngc.group(1)} of container {name}, CUDA {v(found)} by the NGC "
-                                   "support matrix", compat)
+            forward = _ngc()[3].get(release, ())
+            return CudaNeed(found, f"NGC {last} {release} of container {name}, CUDA {v(found)} by the NGC "
+                                   "support matrix", compat, None, forward,
+                            f"NGC {release} release notes" if forward else "")
         return None
-    match = _CUDA_IMAGE_TAG.match(tag) if last == "cuda" else None
-    match = match or _CUDA_IN_TAG.search(tag)
+    base = _CUDA_IMAGE_TAG.match(tag) if last == "cuda" else None
+    match = base or _CUDA_IN_TAG.search(tag)
     version = _version(match.group(1)) if match else None
-    return CudaNeed(version, f"image tag of container {name}", compat) if version is not None else None
+    if version is None:
+        return None
+    forward = _forward_data()[1].get(match.group(1), ()) if base else ()  # only nvidia/cuda's own tags
+    return CudaNeed(version, f"image tag of container {name}", compat, None, forward,
+                    f"nvidia/cuda {match.group(1)}'s NVIDIA_REQUIRE_CUDA" if forward else "")
 
 
 def _version(text: str) -> Version | None:
@@ -159,10 +191,25 @@ def _version(text: str) -> Version | None:
 
 
 @cache
-def _ngc() -> tuple[dict[str, Version], str, frozenset[str]]:
+def _ngc() -> tuple[dict[str, Version], str, frozenset[str], dict[str, Forward]]:
     raw = json.loads(resources.files("gpu_placement").joinpath("data/ngc-framework-cuda.json").read_text())
     table = {row["release"]: parse_version(row["cuda"]) for row in raw["release_cuda"]}
-    return table, raw["registry"], frozenset(raw["frameworks"])
+    forward = {row["release"]: _branches(row["forward_compat"]["branches"])
+               for row in raw["release_cuda"] if row.get("forward_compat")}
+    return table, raw["registry"], frozenset(raw["frameworks"]), forward
+
+
+@cache
+def _forward_data() -> tuple[frozenset[str], dict[str, Forward]]:
+    """Data-center GPU models, and the forward-compatible branches of nvidia/cuda tags by CUDA version."""
+    raw = json.loads(resources.files("gpu_placement").joinpath("data/forward-compat.json").read_text())
+    images = {version: _branches(row["branches"]) for version, row in raw["cuda_images"]["branches"].items()}
+    return frozenset(raw["data_center_models"]["models"]), images
+
+
+def _branches(drivers: list[str]) -> Forward:
+    """["470.57", "535"] -> ((470, (470, 57)), (535, (535,))): each branch with its lowest driver."""
+    return tuple((parse_version(d)[0], parse_version(d)) for d in drivers)
 
 
 def ngc_cuda(release: str) -> Version | None:

@@ -19,16 +19,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import yaml
 
 from gpu_placement.alerting import evaluate
 from gpu_placement.config import Config, parse_config
 from gpu_placement.demo_cluster import demo_objects, demo_pods
+from gpu_placement.deployed import CONFIG_KEY
 from gpu_placement.explain import admission_review
 from gpu_placement.patching import apply_patch
 from gpu_placement.report import NODE_HEADER, node_rows, table
 from gpu_placement.service import Core, core_from_objects
 
-__all__ = ["DEMO_CONFIG", "run_demo", "write_snapshot"]
+__all__ = ["DEMO_CONFIG", "demo_config_map", "run_demo", "write_snapshot"]
 
 DEMO_CONFIG: dict[str, Any] = {
     "defaultNamespacePolicy": "deny",  # GPUs only for namespaces the platform team gave a quota
@@ -113,11 +115,21 @@ def _print_alerts(scraped: str, out: Any) -> None:
           "the chart ships them with --set serviceMonitor.enabled=true", file=out)
 
 
+def demo_config_map() -> dict[str, Any]:
+    """The demo's configuration as the chart deploys one: a ConfigMap `explain` and `nodes` find by label."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "gpu-placement-config", "namespace": "gpu-placement",
+                         "labels": {"app.kubernetes.io/name": "gpu-placement",
+                                    "app.kubernetes.io/part-of": "gpu-placement"}},
+            "data": {CONFIG_KEY: yaml.safe_dump(DEMO_CONFIG, sort_keys=False)}}
+
+
 def write_snapshot(path: str) -> int:
-    """The demo cluster as `kubectl get nodes,pods,namespaces -A -o json` would print it."""
+    """The demo cluster as `kubectl get nodes,pods,namespaces,configmaps -A -o json` would print it,
+    with the demo's configuration as the chart's ConfigMap, so `explain` and `nodes` judge with it."""
     with open(path, "wb") as out:
         out.write(orjson.dumps({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
-                                "items": demo_objects()}, option=orjson.OPT_INDENT_2))
+                                "items": [*demo_objects(), demo_config_map()]}, option=orjson.OPT_INDENT_2))
     print(f"wrote the demo cluster to {path}", file=sys.stderr)
     return 0
 

@@ -1,4 +1,10 @@
-"""`explain`: what the webhook would change and decide for a pod, then every node's verdict and score."""
+"""`explain`: what the webhook would change and decide for a pod, then every node's verdict and score.
+
+The nodes go through kube-scheduler's own filters first (`kubefilters`: node name, cordon, taints,
+node selection, resource counts), as they do in the cluster: the extender is asked only about the nodes
+that pass them, so "would go to" names a node kube-scheduler could pick, and the message it would
+write into the pod's PodScheduled condition is predicted from both stages' reasons.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import orjson
 from starlette.applications import Starlette
 
 from gpu_placement import asgi
+from gpu_placement.kubefilters import KubeNodes, Verdict, fit_error, unmodelled
 from gpu_placement.patching import apply_patch
 from gpu_placement.placement import NodeVerdict
 from gpu_placement.preemption import explain_preemption
@@ -21,7 +28,8 @@ from gpu_placement.requirements import Requirements
 from gpu_placement.rules import cuda_rule
 from gpu_placement.service import Core
 
-__all__ = ["Admission", "Explanation", "admission_review", "admit", "explain", "explain_json", "explain_pod"]
+__all__ = ["Admission", "Context", "Explanation", "admission_review", "admit", "explain", "explain_json",
+           "explain_pod"]
 
 
 @dataclass(slots=True)
@@ -63,6 +71,19 @@ def _b64(text: str) -> bytes:
 
 _FULL_TABLE_UP_TO = 30  # nodes; past this the output groups rejections (`--all` shows every node)
 _CANDIDATES = 10
+_SCHEDULER_DEFAULT_TOLERATIONS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+@dataclass(slots=True)
+class Context:
+    """What `explain` knows besides the view: the node objects kube-scheduler filters on, which
+    configuration was used, and notes for people (how a live pod went around gpu-placement, what a
+    workload's controller does)."""
+
+    nodes: KubeNodes | None = None  # None: kube-scheduler's filters are not applied, and the output says so
+    configuration: str | None = None
+    workload: str | None = None  # "Deployment team-a/train (spec.template), 4 replicas"
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -74,6 +95,10 @@ class Explanation:
     req: Requirements
     holds: str | None = None  # a running pod: what it holds, fixed when it was first seen bound
     cuda_rules: dict[str, str] = field(default_factory=dict)  # passing node -> the CUDA rule that lets it run
+    context: Context = field(default_factory=Context)
+    scheduler: dict[str, Verdict] = field(default_factory=dict)  # nodes kube-scheduler's own filters keep out
+    unmodelled: list[str] = field(default_factory=list)  # what the pod asks of kube-scheduler not checked here
+    message: str | None = None  # the PodScheduled message kube-scheduler would write when no node passes
 
     @property
     def best(self) -> NodeVerdict | None:
@@ -84,9 +109,11 @@ class Explanation:
         return Counter("pass" if v.passed else v.reason.split(":", 1)[0] for v in self.verdicts)
 
 
-def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bool = False) -> Explanation:
+def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bool = False,
+            context: Context | None = None) -> Explanation:
     """`existing`: the pod is in the view already (`explain pod/NAME`); it is judged as if it were
-    being created, so its own quota count and memory do not stand in its way."""
+    being created, so its own quota count, memory and node do not stand in its way."""
+    context = context or Context()
     meta = pod.setdefault("metadata", {})
     namespace = namespace or meta.get("namespace") or "default"
     name = meta.get("name") or meta.get("generateName") or "?"
@@ -96,11 +123,44 @@ def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bo
         core.view.delete_pod(key)
     admission = admit(core.webhook_app(), pod, namespace)
     req = core.placement.requirements(admission.pod)
-    verdicts = core.placement.explain(req)
+    created = _as_created(admission.pod, existing)
+    rejected: dict[str, Verdict] = {}
+    prefilter = None
+    if context.nodes is not None:
+        filtered = context.nodes.filter(created)
+        rejected = {node: verdict for node, verdict in filtered.verdicts.items() if verdict is not None}
+        prefilter = filtered.prefilter
+    with core.view.lock:
+        sent = [node for node in sorted(core.view.nodes) if node not in rejected]
+    verdicts = core.placement.explain(req, sent)
+    verdicts += [NodeVerdict(node, False, f"{v.plugin}: {v.text}", 0, v.detail) for node, v in rejected.items()]
     with core.view.lock:  # which CUDA rule lets each passing node run the images, where it is not plain
         rules = {v.node: cuda_rule(core.view.nodes[v.node], req) for v in verdicts if v.passed}
+    message = None
+    if not any(v.passed for v in verdicts):
+        reasons = [rejected[v.node].reasons if v.node in rejected else (v.reason,) for v in verdicts]
+        message = fit_error(len(verdicts), reasons, prefilter)
     return Explanation(f"{namespace}/{name}", admission, req.describe(), verdicts, req, holds,
-                       {node: rule for node, rule in sorted(rules.items()) if rule})
+                       {node: rule for node, rule in sorted(rules.items()) if rule}, context, rejected,
+                       unmodelled(created.get("spec") or {}), message)
+
+
+def _as_created(pod: dict[str, Any], existing: bool) -> dict[str, Any]:
+    """The pod as kube-scheduler gets it: the API server's DefaultTolerationSeconds admission adds
+    tolerations of the not-ready and unreachable NoExecute taints to a new pod; an existing pod has
+    them already, and its node is forgotten (it is judged as if created again)."""
+    pod = copy.deepcopy(pod)
+    spec = pod.setdefault("spec", {})
+    if existing:
+        spec.pop("nodeName", None)
+        return pod
+    tolerations = spec.setdefault("tolerations", [])
+    for taint in _SCHEDULER_DEFAULT_TOLERATIONS:
+        if not any(isinstance(t, dict) and t.get("key") in (taint, None, "")
+                   and t.get("effect") in ("NoExecute", None, "")
+                   for t in tolerations):  # the plugin's own test (plugin/pkg/admission/defaulttolerationseconds)
+            tolerations.append({"key": taint, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300})
+    return pod
 
 
 def _holds(held: Any) -> str | None:
@@ -115,12 +175,12 @@ def _holds(held: Any) -> str | None:
 
 
 def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None, show_all: bool = False,
-                examples: int = 3, existing: bool = False) -> str:
+                examples: int = 3, existing: bool = False, context: Context | None = None) -> str:
     """For people: on a big cluster, counts by verdict, the best candidates, and a few examples per
     rejection with their own figures; every node with `show_all` (or on a small cluster)."""
-    found = explain(core, pod, namespace, existing)
+    found = explain(core, pod, namespace, existing, context)
     admission = found.admission
-    lines = [f"pod {found.pod}", "", "webhook:"]
+    lines = [f"pod {found.pod}", *_about(found.context), "", "webhook:"]
     if admission.patch:
         for op in admission.patch:
             value = f" = {orjson.dumps(op['value']).decode()}" if "value" in op else ""
@@ -130,17 +190,19 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None, show_all
     lines.append(f"  {'allowed' if admission.allowed else 'DENIED'}" +
                  (f": {admission.message}" if admission.message else ""))
     lines += [f"  warning: {w}" for w in admission.warnings]
-    lines += ["", f"extender: needs {found.needs}"]
+    lines += ["", *_scheduler_lines(found), "", f"extender: needs {found.needs}"]
     if found.holds:
         lines.append(f"  {found.holds}")
     best = found.best
     lines.append(f"  would go to {best.node} (score {best.score})" if best else "  no node can take it")
+    if found.message:
+        lines.append(f"  kube-scheduler would report: {found.message}")
     counts = found.counts()
     lines.append(f"  {len(found.verdicts)} nodes: " + ", ".join(f"{n} {what}" for what, n in counts.most_common()))
     if show_all or len(found.verdicts) <= _FULL_TABLE_UP_TO:
         lines += [f"  {node}: {rule}" for node, rule in found.cuda_rules.items()]
         lines += ["", table(VERDICT_HEADER, verdict_rows(found.verdicts))]
-        return "\n".join(lines + _preemption(core, found.req, admission.pod))
+        return "\n".join(lines + _preemption(core, found, admission.pod))
     passing = [v for v in found.verdicts if v.passed]
     if passing:
         top = sorted(passing, key=lambda v: (-v.score, v.node))[:_CANDIDATES]
@@ -161,28 +223,67 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None, show_all
                 lines.append(f"          {verdict.node}" + (f"  [{verdict.detail}]" if verdict.detail else ""))
             if len(members) > len(shown):
                 lines.append(f"          ... and {len(members) - len(shown)} more")
-    return "\n".join(lines + _preemption(core, found.req, admission.pod))
+    return "\n".join(lines + _preemption(core, found, admission.pod))
 
 
-def explain_json(core: Core, pod: dict[str, Any], namespace: str | None, existing: bool = False) -> dict[str, Any]:
+def _about(context: Context) -> list[str]:
+    lines = []
+    if context.workload:
+        lines.append(f"workload: {context.workload}")
+    if context.configuration:
+        lines.append(f"configuration: {context.configuration}")
+    lines += [f"  bypassed gpu-placement: {note}" for note in context.notes]
+    return lines
+
+
+def _scheduler_lines(found: Explanation) -> list[str]:
+    """What kube-scheduler decides before it asks the extender."""
+    refused = [] if found.admission.allowed else [
+        "  the API server refuses the pod (DENIED above), so no scheduler ever sees it; below is what would happen "
+        "once admitted as it stands"]
+    if found.context.nodes is None:
+        return ["kube-scheduler: its own filters (node selection, taints, cordon, resource counts) were not checked: "
+                "no node objects; every node is taken to pass them", *refused]
+    kept = Counter(v.plugin for v in found.scheduler.values())
+    total = len(found.verdicts)
+    line = (f"kube-scheduler: {total - len(found.scheduler)} of {total} nodes pass its own filters and go to the "
+            "extender")
+    if kept:
+        line += "; it keeps " + ", ".join(f"{n} for {plugin}" for plugin, n in kept.most_common())
+    lines = [line, *refused]
+    if found.unmodelled:
+        lines.append(f"  not checked here, also decided by kube-scheduler: {'; '.join(found.unmodelled)}")
+    return lines
+
+
+def explain_json(core: Core, pod: dict[str, Any], namespace: str | None, existing: bool = False,
+                 context: Context | None = None) -> dict[str, Any]:
     """For scripts: everything, every node."""
-    found = explain(core, pod, namespace, existing)
+    found = explain(core, pod, namespace, existing, context)
     admission = found.admission
     best = found.best
-    return {"pod": found.pod,
+    return {"pod": found.pod, "workload": found.context.workload, "configuration": found.context.configuration,
+            "bypassed": list(found.context.notes),
             "webhook": {"patch": admission.patch, "allowed": admission.allowed, "message": admission.message,
                         "warnings": admission.warnings},
+            "kube_scheduler": {"checked": found.context.nodes is not None, "message": found.message,
+                               "not_checked": found.unmodelled},
             "needs": found.needs, "holds": found.holds,
             "best": {"node": best.node, "score": best.score} if best else None,
             "counts": dict(found.counts()),
             "nodes": [{"node": v.node, "verdict": "pass" if v.passed else v.reason.split(":", 1)[0],
+                       "stage": "kube-scheduler" if v.node in found.scheduler else "extender",
                        "score": v.score, "reason": v.reason, "figures": v.detail,
                        "cuda_rule": found.cuda_rules.get(v.node, "")}
                       for v in sorted(found.verdicts, key=lambda v: (not v.passed, -v.score, v.node))]}
 
 
-def _preemption(core: Core, req: Requirements, pod: dict[str, Any]) -> list[str]:
-    rows = explain_preemption(core.placement, req, pod)
+def _preemption(core: Core, found: Explanation, pod: dict[str, Any]) -> list[str]:
+    """Preemption is tried on nodes whose failure it could fix: not those kube-scheduler keeps out for
+    an unresolvable reason (selection, taints, cordon), which it never considers."""
+    names = [v.node for v in found.verdicts if v.node not in found.scheduler
+             or found.scheduler[v.node].plugin == "NodeResourcesFit"]
+    rows = explain_preemption(core.placement, found.req, pod, names)
     if not rows:
         return []
     spec = pod.get("spec") or {}

@@ -15,14 +15,19 @@ from kubernetes.client import ApiClient
 
 from gpu_placement import kube
 
-__all__ = ["ClusterAccess", "FetchError", "connect", "fetch_objects", "fetch_pod"]
+__all__ = ["ClusterAccess", "FetchError", "connect", "fetch_labelled", "fetch_objects", "fetch_pod"]
 
 _TIMEOUT = (5.0, 60.0)
 _LISTS = (("Namespace", "/api/v1/namespaces"), ("Node", "/api/v1/nodes"), ("Pod", "/api/v1/pods"))
 
 
 class FetchError(Exception):
-    """The cluster could not be read; the message says which call and why."""
+    """The cluster could not be read; the message says which call and why (`status`: the HTTP status
+    the API server answered, None when it did not answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ClusterAccess:
@@ -68,6 +73,12 @@ def fetch_objects(access: ClusterAccess, page_size: int = 500) -> list[dict[str,
     return objects
 
 
+def fetch_labelled(access: ClusterAccess, path: str, selector: str, kind: str) -> list[dict[str, Any]]:
+    """One list of the objects at `path` (e.g. /api/v1/configmaps) carrying these labels, `kind` set on each."""
+    items = _get(access, path, [("labelSelector", selector)]).get("items") or []
+    return [{**item, "kind": kind} for item in items if isinstance(item, dict)]
+
+
 def fetch_pod(access: ClusterAccess, namespace: str, name: str) -> dict[str, Any]:
     path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
     pod = _get(access, path, [], missing=f"pod {namespace}/{name} not found (context {access.context})")
@@ -89,5 +100,5 @@ def _get(access: ClusterAccess, path: str, query: list[tuple[str, str | int | bo
         raise FetchError(f"GET {path} (context {access.context}): the API server did not answer: "
                          f"{' '.join(str(exc).split())[:200]}") from None
     if error.status == 404 and missing:
-        raise FetchError(missing)
-    raise FetchError(f"GET {path} (context {access.context}): {error}")
+        raise FetchError(missing, 404)
+    raise FetchError(f"GET {path} (context {access.context}): {error}", error.status)

@@ -158,10 +158,11 @@ def _merge(proposed: list[Victim], added: list[Victim]) -> list[Victim]:
     return merged
 
 
-def explain_preemption(placement: Placement, req: Requirements, pod: Mapping[str, Any]) -> list[list[str]]:
-    """For `explain`: each node that fails for want of room (FailedNodes), what preemption would evict
-    there, or why it cannot help. Rows of (node, outcome, detail); empty when the pod fits somewhere,
-    asks for no GPU, or may not preempt.
+def explain_preemption(placement: Placement, req: Requirements, pod: Mapping[str, Any],
+                       names: Sequence[str] | None = None) -> list[list[str]]:
+    """For `explain`: each node (of `names`, default all) that fails for want of room (FailedNodes),
+    what preemption would evict there, or why it cannot help. Rows of (node, outcome, detail); empty
+    when the pod fits somewhere, asks for no GPU, or may not preempt.
 
     kube-scheduler's side is simulated as its DefaultPreemption picks victims, counting GPU units
     only: every lower-priority pod removed, then reprieved from the highest priority down while the
@@ -172,7 +173,7 @@ def explain_preemption(placement: Placement, req: Requirements, pod: Mapping[str
     priority = pod_priority(spec)
     view = placement.view
     with view.lock:
-        names = sorted(view.nodes)
+        names = sorted(view.nodes) if names is None else [name for name in names if name in view.nodes]
         result = placement.filter(req, names)
         if result.passed:
             return []

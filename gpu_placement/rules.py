@@ -17,7 +17,7 @@ from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.cuda import Version, driver_table
 from gpu_placement.cuda import format_version as v
-from gpu_placement.cudaneed import brand_of, term_holds
+from gpu_placement.cudaneed import CudaNeed, Term, brand_of, is_data_center, term_holds
 from gpu_placement.nodes import NodeFacts
 from gpu_placement.requirements import Requirements
 
@@ -232,59 +232,95 @@ def _sharing_fit(node: NodeFacts, req: Requirements, config: Config) -> Rejectio
 def _image_cuda_fit(node: NodeFacts, req: Requirements) -> Rejection | None:
     """What the images need, judged as the node will judge it: `NVIDIA_REQUIRE_CUDA` alternatives as the
     container runtime asserts them; a version from a tag with minor-version compatibility (same CUDA
-    major, driver at or above that major's floor) unless the pod set cuda-compat: none."""
-    need = req.image_cuda
-    if need is None:
-        return None
-    table = driver_table()
-    if need.version[0] >= 13 and node.compute is not None and node.compute < table.cuda13_min_compute:
-        return _reject(COMPUTE_CAPABILITY, f"compute capability {v(node.compute)} is below "
-                                           f"{v(table.cuda13_min_compute)}, which CUDA 13 needs; the image needs "
-                                           f"CUDA {v(need.version)} ({need.source})")
-    if node.max_cuda is None and node.driver is None:
-        return _reject(UNKNOWN_DRIVER, f"the node publishes no driver or CUDA version labels ({n.DRIVER_FULL}, "
-                                       f"{n.CUDA_RUNTIME[0]}); the image needs CUDA {v(need.version)} "
-                                       f"({need.source})")
-    driver = f"driver {v(node.driver)}" if node.driver else "the driver"
-    supports = f"supports CUDA up to {v(node.max_cuda)}" if node.max_cuda else "is older than every CUDA release"
-    if need.terms is not None:
-        if any(term_holds(term, _runtime_facts(node)) for term in need.terms):
-            return None
-        return _reject(DRIVER_TOO_OLD, f"{driver} {supports} and meets no alternative of {need.source}, so the "
-                                       "container runtime would refuse to start it; use a node with a newer driver")
-    if node.max_cuda is not None and node.max_cuda >= need.version[:2]:
-        return None
-    wanted = f"the image needs CUDA {v(need.version)} ({need.source})"
-    if not need.compat:
-        return _reject(DRIVER_TOO_OLD, f"{driver} {supports}; {wanted} and the pod sets {n.ANN_CUDA_COMPAT}=none")
-    floor = table.compat_floor.get(need.version[0])
-    if node.max_cuda is None or node.max_cuda[0] != need.version[0] or floor is None:
-        return _reject(DRIVER_TOO_OLD, f"{driver} {supports}; {wanted}, and minor-version compatibility stays "
-                                       f"within CUDA {need.version[0]}.x")
-    if node.driver is not None and node.driver < floor:
-        return _reject(DRIVER_TOO_OLD, f"{driver} is below {v(floor)}, the floor of CUDA {need.version[0]}.x "
-                                       f"minor-version compatibility; {wanted}")
-    return None  # same major, driver at or above the floor: the runtime runs it
-
-
-def _runtime_facts(node: NodeFacts) -> dict[str, Version | str | None]:
-    """The properties NVIDIA's container runtime checks NVIDIA_REQUIRE_* against, from the node's labels."""
-    return {"cuda": node.max_cuda, "driver": node.driver, "arch": node.compute, "brand": brand_of(node.product)}
+    major, driver at or above that major's floor) unless the pod set cuda-compat: none; and the
+    images' CUDA compatibility package (forward compatibility) on the driver branches it serves, on
+    data-center GPUs only."""
+    return _image_cuda(node, req)[1]
 
 
 def cuda_rule(node: NodeFacts, req: Requirements) -> str | None:
     """For `explain`: how a node that passes meets what the images need, when it is not plainly by the
     driver's own CUDA version."""
+    return _image_cuda(node, req)[0]
+
+
+def _image_cuda(node: NodeFacts, req: Requirements) -> tuple[str | None, Rejection | None]:
+    """(the rule that lets the node run the images, when it is not the driver's own CUDA; the rejection)."""
     need = req.image_cuda
-    if need is None or node.max_cuda is None:
-        return None
+    if need is None:
+        return None, None
+    table = driver_table()
+    if need.version[0] >= 13 and node.compute is not None and node.compute < table.cuda13_min_compute:
+        return None, _reject(COMPUTE_CAPABILITY, f"compute capability {v(node.compute)} is below "
+                                                 f"{v(table.cuda13_min_compute)}, which CUDA 13 needs; the image needs "
+                                                 f"CUDA {v(need.version)} ({need.source})")
+    if node.max_cuda is None and node.driver is None:
+        return None, _reject(UNKNOWN_DRIVER, f"the node publishes no driver or CUDA version labels "
+                                             f"({n.DRIVER_FULL}, {n.CUDA_RUNTIME[0]}); the image needs CUDA "
+                                             f"{v(need.version)} ({need.source})")
+    driver = f"driver {v(node.driver)}" if node.driver else "the driver"
+    supports = f"supports CUDA up to {v(node.max_cuda)}" if node.max_cuda else "is older than every CUDA release"
     if need.terms is not None:
-        facts = _runtime_facts(node)
-        term = next((term for term in need.terms if term_holds(term, facts)), None)
-        return None if term is None else f"{need.source}: {','.join(''.join(f) for f in term)} holds"
-    if node.max_cuda >= need.version[:2]:
-        return None
-    return f"CUDA {v(need.version)} by minor-version compatibility (the driver supports CUDA {v(node.max_cuda)})"
+        return _require_cuda(node, need.source, need.terms, f"{driver} {supports}")
+    if node.max_cuda is not None and node.max_cuda >= need.version[:2]:
+        return None, None
+    wanted = f"the image needs CUDA {v(need.version)} ({need.source})"
+    if not need.compat:
+        return None, _reject(DRIVER_TOO_OLD, f"{driver} {supports}; {wanted} and the pod sets "
+                                             f"{n.ANN_CUDA_COMPAT}=none")
+    floor = table.compat_floor.get(need.version[0])
+    if node.max_cuda is not None and node.max_cuda[0] == need.version[0] and floor is not None \
+            and (node.driver is None or node.driver >= floor):  # same major, at or above the floor: it runs
+        return (f"CUDA {v(need.version)} by minor-version compatibility (the driver supports CUDA "
+                f"{v(node.max_cuda)})"), None
+    if _forward_compatible(node, need):
+        return f"forward compatibility ({need.forward_source})", None
+    if node.max_cuda is None or node.max_cuda[0] != need.version[0] or floor is None:
+        why = f"{driver} {supports}; {wanted}, and minor-version compatibility stays within CUDA {need.version[0]}.x"
+    else:
+        why = (f"{driver} is below {v(floor)}, the floor of CUDA {need.version[0]}.x minor-version compatibility; "
+               f"{wanted}")
+    return None, _reject(DRIVER_TOO_OLD, why + _forward_missed(node, need))
+
+
+def _forward_compatible(node: NodeFacts, need: CudaNeed) -> bool:
+    """CUDA forward compatibility: the image's compatibility package serves the node's driver branch (at
+    or above that branch's lowest driver), and the GPU is a data-center GPU."""
+    return node.driver is not None and is_data_center(node.product) and any(
+        node.driver[0] == branch and node.driver >= lowest for branch, lowest in need.forward)
+
+
+def _forward_missed(node: NodeFacts, need: CudaNeed) -> str:
+    """Why forward compatibility does not help either, when the image has it."""
+    if not need.forward:
+        return ""
+    if not is_data_center(node.product):
+        return (f"; forward compatibility ({need.forward_source}: {need.branches()}) works on data-center GPUs only, "
+                f"and {node.product or 'a GPU without a product label'} is not one")
+    return f"; forward compatibility ({need.forward_source}) covers {need.branches()} only"
+
+
+def _require_cuda(node: NodeFacts, source: str, terms: tuple[Term, ...], driver: str
+                  ) -> tuple[str | None, Rejection | None]:
+    """`NVIDIA_REQUIRE_CUDA` as the container runtime asserts it: any alternative that holds. One without
+    a `cuda` factor (`brand=tesla,driver>=470,driver<471`) admits an older driver branch through the
+    image's compatibility package, which works on data-center GPUs only."""
+    facts = _runtime_facts(node)
+    held = [term for term in terms if term_holds(term, facts)]
+    usable = [term for term in held if any(f[0] == "cuda" for f in term) or is_data_center(node.product)]
+    if usable:
+        return f"{source}: {','.join(''.join(f) for f in usable[0])} holds", None
+    if held:
+        return None, _reject(DRIVER_TOO_OLD, f"{driver}; only a forward-compatibility alternative of {source} holds "
+                                             f"({','.join(''.join(f) for f in held[0])}), and forward compatibility "
+                                             f"works on data-center GPUs only: {node.product or 'the GPU'} is not one")
+    return None, _reject(DRIVER_TOO_OLD, f"{driver} and meets no alternative of {source}, so the container runtime "
+                                         "would refuse to start it; use a node with a newer driver")
+
+
+def _runtime_facts(node: NodeFacts) -> dict[str, Version | str | None]:
+    """The properties NVIDIA's container runtime checks NVIDIA_REQUIRE_* against, from the node's labels."""
+    return {"cuda": node.max_cuda, "driver": node.driver, "arch": node.compute, "brand": brand_of(node.product)}
 
 
 def _label_problems(node: NodeFacts, req: Requirements) -> Rejection | None:

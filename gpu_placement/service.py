@@ -37,6 +37,7 @@ class Core:
     readiness: Callable[[], tuple[bool, str]]
     stoppers: list[Callable[[], None]] = field(default_factory=list)
     api: Any = None  # the kubernetes ApiClient when the view comes from an API server
+    config_source: str = "built-in defaults"  # where `config` came from, for commands that say so
 
     def extender_app(self, max_body: int = DEFAULT_MAX_BODY) -> Starlette:
         return create_extender_app(self.view, self.placement, self.binder, self.readiness, max_body)

@@ -78,7 +78,7 @@ def test_explain_rejects_a_file_that_is_not_a_pod(tmp_path: Path, snapshot: Path
     pod_file.write_text("kind: Service\nspec: {}\n")
     result = run("explain", str(pod_file), "--snapshot", str(snapshot))
     assert result.returncode == 2
-    assert "expected a Pod with a spec, found Service" in result.stderr
+    assert "svc.yaml: a Service without a name: no pod template found" in result.stderr
 
 
 def test_explain_shows_webhook_change_and_every_node(tmp_path: Path, snapshot: Path,

@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from gpu_placement.cli import main
+from gpu_placement.demo import demo_config_map
 from gpu_placement.demo_cluster import demo_objects, make_node, make_pod, validator_pod
 from tests.fakeapi import FakeApiServer
 
@@ -28,7 +29,7 @@ PENDING = make_pod("team-a", "train-waiting", gpus={"nvidia.com/gpu": 1},
 
 @pytest.fixture
 def cluster(fake_api: FakeApiServer, tmp_path: Path) -> Path:
-    fake_api.load([*demo_objects(), PENDING])
+    fake_api.load([*demo_objects(), PENDING, demo_config_map()])
     return fake_api.write_kubeconfig(tmp_path / "kubeconfig")
 
 
@@ -43,9 +44,18 @@ def test_kubectl_plugin_explains_a_pending_pod(cluster: Path) -> None:
     out = result.stdout
     assert out.startswith("pod team-a/train-waiting\n")
     assert "extender: needs 1x nvidia.com/gpu; CUDA >= 13.0.0 (image tag of container main" in out
-    assert "would go to a100-vgpu" in out
+    # Judged with the deployed configuration: team-a's pool `training` confines the pod to the two
+    # training nodes, whose R535 driver cannot run a CUDA 13 image; the A100 the defaults would pick
+    # is not one kube-scheduler could choose.
+    assert "configuration: ConfigMap gpu-placement/gpu-placement-config in context fake" in out
+    assert "kube-scheduler: 2 of 16 nodes pass its own filters and go to the extender; it keeps 14 for NodeAffinity" \
+        in out
+    assert "  no node can take it" in out and "would go to" not in out
+    assert ("  kube-scheduler would report: 0/16 nodes are available: 14 node(s) didn't match Pod's node "
+            "affinity/selector, 2 DriverTooOld: driver 535.129.03 supports CUDA up to 12.2; ") in out
     rows = {line.split()[0]: line.split()[1] for line in out.split("NODE ", 1)[1].splitlines()[1:] if line}
-    assert rows["a100-vgpu"] == "pass" and rows["h100-single"] == "DriverTooOld" and len(rows) == DEMO_NODES
+    assert rows["a100-vgpu"] == "NodeAffinity" and rows["h100-train-1"] == "DriverTooOld"
+    assert len(rows) == DEMO_NODES
 
 
 def test_default_kubeconfig_and_context_as_kubectl(cluster: Path, tmp_path: Path) -> None:
@@ -56,8 +66,9 @@ def test_default_kubeconfig_and_context_as_kubectl(cluster: Path, tmp_path: Path
     result = _plugin("explain", "pod/train-waiting", "-o", "json", env={"HOME": str(home), "KUBECONFIG": ""})
     assert result.returncode == 0, result.stderr
     answer = orjson.loads(result.stdout)
-    assert answer["pod"] == "team-a/train-waiting" and answer["best"] == {"node": "a100-vgpu", "score": 10}
-    assert len(answer["nodes"]) == DEMO_NODES and answer["counts"]["pass"] == 1
+    assert answer["pod"] == "team-a/train-waiting" and answer["best"] is None
+    assert len(answer["nodes"]) == DEMO_NODES and answer["counts"] == {"NodeAffinity": 14, "DriverTooOld": 2}
+    assert answer["configuration"] == "ConfigMap gpu-placement/gpu-placement-config in context fake"
     missing = _plugin("explain", "pod/nope", "--kubeconfig", str(cluster), "--context", "fake")
     assert missing.returncode == 2 and "pod default/nope not found (context fake)" in missing.stderr
     wrong = _plugin("nodes", "--kubeconfig", str(cluster), "--context", "elsewhere")
@@ -92,14 +103,18 @@ def test_a_big_cluster_reads_as_counts_candidates_and_examples(tmp_path: Path,
                                                annotations={"gpu-placement.io/cuda": "12.4"})))
     assert main(["explain", str(pod_file), "--snapshot", str(snapshot)]) == 0
     out = capsys.readouterr().out
-    assert "  120 nodes: 41 pass, 40 DriverTooOld, 39 InsufficientGPU" in out
+    # kube-scheduler's own resource count keeps the nodes short of 4 free GPUs before the extender is
+    # asked (13 of them also have the old driver: it never gets to say so).
+    assert "kube-scheduler: 68 of 120 nodes pass its own filters and go to the extender; it keeps 52 for " \
+           "NodeResourcesFit" in out
+    assert "  120 nodes: 52 NodeResourcesFit, 41 pass, 27 DriverTooOld" in out
     assert "would go to gpu-004 (score 10)" in out  # the first candidate
     assert "candidates, best first (10 of 41; --all for every node):" in out
     assert "rejected, by reason (3 examples each" in out
-    assert "      40  DriverTooOld: driver 535.129.03 supports CUDA up to 12.2; the pod needs CUDA >= 12.4" in out
-    assert "      39  InsufficientGPU: the pod needs 4 nvidia.com/gpu free and the node has fewer" in out
-    assert "          gpu-005  [4x nvidia.com/gpu of 3 free" in out  # an example with its own figures
-    assert "... and 36 more" in out and len(out.splitlines()) < 60
+    assert "      27  DriverTooOld: driver 535.129.03 supports CUDA up to 12.2; the pod needs CUDA >= 12.4" in out
+    assert "      52  NodeResourcesFit: Insufficient nvidia.com/gpu" in out
+    assert "          gpu-005  [nvidia.com/gpu asks 4, 3 free of 8]" in out  # an example with its own figures
+    assert "... and 49 more" in out and len(out.splitlines()) < 60
     assert main(["explain", str(pod_file), "--snapshot", str(snapshot), "--all"]) == 0
     assert len(capsys.readouterr().out.splitlines()) > 120
 

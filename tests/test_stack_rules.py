@@ -176,17 +176,24 @@ def drivers() -> Iterator[Extender]:
     extender.close()
 
 
-@pytest.mark.parametrize("image", ["pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime",
-                                   "nvcr.io/nvidia/cuda:12.4.1-runtime-ubuntu22.04",
-                                   "nvcr.io/nvidia/pytorch:24.05-py3"])
-def test_cuda_12_4_images_run_on_r535_by_minor_version_compatibility(drivers: Extender, image: str) -> None:
-    answer = drivers.filter(api_pod(namespace="train", image=image), CUDA_NODES)
+def test_cuda_12_4_images_run_on_r535_by_minor_version_compatibility(drivers: Extender) -> None:
+    answer = drivers.filter(api_pod(namespace="train", image="pytorch/pytorch:2.4.0-cuda12.4-cudnn9-runtime"),
+                            CUDA_NODES)
     assert answer["NodeNames"] == ["h100-r535", "h100-r545"]
-    # A CUDA 11 driver is another major: no compatibility crosses it, and the sentence says why.
+    # A CUDA 11 driver is another major: minor-version compatibility does not cross it, and an image
+    # without NVIDIA's compatibility package has no forward compatibility; the sentence says why.
     message = answer["FailedAndUnresolvableNodes"]["v100-r470"]
     assert message.startswith("DriverTooOld: driver 470.256.02 supports CUDA up to 11.4; the image needs CUDA 12.4")
     assert message.endswith("and minor-version compatibility stays within CUDA 12.x")
     assert "v100-r470" not in message  # node-independent (contract 3)
+
+
+@pytest.mark.parametrize("image", ["nvcr.io/nvidia/cuda:12.4.1-runtime-ubuntu22.04",
+                                   "nvcr.io/nvidia/pytorch:24.05-py3"])
+def test_nvidia_12_4_images_also_run_on_a_data_center_r470_by_forward_compatibility(drivers: Extender,
+                                                                                    image: str) -> None:
+    answer = drivers.filter(api_pod(namespace="train", image=image), CUDA_NODES)
+    assert sorted(answer["NodeNames"]) == ["h100-r535", "h100-r545", "v100-r470"]
 
 
 def test_explain_says_which_cuda_rule_lets_each_node_run_the_image(drivers: Extender) -> None:
@@ -204,7 +211,9 @@ def test_explain_says_which_cuda_rule_lets_each_node_run_the_image(drivers: Exte
 def test_ngc_release_tag_gets_the_cuda_of_its_release(drivers: Extender) -> None:
     req = drivers.core.placement.requirements(api_pod(namespace="train", image="nvcr.io/nvidia/pytorch:24.05-py3"))
     assert req.describe().split("; ")[1] == ("CUDA >= 12.4.1 (NGC pytorch 24.05 of container main, CUDA 12.4.1 by "
-                                              "the NGC support matrix, minor-version compatible)")
+                                              "the NGC support matrix, minor-version compatible, or forward "
+                                              "compatibility on data-center GPUs with R470 470.57+, R525 525.85+, "
+                                              "R535 535.86+, R545 545.23+ (NGC 24.05 release notes))")
 
 
 def test_nvidia_require_cuda_alternatives_decide_as_the_runtime_does(drivers: Extender) -> None:

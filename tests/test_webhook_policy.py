@@ -207,3 +207,18 @@ def test_the_hot_path_does_not_reparse(hook: Webhook) -> None:
     assert policies.parses == before + 1
     assert mutated["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true", "example.com/pool": "inference",
                                                "zone": "a"}
+
+
+def test_the_pools_hint_names_only_pools_that_exist() -> None:
+    """The fix in a pools sentence is a pool of this configuration, the closest to a misspelt one;
+    with no pools configured there is none to write, and the sentence says so."""
+    assert only_error({"gpu-placement.io/pools": "traning"}).endswith(
+        'no pool named "traning" in the configuration (pools: inference, training); write it as training')
+    assert only_error({"gpu-placement.io/pools": "gpu-heavy"}).endswith(
+        "write it as one or more of inference, training")
+    bare = parse_policy(NamespaceRecord("team-b", {"gpu-placement.io/pools": "training"}, "uid-b"), "team-b",
+                        parse_config({}))
+    assert list(bare.errors.values()) == [
+        'gpu-placement.io/pools="training" on namespace team-b: no pool named "training" in the configuration (the '
+        "configuration defines no pools); define the pool under pools in gpu-placement's configuration, or remove "
+        "the annotation"]

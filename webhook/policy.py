@@ -9,6 +9,7 @@ extender reads a pod's level with the same parser.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,7 +41,6 @@ _LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re
 _EXAMPLES = {
     n.ANN_SHARING: "exclusive, shared or mig-1g.10gb",
     n.ANN_QUOTA: "nvidia.com/gpu=4,nvidia.com/gpu.shared=16",
-    n.ANN_POOLS: "training,inference",
     n.ANN_GPU_MEMORY: "20Gi",
     n.ANN_PRODUCTS: "NVIDIA-H100-80GB-HBM3,NVIDIA-A100-SXM4-80GB",
     n.ANN_CUDA: "12.4",
@@ -191,13 +191,22 @@ def _parse_quota(text: str, config: Config) -> Mapping[str, int]:
 
 
 def _parse_pools(text: str, config: Config) -> tuple[str, ...]:
+    """The pools named; the sentence's fix names only pools the configuration has (the closest one to
+    a misspelt name), or says to define one when it has none."""
     pools = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    known = sorted(config.pools)
+    if not known:
+        fix = "define the pool under pools in gpu-placement's configuration, or remove the annotation"
     if not pools:
-        raise ValueError("it names no pool")
+        raise ValueError(f"it names no pool; {f'write it as {known[0]}' if known else fix}")
     unknown = [pool for pool in pools if pool not in config.pools]
     if unknown:
-        known = f"pools: {', '.join(sorted(config.pools))}" if config.pools else "the configuration defines no pools"
-        raise ValueError(f"no pool named {', '.join(quoted(p) for p in unknown)} in the configuration ({known})")
+        named = ", ".join(quoted(p) for p in unknown)
+        if not known:
+            raise ValueError(f"no pool named {named} in the configuration (the configuration defines no pools); {fix}")
+        closest = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"write it as {closest[0]}" if closest else f"write it as one or more of {', '.join(known)}"
+        raise ValueError(f"no pool named {named} in the configuration (pools: {', '.join(known)}); {hint}")
     return pools
 
 

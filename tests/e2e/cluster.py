@@ -377,6 +377,10 @@ class ControlPlane:
             # Validating webhooks, ResourceQuota, ...) plus NodeRestriction, as kubeadm sets it.
             "--enable-admission-plugins=NodeRestriction",
             "--service-cluster-ip-range=10.0.0.0/24",
+            # 1.37 refuses a loopback advertise address with an endpoint reconciler (it would publish
+            # 127.0.0.1 as the `kubernetes` Service's endpoint); nothing here reaches the API server
+            # through that Service, so no reconciler (as envtest runs it).
+            "--endpoint-reconciler-type=none",
             f"--egress-selector-config-file={w / 'egress.yaml'}",
             "--profiling=false", "--v=1"])
         self.api = Api(self.server, self.ca_path, ADMIN_TOKEN)

@@ -83,7 +83,8 @@ def test_7_full_ca_rotation_under_continuous_creates_loses_no_admission(e2e: E2E
             def trusted() -> list[bytes]:
                 kinds = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
                 mutating, validating = (_bundle(e2e, k) for k in kinds)
-                assert mutating == validating
+                if mutating != validating:  # read between the writer's two patches (one, then the other)
+                    return []
                 pem = ssl.get_server_certificate(("127.0.0.1", port)).encode()
                 served.add(_fingerprints(pem)[0])
                 return mutating
