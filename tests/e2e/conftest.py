@@ -266,7 +266,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     from tests.e2e.faults import SUMMARY
     if SUMMARY:
-        terminalreporter.section("fault scenarios")
+        terminalreporter.section("fault scenarios and soak")
         for line in SUMMARY:
             terminalreporter.write_line(line)
 
