@@ -16,7 +16,7 @@ kind's answer is replayed when none of its verdicts changed and the same nodes w
 /prioritize (sent, as kube-scheduler does, the nodes /filter passed); the answer's size; the floor,
 measured side by side in the same server and run: a route on the same stack (uvicorn, Starlette, the
 same body reader and orjson response) that parses the same request with orjson and answers every
-node passing, with filter p50 / floor p50 against the goal of 1.5x in three cases: the same nodes
+node passing, with filter p50 / floor p50 against the goal of 2.0x in three cases: the same nodes
 asked and the kind's verdicts as they were, the same nodes and a node's verdict flipped, other nodes
 asked; the in-process cost per node (an answer built from nothing / node count).
 Bounded: a fixed number of requests per size; stops by itself.
@@ -59,7 +59,9 @@ from gpu_placement.view import ClusterView
 
 TARGET_NODES = 5000
 TARGET_P99_MS = 5.0
-TARGET_FLOOR_RATIO = 1.5  # /filter p50 within this of the floor's p50
+# /filter p50 within this of the floor's p50 (issue 24's decision: on shuffled NodeNames an order-free
+# check of the nodes asked hashes every name, about half the floor by itself in CPython).
+TARGET_FLOOR_RATIO = 2.0
 PODS_PER_NODE = 30
 SEED = 1515
 

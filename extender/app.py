@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from itertools import islice
 from typing import Any
 
 import orjson
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.routing import Route
 
@@ -23,12 +23,13 @@ from extender.wire import ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement import metrics, shape
 from gpu_placement.cluster_metrics import tracker_for
 from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
+from gpu_placement.nominated import keep_for_nominated
 from gpu_placement.placement import FilterResult, Placement
-from gpu_placement.pods import pod_key
+from gpu_placement.pods import pod_key, pod_priority
 from gpu_placement.requirements import Requirements
 from gpu_placement.rules import unknown_node
 from gpu_placement.shape import ShapeError
-from gpu_placement.view import ClusterView
+from gpu_placement.view import ClusterView, same_pod
 
 __all__ = ["DEFAULT_MAX_BODY", "create_app"]
 
@@ -90,9 +91,12 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         except (WireError, ShapeError) as exc:
             return refuse(verb, 400, "malformed", str(exc))
 
-    def decide(req: Requirements, names: list[str], objects: list[dict[str, Any]] | None
+    def decide(pod: dict[str, Any], req: Requirements, names: list[str], objects: list[dict[str, Any]] | None
                ) -> tuple[FilterResult, bytes] | ORJSONResponse:
         result = placement.filter(req, names)  # a kind's unchanged answer comes back with its bytes
+        # Room preemption made for a nominated pod of equal or higher priority stays its (nominated.py).
+        result = keep_for_nominated(placement, req, result, pod_priority(pod.get("spec") or {}), _key(pod),
+                                    str((pod.get("metadata") or {}).get("uid") or ""))
         try:
             return result, _encode_filter(result, objects)
         except ShapeError as exc:  # a passing node too deep to echo back
@@ -109,7 +113,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         req = placement.requirements(pod)
         if req.wants_gpu and req.error is None:  # a pod no node can take is not bound; and its text is not kept
             remember(pod, req)
-        decided = decide(req, names, objects)
+        decided = decide(pod, req, names, objects)
         if isinstance(decided, ORJSONResponse):
             return decided
         result, encoded = decided
@@ -119,7 +123,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             # its informer, while our own watch may still be a few milliseconds behind; answered from
             # that view, the pod would wait for the next event or kube-scheduler's 5-minute flush. So
             # the view gets a moment to take a change already on its way, and the pod is judged again.
-            decided = decide(req, names, objects)
+            decided = decide(pod, req, names, objects)
             if isinstance(decided, ORJSONResponse):
                 return decided
             result, encoded = decided
@@ -160,25 +164,26 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if waiting is not None:
             metrics.BINDINGS.labels("error").inc()
             return ORJSONResponse({"Error": waiting})
-        error = await run_in_threadpool(_bind, namespace, name, uid, node)
+        error = await _bind(namespace, name, uid, node)
         metrics.BINDINGS.labels("error" if error else "ok").inc()
         if error:
             log.warning("bind %s/%s to %s failed: %s", namespace, name, node, error)
         else:
-            log.info("bound %s/%s to %s", namespace, name, node)
+            log.debug("bound %s/%s to %s", namespace, name, node)  # kube-scheduler logs it, and writes an Event
         return ORJSONResponse({"Error": error})
 
-    def _bind(namespace: str, name: str, uid: str, node: str) -> str:
+    async def _bind(namespace: str, name: str, uid: str, node: str) -> str:
         key = pod_key(namespace, name)
         with view.lock:  # the fit is checked and the memory reserved in one step: no other bind in between
             reserved = _recheck_and_reserve(key, uid, node)
             if isinstance(reserved, str):
                 return reserved
         try:
-            binder.bind(namespace, name, uid, node)  # network I/O: outside the lock
+            # The API call, a coroutine on this loop (no thread, a kept connection): outside the lock.
+            await binder.bind(namespace, name, uid, node)
         except BindError as exc:
             if reserved and not exc.ambiguous:
-                view.release(key)
+                view.release(key, uid)
             return str(exc) + ("; its GPUs stay reserved until the pod is seen bound or deleted, or "
                                "reservationTTLSeconds passes" if reserved and exc.ambiguous else "")
         return ""
@@ -191,7 +196,9 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if node not in view.nodes:
             return unknown_node()
         pod = view.pods.get(key)
-        if pod is not None and pod.node:
+        # Identity is the UID: the view may still show the pod this one replaced under the same name (a
+        # StatefulSet's, with the watch a moment behind), bound elsewhere; that says nothing of this pod.
+        if pod is not None and pod.node and same_pod(pod.uid, uid):
             return False  # already bound: the binder says to which node
         known = recent.get(key)
         if known is None:
@@ -207,14 +214,16 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         held = view.reservations.get(key)  # a retry after an ambiguous failure: its own hold does not count
         if held is not None:
             view.release(key)
+            if not same_pod(held.uid, uid):
+                held = None  # the hold of the pod this one replaced: that pod is gone
         problem = placement.recheck(req, node)
         if problem is not None:
             if held is not None:
-                view.reserve(key, held.node, held.gpus, held.memory_annotation)
+                view.reserve(key, held.node, held.gpus, held.memory_annotation, held.uid)
             metrics.DECISIONS.labels("extender", "BindRefused").inc()
             return f"{problem} (checked again at /bind; kube-scheduler retries the pod)"
         memory = f"{req.memory_mib}Mi" if req.memory_mib is not None else None  # the ask /filter judged
-        view.reserve(key, node, req.gpus, memory)
+        view.reserve(key, node, req.gpus, memory, uid or filtered_uid)
         return True
 
     async def not_found(request: Request, exc: Exception) -> ORJSONResponse:
@@ -247,7 +256,16 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
     preempt = preempt_endpoint(placement, ready, read, refuse)
     routes = [timed("filter", filter_), timed("prioritize", prioritize), timed("bind", bind),
               timed("preempt", preempt), *ops_routes(ready)]
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await binder.aclose()  # its connections belong to this loop
+
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed},
+                     lifespan=lifespan)
 
 
 async def _view_changes(view: ClusterView, seconds: float) -> bool:

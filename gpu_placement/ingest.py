@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from gpu_placement.budgets import budget_from_json, budget_key
 from gpu_placement.config import Config
 from gpu_placement.namespaces import NamespaceRecord, namespace_from_json
 from gpu_placement.nodes import NodeFacts, node_from_json
-from gpu_placement.pods import PodRecord, pod_from_json, pod_key
+from gpu_placement.pods import PodRecord, pod_from_json, pod_key, resource_version
+from gpu_placement.resourcequotas import quota_from_json
 from gpu_placement.view import ClusterView
 
-__all__ = ["KINDS", "Ingest"]
+__all__ = ["FILE_KINDS", "KINDS", "OBJECT_KINDS", "Ingest"]
 
 KINDS = ("namespaces", "nodes", "pods")  # namespaces first: pods' memory defaults come from them
-_BY_KIND = {"Node": "nodes", "Pod": "pods", "Namespace": "namespaces"}
+# Kinds kept as records only (ClusterView.upsert_object), watched where a component needs them:
+# (key of an object, its record).
+OBJECT_KINDS: dict[str, tuple[Callable[[Mapping[str, Any]], str], Callable[[Mapping[str, Any]], object]]] = {
+    "poddisruptionbudgets": (budget_key, budget_from_json),  # the extender's /preempt
+    "resourcequotas": (lambda obj: str((obj.get("metadata") or {}).get("namespace") or ""), quota_from_json),
+}
+FILE_KINDS = (*KINDS, "poddisruptionbudgets")  # what a snapshot holds (no API server enforces quotas there)
+_BY_KIND = {"Node": "nodes", "Pod": "pods", "Namespace": "namespaces",
+            "PodDisruptionBudget": "poddisruptionbudgets"}
 
 
 class Ingest:
@@ -47,11 +57,33 @@ class Ingest:
         if kind == "nodes":
             view.replace_nodes(self.node(obj) for obj in objects)
         elif kind == "pods":
-            view.replace_pods(self.pod(obj) for obj in objects)
+            view.replace_pods({pod.key: pod for pod in map(self.pod, objects)})
         elif kind == "namespaces":
             view.replace_namespaces(self.namespace(obj) for obj in objects)
+        elif kind in OBJECT_KINDS:
+            key_of, record = OBJECT_KINDS[kind]
+            view.replace_objects(kind, {key_of(obj): record(obj) for obj in objects})
         else:
             raise ValueError(f"unknown kind {kind!r}")
+
+    def relist(self, view: ClusterView, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
+        """A full list from the API server, as `replace`, where a pod of the resourceVersion the view
+        holds keeps its record: a relist of 150,000 pods builds only those that changed, which is most
+        of the Python work it does while the request path waits for the GIL."""
+        if kind != "pods" or (not view.pods and "pods" not in view.listed):  # the first: nothing to keep
+            self.replace(view, kind, objects)  # (pods into the empty view as the pages come: ClusterView._fill)
+            return
+        current = view.pods  # read without the lock: only this kind's watch thread writes it
+        fresh: dict[str, PodRecord] = {}
+        for obj in objects:
+            meta = obj.get("metadata") or {}
+            key = pod_key(meta.get("namespace") or "default", meta.get("name") or "")
+            known = current.get(key)
+            if known is None or not known.version or known.version != resource_version(meta) or known.uid != (
+                    meta.get("uid") or ""):
+                known = self.pod(obj)
+            fresh[key] = known
+        view.replace_pods(fresh)
 
     def event(self, view: ClusterView, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         """One watch event (ADDED, MODIFIED, DELETED); BOOKMARK and ERROR are the watcher's business."""
@@ -62,9 +94,12 @@ class Ingest:
             view.delete_node(name) if deleted else view.upsert_node(self.node(obj))
         elif kind == "pods":
             key = pod_key(str(meta.get("namespace") or "default"), name)
-            view.delete_pod(key) if deleted else view.upsert_pod(self.pod(obj))
+            view.delete_pod(key, str(meta.get("uid") or "")) if deleted else view.upsert_pod(self.pod(obj))
         elif kind == "namespaces":
             view.delete_namespace(name) if deleted else view.upsert_namespace(self.namespace(obj))
+        elif kind in OBJECT_KINDS:
+            key_of, record = OBJECT_KINDS[kind]
+            view.delete_object(kind, key_of(obj)) if deleted else view.upsert_object(kind, key_of(obj), record(obj))
         else:
             raise ValueError(f"unknown kind {kind!r}")
 

@@ -29,7 +29,8 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-__all__ = ["ApiError", "KubeConfigError", "Status", "WatchSettings", "api_error", "load_api_client", "request"]
+__all__ = ["ApiError", "KubeConfigError", "Status", "WatchSettings", "api_error", "error_from", "load_api_client",
+           "request"]
 
 log = logging.getLogger("gpu_placement.kube")
 
@@ -174,6 +175,12 @@ def api_error(response: urllib3.BaseHTTPResponse) -> ApiError:
         raw = response.read()
     finally:
         response.release_conn()
+    return error_from(response.status, response.reason, raw, response.headers.get("Retry-After"))
+
+
+def error_from(status_code: int, http_reason: str | None, raw: bytes, retry_after: str | None) -> ApiError:
+    """The error a non-2xx answer stands for, from its status line, body and `Retry-After` header
+    (whichever HTTP client read them)."""
     status: Status = {}
     try:
         parsed = orjson.loads(raw) if raw else {}
@@ -181,9 +188,9 @@ def api_error(response: urllib3.BaseHTTPResponse) -> ApiError:
             status = parsed  # type: ignore[assignment]
     except orjson.JSONDecodeError:
         pass
-    message = status.get("message") or raw[:200].decode("utf-8", "replace").strip() or (response.reason or "")
-    return ApiError(response.status, str(status.get("reason") or response.reason or ""), str(message),
-                    _retry_after(response.headers.get("Retry-After")))
+    message = status.get("message") or raw[:200].decode("utf-8", "replace").strip() or (http_reason or "")
+    return ApiError(status_code, str(status.get("reason") or http_reason or ""), str(message),
+                    _retry_after(retry_after))
 
 
 def _retry_after(value: str | None) -> float | None:

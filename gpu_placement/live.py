@@ -4,7 +4,7 @@ One daemon thread per kind runs the reflector loop client-go runs, written out b
 `kubernetes` client's own `Watch` helper cannot be used (KeyError on ERROR events, a frozen
 resourceVersion, no reconnect with `timeout_seconds`, 410s retried from the same version):
 
-    list (paged: limit/continue) -> ingest.replace, the view swaps to it in one go
+    list (paged: limit/continue) -> ingest.relist: nothing changes until the last page is in
     watch from the list's resourceVersion (allowWatchBookmarks, timeoutSeconds)
       stream ended by the server, or cut      -> watch again from the last version seen
       410 Gone (ERROR event or HTTP status)   -> list again
@@ -23,7 +23,8 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,13 +35,18 @@ from kubernetes.client import ApiClient
 from gpu_placement import metrics
 from gpu_placement.ingest import KINDS, Ingest
 from gpu_placement.kube import ApiError, Status, WatchSettings, api_error, request
+from gpu_placement.resourcequotas import MIRROR_NAME
 from gpu_placement.view import ClusterView
 
 __all__ = ["LiveSource"]
 
 log = logging.getLogger("gpu_placement.live")
 
-_PATHS = {"namespaces": "/api/v1/namespaces", "nodes": "/api/v1/nodes", "pods": "/api/v1/pods"}
+_PATHS = {"namespaces": "/api/v1/namespaces", "nodes": "/api/v1/nodes", "pods": "/api/v1/pods",
+          "poddisruptionbudgets": "/apis/policy/v1/poddisruptionbudgets", "resourcequotas": "/api/v1/resourcequotas"}
+# The webhook may read only the ResourceQuota the quota mirror owns (its RBAC names it): a list or watch
+# by that name is authorized as a request for it.
+_SELECTORS = {"resourcequotas": f"metadata.name={MIRROR_NAME}"}
 _CHANGES = frozenset({"ADDED", "MODIFIED", "DELETED"})
 _EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED", "BOOKMARK")
 _READ_SIZE = 65536  # for a stream that is not chunked: read what has arrived, up to this much
@@ -69,6 +75,7 @@ class _Kind:
 
     kind: str
     path: str
+    selector: str | None = None  # fieldSelector of its list and watch
     version: str | None = None  # resume point; None: list first
     healthy: bool = False  # the API server answered our last request for this kind
     progressed: bool = False  # something arrived since the last restart
@@ -88,7 +95,7 @@ class LiveSource:
         self.api = api_client
         self.settings = settings or WatchSettings()
         self.kinds = kinds
-        self._states = {kind: _Kind(kind, _PATHS[kind], counters={
+        self._states = {kind: _Kind(kind, _PATHS[kind], _SELECTORS.get(kind), counters={
             t: metrics.WATCH_EVENTS.labels(kind, t) for t in _EVENT_TYPES}) for kind in kinds}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -219,10 +226,12 @@ class LiveSource:
     # -- list ----------------------------------------------------------------------------------
     def _list(self, state: _Kind) -> None:
         """Every page, parsed as it arrives; the view changes only once the last page is in (the view
-        builds the new records first, then swaps under its lock), so a failed list changes nothing."""
+        builds the new records first, then swaps under its lock), so a failed list changes nothing;
+        except the first list of pods into an empty view, which goes in as it comes (ClusterView._fill:
+        nothing decides from a view before every kind is listed, and the next list puts it right)."""
         version: list[str | None] = [None]
         start = time.monotonic()
-        self.ingest.replace(self.view, state.kind, self._pages(state, version))
+        self.ingest.relist(self.view, state.kind, self._pages(state, version))
         state.version = version[0] or "0"
         state.progressed = True
         log.info("%s listed: %d in the view at resourceVersion %s in %.2f s", state.kind, self._count(state.kind),
@@ -230,22 +239,13 @@ class LiveSource:
         self._freeze_once()
 
     def _pages(self, state: _Kind, version: list[str | None]) -> Iterator[dict[str, Any]]:
-        token: str | None = None
+        """Every page's items. Each page is parsed here and its items handed on; meanwhile a helper
+        thread already fetches the next one, so the API server produces page N+1 while page N is
+        ingested (the list takes the longer of the two, not their sum: 150,000 pods ready in about
+        the time the API server takes to send them)."""
+        next_body = _in_background(f"list-{state.kind}", self._page, state, None)
         while True:
-            query: list[tuple[str, str | int | bool]] = [("limit", self.settings.page_size)]
-            if token:
-                query.append(("continue", token))
-            response = self._request(state, query, self.settings.list_timeout)
-            try:
-                if response.status != 200:
-                    raise _classify(api_error(response), listing=True)
-                body = response.read()
-            except BaseException as exc:
-                self._forget(state, response, reuse=False)
-                if isinstance(exc, urllib3.exceptions.HTTPError):
-                    raise self._no_answer(exc) from None
-                raise
-            self._forget(state, response, reuse=True)  # read to the end: the connection serves the next page
+            body = next_body.result()  # a failed fetch raises here (an abandoned one finishes alone)
             self._up(state)
             metrics.heard_from_source()
             page = orjson.loads(body)
@@ -253,6 +253,8 @@ class LiveSource:
             meta = page.get("metadata") or {}
             version[0] = meta.get("resourceVersion") or version[0]
             token = meta.get("continue") or None
+            if token is not None:
+                next_body = _in_background(f"list-{state.kind}", self._page, state, token)
             items = page.get("items") or ()
             del page
             yield from items
@@ -264,6 +266,26 @@ class LiveSource:
                 gc.freeze()
             if token is None:
                 return
+
+    def _page(self, state: _Kind, token: str | None) -> bytes:
+        """One list page's body, read to the end (the connection goes back to the pool)."""
+        query: list[tuple[str, str | int | bool]] = [("limit", self.settings.page_size)]
+        if state.selector:
+            query.append(("fieldSelector", state.selector))
+        if token:
+            query.append(("continue", token))
+        response = self._request(state, query, self.settings.list_timeout)
+        try:
+            if response.status != 200:
+                raise _classify(api_error(response), listing=True)
+            body = response.read()
+        except BaseException as exc:
+            self._forget(state, response, reuse=False)
+            if isinstance(exc, urllib3.exceptions.HTTPError):
+                raise self._no_answer(exc) from None
+            raise
+        self._forget(state, response, reuse=True)
+        return body
 
     def _count(self, kind: str) -> int:
         return len(getattr(self.view, kind))
@@ -291,6 +313,8 @@ class LiveSource:
         query: list[tuple[str, str | int | bool]] = [
             ("watch", True), ("allowWatchBookmarks", True), ("resourceVersion", state.version or "0"),
             ("timeoutSeconds", self.settings.server_timeout)]
+        if state.selector:
+            query.append(("fieldSelector", state.selector))
         response = self._request(state, query, self.settings.watch_timeout)
         opened = time.monotonic()
         try:
@@ -376,6 +400,21 @@ class LiveSource:
         return _Restart("unavailable", f"API server unreachable ({_reason(exc)})", failed=True)
 
 
+def _in_background(name: str, fn: Callable[..., bytes], *args: Any) -> Future[bytes]:
+    """fn(*args) in a daemon thread of its own, one per list page: a fetch blocked on a dead API
+    server never holds up the process's exit, as a pool's worker would."""
+    future: Future[bytes] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # handed to whoever waits for the page
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
 def _lines(response: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
     """Watch events, one JSON object a line; a line may arrive split over several chunks."""
     parts: list[bytes] = []
@@ -422,7 +461,9 @@ def _classify(error: ApiError, listing: bool) -> _Restart:
     if error.status >= 500:
         return _Restart("unavailable", f"API server error ({error})", failed=True, retry_after=error.retry_after)
     if error.status in (401, 403):
-        hint = " (RBAC: the service needs list and watch on namespaces, nodes and pods)" if error.status == 403 else ""
+        hint = (" (RBAC: the service needs list and watch on namespaces, nodes and pods; the extender on "
+                "policy's poddisruptionbudgets; the webhook's quota mirror on the resourcequotas named "
+                f"{MIRROR_NAME})" if error.status == 403 else "")
         return _Restart("refused", f"{error}{hint}", failed=True)
     return _Restart("refused", str(error), failed=True, relist=True)
 

@@ -33,6 +33,9 @@ SNAPSHOT_RELOADS = Counter("gpu_placement_snapshot_reloads", "Snapshot reloads, 
 PREEMPTION_NODES = Counter("gpu_placement_preemption_nodes", "Nodes kube-scheduler proposed for preemption, by "
                            "outcome: kept, victims_added, dropped.", ["outcome"])
 BINDINGS = Counter("gpu_placement_bindings", "Bind calls, by result.", ["result"])
+BIND_POST_SECONDS = Histogram("gpu_placement_bind_post_seconds",
+                              "The Binding POST of a /bind as the extender sees it: from sending to the answer read.",
+                              buckets=_BUCKETS)
 UNMANAGED_GPU_NODES = Gauge("gpu_placement_unmanaged_gpu_resource_nodes",
                             "Nodes offering a GPU resource missing from kube-scheduler's managedResources.",
                             ["resource"])
@@ -57,6 +60,12 @@ QUOTA_HOLD_LISTS = Counter("gpu_placement_quota_hold_lists",
 NAMESPACE_READS = Counter("gpu_placement_namespace_reads",
                           "GETs of a namespace the view lacked when one of its pods was admitted, by outcome.",
                           ["outcome"])
+
+TELEMETRY_SKIPPED = Counter("gpu_placement_telemetry_samples_skipped",
+                            "DCGM telemetry samples skipped, each alone, by why: non_finite (NaN or Inf), malformed.",
+                            ["reason"])
+for _reason in ("non_finite", "malformed"):  # both series from the start: rate() and alerts need a zero
+    TELEMETRY_SKIPPED.labels(_reason)
 
 API_OUTCOMES = ("ok", "conflict", "not_found", "refused", "timeout", "unreachable")
 

@@ -95,6 +95,7 @@ class _Verdicts:
     version: int = 0  # bumped when a node's pass/fail, reason or resolvability changes: the filter answer
     changed: set[str] = field(default_factory=set)  # nodes whose bump the last answer has not taken in yet
     answer: _Answer | None = None  # the last filter's answer, replayed while `version` stays, else put right
+    seen: int = 0  # position in Placement's log of changed nodes up to which this kind is current
 
 
 @dataclass(slots=True)
@@ -125,6 +126,11 @@ class Placement:
         self._keys: dict[Requirements, Requirements] = {}  # a pod's Requirements -> its cache key
         self._classes: dict[str, int] = {}  # node -> the id of its class (see _node_class)
         self._class_ids: dict[Hashable, int] = {}  # everything a static verdict depends on -> a small id
+        # Nodes changed since the kinds last looked, in order: (node, its facts or validator changed, not
+        # only what is free). A view event appends one entry; each kind takes in the entries it has not
+        # seen when it is next used (`_catch_up`), so an event costs the same with 1 kind cached or 300.
+        self._log: list[tuple[str, bool]] = []
+        self._log_start = 0  # the position of _log[0] since the cache was last cleared
         view.subscribe(self._node_changed, self._free_changed)
 
     # -- requests ------------------------------------------------------------------------------
@@ -175,7 +181,8 @@ class Placement:
                 return unknown_node()
             key = _decision_key(req)
             verdicts = self._cache.get(key)
-            if verdicts is not None:  # kept current by every change of the node and of what is free on it
+            if verdicts is not None:  # brought current with every change of the node and of what is free on it
+                self._catch_up(verdicts)
                 return None if name in verdicts.passing else verdicts.messages.get(name, unknown_node())
             entry = check_node(facts, view.validator_state(name), key, self.config)
             return entry.message if entry.__class__ is Rejection else self._shortfall(name, entry)  # type: ignore
@@ -221,6 +228,8 @@ class Placement:
         never for a reason, which is the same string on every node with the same cause."""
         with self.view.lock:
             verdicts = self._cache.get(_decision_key(req))
+            if verdicts is not None:
+                self._catch_up(verdicts)
             return self._detail(name, verdicts.entries.get(name) if verdicts else None)
 
     # -- preemption ------------------------------------------------------------------------------
@@ -244,8 +253,9 @@ class Placement:
         verdicts = self._cache.get(key)
         if verdicts is not None:
             self._cache.move_to_end(key)
+            self._catch_up(verdicts)
             return verdicts
-        verdicts = _Verdicts(key)
+        verdicts = _Verdicts(key, seen=self._log_start + len(self._log))
         self._build(verdicts)
         verdicts.size = _PER_NODE_BYTES * len(verdicts.entries) + sum(map(len, verdicts.fragments.values()))
         self._cache[key] = verdicts
@@ -301,10 +311,44 @@ class Placement:
             self._cache_bytes = 0
             self._classes.clear()
             self._class_ids.clear()
+            self._log_start += len(self._log)
+            self._log.clear()
             return
         self._classes.pop(name, None)
-        for verdicts in self._cache.values():
+        self._logged(name, True)
+
+    def _free_changed(self, name: str) -> None:
+        self._logged(name, False)
+
+    def _logged(self, name: str, static: bool) -> None:
+        """A view listener (under the view's lock): note the change; the kinds take it in when used."""
+        if not self._cache:
+            return
+        self._log.append((name, static))
+        if len(self._log) > _LOG_LIMIT:  # kinds that have not looked since the older half are rebuilt instead
+            cut = len(self._log) // 2
+            del self._log[:cut]
+            self._log_start += cut
+            for key in [key for key, verdicts in self._cache.items() if verdicts.seen < self._log_start]:
+                self._cache_bytes -= self._cache.pop(key).size
+
+    def _catch_up(self, verdicts: _Verdicts) -> None:
+        """Redo the nodes changed since this kind last looked: each once, whatever changed it how often.
+        Under the view's lock."""
+        end = self._log_start + len(self._log)
+        if verdicts.seen >= end:
+            return
+        static: set[str] = set()
+        free: set[str] = set()
+        for name, whole in self._log[verdicts.seen - self._log_start:]:
+            (static if whole else free).add(name)
+        verdicts.seen = end
+        for name in static:
             self._redo(verdicts, name)
+        for name in free - static:
+            entry = verdicts.entries.get(name)
+            if entry is not None and entry.__class__ is not Rejection:
+                self._place(verdicts, name, entry)  # type: ignore[arg-type]
 
     def _node_class(self, name: str, facts: NodeFacts) -> int:
         """What the static verdict of a node depends on besides the pod: its facts but its name, and
@@ -316,12 +360,6 @@ class Placement:
             key = (_facts_key(facts), validator.pod is None, validator.ready)
             class_id = self._classes[name] = self._class_ids.setdefault(key, len(self._class_ids))
         return class_id
-
-    def _free_changed(self, name: str) -> None:
-        for verdicts in self._cache.values():
-            entry = verdicts.entries.get(name)
-            if entry is not None and entry.__class__ is not Rejection:
-                self._place(verdicts, name, entry)  # type: ignore[arg-type]
 
     def _redo(self, verdicts: _Verdicts, name: str) -> None:
         facts = self.view.nodes.get(name)
@@ -446,6 +484,7 @@ def _decision_key(req: Requirements) -> Requirements:
 
 
 _PATCH_AT_MOST = 64  # nodes an answer is put right for, one by one; past this, building it again is as cheap
+_LOG_LIMIT = 65_536  # changed-node entries kept for kinds to take in (about 4 MB); see Placement._logged
 
 
 def _same_names(last: frozenset[str], asked: frozenset[str]) -> bool:

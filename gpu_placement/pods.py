@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_placement import names as n
 from gpu_placement.quantity import QuantityError, quantity_to_int
 
 __all__ = ["MAX_GPU_COUNT", "GpuRequests", "PodRecord", "container_gpu_requests", "effective_gpu_requests",
-           "pod_from_json", "pod_key", "pod_priority"]
+           "pod_from_json", "pod_key", "pod_priority", "resource_version"]
 
 # ((resource, count), ...) sorted by resource: hashable, so it can key caches.
 GpuRequests = tuple[tuple[str, int], ...]
@@ -38,6 +38,14 @@ class PodRecord:
     memory_annotation: str | None  # raw gpu-placement.io/gpu-memory; parsed where it is charged
     validator_ready: bool | None  # None: not a GPU Operator validator pod
     priority: int = 0  # spec.priority (set by the API server from the PriorityClass): who may preempt whom
+    # GPU pods only (the rest are never weighed against a PodDisruptionBudget or held for): their labels,
+    # for the budgets that select them, and status.nominatedNodeName while unbound (preemption made room).
+    labels: tuple[tuple[str, str], ...] = ()
+    nominated: str | None = None
+    # metadata.resourceVersion: the same version is the same object, so a relist reuses the record it
+    # has instead of building it again (Ingest.relist). Not part of equality: a change the rules do
+    # not read still compares equal, and the view skips it.
+    version: int = field(default=0, compare=False)
 
     @property
     def key(self) -> str:
@@ -60,17 +68,34 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         gpus = effective_gpu_requests(spec, is_gpu_resource)
     except QuantityError:
         gpus = ()  # the API server validates quantities; a broken one cannot have been scheduled
+    node = sys.intern(spec["nodeName"]) if spec.get("nodeName") else None
+    nominated = status.get("nominatedNodeName") if gpus and not node else None
     return PodRecord(
         namespace=namespace,
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
-        node=sys.intern(spec["nodeName"]) if spec.get("nodeName") else None,
+        node=node,
         active=status.get("phase") not in _TERMINAL,
         gpus=gpus,
         memory_annotation=(meta.get("annotations") or {}).get(n.ANN_GPU_MEMORY),
         validator_ready=validator_ready,
         priority=pod_priority(spec),
+        labels=_labels(labels) if gpus and labels else (),
+        nominated=sys.intern(nominated) if isinstance(nominated, str) and nominated else None,
+        version=resource_version(meta),
     )
+
+
+def resource_version(meta: Mapping[str, Any]) -> int:
+    """metadata.resourceVersion as a number (etcd's revision), 0 when there is none to go by."""
+    version = meta.get("resourceVersion")
+    return int(version) if isinstance(version, str) and version.isdigit() and len(version) < 20 else 0
+
+
+def _labels(labels: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(labels, Mapping):
+        return ()
+    return tuple(sorted((sys.intern(str(key)), str(value)) for key, value in labels.items()))
 
 
 def pod_priority(spec: Mapping[str, Any]) -> int:
@@ -99,10 +124,18 @@ def container_gpu_requests(container: Mapping[str, Any], is_gpu_resource: Callab
 def effective_gpu_requests(spec: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]) -> GpuRequests:
     """Kubernetes' effective request per resource: the larger of what app containers (plus sidecars)
     hold together and what each init container needs while it runs (plus sidecars started before it)."""
-    app = _sum(container_gpu_requests(c, is_gpu_resource) for c in spec.get("containers") or ())
+    containers = spec.get("containers") or ()
+    inits = spec.get("initContainers")
+    if not inits:  # most pods: what the app containers ask (one list of 150,000 is this path)
+        if len(containers) == 1:
+            app = container_gpu_requests(containers[0], is_gpu_resource)
+        else:
+            app = _sum(container_gpu_requests(c, is_gpu_resource) for c in containers)
+        return tuple(sorted((name, count) for name, count in app.items() if count > 0)) if app else ()
+    app = _sum(container_gpu_requests(c, is_gpu_resource) for c in containers)
     sidecars: dict[str, int] = {}
     peak: dict[str, int] = {}
-    for init in spec.get("initContainers") or ():
+    for init in inits:
         asked = container_gpu_requests(init, is_gpu_resource)
         if init.get("restartPolicy") == "Always":  # a sidecar: keeps running beside the app
             sidecars = _sum((sidecars, asked))

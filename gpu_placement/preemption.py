@@ -6,6 +6,12 @@ kube-scheduler's DefaultPreemption picks victims by re-running its in-tree filte
 gone; where units come free but memory does not, it adds lower-priority GPU pods bound there, lowest
 priority first and as few as will do; and it drops the node when no set of lower-priority pods would
 do, or when the node fails for a reason eviction cannot fix. Pure: view and placement in, plans out.
+
+PodDisruptionBudgets weigh as kube-scheduler weighs them (gpu_placement/budgets.py): of the pods it
+could add, those whose eviction would break a budget come last and are spared first, and the ones it
+still adds are counted into the node's `NumPDBViolations`, by which kube-scheduler picks the node.
+Budgets are drawn on by kube-scheduler's own victims first (as far as the view knows their labels:
+GPU pods only; the others it counted itself).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_placement.budgets import Budget, violations
 from gpu_placement.placement import Placement
 from gpu_placement.pods import PodRecord, pod_priority
 from gpu_placement.requirements import Requirements
@@ -86,17 +93,43 @@ def plan_node(placement: Placement, req: Requirements, priority: int, node: str,
         chosen.append(Victim(uid, pod.key if pod else "", known, False))
     freed = _freed(view.charge_of, (victim.pod for victim in chosen if victim.pod))
     shortfall = placement.shortfall(node, need, freed) if need else None
+    violations = proposal.pdb_violations
     if shortfall is not None:
         taken = {victim.uid for victim in chosen}
+        budgets = _Budgets(view.poddisruptionbudgets.values(), [on_node[v.uid] for v in chosen if v.uid in on_node])
         extra = _more_victims(placement, node, need, priority, freed, [
-            pod for pod in on_node.values() if pod.uid not in taken and pod.active and pod.priority < priority])
+            pod for pod in on_node.values() if pod.uid not in taken and pod.active and pod.priority < priority],
+            budgets)
         if extra is None:
             return NodePlan(node, (), proposal.pdb_violations,
                             f"{shortfall} even with every lower-priority GPU pod there evicted")
+        violations += budgets.broken(extra)
         chosen = _merge(chosen, [Victim(pod.uid, pod.key, pod.priority, True) for pod in extra])
     if not chosen:
         return NodePlan(node, (), proposal.pdb_violations, "the pod fits without evicting anything")
-    return NodePlan(node, tuple(chosen), proposal.pdb_violations)
+    return NodePlan(node, tuple(chosen), violations)
+
+
+class _Budgets:
+    """The namespace's PodDisruptionBudgets, drawn on first by kube-scheduler's own victims."""
+
+    def __init__(self, budgets: Iterable[Budget], first: Sequence[PodRecord]) -> None:
+        self.first = [_as_victim(pod) for pod in first]
+        self.budgets = list(budgets)
+
+    def breaks(self, pod: PodRecord) -> bool:
+        """Whether evicting `pod`, after kube-scheduler's victims, breaks a budget."""
+        return bool(self.budgets) and violations([*self.first, _as_victim(pod)], self.budgets)[-1]
+
+    def broken(self, added: Sequence[PodRecord]) -> int:
+        """How many of `added` (in this order, after kube-scheduler's victims) break a budget."""
+        if not self.budgets:
+            return 0
+        return sum(violations([*self.first, *map(_as_victim, added)], self.budgets)[len(self.first):])
+
+
+def _as_victim(pod: PodRecord) -> tuple[str, str, dict[str, str]]:
+    return pod.namespace, pod.name, dict(pod.labels)
 
 
 def _freed(charge_of: Callable[[str], Need], keys: Iterable[str]) -> dict[str, tuple[int, int]]:
@@ -108,10 +141,11 @@ def _freed(charge_of: Callable[[str], Need], keys: Iterable[str]) -> dict[str, t
 
 
 def _more_victims(placement: Placement, node: str, need: Need, priority: int, freed: dict[str, tuple[int, int]],
-                  candidates: Sequence[PodRecord]) -> list[PodRecord] | None:
+                  candidates: Sequence[PodRecord], budgets: _Budgets) -> list[PodRecord] | None:
     """The fewest lower-priority pods, lowest priority first, whose eviction (on top of `freed`) makes
-    the pod fit; None when even all of them would not. Greedy by (priority, most memory given back),
-    then a reprieve pass from the highest priority down, as kube-scheduler's own victim selection does."""
+    the pod fit; None when even all of them would not. Greedy by (breaks a PodDisruptionBudget,
+    priority, most memory given back), then a reprieve pass as kube-scheduler's own victim selection
+    makes it: budget-breaking pods first, then the others, each from the highest priority down."""
     charge_of = placement.view.charge_of
     resources = {resource for resource, _, _ in need}
     ranked = []
@@ -120,24 +154,24 @@ def _more_victims(placement: Placement, node: str, need: Need, priority: int, fr
         items = charge_of(key)
         if any(resource in resources for resource, _, _ in items):
             mib = sum(mib or 0 for resource, _, mib in items if resource in resources)
-            ranked.append((pod.priority, -mib, key, pod, items))
-    ranked.sort(key=lambda entry: entry[:3])
+            ranked.append((budgets.breaks(pod), pod.priority, -mib, key, pod, items))
+    ranked.sort(key=lambda entry: entry[:4])
     total = dict(freed)
     taken = []
     for entry in ranked:
         taken.append(entry)
-        _add(total, entry[4], 1)
+        _add(total, entry[5], 1)
         if placement.shortfall(node, need, total) is None:
             break
     else:
         return None
-    for entry in sorted(taken, key=lambda e: (-e[0], e[2])):  # reprieve the most important first
-        _add(total, entry[4], -1)
+    for entry in sorted(taken, key=lambda e: (not e[0], -e[1], e[3])):  # reprieve: budget breakers, important first
+        _add(total, entry[5], -1)
         if placement.shortfall(node, need, total) is None:
             taken.remove(entry)
         else:
-            _add(total, entry[4], 1)
-    return [entry[3] for entry in taken]
+            _add(total, entry[5], 1)
+    return [entry[4] for entry in sorted(taken, key=lambda e: (-e[1], e[3]))]
 
 
 def _add(total: dict[str, tuple[int, int]], items: Need, sign: int) -> None:

@@ -23,6 +23,7 @@ from gpu_placement.requirements import Requirements
 
 __all__ = [
     "CODES",
+    "HELD_FOR_NOMINATED",
     "RESOLVABLE",
     "Need",
     "Rejection",
@@ -385,6 +386,12 @@ def _mps_cap(node: NodeFacts, resource: str, ask_mib: int) -> Rejection | None:
 def insufficient_memory(resource: str, need: int) -> str:
     return (f"{INSUFFICIENT_GPU_MEMORY}: the pod needs {need} MiB of {resource} memory free and the node has "
             "less (per-node figures: gpu-placement explain)")
+
+
+# Added to a shortfall on a node where pods nominated there (preemption made room for them) hold part of
+# what is free: /filter keeps that room for them (gpu_placement/nominated.py).
+HELD_FOR_NOMINATED = ("; part of what is free there is held for a pod of equal or higher priority that preemption "
+                      "made room for (status.nominatedNodeName)")
 
 
 def insufficient_units(resource: str, need: int) -> str:

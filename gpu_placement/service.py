@@ -19,7 +19,7 @@ from extender.binding import Binder, SnapshotBinder
 from gpu_placement import metrics
 from gpu_placement.cluster_metrics import track_cluster
 from gpu_placement.config import Config
-from gpu_placement.ingest import KINDS, Ingest
+from gpu_placement.ingest import FILE_KINDS, KINDS, Ingest
 from gpu_placement.placement import Placement
 from gpu_placement.snapshot import SnapshotSource
 from gpu_placement.view import ClusterView
@@ -37,6 +37,7 @@ class Core:
     readiness: Callable[[], tuple[bool, str]]
     stoppers: list[Callable[[], None]] = field(default_factory=list)
     api: Any = None  # the kubernetes ApiClient when the view comes from an API server
+    kinds: tuple[str, ...] = KINDS  # what the source lists and watches (ingest.OBJECT_KINDS where needed)
     config_source: str = "built-in defaults"  # where `config` came from, for commands that say so
 
     def extender_app(self, max_body: int = DEFAULT_MAX_BODY) -> Starlette:
@@ -45,7 +46,10 @@ class Core:
     def webhook_app(self) -> Starlette:
         from webhook.app import create_app as create_webhook_app
 
-        return create_webhook_app(self.view, self.config, self.readiness, self.api)
+        # The mirrored ResourceQuotas in the view: /validate admits a quota namespace's GPU pods only once
+        # the API server enforces its quota (webhook/quota_gate.py).
+        return create_webhook_app(self.view, self.config, self.readiness, self.api,
+                                  quota_gate="resourcequotas" in self.kinds)
 
     def stop(self) -> None:
         for stop in reversed(self.stoppers):
@@ -93,13 +97,13 @@ def _core(config: Config, binder_for: Callable[[ClusterView], Binder]) -> Core:
 def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
     """A view of these objects only (the demo, tests): bindings are recorded in the view."""
     core = _core(config, SnapshotBinder)
-    by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
+    by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in FILE_KINDS}
     for obj in objects:
         kind = Ingest.kind_of(obj)
         if kind is not None:
             by_kind[kind].append(obj)
     with core.view.lock:
-        for kind in KINDS:
+        for kind in FILE_KINDS:
             core.ingest.replace(core.view, kind, by_kind[kind])
     metrics.heard_from_source()  # the objects are the source, listed in full
     metrics.SOURCE_UP.set(1)
@@ -123,8 +127,9 @@ def core_from_snapshot(config: Config, path: str | Path, watch: bool = False) ->
     return core
 
 
-def core_from_cluster(config: Config, kubeconfig: str | None) -> Core:
-    """List+watch a live API server (kubeconfig file, else in-cluster config); bind through it."""
+def core_from_cluster(config: Config, kubeconfig: str | None, kinds: tuple[str, ...] = KINDS) -> Core:
+    """List+watch a live API server (kubeconfig file, else in-cluster config); bind through it. `kinds`:
+    KINDS and the OBJECT_KINDS the process's components need."""
     from extender.binding import ApiBinder
     from gpu_placement.kube import load_api_client
     from gpu_placement.live import LiveSource
@@ -132,9 +137,10 @@ def core_from_cluster(config: Config, kubeconfig: str | None) -> Core:
     api = load_api_client(kubeconfig)
     view = ClusterView(config)
     ingest = Ingest(config)
-    source = LiveSource(view, ingest, api)
+    source = LiveSource(view, ingest, api, kinds=kinds)
     _track(view, config)
-    core = Core(config, view, ingest, Placement(view, config), ApiBinder(api), source.readiness, api=api)
+    core = Core(config, view, ingest, Placement(view, config), ApiBinder(api), source.readiness, api=api,
+                kinds=kinds)
     source.start()
     core.stoppers.append(source.stop)
     return _with_telemetry(core)

@@ -7,7 +7,9 @@ port is known before the first request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 import socket
 import ssl
 import threading
@@ -17,7 +19,7 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["ServerThread", "make_server"]
+__all__ = ["ServerThread", "make_server", "run_servers"]
 
 log = logging.getLogger("gpu_placement.serving")
 
@@ -127,3 +129,26 @@ class ServerThread:
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     return socket.create_server((host, port), family=family, backlog=2048)
+
+
+def run_servers(servers: list[uvicorn.Server]) -> None:
+    """Serve until SIGTERM or SIGINT, which stops them all gracefully: every server in one event loop,
+    uvloop's when it is installed (uvicorn[standard] brings it), as uvicorn's own `run` would pick."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] depends on it on Linux
+        asyncio.run(_serve(servers))
+    else:
+        uvloop.run(_serve(servers))
+
+
+async def _serve(servers: list[uvicorn.Server]) -> None:
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        for server in servers:
+            server.should_exit = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    await asyncio.gather(*(server.serve() for server in servers))

@@ -16,7 +16,7 @@ import orjson
 import yaml
 
 from gpu_placement import metrics
-from gpu_placement.ingest import KINDS, Ingest
+from gpu_placement.ingest import FILE_KINDS, Ingest
 from gpu_placement.view import ClusterView
 
 __all__ = ["SnapshotError", "SnapshotSource", "read_objects"]
@@ -102,7 +102,7 @@ class SnapshotSource:
     def load(self) -> None:
         """Read the files and make the view match them; raises SnapshotError, keeping the old view."""
         stamp = self._fingerprint()
-        by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
+        by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in FILE_KINDS}
         for obj in read_objects(self.path):
             kind = Ingest.kind_of(obj)
             if kind is not None:
@@ -113,7 +113,7 @@ class SnapshotSource:
             if node and not spec.get("nodeName"):
                 spec["nodeName"] = node
         with self.view.lock:
-            for kind in KINDS:
+            for kind in FILE_KINDS:
                 self.ingest.replace(self.view, kind, by_kind[kind])
         self._stamp = stamp
         self.last_error = None

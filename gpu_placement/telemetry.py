@@ -18,6 +18,7 @@ A failed query keeps the last readings until they are stale, so a dead Prometheu
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import urllib.parse
@@ -29,6 +30,7 @@ import orjson
 
 from gpu_placement.cluster_metrics import TELEMETRY_SUCCESS
 from gpu_placement.config import Telemetry as TelemetryConfig
+from gpu_placement.metrics import TELEMETRY_SKIPPED
 from gpu_placement.view import ClusterView, Telemetry
 
 __all__ = ["FB_FREE", "XID", "TelemetrySource", "fb_free_query", "readings_from", "xid_query"]
@@ -69,22 +71,43 @@ def _node(metric: dict[str, str]) -> str | None:
 
 
 def readings_from(fb_free: str | bytes, xid: str | bytes, now: float) -> dict[str, Telemetry]:
-    """Per node: free MiB of each device (by `gpu` index, else UUID) and the devices with XID events."""
+    """Per node: free MiB of each device (by `gpu` index, else UUID) and the devices with XID events.
+    A sample that is no number (NaN or Inf from an exporter in trouble, or not a sample at all) is
+    skipped alone and counted: that device has no reading, every other device keeps its own."""
     devices: dict[str, dict[str, int]] = {}
+    skipped: dict[str, int] = {}
     for series in _vector(fb_free):
-        metric, node = series.get("metric") or {}, _node(series.get("metric") or {})
+        metric = series.get("metric") if isinstance(series, dict) else None
+        node = _node(metric) if isinstance(metric, dict) else None
         if node is None:
             continue
+        free = _free_mib(series)
+        if isinstance(free, str):
+            skipped[free] = skipped.get(free, 0) + 1
+            continue
         device = metric.get("gpu") or metric.get("UUID") or str(len(devices.get(node, {})))
-        devices.setdefault(node, {})[device] = int(float(series["value"][1]))
+        devices.setdefault(node, {})[device] = free
+    for reason, count in skipped.items():
+        TELEMETRY_SKIPPED.labels(reason).inc(count)
+        log.debug("telemetry: %d %s sample(s) of %s skipped", count, reason, FB_FREE)
     xids: dict[str, int] = {}
     for series in _vector(xid):
-        node = _node(series.get("metric") or {})
+        metric = series.get("metric") if isinstance(series, dict) else None
+        node = _node(metric) if isinstance(metric, dict) else None
         if node is not None:
             xids[node] = xids.get(node, 0) + 1
     return {node: Telemetry(sum(devices[node].values()) if node in devices else None, xids.get(node, 0), now,
                             tuple(sorted(devices.get(node, {}).values(), reverse=True)))
             for node in devices.keys() | xids.keys()}
+
+
+def _free_mib(series: dict[str, Any]) -> int | str:
+    """The sample's value in MiB, or why it is skipped (the TELEMETRY_SKIPPED reason)."""
+    try:
+        value = float(series["value"][1])  # Prometheus sends [time, "text"]: "NaN", "+Inf" parse as floats
+    except (KeyError, IndexError, TypeError, ValueError):
+        return "malformed"
+    return int(value) if math.isfinite(value) else "non_finite"
 
 
 class TelemetrySource:

@@ -5,7 +5,8 @@ derived figures it touches (free GPU units and memory of one node, one namespace
 listeners which node changed, so per-request work never rescans the cluster.
 
 Thread model: sources write from their own threads under `lock`; readers on the request path take
-`lock` for the few hundred microseconds they need, so they never see half of a relist.
+`lock` for the few hundred microseconds they need, so they never see half of a change. A relist is
+applied as its changes, a slice at a time (`_replace`): readers see it as they see a watch's events.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from gpu_placement.config import Config
@@ -25,9 +27,10 @@ from gpu_placement.pods import GpuRequests, PodRecord
 from gpu_placement.requirements import parse_memory
 from gpu_placement.rules import ValidatorState, charge
 
-__all__ = ["ClusterView", "Frozen", "Reservation", "Telemetry"]
+__all__ = ["ClusterView", "Frozen", "Reservation", "Telemetry", "same_pod"]
 
 NodeListener = Callable[[str | None], None]  # a node name, or None for "everything changed"
+_SLICE = 256  # relisted changes applied per hold of the lock
 _NO_VALIDATOR = ValidatorState(None, False)
 
 
@@ -40,6 +43,12 @@ class Reservation:
     gpus: GpuRequests
     memory_annotation: str | None
     expires: float
+    uid: str = ""  # the pod's UID: a pod recreated under the same name (new UID) is another pod
+
+
+def same_pod(uid: str, other: str) -> bool:
+    """Whether two UIDs may name one pod: equal, or one unknown (a snapshot, a test, an old caller)."""
+    return not uid or not other or uid == other
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,6 +95,11 @@ class ClusterView:
         self.telemetry: dict[str, Telemetry] = {}
         self.namespace_usage: dict[str, dict[str, int]] = {}
         self.validators: dict[str, dict[str, bool]] = {}  # node -> validator pod key -> Ready
+        self.nominated: dict[str, set[str]] = {}  # node -> unbound GPU pods nominated there (status.nominatedNodeName)
+        # Kinds kept as records only, by key (gpu_placement/ingest.py OBJECT_KINDS): PodDisruptionBudgets
+        # by namespace/name (the extender's /preempt), the mirrored ResourceQuotas by namespace (the webhook).
+        self.poddisruptionbudgets: dict[str, Any] = {}
+        self.resourcequotas: dict[str, Any] = {}
         self.reservations: dict[str, Reservation] = {}
         self.generation = 0  # bumped on every change: cheap "has anything changed" for callers
         self.listed: set[str] = set()  # kinds whose first full list is in
@@ -182,23 +196,39 @@ class ClusterView:
                 return
             self.pods[key] = pod
             self._unaccount(key, old)
+            if old is not None and not same_pod(old.uid, pod.uid):
+                self.release(key, old.uid)  # the pod this one replaced is gone from the API server
             self._account(key, pod)
             for listener in self._pod_listeners:
                 listener(key, pod)
 
-    def delete_pod(self, key: str) -> None:
+    def delete_pod(self, key: str, uid: str = "") -> None:
+        """The pod `key` of UID `uid` is gone. Only that pod: a late DELETED event of a pod recreated
+        under the same name since (a StatefulSet's) leaves the new one's record and reservation alone."""
         with self.lock:
-            old = self.pods.pop(key, None)
-            if self._frozen.pop(key, None) is not None and old is not None:
-                self._unseen_namespace.get(old.namespace, set()).discard(key)
-            if old is not None:
+            old = self.pods.get(key)
+            if old is not None and same_pod(old.uid, uid):
+                del self.pods[key]
+                if self._frozen.pop(key, None) is not None:
+                    self._unseen_namespace.get(old.namespace, set()).discard(key)
                 self._unaccount(key, old)
                 for listener in self._pod_listeners:
                     listener(key, None)
-            self.release(key)  # a pod deleted between /bind and the watch holds nothing any more
+            self.release(key, uid)  # a pod deleted between /bind and the watch holds nothing any more
 
-    def replace_pods(self, records: Iterable[PodRecord]) -> None:
-        self._replace("pods", self.pods, {pod.key: pod for pod in records}, self.delete_pod, self.upsert_pod)
+    def replace_pods(self, records: Iterable[PodRecord] | dict[str, PodRecord]) -> None:
+        """A full list of pods (records, or records by key)."""
+        if not self.pods and "pods" not in self.listed:  # the first list: 150,000 pods go in as they come
+            self._fill("pods", records.values() if isinstance(records, dict) else records, self.upsert_pod)
+            return
+        fresh = records if isinstance(records, dict) else {pod.key: pod for pod in records}
+        self._replace("pods", self.pods, fresh, self._delete_listed_pod, self.upsert_pod)
+
+    def _delete_listed_pod(self, key: str) -> None:
+        """A relist without the pod: that pod (its UID) is gone; a reservation made for a newer pod of
+        that name, which the list predates, stays."""
+        old = self.pods.get(key)
+        self.delete_pod(key, old.uid if old is not None else "")
 
     # -- namespaces ----------------------------------------------------------------------------
     def upsert_namespace(self, record: NamespaceRecord) -> None:
@@ -230,38 +260,97 @@ class ClusterView:
         self._replace("namespaces", self.namespaces, {record.name: record for record in records},
                       self.delete_namespace, self.upsert_namespace)
 
+    def _fill(self, kind: str, records: Iterable[Any], upsert: Callable[[Any], None], batch: int = 500) -> None:
+        """The first list of a kind into an empty view: nothing to compare or delete, so the records
+        go in as the list's pages arrive (a batch at a time under the lock), while the next page is
+        still on its way, rather than all after the last one. Nothing decides from a view before
+        every kind is listed; a list that fails half way leaves part of it, and the next list, now
+        compared with it, puts that right."""
+        pending: list[Any] = []
+        for record in records:
+            pending.append(record)
+            if len(pending) >= batch:
+                with self.lock:
+                    for item in pending:
+                        upsert(item)
+                pending.clear()
+        with self.lock:
+            for item in pending:
+                upsert(item)
+            self.listed.add(kind)
+
     def _replace(self, kind: str, current: dict[str, Any], fresh: dict[str, Any], delete: Callable[[str], None],
                  upsert: Callable[[Any], None]) -> None:
         """A full relist of one kind: apply only the differences, so a relist costs what changed.
 
         `fresh` is complete before the lock is taken (a live source hands in records built from pages
-        as they arrive: no network I/O may happen under the lock), and the comparison runs outside it
-        too; only the changes are applied under it, so readers wait for what changed, not for 150,000
-        equal records to be compared."""
-        changed = [record for key, record in fresh.items() if current.get(key) != record]
+        as they arrive: no network I/O may happen under the lock, and a list that fails changes
+        nothing), and the comparison runs outside it too. The changes are applied in slices of
+        `_SLICE`, each under the lock, handing the GIL over in between: a reader waits for one slice
+        (a few milliseconds), never for a relist of 10,000 changes. A reader may see a relist partly
+        applied, as it sees a watch's events one at a time; `listed` marks the kind complete at the end."""
+        changed = [record for key, record in fresh.items() if (old := current.get(key)) is not record and old != record]
+        gone = list(current.keys() - fresh.keys())  # C-level set work; only this kind's source writes it
+        # Changes first, deletions last: a reader catching the relist half applied sees at worst more
+        # GPU use than there is (a new bound pod counted before an ended one is dropped), never less,
+        # so a half-applied relist can refuse a pod for a few milliseconds but never overcommit a node.
+        work: list[Callable[[], None]] = [*(partial(upsert, record) for record in changed),
+                                          *(partial(delete, key) for key in gone)]
+        for start in range(0, len(work), _SLICE):
+            with self.lock:
+                for step in work[start:start + _SLICE]:
+                    step()
+            if start + _SLICE < len(work):
+                time.sleep(0)  # let a request waiting for the lock (or the GIL) in before the next slice
         with self.lock:
-            for key in current.keys() - fresh.keys():  # C-level set work; other threads may write meanwhile
-                delete(key)
-            for record in changed:
-                upsert(record)
             self.listed.add(kind)
 
+    # -- records without derived figures (OBJECT_KINDS) -------------------------------------------
+    def upsert_object(self, kind: str, key: str, record: object) -> None:
+        with self.lock:
+            table = self._table(kind)
+            if table.get(key) != record:
+                table[key] = record
+                self._touch()
+
+    def delete_object(self, kind: str, key: str) -> None:
+        with self.lock:
+            if self._table(kind).pop(key, None) is not None:
+                self._touch()
+
+    def replace_objects(self, kind: str, records: dict[str, object]) -> None:
+        with self.lock:
+            table = self._table(kind)
+            if table != records:
+                table.clear()
+                table.update(records)
+                self._touch()
+            self.listed.add(kind)
+
+    def _table(self, kind: str) -> dict[str, Any]:
+        if kind not in ("poddisruptionbudgets", "resourcequotas"):
+            raise ValueError(f"unknown kind {kind!r}")
+        return getattr(self, kind)  # type: ignore[no-any-return]
+
     # -- reservations and telemetry ------------------------------------------------------------
-    def reserve(self, pod: str, node: str, gpus: GpuRequests, memory_annotation: str | None) -> Reservation:
+    def reserve(self, pod: str, node: str, gpus: GpuRequests, memory_annotation: str | None,
+                uid: str = "") -> Reservation:
         with self.lock:
             self.release(pod)
             reservation = Reservation(pod, node, gpus, memory_annotation,
-                                      self.clock() + self.config.reservation_ttl_seconds)
+                                      self.clock() + self.config.reservation_ttl_seconds, uid)
             self.reservations[pod] = reservation
             heapq.heappush(self._expiry, (reservation.expires, pod))
             self._charge(f"reservation:{pod}", node, gpus, memory_annotation)
             self._touch()
             return reservation
 
-    def release(self, pod: str) -> None:
+    def release(self, pod: str, uid: str = "") -> None:
+        """Drop the reservation of `pod` (namespace/name), unless it was made for another UID."""
         with self.lock:
-            reservation = self.reservations.pop(pod, None)
-            if reservation is not None:
+            reservation = self.reservations.get(pod)
+            if reservation is not None and same_pod(reservation.uid, uid):
+                del self.reservations[pod]
                 self._discharge(f"reservation:{pod}")
                 self._touch()
 
@@ -294,13 +383,14 @@ class ClusterView:
             usage = self.namespace_usage.setdefault(pod.namespace, {})
             for resource, count in pod.gpus:
                 usage[resource] = usage.get(resource, 0) + count
+            if pod.nominated and not pod.node:  # preemption made room there: /filter holds it (nominated.py)
+                self.nominated.setdefault(pod.nominated, set()).add(key)
         if pod.node:
             self._node_pods.setdefault(pod.node, set()).add(key)
             if pod.active and pod.gpus:
                 self._charge(key, pod.node, pod.gpus, self._memory_annotation(pod))
-            reservation = self.reservations.get(key)
-            if reservation is not None:  # seen bound (here or elsewhere): the pod's own charge counts now
-                self.release(key)
+            if key in self.reservations:  # seen bound (here or elsewhere): the pod's own charge counts now
+                self.release(key, pod.uid)
         if pod.validator_ready is not None and pod.node:
             self.validators.setdefault(pod.node, {})[key] = pod.validator_ready
             self._changed(pod.node)
@@ -315,6 +405,12 @@ class ClusterView:
                 usage[resource] = usage.get(resource, 0) - count
                 if usage[resource] <= 0:
                     del usage[resource]
+        if pod.nominated and not pod.node:
+            held = self.nominated.get(pod.nominated)
+            if held is not None:
+                held.discard(key)
+                if not held:
+                    del self.nominated[pod.nominated]
         if pod.node:
             self._node_pods.get(pod.node, set()).discard(key)
             self._discharge(key)
@@ -334,6 +430,10 @@ class ClusterView:
                     self._unseen_namespace.setdefault(pod.namespace, set()).add(pod.key)
             return frozen.ask
         return self._ask(pod)[0]
+
+    def ask_of(self, pod: PodRecord) -> str | None:
+        """The memory ask a pod is (or, unbound, would be) charged by: its annotation, else its namespace's."""
+        return self._memory_annotation(pod)
 
     def _ask(self, pod: PodRecord) -> tuple[str | None, str]:
         if pod.memory_annotation is not None:

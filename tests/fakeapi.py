@@ -6,6 +6,7 @@ client (generated models or `_preload_content=False`) and our own list+watch loo
     core v1                        nodes, namespaces (cluster-scoped); pods, secrets, configmaps,
                                    resourcequotas (stored and validated: spec.hard names and quantities)
     coordination.k8s.io/v1         leases
+    policy/v1                      poddisruptionbudgets (stored as given: no disruption controller)
     admissionregistration.k8s.io/v1  mutating- and validatingwebhookconfigurations (cluster-scoped)
 
     GET one / LIST (labelSelector, fieldSelector, limit + continue over a consistent snapshot)
@@ -119,6 +120,8 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("", "v1", "resourcequotas", "resourcequota", "ResourceQuota", True, has_status=True,
              short_names=("quota",)),
     Resource("coordination.k8s.io", "v1", "leases", "lease", "Lease", True),
+    Resource("policy", "v1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget", True,
+             has_status=True, short_names=("pdb",)),
     Resource(_ADMISSION, "v1", "mutatingwebhookconfigurations", "mutatingwebhookconfiguration",
              "MutatingWebhookConfiguration", False),
     Resource(_ADMISSION, "v1", "validatingwebhookconfigurations", "validatingwebhookconfiguration",
@@ -329,6 +332,7 @@ class RequestRecord:
     path: str
     query: dict[str, str]
     verb: str
+    client: tuple[str, int] | None = None  # the connection it came on (host, port)
 
 
 @dataclass(slots=True)
@@ -1003,7 +1007,8 @@ class FakeApiServer:
         if path.endswith("/") and path != "/":
             path = path.rstrip("/")  # the client asks for /version/; the API server serves both
         target = self._route(path)
-        record = RequestRecord(request.method, path, dict(request.query_params), self._verb(request, target))
+        client = (request.client.host, request.client.port) if request.client else None
+        record = RequestRecord(request.method, path, dict(request.query_params), self._verb(request, target), client)
         with self._lock:
             self.requests_log.append(record)
         if self.delay > 0:

@@ -4,17 +4,20 @@ then /metrics scraped: what the metric reference and the dashboard tests check a
 
 from __future__ import annotations
 
+import base64
 import re
 import ssl
 import subprocess
 from pathlib import Path
 
 import httpx
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_placement.demo import write_snapshot
 from gpu_placement.demo_cluster import make_pod
 from gpu_placement.explain import admission_review
+from gpu_placement.patching import apply_patch
 from tests.prometheus import tool
 from tests.test_serve import SCRIPT, free_port, stop, wait_ready
 
@@ -104,9 +107,11 @@ def scrape_demo_service(tmp: Path) -> str:
         wait_ready(f"{webhook}/readyz", verify=trust)
         for name, gpus, allowed in (("sweep", 4, False), ("one", 1, True)):  # research's quota is 2 GPUs
             pod = make_pod("research", name, gpus={"nvidia.com/gpu": gpus})
-            review = admission_review(pod, "research")
-            for verb in ("mutate", "validate"):
-                response = httpx.post(f"{webhook}/{verb}?timeout=10s", json=review, verify=trust).json()["response"]
+            shaped = httpx.post(f"{webhook}/mutate?timeout=10s", json=admission_review(pod, "research"),
+                                verify=trust).json()["response"]
+            pod = apply_patch(pod, orjson.loads(base64.b64decode(shaped["patch"])))  # as the API server does
+            response = httpx.post(f"{webhook}/validate?timeout=10s", json=admission_review(pod, "research"),
+                                  verify=trust).json()["response"]
             assert response["allowed"] is allowed
         return httpx.get(f"{extender}/metrics").text
     finally:

@@ -30,8 +30,17 @@ def openmetrics(series: Iterable[Series]) -> str:
     for metric, labels, samples in series:
         text = ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
         lines = families.setdefault(metric, [f"# TYPE {metric} gauge"])
-        lines += [f"{metric}{{{text}}} {value:g} {at:.3f}" for at, value in sorted(samples)]
+        lines += [f"{metric}{{{text}}} {_number(value)} {at:.3f}" for at, value in sorted(samples)]
     return "\n".join(line for lines in families.values() for line in lines) + "\n# EOF\n"
+
+
+def _number(value: float) -> str:
+    """OpenMetrics' spelling: NaN, +Inf and -Inf for the values that are not numbers."""
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
+    return f"{value:g}"
 
 
 def tool(name: str) -> str:

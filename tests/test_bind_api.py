@@ -3,6 +3,7 @@ API, the GPU reservation holds until the watch shows the pod bound, and every re
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 from collections.abc import Callable, Iterator
@@ -49,6 +50,17 @@ def api(fake_api: FakeApiServer) -> Iterator[ApiClient]:
     client.close()
 
 
+def bind_once(binder: ApiBinder, namespace: str, name: str, pod_uid: str, node: str) -> None:
+    """One bind in a loop of its own, as the extender's event loop makes it; the connections closed after."""
+    async def run() -> None:
+        try:
+            await binder.bind(namespace, name, pod_uid, node)
+        finally:
+            await binder.aclose()
+
+    asyncio.run(run())
+
+
 def uid(fake: FakeApiServer, name: str = "trainer") -> str:
     pod = fake.get("Pod", name, "default")
     assert pod is not None
@@ -56,7 +68,7 @@ def uid(fake: FakeApiServer, name: str = "trainer") -> str:
 
 
 def test_bind_creates_the_binding(fake_api: FakeApiServer, api: ApiClient) -> None:
-    ApiBinder(api).bind("default", "trainer", uid(fake_api), "gpu-1")
+    bind_once(ApiBinder(api), "default", "trainer", uid(fake_api), "gpu-1")
     pod = fake_api.get("Pod", "trainer", "default")
     assert pod is not None and pod["spec"]["nodeName"] == "gpu-1"
     request = next(r for r in fake_api.requests_log if r.verb == "create")
@@ -66,7 +78,7 @@ def test_bind_creates_the_binding(fake_api: FakeApiServer, api: ApiClient) -> No
 def test_already_bound_is_a_409_sentence(fake_api: FakeApiServer, api: ApiClient) -> None:
     fake_api.bind("default", "trainer", "gpu-2")
     with pytest.raises(BindError) as info:
-        ApiBinder(api).bind("default", "trainer", uid(fake_api), "gpu-1")
+        bind_once(ApiBinder(api), "default", "trainer", uid(fake_api), "gpu-1")
     message = str(info.value)
     assert message.startswith("pod default/trainer cannot be bound to gpu-1: already bound")
     assert 'already assigned to node "gpu-2"' in message  # the API server's own words
@@ -74,12 +86,12 @@ def test_already_bound_is_a_409_sentence(fake_api: FakeApiServer, api: ApiClient
 
 def test_replaced_pod_is_a_409_uid_mismatch(api: ApiClient) -> None:
     with pytest.raises(BindError, match=r"replaced \(UID changed\).*Precondition failed: UID in precondition: old-uid"):
-        ApiBinder(api).bind("default", "trainer", "old-uid", "gpu-1")
+        bind_once(ApiBinder(api), "default", "trainer", "old-uid", "gpu-1")
 
 
 def test_pod_gone_is_a_404_sentence(api: ApiClient) -> None:
     with pytest.raises(BindError, match=r"^pod default/ghost no longer exists"):
-        ApiBinder(api).bind("default", "ghost", "", "gpu-1")
+        bind_once(ApiBinder(api), "default", "ghost", "", "gpu-1")
 
 
 def test_forbidden_names_the_rbac_rule(fake_api: FakeApiServer, api: ApiClient) -> None:
@@ -87,7 +99,7 @@ def test_forbidden_names_the_rbac_rule(fake_api: FakeApiServer, api: ApiClient) 
                        message='pods "trainer" is forbidden: User "system:serviceaccount:gpu:gpu-placement" cannot '
                                'create resource "pods/binding" in API group "" in the namespace "default"')
     with pytest.raises(BindError) as info:
-        ApiBinder(api).bind("default", "trainer", uid(fake_api), "gpu-1")
+        bind_once(ApiBinder(api), "default", "trainer", uid(fake_api), "gpu-1")
     assert "forbidden: grant the service account RBAC `create` on `pods/binding`" in str(info.value)
     assert "system:serviceaccount:gpu:gpu-placement" in str(info.value)
 
@@ -95,7 +107,7 @@ def test_forbidden_names_the_rbac_rule(fake_api: FakeApiServer, api: ApiClient) 
 def test_other_statuses_carry_the_status_message(fake_api: FakeApiServer, api: ApiClient) -> None:
     fake_api.fail_next(1, 500, path="/api/v1/namespaces/default/pods/trainer/binding", message="etcd is sad")
     with pytest.raises(BindError, match=r"refused: HTTP 500 InternalError: etcd is sad"):
-        ApiBinder(api).bind("default", "trainer", uid(fake_api), "gpu-1")
+        bind_once(ApiBinder(api), "default", "trainer", uid(fake_api), "gpu-1")
 
 
 def test_api_down_is_a_did_not_answer_sentence(fake_api: FakeApiServer, api: ApiClient) -> None:
@@ -103,7 +115,7 @@ def test_api_down_is_a_did_not_answer_sentence(fake_api: FakeApiServer, api: Api
     fake_api.down()
     start = time.monotonic()
     with pytest.raises(BindError, match=r"API server did not answer within 0\.5 s \(.*refused"):
-        ApiBinder(api, timeout=(0.5, 0.5)).bind("default", "trainer", pod_uid, "gpu-1")
+        bind_once(ApiBinder(api, timeout=(0.5, 0.5)), "default", "trainer", pod_uid, "gpu-1")
     assert time.monotonic() - start < 1.0
 
 
@@ -111,7 +123,7 @@ def test_slow_api_is_a_did_not_answer_sentence(fake_api: FakeApiServer, api: Api
     fake_api.delay = 1.0
     start = time.monotonic()
     with pytest.raises(BindError, match=r"API server did not answer within 0\.3 s \(.*timed out"):
-        ApiBinder(api, timeout=(0.5, 0.3)).bind("default", "trainer", uid(fake_api), "gpu-1")
+        bind_once(ApiBinder(api, timeout=(0.5, 0.3)), "default", "trainer", uid(fake_api), "gpu-1")
     assert time.monotonic() - start < 0.9
 
 

@@ -21,6 +21,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from webhook.quota_mirror import MIRROR_NAME
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "gpu-placement"
 NAMESPACE = "gpu-placement"
@@ -458,6 +460,7 @@ def test_scheduler_rbac(rendered: Rendered) -> None:
     extender_rules = rendered.one("ClusterRole", f"{name}-extender")["rules"]
     assert extender_rules == [
         {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},  # /preempt
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     ]
     assert rendered.deployment("scheduler")["spec"]["template"]["spec"]["serviceAccountName"] == sa
@@ -502,7 +505,7 @@ def test_webhook_configurations(rendered: Rendered) -> None:
     create, update = validating["webhooks"]
     assert update["name"] == "validate-annotations.gpu-placement.io" != create["name"]
     assert update["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
-                                "resources": ["pods"], "scope": "Namespaced"}]
+                                "resources": ["pods", "pods/status"], "scope": "Namespaced"}]
     for key in ("clientConfig", "failurePolicy", "timeoutSeconds", "sideEffects", "admissionReviewVersions",
                 "matchPolicy", "namespaceSelector"):
         assert update[key] == create[key], key
@@ -649,8 +652,10 @@ def test_webhook_quota_mirror_rbac_and_args(rendered: Rendered) -> None:
         return
     assert args.quota_mirror is True and args.namespace == ns
     assert args.quota_lease == f"{name}-quota-mirror"
-    assert roles[f"{name}-webhook-quotas"]["rules"] == [
-        {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["get", "list", "create", "update", "delete"]}]
+    assert roles[f"{name}-webhook-quotas"]["rules"] == [  # every verb RBAC can limit by name is limited to ours
+        {"apiGroups": [""], "resources": ["resourcequotas"], "resourceNames": [MIRROR_NAME],
+         "verbs": ["get", "list", "watch", "update", "delete"]},
+        {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["create"]}]
     lease_role = roles[f"{name}-webhook-quota-lease"]
     assert lease_role["metadata"]["namespace"] == ns
     assert lease_role["rules"] == [

@@ -310,7 +310,25 @@ def _webhook_bases() -> list[Any]:
     return [review(rich, "multi"), review(user_pod("team-a", "p", gpus={"nvidia.com/gpu": 2}), "team-a"),
             review(user_pod("inference", None, gpus={"nvidia.com/gpu": 1}), "inference", dry_run=True),
             review(user_pod("mig-lab", "m", gpus={"nvidia.com/mig-1g.10gb": 1}), "mig-lab"),
-            review(plain, "web"), review(user_pod(names[-2], "b", gpus={"nvidia.com/gpu": 1}), names[-2])]
+            review(plain, "web"), review(user_pod(names[-2], "b", gpus={"nvidia.com/gpu": 1}), names[-2]),
+            *_other_operations(rich)]
+
+
+def _other_operations(pod: dict[str, Any]) -> list[Any]:
+    """What else the API server may send: an UPDATE of a gpu-placement.io/* annotation (of the pod and
+    through pods/status), a DELETE (oldObject only) and a CONNECT (pods/exec with its options)."""
+    edited = copy.deepcopy(pod)
+    edited["metadata"]["annotations"]["gpu-placement.io/gpu-memory"] = "1Gi"
+    update, status = review(edited, "multi", operation="UPDATE"), review(edited, "multi", operation="UPDATE",
+                                                                          sub="status")
+    for body in (update, status):
+        body["request"]["oldObject"] = copy.deepcopy(pod)
+    delete = review(None, "multi", operation="DELETE")
+    delete["request"].update(name="f", oldObject=copy.deepcopy(pod), options={"kind": "DeleteOptions"})
+    connect = review({"kind": "PodExecOptions", "apiVersion": "v1", "command": ["sh"], "stdin": True}, "multi",
+                     operation="CONNECT", sub="exec", kind={"group": "", "version": "v1", "kind": "PodExecOptions"})
+    connect["request"]["name"] = "f"
+    return [update, status, delete, connect]
 
 
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])

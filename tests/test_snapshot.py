@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 import threading
@@ -138,7 +139,7 @@ def test_load_builds_the_view(tmp_path: Path) -> None:
     assert snap.free("gpu-1") == (6, 6 * H100)
     assert snap.view.validator_state("gpu-1").ready
     assert snap.view.namespaces["ml"].get("gpu-placement.io/gpu-memory") == "4Gi"
-    assert snap.view.listed == {"nodes", "pods", "namespaces"}
+    assert snap.view.listed == {"nodes", "pods", "namespaces", "poddisruptionbudgets"}
 
 
 def test_reload_only_when_the_file_changes(tmp_path: Path) -> None:
@@ -182,13 +183,13 @@ def test_bindings_survive_a_reload(tmp_path: Path) -> None:
     objects = _objects()
     snap = Snapshot(tmp_path / "cluster.json", objects)
     binder = SnapshotBinder(snap.view, snap.source)
-    binder.bind("ml", "queued", "uid-ml-queued", "gpu-1")
+    asyncio.run(binder.bind("ml", "queued", "uid-ml-queued", "gpu-1"))
     assert snap.view.pods["ml/queued"].node == "gpu-1" and snap.free("gpu-1") == (5, 5 * H100)
     assert snap.rewrite([*objects, make_node("gpu-3", "h100")]) is True  # the file still shows it pending
     assert snap.view.pods["ml/queued"].node == "gpu-1"
     assert snap.free("gpu-1") == (5, 5 * H100)
     # a pod the snapshot did not hold yet is recorded too, and bound once a reload brings it
-    binder.bind("ml", "later", "", "gpu-2")
+    asyncio.run(binder.bind("ml", "later", "", "gpu-2"))
     assert "ml/later" not in snap.view.pods
     assert snap.rewrite([*objects, make_pod("ml", "later", gpus={GPU: 1})]) is True
     assert snap.view.pods["ml/later"].node == "gpu-2"

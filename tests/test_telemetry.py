@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from gpu_placement.config import Config, Telemetry
 from gpu_placement.demo_cluster import make_node, namespace, validator_pod
@@ -145,3 +146,32 @@ def test_a_dead_prometheus_keeps_readings_until_stale(extender: tuple[Extender, 
     clock[0] += 31
     source.refresh()
     assert core.view.telemetry == {}  # stale: dropped, so nothing is pinned
+
+
+def test_a_nan_or_inf_sample_skips_only_its_own_device(tmp_path: Path) -> None:
+    """An exporter in trouble sends NaN or +Inf for one device: that device has no reading, every
+    other node and device keeps its own, and the skipped samples are counted."""
+    now = time.time()
+    samples = [_series(now, "fine", 0, FB, 5000), _series(now, "half-broken", 0, FB, float("nan")),
+               _series(now, "half-broken", 1, FB, 6000), _series(now, "inf-node", 0, FB, float("inf"))]
+    server = PrometheusServer(tmp_path, openmetrics(samples))
+    try:
+        telemetry = Telemetry(url=server.url, stale_seconds=90, xid_window_seconds=600)
+        core = core_from_objects(Config(telemetry=telemetry), [make_node(name, "h100")
+                                                               for name in ("fine", "half-broken", "inf-node")])
+        before = _skipped("non_finite")
+        source = TelemetrySource(core.view, telemetry)
+        source.refresh()
+    finally:
+        server.stop()
+    assert source.last_error is None, source.last_error
+    readings = core.view.telemetry
+    assert readings["fine"].device_free_mib == (5000,)
+    assert readings["half-broken"].device_free_mib == (6000,) and readings["half-broken"].free_mib == 6000
+    assert "inf-node" not in readings
+    assert _skipped("non_finite") == before + 2
+
+
+def _skipped(reason: str) -> float:
+    value = REGISTRY.get_sample_value("gpu_placement_telemetry_samples_skipped_total", {"reason": reason})
+    return float(value or 0.0)

@@ -40,6 +40,11 @@ def good() -> dict[str, Any]:
     return review(user_pod("team-a", "p", gpus={"nvidia.com/gpu": 1}), "team-a")
 
 
+def shaped(hook: Webhook, **kwargs: Any) -> dict[str, Any]:
+    """good()'s pod as /validate gets it: shaped by /mutate first."""
+    return review(hook.mutate(user_pod("team-a", "p", gpus={"nvidia.com/gpu": 1}), "team-a")[0], "team-a", **kwargs)
+
+
 @pytest.mark.parametrize(("body", "phrase"), [
     (b"", "empty body"),
     (b"{not json", "body is not valid JSON"),
@@ -123,14 +128,14 @@ def test_an_oversized_body_is_413(hook: Webhook) -> None:
 
 
 def test_a_review_just_under_the_limit_is_answered(hook: Webhook) -> None:
-    body = good()
+    body = shaped(hook)
     body["request"]["object"]["metadata"]["annotations"]["filler"] = "x" * (MAX_BODY - 2048)
     assert hook.answer("/validate", body)["allowed"] is True
 
 
 def test_query_strings_are_ignored(hook: Webhook) -> None:
     for path in ("/mutate?timeout=10s", "/validate?timeout=10s", "/mutate?timeout=30s&x=1", "/validate?"):
-        assert hook.answer(path, good())["allowed"] is True
+        assert hook.answer(path, shaped(hook))["allowed"] is True
 
 
 def test_unknown_paths_and_methods_are_json(hook: Webhook) -> None:
@@ -143,12 +148,13 @@ def test_a_crash_is_a_500_with_a_body_and_is_logged(hook: Webhook, monkeypatch: 
     def boom(_request: Any) -> Any:
         raise RuntimeError("the view is on fire")
 
+    body = shaped(hook)
     monkeypatch.setattr(hook.app.state.admission, "mutate", boom)
     with caplog.at_level(logging.ERROR, logger="gpu_placement.webhook"):
         message = status_of(hook.post("/mutate", good()), 500)
     assert message == "internal error in the gpu-placement webhook: RuntimeError: the view is on fire"
     assert any(r.levelno == logging.ERROR and r.exc_info for r in caplog.records)
-    assert hook.answer("/validate", good())["allowed"] is True
+    assert hook.answer("/validate", body)["allowed"] is True
 
 
 def test_one_json_debug_line_per_decision(hook: Webhook, caplog: pytest.LogCaptureFixture) -> None:
@@ -165,8 +171,10 @@ def test_one_json_debug_line_per_decision(hook: Webhook, caplog: pytest.LogCaptu
 
 
 def test_keep_alive_many_requests_one_connection(hook: Webhook) -> None:
+    pod = hook.mutate(user_pod("team-a", "p", gpus={"nvidia.com/gpu": 1}), "team-a")[0]
     for index in range(50):
-        body = review(user_pod("team-a", f"p{index}", gpus={"nvidia.com/gpu": 1}), "team-a", dry_run=True)
+        pod["metadata"]["name"] = f"p{index}"
+        body = review(pod, "team-a", dry_run=True)
         assert hook.answer("/mutate" if index % 2 else "/validate", body)["allowed"] is True
 
 

@@ -169,6 +169,21 @@ def test_the_cache_parses_once_per_record() -> None:
     assert cache.parses == 3
 
 
+def test_namespaces_nobody_knows_stay_within_a_bound_that_hostile_input_cannot_grow(hook: Webhook) -> None:
+    """Reviews naming 1,500 random namespaces (the webhook listens on every interface): the cache of
+    policies keeps at most its small bound of them, and still every namespace that exists."""
+    policies = hook.app.state.admission.policies
+    hook.admit(user_pod("team-a", "known", gpus={"nvidia.com/gpu": 1}), "team-a", dry_run=True)
+    known = policies.get("team-a", hook.view.namespaces["team-a"])
+    for index in range(1500):
+        name = f"ns-{index}"
+        assert hook.validate(user_pod(name, "p", gpus={"nvidia.com/gpu": 1}), name)["allowed"] is False
+    assert len(policies) <= 1 + len(hook.view.namespaces) + policies.unknown_limit == 1 + len(
+        hook.view.namespaces) + 1024
+    parses = policies.parses
+    assert policies.get("team-a", hook.view.namespaces["team-a"]) is known and policies.parses == parses
+
+
 # -- as a user sees it -------------------------------------------------------------------------------
 
 def test_a_broken_namespace_annotation_denies_gpu_pods_with_its_sentence(hook: Webhook) -> None:

@@ -161,14 +161,53 @@ def test_a_pod_may_not_widen_its_namespaces_sharing(hook: Webhook) -> None:
         "widen it; remove the annotation from the pod")
 
 
-def test_a_pod_the_mutating_webhook_missed(hook: Webhook) -> None:
-    verdict = hook.validate(user_pod("inference", "raw", gpus={"nvidia.com/gpu": 1}), "inference")
-    message = denial(verdict)
+@pytest.mark.parametrize(("ns", "pod", "lacks"), [
+    ("inference", user_pod("inference", "raw", gpus={"nvidia.com/gpu": 1}),
+     "the GPU resource rewrite, spec.tolerations, spec.nodeSelector, spec.schedulerName, the "
+     "gpu-placement.io/admitted annotation, the gpu-placement.io/gpu-memory annotation"),
+    ("team-a", user_pod("team-a", "raw", gpus={"nvidia.com/gpu": 1}),
+     "spec.tolerations, spec.nodeSelector, spec.schedulerName, the gpu-placement.io/admitted annotation"),
+])
+def test_a_pod_the_mutating_webhook_missed(hook: Webhook, ns: str, pod: dict, lacks: str) -> None:
+    """/mutate is failurePolicy Ignore: when it could not be reached the API server creates the pod
+    unshaped, and /validate (failurePolicy Fail) is the one to say no, and why."""
+    message = denial(hook.validate(pod, ns))
     assert message == (
-        "pod inference/raw asks for 1 nvidia.com/gpu, but GPUs here are served as shared (gpu-placement.io/sharing="
-        "shared on namespace inference), so nvidia.com/gpu should have been rewritten to nvidia.com/gpu.shared: the "
-        "gpu-placement mutating webhook did not run for this pod; check the MutatingWebhookConfiguration, or ask for "
-        "nvidia.com/gpu.shared directly")
+        f"pod {ns}/raw was not shaped by gpu-placement's mutating webhook, which GPU pods in namespace {ns} must be "
+        f"(the namespace has a GPU policy); it lacks {lacks}. Most likely the webhook could not be reached when the "
+        "pod was created (its failurePolicy is Ignore, so the API server went on without it): create the pod again. "
+        "If this keeps happening, check the gpu-placement webhook's pods and its MutatingWebhookConfiguration")
+
+
+def test_the_admitted_annotation_cannot_be_forged_into_another_shape(hook: Webhook) -> None:
+    """What gpu-placement.io/admitted records is checked against the pod: copied from a shaped pod onto
+    one that asks for more, or onto a pod without the rest of the shape, it admits neither."""
+    shaped, _, _ = hook.mutate(user_pod("team-a", "model", gpus={"nvidia.com/gpu": 1}), "team-a")
+    assert hook.validate(shaped, "team-a", dry_run=True)["allowed"] is True
+    bigger = copy.deepcopy(shaped)
+    for section in ("limits", "requests"):
+        bigger["spec"]["containers"][0]["resources"][section]["nvidia.com/gpu"] = "2"
+    assert "lacks the gpu-placement.io/admitted annotation." in denial(hook.validate(bigger, "team-a", dry_run=True))
+    record = shaped["metadata"]["annotations"]["gpu-placement.io/admitted"]
+    bare = user_pod("team-a", "bare", gpus={"nvidia.com/gpu": 1}, annotations={"gpu-placement.io/admitted": record})
+    assert "it lacks spec.tolerations, spec.nodeSelector, spec.schedulerName." in denial(
+        hook.validate(bare, "team-a", dry_run=True))
+    elsewhere = copy.deepcopy(shaped)  # its own scheduler: a pod may not step around the extender
+    elsewhere["spec"]["schedulerName"] = "default-scheduler"
+    assert "it lacks spec.schedulerName." in denial(hook.validate(elsewhere, "team-a", dry_run=True))
+
+
+def test_without_a_gpu_policy_an_unshaped_pod_is_left_to_the_other_checks(bundle: CertBundle) -> None:
+    """A namespace with no gpu-placement.io/* annotation under defaultNamespacePolicy allow has no GPU
+    policy to keep: the check is for namespaces that have one."""
+    with serving(bundle, {**TEST_CONFIG, "defaultNamespacePolicy": "allow"}) as hook:
+        assert hook.validate(user_pod("web", "raw", gpus={"nvidia.com/gpu": 1}), "web")["allowed"] is True
+        assert hook.validate(user_pod("team-a", "raw", gpus={"nvidia.com/gpu": 1}), "team-a")["allowed"] is False
+
+
+def test_audit_mode_warns_about_an_unshaped_pod(audit: Webhook) -> None:
+    verdict = audit.validate(user_pod("team-a", "raw", gpus={"nvidia.com/gpu": 1}), "team-a", dry_run=True)
+    assert verdict["allowed"] is True and "was not shaped by gpu-placement's mutating webhook" in verdict["warnings"][0]
 
 
 @pytest.mark.parametrize(("ns", "resource", "annotations"), [
@@ -177,7 +216,7 @@ def test_a_pod_the_mutating_webhook_missed(hook: Webhook) -> None:
     ("mig-lab", "nvidia.com/gpu.shared", {"gpu-placement.io/sharing": "mig-3g.40gb"}),
 ])
 def test_other_escalations(hook: Webhook, ns: str, resource: str, annotations: dict[str, str]) -> None:
-    verdict = hook.validate(user_pod(ns, "x", gpus={resource: 1}, annotations=annotations), ns)
+    _, verdict = hook.admit(user_pod(ns, "x", gpus={resource: 1}, annotations=annotations), ns)
     message = denial(verdict)
     assert f"more than namespace {ns} gives" in message
 
@@ -315,3 +354,38 @@ def test_audit_mode_warns_about_an_annotation_edit(audit: Webhook) -> None:
     verdict = audit.answer("/validate", update_review(running, edited, "team-a"))
     assert verdict["allowed"] is True
     assert verdict["warnings"][0].startswith("pod team-a/train: gpu-placement.io/sharing is fixed at admission")
+
+
+@pytest.mark.parametrize(("side", "metadata", "phrase"), [
+    ("object", 1, "request.object.metadata: expected an object, got a number 1"),
+    ("oldObject", "x", 'request.oldObject.metadata: expected an object, got a string "x"'),
+    ("oldObject", {"annotations": {"gpu-placement.io/sharing": 7}},
+     "request.oldObject.metadata.annotations[gpu-placement.io/sharing]: expected a string, got a number 7"),
+    ("object", {"annotations": []}, "request.object.metadata.annotations: expected an object, got a list"),
+])
+def test_an_update_of_the_wrong_shape_is_a_bad_request_naming_the_field(hook: Webhook, side: str, metadata: object,
+                                                                         phrase: str) -> None:
+    """Checked at the edge like a CREATE: the fuzz suite found HTTP 500s here (an int has no .get)."""
+    running = make_pod("team-a", "train", gpus={"nvidia.com/gpu": 1},
+                       annotations={"gpu-placement.io/sharing": "shared"})
+    body = update_review(running, copy.deepcopy(running), "team-a")
+    body["request"][side]["metadata"] = metadata
+    verdict = hook.answer("/validate", body)
+    assert verdict["allowed"] is False and verdict["status"]["code"] == 400, verdict
+    assert verdict["status"]["message"] == phrase
+
+
+def test_an_annotation_edit_through_pods_status_is_denied_too(hook: Webhook) -> None:
+    """kube-apiserver 1.37 keeps metadata changes made through the pods/status subresource
+    (pkg/registry/core/pod/strategy.go: podStatusStrategy resets only the spec, ownerReferences and
+    deletionTimestamp), so the guard covers it; the chart sends pods/status updates too."""
+    running = make_pod("team-a", "train", gpus={"nvidia.com/gpu": 1},
+                       annotations={"gpu-placement.io/sharing": "shared"})
+    edited = copy.deepcopy(running)
+    edited["metadata"]["annotations"]["gpu-placement.io/gpu-memory"] = "1Mi"
+    body = update_review(running, edited, "team-a")
+    body["request"]["subResource"] = "status"
+    assert denial(hook.answer("/validate", body)).startswith(
+        "pod team-a/train: gpu-placement.io/gpu-memory is fixed at admission")
+    body["request"]["subResource"] = "ephemeralcontainers"  # its strategy resets metadata: nothing to guard
+    assert hook.answer("/validate", body)["allowed"] is True

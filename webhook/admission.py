@@ -7,8 +7,8 @@ resource, the figures and the annotation to change.
 
 Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, ChoseGpuNodes, NoGpuAsked, NotAPodCreate,
 Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed (in this module); BadPod
-(review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); OverQuota, NotInQuota
-(quota.py). In audit mode a would-be denial is counted as `Audit<code>`.
+(review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); NotShaped (shaping.py); OverQuota,
+NotInQuota (quota.py); QuotaPending (quota_gate.py). In audit mode a would-be denial is counted as `Audit<code>`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,18 @@ from webhook.namespace_reader import NamespaceReader
 from webhook.patches import asks_for_gpu_nodes, gpu_patch, protect_patch, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
 from webhook.quota import Reservations, quota_problems
-from webhook.review import AdmissionRequest, AdmissionResponse, BadPod, Subject, allowed, denied, subject_of
+from webhook.quota_gate import GATED_HOLD_SECONDS, QUOTA_PENDING, quota_pending
+from webhook.review import (
+    AdmissionRequest,
+    AdmissionResponse,
+    BadPod,
+    Subject,
+    allowed,
+    bad_update,
+    denied,
+    subject_of,
+)
+from webhook.shaping import NOT_SHAPED, governed, unshaped
 
 __all__ = ["Admission", "Decision"]
 
@@ -58,14 +69,20 @@ class Decision:
 
 
 class Admission:
-    def __init__(self, view: ClusterView, config: Config, api: Any = None) -> None:
+    def __init__(self, view: ClusterView, config: Config, api: Any = None, quota_gate: bool = False) -> None:
         """`api`: the kubernetes ApiClient when there is an API server (holds are then settled by lists
-        of pods, see webhook/holds.py); None with --snapshot."""
+        of pods, see webhook/holds.py); None with --snapshot. `quota_gate`: the view watches the mirrored
+        ResourceQuotas, and GPU pods are admitted only while the API server enforces the quota
+        (webhook/quota_gate.py)."""
         self.view = view
         self.config = config
         self.api = api
+        self.quota_gate = quota_gate
         self.policies = PolicyCache(config)
-        self.reservations = Reservations(view, config.reservation_ttl_seconds, listed=api is not None)
+        # With the API server enforcing the quota (the gate), a hold only brings the friendlier sentence
+        # forward; one whose pod the API server refused then blocks no one past a short list (holds.py).
+        due = min(config.reservation_ttl_seconds, GATED_HOLD_SECONDS) if quota_gate else config.reservation_ttl_seconds
+        self.reservations = Reservations(view, due, listed=api is not None)
         self.reader = NamespaceReader(view, api) if api is not None else None
 
     def policy(self, namespace: str) -> NamespacePolicy:
@@ -125,13 +142,17 @@ class Admission:
             # How to shape the pod is unknown; /validate denies it with the same sentences.
             problems = [policy.errors[key] for key in (n.ANN_SHARING, n.ANN_POOLS) if key in policy.errors]
             return self._decision(allowed(uid, warnings=problems), POLICY_BROKEN, subject, problems)
-        sharing = self._sharing(policy, subject)
-        pools = [config.pools[name] for name in policy.pools]
+        ops = self._shape(policy, subject)
+        return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
+
+    def _shape(self, policy: NamespacePolicy, subject: Subject) -> list[dict[str, Any]]:
+        """The patch that shapes a GPU pod under its namespace's policy: empty for a pod already shaped
+        (/validate asks the same question, webhook/shaping.py)."""
+        pools = [self.config.pools[name] for name in policy.pools]
         # DaemonSet pods keep their scheduler: the controller pins each to its node, and the extender
         # would refuse nodes the DaemonSet's own tolerations allow.
-        ops = gpu_patch(pod, subject.gpus, sharing, pools, policy.gpu_memory, config,
-                        keep_scheduler=_is_daemonset_pod(pod))
-        return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
+        return gpu_patch(subject.pod, subject.gpus, self._sharing(policy, subject), pools, policy.gpu_memory,
+                         self.config, keep_scheduler=_is_daemonset_pod(subject.pod))
 
     def _sharing(self, policy: NamespacePolicy, subject: Subject) -> Sharing:
         """The pod's own narrower ask when it has a valid one; the namespace's level otherwise (a wider
@@ -149,14 +170,17 @@ class Admission:
         annotations were decided at admission and charge the pod (gpu-memory, sharing, admitted)."""
         uid, namespace, name = request["uid"], request.get("namespace", ""), request.get("name", "")
         resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
-        if resource.get("resource", "pods") != "pods" or resource.get("group") or request.get("subResource"):
+        # pods/status keeps metadata changes (kube-apiserver's podStatusStrategy resets only the spec,
+        # ownerReferences and deletionTimestamp), so it is guarded too; other subresources reset them.
+        if resource.get("resource", "pods") != "pods" or resource.get("group") or (
+                request.get("subResource") or "status") != "status":
             return Decision(allowed(uid), NOT_A_POD, namespace, name)
         if namespace in self.config.exempt_namespaces:
             return Decision(allowed(uid), EXEMPT, namespace, name)
         new, old = request.get("object"), request.get("oldObject")
-        if not isinstance(new, dict) or not isinstance(old, dict):
-            text = "a pod UPDATE carries the pod in request.object and request.oldObject"
-            return Decision(denied(uid, text, 400, "BadRequest"), BAD_POD, namespace, name, [text])
+        problem = bad_update(new, old)
+        if problem is not None:
+            return Decision(denied(uid, problem, 400, "BadRequest"), BAD_POD, namespace, name, [problem])
         changed = _changed_annotations(old, new)
         if not changed:
             return Decision(allowed(uid), ALLOWED, namespace, name)
@@ -190,20 +214,24 @@ class Admission:
         if not policy.entitled(config):
             problems.append((NO_GPU_ACCESS, self._no_access(namespace, gpus)))
         elif n.ANN_SHARING not in policy.errors:
-            escalations = self._escalations(policy, asked, gpus, where)
+            escalations = self._unshaped(policy, subject, where) or self._escalations(policy, asked, gpus, where)
             problems += escalations
             if not escalations and policy.quota is not None:
                 with self.view.lock:
                     used = dict(self.view.namespace_usage.get(namespace) or {})
                     pending = self.reservations.pending(namespace, exclude=subject.key)
-                problems += quota_problems(namespace, policy.quota, used, pending, gpus)
+                    enforced = self.view.resourcequotas.get(namespace)
+                over = quota_problems(namespace, policy.quota, used, pending, gpus)
+                problems += over or (quota_pending(namespace, policy.quota, enforced, gpus) if self.quota_gate else [])
         texts = [text for _, text in problems]
         warnings = list(policy.warnings)
         audit = config.mode == "audit"
         if problems and not audit:
             message = texts[0] if len(texts) == 1 else f"{len(texts)} problems: " + " ".join(
                 f"({i}) {text};" for i, text in enumerate(texts, 1)).rstrip(";")
-            response = denied(uid, message)
+            # 503 for the one refusal that passes by itself (the quota not in force yet): nothing is wrong with the pod.
+            response = denied(uid, message, 503, "ServiceUnavailable") if problems[0][0] == QUOTA_PENDING and len(
+                problems) == 1 else denied(uid, message)
             if warnings:
                 response["warnings"] = warnings
             if policy.quota is not None and not subject.dry_run:
@@ -215,6 +243,13 @@ class Admission:
                 self.reservations.hold(namespace, subject.key, subject.uid, gpus)
         reason = f"Audit{problems[0][0]}" if problems else ALLOWED
         return self._decision(allowed(uid, warnings=warnings + texts), reason, subject, texts)
+
+    def _unshaped(self, policy: NamespacePolicy, subject: Subject, where: str) -> list[tuple[str, str]]:
+        """A GPU pod in a namespace with a GPU policy that /mutate did not shape (webhook/shaping.py)."""
+        if not policy.shapes_ok or not governed(policy, self.config):
+            return []
+        ops = self._shape(policy, subject)
+        return [(NOT_SHAPED, unshaped(ops, subject.namespace, where))] if ops else []
 
     def _no_access(self, namespace: str, gpus: GpuRequests) -> str:
         asks = ", ".join(f"{count} {resource}" for resource, count in gpus)

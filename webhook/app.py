@@ -36,12 +36,13 @@ MAX_BODY = 3 * 2**20  # the API server caps objects at about 1.5 MiB; a review h
 _VERBS = ("mutate", "validate")
 
 
-def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool, str]], api: Any = None) -> Starlette:
+def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool, str]], api: Any = None,
+               quota_gate: bool = False) -> Starlette:
     """POST /mutate, POST /validate, and the ops routes. Reads `view` (under its lock where it needs
     consistent figures) and never writes it; keeps its own policy cache and quota reservations.
     `api` (a kubernetes ApiClient, None with --snapshot): overdue holds are settled by listing pods
-    (webhook/holds.py, a thread that runs while the app does)."""
-    admission = Admission(view, config, api)
+    (webhook/holds.py, a thread that runs while the app does). `quota_gate`: see webhook/quota_gate.py."""
+    admission = Admission(view, config, api, quota_gate)
     checker = HoldChecker(admission.reservations, api) if api is not None else None
     timers = {verb: metrics.REQUEST_SECONDS.labels("webhook", verb) for verb in _VERBS}
     answered = {verb: metrics.REQUESTS.labels("webhook", verb, "200") for verb in _VERBS}

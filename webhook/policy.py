@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -62,6 +63,7 @@ class NamespacePolicy:
     cuda: Version | None = None
     errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # annotation -> sentence
     warnings: tuple[str, ...] = ()
+    annotated: bool = False  # any of NAMESPACE_ANNOTATIONS is set (parsed or not): the namespace has a GPU policy
 
     def entitled(self, config: Config) -> bool:
         """May GPU pods run here at all? A quota says yes (up to it); no quota: the default policy."""
@@ -106,20 +108,31 @@ def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> N
         gpu_memory=annotations.get(n.ANN_GPU_MEMORY) if memory is not None else None,
         gpu_memory_mib=memory,  # type: ignore[arg-type]
         products=values.get(n.ANN_PRODUCTS), cuda=values.get(n.ANN_CUDA),  # type: ignore[arg-type]
-        errors=MappingProxyType(errors), warnings=tuple(warnings))
+        errors=MappingProxyType(errors), warnings=tuple(warnings),
+        annotated=any(key in annotations for key in NAMESPACE_ANNOTATIONS))
 
 
 class PolicyCache:
     """Policies by namespace, reparsed only when the view holds a different record for it: the view
-    replaces a record on every change, so an identity check is enough on the hot path."""
+    replaces a record on every change, so an identity check is enough on the hot path.
 
-    def __init__(self, config: Config, limit: int = 100_000) -> None:
+    Namespaces with a record (in the view, or read from the API server: they exist) are kept up to
+    `limit`. Names without one cost nothing to parse again and come from whoever reaches the webhook
+    (it listens on every interface: a stream of reviews naming random namespaces), so at most
+    `unknown_limit` of them are kept, the least recently used going first: that bound does not grow
+    with hostile input, and it never pushes out the namespaces that exist."""
+
+    def __init__(self, config: Config, limit: int = 100_000, unknown_limit: int = 1024) -> None:
         self.config = config
         self.limit = limit
-        self._cache: dict[str, tuple[NamespaceRecord | None, NamespacePolicy]] = {}
+        self.unknown_limit = unknown_limit
+        self._cache: dict[str, tuple[NamespaceRecord, NamespacePolicy]] = {}
+        self._unknown: OrderedDict[str, NamespacePolicy] = OrderedDict()
         self.parses = 0  # for tests and benchmarks: how often we really parsed
 
     def get(self, name: str, record: NamespaceRecord | None) -> NamespacePolicy:
+        if record is None:
+            return self._without_record(name)
         cached = self._cache.get(name)
         if cached is not None and (cached[0] is record or cached[0] == record):
             return cached[1]
@@ -128,6 +141,21 @@ class PolicyCache:
         if len(self._cache) >= self.limit:  # namespaces come and go; never grow without bound
             self._cache.clear()
         self._cache[name] = (record, policy)
+        self._unknown.pop(name, None)
+        return policy
+
+    def __len__(self) -> int:
+        return len(self._cache) + len(self._unknown)
+
+    def _without_record(self, name: str) -> NamespacePolicy:
+        policy = self._unknown.get(name)
+        if policy is not None:
+            self._unknown.move_to_end(name)
+            return policy
+        policy = self._unknown[name] = parse_policy(None, name, self.config)
+        self.parses += 1
+        if len(self._unknown) > self.unknown_limit:
+            self._unknown.popitem(last=False)
         return policy
 
 

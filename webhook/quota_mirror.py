@@ -40,6 +40,7 @@ from gpu_placement.metrics import (
     api_outcome,
 )
 from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.resourcequotas import MIRROR_NAME
 from gpu_placement.view import ClusterView
 from webhook.lease import Lease, drain
 from webhook.policy import parse_policy
@@ -48,7 +49,6 @@ __all__ = ["MANAGED_BY", "MIRROR_NAME", "MirrorSettings", "QuotaMirror", "desire
 
 log = logging.getLogger("gpu_placement.quota_mirror")
 
-MIRROR_NAME = "gpu-placement"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
 _SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
 _TIMEOUT = (5.0, 15.0)

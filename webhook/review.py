@@ -37,6 +37,7 @@ __all__ = [
     "Status",
     "Subject",
     "allowed",
+    "bad_update",
     "check_pod",
     "denied",
     "encode_review",
@@ -249,6 +250,19 @@ def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool], pa
                             problem = str(exc)
                         if problem:
                             return f"{shape.key(f'{path}.spec.{field}[{index}].resources.{section}', name)}: {problem}"
+    return None
+
+
+def bad_update(new: Any, old: Any) -> str | None:
+    """What is wrong with the two versions of a pod an UPDATE review carries (their metadata and
+    annotations are compared, webhook/admission.py), as a sentence naming the field; None when usable."""
+    if not isinstance(new, dict) or not isinstance(old, dict):
+        return "a pod UPDATE carries the pod in request.object and request.oldObject"
+    try:
+        shape.check_pod(new, "request.object")
+        shape.check_pod(old, "request.oldObject")
+    except ShapeError as exc:
+        return str(exc)
     return None
 
 

@@ -8,6 +8,7 @@ group of its own that its pods select, so tests do not see each other's capacity
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import shutil
@@ -19,9 +20,12 @@ import httpx
 import pytest
 import yaml
 
+from gpu_placement.config import Config
+from gpu_placement.namespaces import NamespaceRecord
 from tests.e2e.cluster import Api, ControlPlane, Kubelets, start_control_plane, wait_for
-from tests.e2e.deploy import NAMESPACE, Pod, install, render, wait_ready, webhook_port
+from tests.e2e.deploy import NAMESPACE, Pod, find, install, render, wait_ready, webhook_port
 from tests.e2e.supervisor import Supervisor
+from webhook.policy import parse_policy
 
 Obj = dict[str, Any]
 WEBHOOK = "gpu-placement-webhook"
@@ -58,6 +62,13 @@ class E2E:
         wait_ready(proc, self.webhook_url(pod, "/readyz"))
         self.supervisor.wait_ready(pod, "webhook")  # and so among the Service's endpoints
         return pod
+
+    def stop_webhook(self, replica: int) -> None:
+        """That replica gone from behind the Service, its process stopped."""
+        for pod in [p for p in self.webhooks if p.replica == replica]:
+            pod.stop()
+            self.webhooks.remove(pod)
+        self.route_webhooks()
 
     def upgrade(self, values: Obj) -> None:
         """`helm upgrade` with these values: the chart re-applied, the webhook pods rolled (the
@@ -156,7 +167,29 @@ class E2E:
         # The ServiceAccount admission plugin refuses pods until the controller made `default`.
         wait_for(f"serviceaccount {name}/default",
                  lambda: self.api.http.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").status_code == 200)
+        quota = quota_of(annotations or {})
+        if quota and self.quota_mirrored():  # /validate refuses GPU pods (QuotaPending) until it is in force
+            wait_for(f"ResourceQuota {name}/gpu-placement in force", lambda: self.quota_in_force(name, quota))
         return name
+
+    def quota_mirrored(self) -> bool:
+        """The running chart mirrors quotas into ResourceQuotas (not audit mode, not --no-quota-mirror)."""
+        args = find(self.docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"][0]["args"]
+        return "--no-quota-mirror" not in args and self.config().get("mode", "enforce") != "audit"
+
+    def config(self) -> Obj:
+        docs = [d for d in self.docs if d["kind"] == "ConfigMap" and "config.yaml" in d.get("data", {})]
+        return dict(yaml.safe_load(docs[0]["data"]["config.yaml"]) or {})
+
+    def quota_in_force(self, namespace: str, quota: dict[str, int]) -> bool:
+        """The API server enforces the quota: the mirrored ResourceQuota's status, counted by the quota
+        controller, holds each figure (what quota admission reads)."""
+        r = self.api.http.get(f"/api/v1/namespaces/{namespace}/resourcequotas/gpu-placement")
+        if r.status_code != 200:
+            return False
+        status = r.json().get("status") or {}
+        return all(status.get("hard", {}).get(f"requests.{res}") == str(count) and f"requests.{res}" in
+                   status.get("used", {}) for res, count in quota.items())
 
     def nodes(self, group: str, specs: list[tuple[str, str | None, dict[str, Any]]],
               validators: bool = True) -> list[str]:
@@ -248,6 +281,14 @@ def gpu_pod_manifest(namespace: str, name: str, group: str, gpus: int = 1, resou
                          "requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
 
 
+def quota_of(annotations: dict[str, str]) -> dict[str, int]:
+    """The gpu-placement.io/quota annotation as the webhook parses it; {} when absent or broken."""
+    if "gpu-placement.io/quota" not in annotations:
+        return {}
+    policy = parse_policy(NamespaceRecord("probe", dict(annotations)), "probe", Config())
+    return dict(policy.quota or {})
+
+
 def admitted(pod: Obj) -> Obj:
     return dict(json.loads(pod["metadata"]["annotations"]["gpu-placement.io/admitted"]))
 
@@ -286,9 +327,18 @@ def plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="session")
 def e2e(plane: ControlPlane) -> Iterator[E2E]:
+    with chart_running(plane) as env:
+        yield env
+
+
+@contextlib.contextmanager
+def chart_running(plane: ControlPlane, lease_renew_seconds: float = 10.0) -> Iterator[E2E]:
+    """The chart installed on `plane`, its webhook and scheduler pod running, kubelets emulated
+    (the suite's fixture; benchmarks/scheduler_bench.py uses it too, with Leases renewed less often
+    at 5,000 nodes: within kube-controller-manager's 120 s grace period)."""
     assert plane.api is not None
     api = plane.api
-    kubelets = Kubelets(api)
+    kubelets = Kubelets(api, renew_every=lease_renew_seconds)
     docs = render()
     env = E2E(plane, api, kubelets, docs)
     try:

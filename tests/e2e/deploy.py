@@ -134,7 +134,8 @@ class Pod:
             config["clientConnection"] = {"kubeconfig": str(self.kubeconfig)}
             for ext in config.get("extenders", []):
                 prefix, _, port = ext["urlPrefix"].rpartition(":")
-                ext["urlPrefix"] = f"{prefix}:{self.local_port(int(port))}"
+                if int(port) not in self.ports.values():  # not rewritten yet (a restart reads it back)
+                    ext["urlPrefix"] = f"{prefix}:{self.local_port(int(port))}"
             config_path.write_text(yaml.safe_dump(config))
             kc = str(self.kubeconfig)
             args += ["--bind-address=127.0.0.1", f"--secure-port={self.local_port(10259)}",

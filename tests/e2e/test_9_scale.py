@@ -1,5 +1,8 @@
 """Scenario 9: 1,000 GPU nodes and 2,000 GPU pods through the whole path (webhook, kube-scheduler,
-extender, bind); every pod bound where it can run, none over a node's GPUs; pods/s printed."""
+extender, bind); every pod bound where it can run, none over a node's GPUs; pods/s printed.
+
+Before it, on the same nodes: what gpu-placement costs kube-scheduler, side by side with a stock
+profile in one run (tests/e2e/overhead.py), with the ratios printed."""
 
 from __future__ import annotations
 
@@ -11,25 +14,53 @@ import pytest
 
 from tests.e2e.cluster import wait_for
 from tests.e2e.conftest import E2E
+from tests.e2e.overhead import (
+    FLOOR,
+    GPU_PLACEMENT,
+    NO_WEBHOOK,
+    STOCK,
+    admission_side_by_side,
+    admission_table,
+    make_nodes,
+    scheduling_side_by_side,
+    scheduling_table,
+)
 
 NODES, PODS, GPUS_PER_NODE = 1000, 2000, 8
+GROUP = "s9"
+ROUNDS, BATCH = 3, 300  # side by side: 3 x (stock, gpu-placement) batches of 300 pods
+CREATES = 300  # admission side by side: 3 x (no webhook, do-nothing, gpu-placement) rounds of 300 creates
+
+
+@pytest.fixture(scope="module")
+def scale_nodes(e2e: E2E) -> list[str]:
+    t0 = time.monotonic()
+    names = make_nodes(e2e, GROUP, NODES)
+    print(f"\nscale: {NODES} nodes (+ validator pods) made and schedulable in {time.monotonic() - t0:.0f} s")
+    return names
 
 
 @pytest.mark.timeout(900)
-def test_thousand_nodes_two_thousand_pods(e2e: E2E) -> None:
-    group = "s9"
-    t0 = time.monotonic()
-    names = [f"{group}-{i:04d}" for i in range(NODES)]
+def test_scheduling_overhead_side_by_side(e2e: E2E, scale_nodes: list[str]) -> None:
+    batches = scheduling_side_by_side(e2e, GROUP, ROUNDS, BATCH)
+    print(scheduling_table(batches, len(scale_nodes)))
+    # What a user would see: every pod bound by either profile, each batch's cycle measured.
+    assert {b.profile for b in batches} == {STOCK, GPU_PLACEMENT}
+    assert all(b.algorithm.count >= BATCH for b in batches), [b.algorithm.count for b in batches]
+    assert all(b.extender["bind"].count >= BATCH for b in batches if b.profile == GPU_PLACEMENT)
 
-    def add(name: str) -> None:
-        e2e.kubelets.add_node(name, "h100x8", labels={"e2e-group": group})
-        e2e.kubelets.add_validator(name)
 
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(add, names))
-    e2e.kubelets.wait_schedulable(names, timeout=300)
-    print(f"\nscale: {NODES} nodes (+ validator pods) made and schedulable in {time.monotonic() - t0:.0f} s")
+@pytest.mark.timeout(600)
+def test_admission_overhead_side_by_side(e2e: E2E) -> None:
+    results = admission_side_by_side(e2e, ROUNDS, CREATES)
+    print(admission_table(results))
+    assert {r.case for r in results} == {NO_WEBHOOK, FLOOR, GPU_PLACEMENT}
+    assert all(len(r.latencies) == CREATES for r in results)
 
+
+@pytest.mark.timeout(900)
+def test_thousand_nodes_two_thousand_pods(e2e: E2E, scale_nodes: list[str]) -> None:
+    group, names = GROUP, scale_nodes
     ns = e2e.namespace("scale")
     t1 = time.monotonic()
 

@@ -61,11 +61,7 @@ def test_two_replicas_and_fifty_concurrent_creates_never_exceed_the_quota(e2e: E
         stored = e2e.api.get(f"/api/v1/namespaces/{ns}/pods")["items"]
         assert len(stored) == QUOTA
     finally:
-        second = [p for p in e2e.webhooks if p.replica == 1]
-        for pod in second:
-            pod.stop()
-            e2e.webhooks.remove(pod)
-        e2e.route_webhooks()
+        e2e.stop_webhook(1)
 
 
 def test_extender_restart_during_a_burst_parks_nothing_and_places_nothing_on_a_partial_view(e2e: E2E) -> None:

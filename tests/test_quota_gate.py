@@ -1,0 +1,142 @@
+"""The quota is hard from the first second (webhook/quota_gate.py): /validate admits a quota namespace's
+GPU pods only while the API server enforces the quota, as the namespace's `gpu-placement`
+ResourceQuota, watched by the real list+watch loop from the fake API server, shows it.
+
+The fake API server has no quota controller: the test writes the ResourceQuota's status itself, as
+Kubernetes' controller would (tests/e2e/test_13_quota_from_the_first_second.py runs the real one)."""
+
+from __future__ import annotations
+
+import gc
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gpu_placement.config import Config
+from gpu_placement.demo_cluster import namespace
+from gpu_placement.ingest import KINDS, Ingest
+from gpu_placement.kube import WatchSettings
+from gpu_placement.live import LiveSource
+from gpu_placement.serving import ServerThread
+from gpu_placement.view import ClusterView
+from tests.fakeapi import FakeApiServer
+from tests.test_live import wait_for
+from tests.test_webhook_helpers import Webhook, trusting, user_pod
+from webhook.app import create_app
+from webhook.certs import CertBundle
+from webhook.tls import ReloadingTLS, make_server
+
+pytestmark = pytest.mark.timeout(60)
+
+GPU = "nvidia.com/gpu"
+QUOTA = "gpu-placement.io/quota"
+
+
+class Gated:
+    def __init__(self, fake: FakeApiServer, hook: Webhook) -> None:
+        self.fake, self.hook = fake, hook
+
+    def create(self, name: str, ns: str = "fresh") -> dict[str, Any]:
+        """What the API server does: /mutate, name and uid the pod, /validate, store it if allowed."""
+        mutated, _, _ = self.hook.mutate(user_pod(ns, name, gpus={GPU: 1}), ns)
+        named = {**mutated, "metadata": {**mutated["metadata"], "namespace": ns, "uid": str(uuid.uuid4())}}
+        verdict = self.hook.validate(named, ns)
+        if verdict["allowed"]:
+            self.fake.add(named, keep_uid=True)
+        return verdict
+
+    def quota_status(self, hard: dict[str, str] | None, used: dict[str, str] | None, ns: str = "fresh") -> None:
+        """The mirror's ResourceQuota (spec as the annotation says) and what the quota controller wrote."""
+        annotation = self.fake.get("Namespace", ns)["metadata"]["annotations"][QUOTA]  # type: ignore[index]
+        spec = {f"requests.{item.split('=')[0]}": item.split("=")[1] for item in annotation.split(",")}
+        status = {key: value for key, value in (("hard", hard), ("used", used)) if value is not None}
+        self.fake.upsert({"kind": "ResourceQuota", "metadata": {"name": "gpu-placement", "namespace": ns},
+                          "spec": {"hard": spec}, "status": status})
+        wanted = ({key: int(value) for key, value in (hard or {}).items()}, {f"requests.{GPU}"} & set(used or {}))
+
+        def watched() -> bool:
+            record = self.hook.view.resourcequotas.get(ns)
+            return record is not None and (dict(record.hard), set(record.used)) == wanted
+
+        wait_for(watched, 5.0, what="the quota watched")
+
+    def annotate(self, quota: str, ns: str = "fresh") -> None:
+        self.fake.set_annotations("Namespace", ns, {QUOTA: quota})
+        wait_for(lambda: self.hook.view.namespaces[ns].get(QUOTA) == quota, 5.0, what="the annotation seen")
+
+
+@pytest.fixture
+def gated(fake_api: FakeApiServer, bundle: CertBundle) -> Iterator[Gated]:
+    fake_api.load([namespace("fresh", {QUOTA: f"{GPU}=2"}), namespace("open")])
+    config = Config()
+    view = ClusterView(config)
+    api = fake_api.api_client()
+    source = LiveSource(view, Ingest(config), api, WatchSettings(connect_timeout=1.0, read_timeout=2.0,
+                                                                 server_timeout=30, client_timeout=35.0,
+                                                                 backoff_initial=0.05, backoff_max=0.3),
+                        kinds=(*KINDS, "resourcequotas"))
+    app = create_app(view, config, source.readiness, api, quota_gate=True)
+    source.start()
+    wait_for(lambda: source.ready, 5.0, what="the first lists")
+    try:
+        tls = ReloadingTLS(bundle.cert, bundle.key)
+        with ServerThread(make_server(app, "127.0.0.1", 0, tls=tls)) as server, httpx.Client(
+                base_url=f"https://localhost:{server.port}", verify=trusting(bundle), timeout=10) as client:
+            yield Gated(fake_api, Webhook(config, view, Ingest(config), app, client, [0.0]))
+    finally:
+        source.stop()
+        api.close()
+        gc.unfreeze()
+
+
+def pending(verdict: dict[str, Any]) -> str:
+    assert verdict["allowed"] is False, verdict
+    assert verdict["status"]["code"] == 503 and verdict["status"]["reason"] == "ServiceUnavailable", verdict
+    return str(verdict["status"]["message"])
+
+
+def test_gpu_pods_wait_until_the_api_server_enforces_the_quota(gated: Gated) -> None:
+    message = pending(gated.create("first"))
+    assert message == (
+        f"namespace fresh may use 2 {GPU} ({QUOTA}), but ResourceQuota fresh/gpu-placement does not exist yet: "
+        "gpu-placement writes it and Kubernetes' quota controller counts it within seconds of the annotation, and "
+        "until then GPU pods are refused so that never more than the quota is admitted: try again in a few seconds "
+        "(if this lasts, check the gpu-placement webhook's quota mirror: its log and gpu_placement_quota_mirror_* "
+        "metrics)")
+    gated.quota_status(hard=None, used=None)  # written by the mirror, not counted yet: enforces nothing
+    assert "has not been counted for requests.nvidia.com/gpu yet" in pending(gated.create("second"))
+    gated.quota_status(hard={f"requests.{GPU}": "2"}, used={f"requests.{GPU}": "0"})
+    assert gated.create("third")["allowed"] is True  # the API server's atomic check decides from here
+    assert gated.create("fourth")["allowed"] is True
+    assert "2 are in use" in gated.create("fifth")["status"]["message"]  # the friendly sentence first
+
+
+def test_a_lowered_quota_refuses_pods_until_the_lower_figure_is_in_force(gated: Gated) -> None:
+    gated.quota_status(hard={f"requests.{GPU}": "2"}, used={f"requests.{GPU}": "0"})
+    gated.annotate(f"{GPU}=1")
+    assert "but the API server still enforces 2" in pending(gated.create("a"))
+    gated.quota_status(hard={f"requests.{GPU}": "1"}, used={f"requests.{GPU}": "0"})
+    assert gated.create("b")["allowed"] is True
+
+
+def test_a_raised_quota_is_enforced_at_its_old_figure_meanwhile(gated: Gated) -> None:
+    """The API server still enforces the lower figure until its controller catches up: hard either way,
+    so the webhook lets pods through to that check."""
+    gated.quota_status(hard={f"requests.{GPU}": "2"}, used={f"requests.{GPU}": "0"})
+    gated.annotate(f"{GPU}=3")
+    assert gated.create("a")["allowed"] is True
+
+
+def test_namespaces_without_a_quota_and_other_resourcequotas_are_not_concerned(gated: Gated) -> None:
+    gated.fake.add({"kind": "ResourceQuota", "metadata": {"name": "tenant-limits", "namespace": "fresh"},
+                    "spec": {"hard": {f"requests.{GPU}": "64"}},
+                    "status": {"hard": {f"requests.{GPU}": "64"}, "used": {f"requests.{GPU}": "0"}}})
+    gated.quota_status(hard=None, used=None)
+    time.sleep(0.2)
+    assert set(gated.hook.view.resourcequotas) == {"fresh"}  # watched by name: the tenant's own is not read
+    assert "has not been counted" in pending(gated.create("x"))
+    assert gated.create("y", ns="open")["allowed"] is True  # no quota annotation: nothing to wait for

@@ -1,0 +1,67 @@
+"""The quota is hard from the first second: /validate admits a quota namespace's GPU pod only while the
+API server's own quota admission enforces that quota (or a lower one).
+
+Each replica counts only what it admitted itself (webhook/quota.py), so two replicas, each within the
+quota, can together admit up to twice it. What makes the limit hard across replicas is the
+ResourceQuota the mirror keeps (webhook/quota_mirror.py): Kubernetes' quota admission runs after
+every webhook and checks and counts each pod atomically (a compare-and-swap of the quota's
+`status.used` in etcd). But it enforces `status.hard`, which the quota controller writes after the
+mirror created or changed the ResourceQuota: until then, for the first second or so after the
+annotation is set, nothing but the replicas' own counts stands in the way.
+
+So /validate waits for it: it lets a pod asking for resource R in a namespace whose annotation allows
+N through only when the namespace's `gpu-placement` ResourceQuota, as its watch shows it, has
+`status.hard[requests.R] <= N` with a `status.used` figure for it. Otherwise the pod is refused with
+a sentence to try again in a few seconds (503: nothing is wrong with the pod), and the API server's
+atomic check is always the one that decides the last unit. A raised quota is enforced at its old,
+lower figure until the controller catches up (the API server refuses the extra pods meanwhile); a
+lowered one refuses pods until the new figure is in force.
+
+Holds while the annotation is being set: a replica whose view does not show the annotation yet treats
+the namespace as having none, for the milliseconds its watch is behind (a namespace created with the
+annotation is read from the API server when the view lacks it, so it is gated from its first pod).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from gpu_placement import names as n
+from gpu_placement.pods import GpuRequests
+from gpu_placement.resourcequotas import MIRROR_NAME, QuotaStatus
+
+__all__ = ["GATED_HOLD_SECONDS", "QUOTA_PENDING", "quota_pending"]
+
+QUOTA_PENDING = "QuotaPending"
+# When a replica's hold (a pod it admitted that its view has not shown) is settled by a list of the
+# namespace's pods, with the gate on. The API server's quota refuses what several replicas let in
+# together beyond the quota, and those pods never come: without the gate their holds must last
+# reservationTTLSeconds (60 s) against watch lag; with it the API server is the limit, so they are
+# settled after a few seconds, and the namespace is not kept full by pods that do not exist.
+GATED_HOLD_SECONDS = 5.0
+
+
+def quota_pending(namespace: str, quota: Mapping[str, int], status: QuotaStatus | None,
+                  asks: GpuRequests) -> list[tuple[str, str]]:
+    """(QUOTA_PENDING, sentence) for the first resource the pod asks for whose quota the API server does
+    not enforce yet at the annotation's figure or below; [] when it does for all of them."""
+    for resource, _ in asks:
+        limit = quota.get(resource)
+        if limit is None:
+            continue  # NotInQuota says so
+        enforced = status.enforces(resource) if status is not None else None
+        if enforced is not None and enforced <= limit:
+            continue
+        if enforced is None:
+            state = (f"ResourceQuota {namespace}/{MIRROR_NAME} does not exist yet" if status is None else
+                     f"ResourceQuota {namespace}/{MIRROR_NAME} has not been counted for requests.{resource} yet")
+            why = "gpu-placement writes it and Kubernetes' quota controller counts it within seconds of the annotation"
+        else:
+            state = f"the API server still enforces {enforced} (ResourceQuota {namespace}/{MIRROR_NAME})"
+            why = "the lower figure takes over within seconds"
+        return [(QUOTA_PENDING,
+                 f"namespace {namespace} may use {limit} {resource} ({n.ANN_QUOTA}), but {state}: {why}, and until "
+                 "then GPU pods are refused so that never more than the quota is admitted: try again in a few "
+                 "seconds (if this lasts, check the gpu-placement webhook's quota mirror: its log and "
+                 "gpu_placement_quota_mirror_* metrics)")]
+    return []
