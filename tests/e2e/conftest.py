@@ -177,10 +177,6 @@ class E2E:
         args = find(self.docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"][0]["args"]
         return "--no-quota-mirror" not in args and self.config().get("mode", "enforce") != "audit"
 
-    def config(self) -> Obj:
-        docs = [d for d in self.docs if d["kind"] == "ConfigMap" and "config.yaml" in d.get("data", {})]
-        return dict(yaml.safe_load(docs[0]["data"]["config.yaml"]) or {})
-
     def quota_in_force(self, namespace: str, quota: dict[str, int]) -> bool:
         """The API server enforces the quota: the mirrored ResourceQuota's status, counted by the quota
         controller, holds each figure (what quota admission reads)."""
