@@ -160,7 +160,9 @@ class E2E:
         return totals
 
     # -- test objects
-    def namespace(self, prefix: str, annotations: dict[str, str] | None = None) -> str:
+    def namespace(self, prefix: str, annotations: dict[str, str] | None = None, wait_quota: bool = True) -> str:
+        """A namespace with these annotations, ready for pods: its ServiceAccount made and (`wait_quota`)
+        its gpu-placement.io/quota in force."""
         name = f"{prefix}-{next(_ids)}"
         self.api.apply({"apiVersion": "v1", "kind": "Namespace",
                         "metadata": {"name": name, "annotations": annotations or {}}})
@@ -168,7 +170,8 @@ class E2E:
         wait_for(f"serviceaccount {name}/default",
                  lambda: self.api.http.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").status_code == 200)
         quota = quota_of(annotations or {})
-        if quota and self.quota_mirrored():  # /validate refuses GPU pods (QuotaPending) until it is in force
+        # /validate refuses GPU pods (QuotaPending) until the quota is in force.
+        if quota and wait_quota and self.quota_mirrored():
             wait_for(f"ResourceQuota {name}/gpu-placement in force", lambda: self.quota_in_force(name, quota))
         return name
 

@@ -39,7 +39,7 @@ import httpx
 import pytest
 
 from gpu_placement.quantity import QuantityError, quantity_to_mib
-from tests.e2e.cluster import Api, wait_for
+from tests.e2e.cluster import Api
 from tests.e2e.conftest import E2E, gpu_pod_manifest
 from tests.e2e.deploy import Pod
 
@@ -55,15 +55,6 @@ SETTLE_S = 60.0
 # A reason kube-scheduler can act on: the extender's grouped "N Code: sentence", or its own resource fit.
 REASON = re.compile(r"\b\d+ [A-Z][A-Za-z]+: |Insufficient nvidia\.com/")
 TERMINAL = ("Succeeded", "Failed")
-
-# Defects and holes of issue 25 that another branch fixes: an invariant that breaks because of one of
-# them is reported as an expected failure naming it, until that branch is merged.
-DEFECTS = {
-    "unshaped": "issue 25 hole: /mutate is failurePolicy Ignore and /validate denies unshaped GPU pods only in "
-                "shared and MIG namespaces, so a failed /mutate admits a GPU pod unshaped",
-    "quota": "issue 25 hole: the quota is hard only once the mirror's ResourceQuota exists and is counted",
-}
-
 
 @dataclass
 class World:
@@ -111,17 +102,7 @@ def make_world(e2e: E2E, tag: str) -> World:
             memory[name] = (device * int(labels["nvidia.com/gpu.count"]), device // replicas)
     world = World(group, exclusive, shared, {exclusive: {GPU: EXCLUSIVE_QUOTA}, shared: {SHARED: 12}, probe: {GPU: 1}},
                   {f"{group}-h100-unverified"}, capacity, memory, probe)
-    for ns in world.namespaces:
-        wait_mirrored(e2e, ns)
-    return world
-
-
-def wait_mirrored(e2e: E2E, namespace: str, timeout: float = 30.0) -> None:
-    """The quota mirror wrote the namespace's ResourceQuota and the quota controller counted it."""
-    def counted() -> bool:
-        r = e2e.api.http.get(f"/api/v1/namespaces/{namespace}/resourcequotas/gpu-placement")
-        return r.status_code == 200 and bool(r.json().get("status", {}).get("hard"))
-    wait_for(f"ResourceQuota {namespace}/gpu-placement mirrored and counted", counted, timeout=timeout)
+    return world  # e2e.namespace waited for each quota to be in force
 
 
 def _client(e2e: E2E, timeout: float) -> Api:
@@ -444,11 +425,12 @@ def _probe(e2e: E2E, world: World) -> None:
 
 
 def run_scenario(e2e: E2E, world: World, name: str, fault: Callable[[dict[str, Any]], None],
-                 known: tuple[str, ...] = (), warm: float = 6.0, tail: float = 6.0) -> Outcome:
+                 warm: float = 6.0, tail: float = 6.0) -> Outcome:
     """The burst and the checker, the fault `warm` s in; `fault(notes)` returns when the fault is over
     (notes: timings worth printing; notes["problems"]: the scenario's own findings). Asserts every
-    invariant; one that broke only by a defect named in `known` (keys of DEFECTS) is an xfail."""
+    invariant."""
     checker = Invariants(e2e, world).start()
+    restarts = watch_restarts(e2e)
     burst = Burst(e2e, world).start()
     notes: dict[str, Any] = {"problems": []}
     probe = threading.Thread(target=_probe, args=(e2e, world), daemon=True, name="probe")
@@ -482,6 +464,7 @@ def run_scenario(e2e: E2E, world: World, name: str, fault: Callable[[dict[str, A
         probe.join(timeout=SETTLE_S)
     checker.check()  # once more at the end
     checker.check_held()
+    notes["extender watch restarts"] = dict(watch_restarts(e2e) - restarts) or "none"
     probe_at = [t - ended for k, t in checker.bound_at.items() if k.startswith(f"{world.probe}/probe/")]
     outcome = Outcome(name, burst, checker, notes, ended - started, probe_at[0] if probe_at else None,
                       None if settled_at is None else settled_at - ended, unsettled, figures)
@@ -489,21 +472,31 @@ def run_scenario(e2e: E2E, world: World, name: str, fault: Callable[[dict[str, A
     print("\n" + outcome.line())
     for ns in world.namespaces:  # Pending pods would keep kube-scheduler retrying for the tests after
         e2e.api.delete(f"/api/v1/namespaces/{ns}")
-    _judge(outcome, known)
+    _judge(outcome)
     return outcome
 
 
-def _judge(outcome: Outcome, known: tuple[str, ...]) -> None:
+def _judge(outcome: Outcome) -> None:
     problems = outcome.problems()
-    if not problems:
-        return
-    text = "\n".join([f"scenario {outcome.name}: invariants broken", outcome.line()]
-                     + [f"  {key}: " + "\n    ".join(lines) for key, lines in problems.items()]
-                     + [f"  first answer of each kind: {outcome.burst.messages}"])
-    real = [key for key in problems if key not in known]
-    if real:
-        pytest.fail(text, pytrace=False)
-    pytest.xfail("; ".join(DEFECTS[key] for key in problems) + "\n" + text)
+    if problems:
+        pytest.fail("\n".join([f"scenario {outcome.name}: invariants broken", outcome.line()]
+                              + [f"  {key}: " + "\n    ".join(lines) for key, lines in problems.items()]
+                              + [f"  first answer of each kind: {outcome.burst.messages}"]), pytrace=False)
+
+
+def watch_restarts(e2e: E2E) -> Counter[str]:
+    """The leading extender's watch restarts so far, by cause (every kind summed): what its logs and
+    gpu_placement_watch_restarts_total show an operator of each fault."""
+    try:
+        text = httpx.get(f"{e2e.extender_url()}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return Counter()
+    out: Counter[str] = Counter()
+    for line in text.splitlines():
+        if line.startswith("gpu_placement_watch_restarts_total{"):
+            cause = re.search(r'cause="([^"]*)"', line)
+            out[cause.group(1) if cause else "?"] += int(float(line.rsplit(" ", 1)[1]))
+    return out
 
 
 def lease_holder(e2e: E2E, name: str) -> str:

@@ -17,19 +17,12 @@ import signal
 import time
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.e2e.conftest import E2E
-from tests.e2e.faults import make_world, run_scenario
+from tests.e2e.faults import make_world, run_scenario, watch_restarts
 
 PAUSE_S = float(os.environ.get("E2E_PAUSE_S", "130"))  # past WatchSettings.client_timeout (120 s)
-
-
-def stalled_watches(e2e: E2E) -> float:
-    text = httpx.get(f"{e2e.extender_url()}/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("gpu_placement_watch_restarts_total{") and 'cause="stalled"' in line)
 
 
 @pytest.mark.timeout(420)
@@ -48,7 +41,7 @@ def test_api_server_paused_past_the_watch_read_timeout(e2e: E2E) -> None:
     apiserver = e2e.plane.procs["kube-apiserver"]
 
     def fault(notes: dict[str, Any]) -> None:
-        before = stalled_watches(e2e)
+        before = watch_restarts(e2e)["stalled"]
         apiserver.signal(signal.SIGSTOP)
         try:
             time.sleep(PAUSE_S)
@@ -57,7 +50,7 @@ def test_api_server_paused_past_the_watch_read_timeout(e2e: E2E) -> None:
         t0 = time.monotonic()
         e2e.plane.wait_api_ready()
         notes[f"paused {PAUSE_S:.0f} s; API ready"] = time.monotonic() - t0
-        stalled = stalled_watches(e2e) - before
+        stalled = watch_restarts(e2e)["stalled"] - before
         notes["extender watches given up as stalled"] = f"{stalled:.0f}"
         if not stalled:
             notes["problems"].append("no watch of the extender noticed the silence (cause=stalled)")
