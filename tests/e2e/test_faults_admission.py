@@ -60,6 +60,9 @@ def test_webhook_replica_holding_the_quota_mirror_lease_killed_and_restarted(e2e
             world.unscheduled.add(fresh)  # its pods select no node: the quota is what is tested
             codes = at_once(e2e, fresh, "first")
             notes[f"new quota of {FRESH_QUOTA}, {FRESH_CREATES} creates at once"] = dict(codes)
+            if codes[201] and not e2e.quota_in_force(fresh, {GPU: FRESH_QUOTA}):
+                notes["problems"].append(f"{codes[201]} GPU pods admitted into {fresh} before the API server "
+                                         "enforced its quota (only QuotaPending is right then)")
 
             def taken() -> bool:
                 pod = pod_by_pid(e2e.webhooks, "webhook", lease_holder(e2e, MIRROR_LEASE))
