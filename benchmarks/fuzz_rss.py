@@ -5,7 +5,8 @@ so the RSS it saw (69 to 147 MiB over 100,000 requests, issue 25) mixes the serv
 machinery. Here the service is a process of its own (`gpu-placement serve --snapshot`, both
 components, TLS for the webhook), sent the fuzz suite's hostile bodies (tests/test_fuzz_http.py:
 the same bases and mutations), each to one of /filter, /prioritize, /bind, /mutate and /validate;
-its RSS is read from /proc every SAMPLE requests. Every answer is checked as the fuzz suite checks it.
+its RSS is read from /proc every SAMPLE requests, and the number of series its /metrics holds (hostile
+input must not add label values). Every answer is checked as the fuzz suite checks it.
 
     .venv/bin/python benchmarks/fuzz_rss.py [--requests 100000]
 
@@ -110,7 +111,9 @@ def main() -> None:
             if sent[0] % SAMPLE == 0:
                 curve.append((sent[0], _rss_mib(server.pid)))
                 rate = sent[0] / (time.monotonic() - t0)
-                print(f"{sent[0]:>7} requests  RSS {curve[-1][1]:6.1f} MiB  ({rate:.0f}/s)", flush=True)
+                series = len([line for line in ext.get("/metrics").text.splitlines() if not line.startswith("#")])
+                print(f"{sent[0]:>7} requests  RSS {curve[-1][1]:6.1f} MiB  {series} metric series  ({rate:.0f}/s)",
+                      flush=True)
 
         examples()
     finally:
