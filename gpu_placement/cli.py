@@ -117,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "enforces it (default on; off in audit mode and with --snapshot)")
     serve.add_argument("--quota-lease", metavar="NAME", default="gpu-placement-quota-mirror",
                        help="Lease (in --namespace) that elects the one replica writing ResourceQuotas")
+    serve.add_argument("--dra-lease", metavar="NAME", default="gpu-placement-dra",
+                       help="Lease (in --namespace) that elects the one webhook replica writing DeviceTaintRules "
+                       "for unverified nodes' DRA devices (config dra.taints)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")
@@ -215,6 +218,11 @@ def _nodes(args: argparse.Namespace) -> int:
     core, _ = _core(args)
     print(f"configuration: {core.config_source}", file=sys.stderr)
     print(table(NODE_HEADER, node_rows(core.view)))
+    if core.view.dra.nodes():
+        from gpu_placement.dra.devices import DEVICE_HEADER, device_rows
+
+        print(f"\nDRA devices ({core.config.dra.driver}), with their taints: the driver's own and gpu-placement's")
+        print(table(DEVICE_HEADER, device_rows(core.view, core.config)))
     return 0
 
 

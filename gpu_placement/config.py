@@ -16,7 +16,7 @@ import yaml
 from gpu_placement.names import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from gpu_placement.selectors import LabelSelector, SelectorError
 
-__all__ = ["Config", "ConfigError", "Pool", "Scoring", "Telemetry", "Validator", "load_config", "parse_config"]
+__all__ = ["Config", "ConfigError", "Dra", "Pool", "Scoring", "Telemetry", "Validator", "load_config", "parse_config"]
 
 Toleration = dict[str, Any]
 
@@ -55,6 +55,16 @@ class Telemetry:
     xid_window_seconds: float = 600.0  # an XID event this recent lowers a node's score
 
 
+@dataclass(slots=True, frozen=True)
+class Dra:
+    """Dynamic Resource Allocation (CONTRACT.md section 13); off where resource.k8s.io is not served."""
+
+    driver: str = "gpu.nvidia.com"
+    device_classes: tuple[str, ...] = ("gpu.nvidia.com", "mig.nvidia.com")
+    taint_effect: str = "NoSchedule"  # None: a dry run; NoExecute evicts (docs/dra.md says what that means)
+    taints: bool = True  # write DeviceTaintRules for unverified nodes
+
+
 _DEFAULT_TOLERATIONS: tuple[Toleration, ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
 )
@@ -75,6 +85,7 @@ class Config:
     scoring: Scoring = field(default_factory=Scoring)
     telemetry: Telemetry = field(default_factory=Telemetry)
     reservation_ttl_seconds: float = 60.0
+    dra: Dra = field(default_factory=Dra)
 
     def is_gpu_resource(self, name: str) -> bool:
         return name in self.gpu_resources or name == self.shared_resource or name.startswith(MIG_RESOURCE_PREFIX)
@@ -101,6 +112,7 @@ def parse_config(data: Any) -> Config:
     scoring = _Section(top.take("scoring", dict, {}), "scoring.")
     weights = _Section(scoring.take("weights", dict, {}), "scoring.weights.")
     telemetry = _Section(top.take("telemetry", dict, {}), "telemetry.")
+    dra = _Section(top.take("dra", dict, {}), "dra.")
     config = Config(
         scheduler_name=_name(top.take("schedulerName", str, "gpu-placement"), "schedulerName"),
         gpu_resources=tuple(top.take_list("gpuResources", str, [GPU_RESOURCE])),
@@ -130,8 +142,15 @@ def parse_config(data: Any) -> Config:
             xid_window_seconds=telemetry.take_seconds("xidWindowSeconds", 600.0),
         ),
         reservation_ttl_seconds=top.take_seconds("reservationTTLSeconds", 60.0),
+        dra=Dra(
+            driver=_name(dra.take("driver", str, "gpu.nvidia.com"), "dra.driver"),
+            device_classes=tuple(_name(c, "dra.deviceClasses[]") for c in
+                                 dra.take_list("deviceClasses", str, ["gpu.nvidia.com", "mig.nvidia.com"])),
+            taint_effect=dra.take_choice("taintEffect", ("NoSchedule", "None", "NoExecute"), "NoSchedule"),
+            taints=dra.take("taints", bool, True),
+        ),
     )
-    for section in (top, validator, scoring, weights, telemetry):
+    for section in (top, validator, scoring, weights, telemetry, dra):
         section.reject_unknown()
     if not config.gpu_resources:
         raise ConfigError("gpuResources must name at least one resource, e.g. [nvidia.com/gpu]")

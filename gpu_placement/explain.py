@@ -202,7 +202,7 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None, show_all
     if show_all or len(found.verdicts) <= _FULL_TABLE_UP_TO:
         lines += [f"  {node}: {rule}" for node, rule in found.cuda_rules.items()]
         lines += ["", table(VERDICT_HEADER, verdict_rows(found.verdicts))]
-        return "\n".join(lines + _preemption(core, found, admission.pod))
+        return "\n".join(lines + _devices(core, found, admission.pod) + _preemption(core, found, admission.pod))
     passing = [v for v in found.verdicts if v.passed]
     if passing:
         top = sorted(passing, key=lambda v: (-v.score, v.node))[:_CANDIDATES]
@@ -223,7 +223,21 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None, show_all
                 lines.append(f"          {verdict.node}" + (f"  [{verdict.detail}]" if verdict.detail else ""))
             if len(members) > len(shown):
                 lines.append(f"          ... and {len(members) - len(shown)} more")
-    return "\n".join(lines + _preemption(core, found, admission.pod))
+    return "\n".join(lines + _devices(core, found, admission.pod) + _preemption(core, found, admission.pod))
+
+
+def _devices(core: Core, found: Explanation, pod: dict[str, Any]) -> list[str]:
+    """A DRA pod: the devices its claims could take on the nodes that pass (the best candidates)."""
+    if not found.req.claims:
+        return []
+    from gpu_placement.dra.devices import CANDIDATE_HEADER, candidate_rows
+
+    passing = [v.node for v in sorted((v for v in found.verdicts if v.passed), key=lambda v: (-v.score, v.node))]
+    namespace = found.pod.split("/", 1)[0]
+    rows = candidate_rows(core.view, core.config, found.req, namespace, pod.get("spec") or {},
+                          passing[:_CANDIDATES])
+    return ["", f"DRA devices its claims could take ({core.config.dra.driver}; the scheduler's allocator picks):",
+            table(CANDIDATE_HEADER, rows)] if rows else []
 
 
 def _about(context: Context) -> list[str]:

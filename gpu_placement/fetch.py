@@ -14,6 +14,8 @@ from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
 
 from gpu_placement import kube
+from gpu_placement.dra.discovery import discover
+from gpu_placement.dra.state import DRA_BY_KIND
 
 __all__ = ["ClusterAccess", "FetchError", "connect", "fetch_labelled", "fetch_objects", "fetch_pod"]
 
@@ -54,10 +56,17 @@ def connect(kubeconfig: str | None, context: str | None) -> ClusterAccess:
 
 
 def fetch_objects(access: ClusterAccess, page_size: int = 500) -> list[dict[str, Any]]:
-    """Every namespace, node and pod, each with its `kind` set (list items carry none), paged as
-    kubectl pages them."""
+    """Every namespace, node and pod (and the DRA objects where resource.k8s.io is served), each with its
+    `kind` set (list items carry none), paged as kubectl pages them."""
     objects: list[dict[str, Any]] = []
-    for kind, path in _LISTS:
+    lists = list(_LISTS)
+    try:
+        dra = discover(access.api)
+    except (kube.ApiError, urllib3.exceptions.HTTPError) as exc:
+        raise FetchError(f"discovery of resource.k8s.io (context {access.context}): {exc}") from None
+    if dra.served:  # DRA: the devices per node and the claims, as the service's view reads them
+        lists += [(kind, dra.path(plural)) for kind, plural in DRA_BY_KIND.items()]
+    for kind, path in lists:
         token = ""
         while True:
             query: list[tuple[str, str | int | bool]] = [("limit", page_size)]

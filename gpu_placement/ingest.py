@@ -7,6 +7,7 @@ from typing import Any
 
 from gpu_placement.budgets import budget_from_json, budget_key
 from gpu_placement.config import Config
+from gpu_placement.dra.state import DRA_BY_KIND, DRA_KINDS
 from gpu_placement.namespaces import NamespaceRecord, namespace_from_json
 from gpu_placement.nodes import NodeFacts, node_from_json
 from gpu_placement.pods import PodRecord, pod_from_json, pod_key, resource_version
@@ -60,6 +61,10 @@ class Ingest:
             view.replace_pods({pod.key: pod for pod in map(self.pod, objects)})
         elif kind == "namespaces":
             view.replace_namespaces(self.namespace(obj) for obj in objects)
+        elif kind in DRA_KINDS:
+            view.dra.replace(kind, list(objects))
+            with view.lock:
+                view.listed.add(kind)
         elif kind in OBJECT_KINDS:
             key_of, record = OBJECT_KINDS[kind]
             view.replace_objects(kind, {key_of(obj): record(obj) for obj in objects})
@@ -97,6 +102,8 @@ class Ingest:
             view.delete_pod(key, str(meta.get("uid") or "")) if deleted else view.upsert_pod(self.pod(obj))
         elif kind == "namespaces":
             view.delete_namespace(name) if deleted else view.upsert_namespace(self.namespace(obj))
+        elif kind in DRA_KINDS:
+            view.dra.event(kind, event_type, obj)
         elif kind in OBJECT_KINDS:
             key_of, record = OBJECT_KINDS[kind]
             view.delete_object(kind, key_of(obj)) if deleted else view.upsert_object(kind, key_of(obj), record(obj))
@@ -105,4 +112,5 @@ class Ingest:
 
     @staticmethod
     def kind_of(obj: Mapping[str, Any]) -> str | None:
-        return _BY_KIND.get(str(obj.get("kind") or ""))
+        kind = str(obj.get("kind") or "")
+        return _BY_KIND.get(kind) or DRA_BY_KIND.get(kind)

@@ -23,7 +23,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,13 +89,18 @@ class LiveSource:
     """Feeds `view` from the API server behind `api_client`. `start()` once, `stop()` once."""
 
     def __init__(self, view: ClusterView, ingest: Ingest, api_client: ApiClient,
-                 settings: WatchSettings | None = None, kinds: tuple[str, ...] = KINDS) -> None:
+                 settings: WatchSettings | None = None, kinds: tuple[str, ...] = KINDS,
+                 paths: Mapping[str, str] | None = None, selectors: Mapping[str, str] | None = None) -> None:
+        """`paths`, `selectors`: where kinds beyond the core three are served (the DRA kinds, found by
+        discovery), and a fieldSelector per kind."""
         self.view = view
         self.ingest = ingest
         self.api = api_client
         self.settings = settings or WatchSettings()
         self.kinds = kinds
-        self._states = {kind: _Kind(kind, _PATHS[kind], _SELECTORS.get(kind), counters={
+        every = {**_PATHS, **(paths or {})}
+        chosen = {**_SELECTORS, **(selectors or {})}
+        self._states = {kind: _Kind(kind, every[kind], chosen.get(kind), counters={
             t: metrics.WATCH_EVENTS.labels(kind, t) for t in _EVENT_TYPES}) for kind in kinds}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -288,7 +293,8 @@ class LiveSource:
         return body
 
     def _count(self, kind: str) -> int:
-        return len(getattr(self.view, kind))
+        table = getattr(self.view, kind, None)
+        return len(table) if table is not None else self.view.dra.count(kind)
 
     def _freeze_once(self) -> None:
         """Once every kind's first list is in (the pods' being by far the largest), move the heap built
@@ -463,7 +469,8 @@ def _classify(error: ApiError, listing: bool) -> _Restart:
     if error.status in (401, 403):
         hint = (" (RBAC: the service needs list and watch on namespaces, nodes and pods; the extender on "
                 "policy's poddisruptionbudgets; the webhook's quota mirror on the resourcequotas named "
-                f"{MIRROR_NAME})" if error.status == 403 else "")
+                f"{MIRROR_NAME}; both on resource.k8s.io's resourceslices, deviceclasses, resourceclaims and "
+                "resourceclaimtemplates where DRA is served)" if error.status == 403 else "")
         return _Restart("refused", f"{error}{hint}", failed=True)
     return _Restart("refused", str(error), failed=True, relist=True)
 

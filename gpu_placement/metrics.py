@@ -61,6 +61,24 @@ NAMESPACE_READS = Counter("gpu_placement_namespace_reads",
                           "GETs of a namespace the view lacked when one of its pods was admitted, by outcome.",
                           ["outcome"])
 
+# The DRA taint controller (gpu_placement/dra/taints.py): DeviceTaintRules for unverified nodes' devices.
+DRA_TAINT_LEADING = Gauge("gpu_placement_dra_taint_leading",
+                          "1 on the replica that holds the DRA taint controller's Lease (and writes), else 0.",
+                          ["lease"])
+DRA_TAINT_SERVED = Gauge("gpu_placement_dra_taint_rules_served",
+                         "1 when the API server serves DeviceTaintRules; 0: only the extender keeps DRA pods off "
+                         "unverified nodes.")
+DRA_TAINT_RULES = Gauge("gpu_placement_dra_taint_rules", "DeviceTaintRules gpu-placement keeps now (the leader's).")
+DRA_TAINTED_DEVICES = Gauge("gpu_placement_dra_tainted_devices",
+                            "Devices under gpu-placement's DeviceTaintRules, by reason (the taint value) and effect.",
+                            ["reason", "effect"])
+DRA_TAINT_HOLDS = Gauge("gpu_placement_dra_taint_holds",
+                        "Unverified nodes left untainted while their validator pod waits for a device.")
+DRA_TAINT_WRITES = Counter("gpu_placement_dra_taint_writes",
+                           "DeviceTaintRule creates, updates and deletes by gpu-placement, by outcome.",
+                           ["action", "outcome"])
+DRA_TAINT_SUCCESS = Gauge("gpu_placement_dra_taint_last_success_timestamp_seconds",
+                          "Unix time of the DRA taint controller's last turn without an API error.", ["lease"])
 TELEMETRY_SKIPPED = Counter("gpu_placement_telemetry_samples_skipped",
                             "DCGM telemetry samples skipped, each alone, by why: non_finite (NaN or Inf), malformed.",
                             ["reason"])

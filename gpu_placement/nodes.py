@@ -52,6 +52,7 @@ class NodeFacts:
     allocatable: dict[str, int]
     problems: dict[str, str]  # label -> what is wrong with its value
     pool: str | None = None  # the first configured pool whose nodeSelector the node's labels match
+    dra_devices: int = 0  # devices the DRA driver publishes for the node (its ResourceSlices), see gpu_placement.dra
 
     def unit_memory(self, resource: str) -> int | None:
         """MiB that one unit of `resource` stands for on this node (a whole GPU, a share, a MIG slice)."""

@@ -20,6 +20,7 @@ from gpu_placement.config import Config
 from gpu_placement.nodes import NodeFacts
 from gpu_placement.requirements import Requirements, requirements_for
 from gpu_placement.rules import (
+    DRA_DEVICES,
     UNKNOWN_NODE,
     Need,
     Rejection,
@@ -136,7 +137,9 @@ class Placement:
     # -- requests ------------------------------------------------------------------------------
     def requirements(self, pod: Mapping[str, Any]) -> Requirements:
         namespace = (pod.get("metadata") or {}).get("namespace") or "default"
-        return requirements_for(pod, self.view.namespaces.get(namespace), self.config.is_gpu_resource)
+        dra = self.view.dra
+        return requirements_for(pod, self.view.namespaces.get(namespace), self.config.is_gpu_resource,
+                                dra if dra.active else None)
 
     def filter(self, req: Requirements, names: Sequence[str]) -> FilterResult:
         """This kind's answer for these names: its last one while no verdict it depends on changed,
@@ -420,6 +423,10 @@ class Placement:
         view = self.view
         fills = []
         for resource, units, mib in need:
+            if resource == DRA_DEVICES:  # devices the DRA allocator gives: how many claims hold already
+                total = view.nodes[name].dra_devices
+                fills.append(min(1.0, (len(view.dra.used_on(name)) + 1) / total) if total else 0.0)
+                continue
             capacity = view.capacity_mib.get(resource, _NO_NODES).get(name)
             free = view.free_mib.get(resource, _NO_NODES).get(name)
             if mib is None or not capacity or free is None:  # memory unknown: count devices instead
@@ -446,6 +453,10 @@ class Placement:
             return ""
         parts = []
         for resource, units, mib in entry:  # type: ignore[union-attr]
+            if resource == DRA_DEVICES:
+                parts.append(f"{len(self.view.dra.used_on(name))} of {self.view.nodes[name].dra_devices} "
+                             f"{self.config.dra.driver} devices held by claims (DRA allocates)")
+                continue
             free_units = self.view.free_units.get(resource, _NO_NODES).get(name, 0)
             free_mib = self.view.free_mib.get(resource, _NO_NODES).get(name)
             memory = f", needs {mib} MiB of {free_mib} MiB free" if mib is not None and free_mib is not None else ""

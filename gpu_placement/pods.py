@@ -38,6 +38,8 @@ class PodRecord:
     memory_annotation: str | None  # raw gpu-placement.io/gpu-memory; parsed where it is charged
     validator_ready: bool | None  # None: not a GPU Operator validator pod
     priority: int = 0  # spec.priority (set by the API server from the PriorityClass): who may preempt whom
+    waits_for: str | None = None  # a validator pod not bound yet: the node its DaemonSet made it for
+    claims: bool = False  # a validator pod that takes a device through a ResourceClaim (GPU Operator's DRA validator)
     # GPU pods only (the rest are never weighed against a PodDisruptionBudget or held for): their labels,
     # for the budgets that select them, and status.nominatedNodeName while unbound (preemption made room).
     labels: tuple[tuple[str, str], ...] = ()
@@ -68,6 +70,7 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         gpus = effective_gpu_requests(spec, is_gpu_resource)
     except QuantityError:
         gpus = ()  # the API server validates quantities; a broken one cannot have been scheduled
+    waits_for = _daemon_node(spec) if validator_ready is not None and not spec.get("nodeName") else None
     node = sys.intern(spec["nodeName"]) if spec.get("nodeName") else None
     nominated = status.get("nominatedNodeName") if gpus and not node else None
     return PodRecord(
@@ -80,6 +83,8 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         memory_annotation=(meta.get("annotations") or {}).get(n.ANN_GPU_MEMORY),
         validator_ready=validator_ready,
         priority=pod_priority(spec),
+        waits_for=waits_for,
+        claims=validator_ready is not None and bool(spec.get("resourceClaims")),
         labels=_labels(labels) if gpus and labels else (),
         nominated=sys.intern(nominated) if isinstance(nominated, str) and nominated else None,
         version=resource_version(meta),
@@ -96,6 +101,19 @@ def _labels(labels: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(labels, Mapping):
         return ()
     return tuple(sorted((sys.intern(str(key)), str(value)) for key, value in labels.items()))
+
+
+def _daemon_node(spec: Mapping[str, Any]) -> str | None:
+    """The node a DaemonSet pod is for: the controller pins each pod with a required node affinity term
+    `matchFields metadata.name In [node]` (pkg/controller/daemon/util ReplaceDaemonSetPodNodeNameNodeAffinity)."""
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    for term in required.get("nodeSelectorTerms") or ():
+        for requirement in term.get("matchFields") or ():
+            values = requirement.get("values") or ()
+            if requirement.get("key") == "metadata.name" and requirement.get("operator") == "In" and len(values) == 1:
+                return str(values[0])
+    return None
 
 
 def pod_priority(spec: Mapping[str, Any]) -> int:

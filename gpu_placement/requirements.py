@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_placement import names as n
 from gpu_placement.cuda import Version, format_version, parse_version
@@ -20,6 +20,9 @@ from gpu_placement.pods import GpuRequests, effective_gpu_requests
 from gpu_placement.quantity import QuantityError, quantity_to_mib
 from gpu_placement.sharing import EXCLUSIVE, Sharing, narrowed, parse_sharing
 from gpu_placement.text import MAX_ANNOTATION_VALUE, quoted
+
+if TYPE_CHECKING:
+    from gpu_placement.dra.state import DraState
 
 __all__ = ["AnnotationError", "Requirements", "infer_cuda", "parse_memory", "requirements_for"]
 
@@ -42,13 +45,17 @@ class Requirements:
     sharing: str = "exclusive"  # the pod's sharing level (namespace's, narrowed by the pod): exclusive, shared, mig-<p>
     image_cuda: CudaNeed | None = None  # what the images need, as the container runtime reads it
     error: str | None = None  # a broken annotation or request: no node can be chosen until it is fixed
+    claims: tuple[str, ...] = ()  # GPU device classes its ResourceClaims request (DRA: gpu_placement.dra)
+    dra_resources: frozenset[str] = frozenset()  # of `gpus`, those a DeviceClass serves where a node lacks them
 
     @property
     def wants_gpu(self) -> bool:
-        return bool(self.gpus) or self.error is not None
+        return bool(self.gpus) or bool(self.claims) or self.error is not None
 
     def describe(self) -> str:
-        parts = [", ".join(f"{count}x {res}" for res, count in self.gpus) or "no GPU"]
+        asked = [f"{count}x {res}" + (" (or DRA)" if res in self.dra_resources else "") for res, count in self.gpus]
+        asked += [f"a ResourceClaim for {cls}" for cls in self.claims]
+        parts = [", ".join(asked) or "no GPU"]
         if self.memory_mib is not None:
             parts.append(f"{self.memory_mib} MiB per device ({self.memory_source})")
         if self.cuda is not None:
@@ -67,7 +74,7 @@ class Requirements:
 
 
 def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
-                     is_gpu_resource: Callable[[str], bool]) -> Requirements:
+                     is_gpu_resource: Callable[[str], bool], dra: DraState | None = None) -> Requirements:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     where = f"pod {meta.get('namespace') or 'default'}/{meta.get('name') or meta.get('generateName') or '?'}"
@@ -75,7 +82,19 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
         gpus = effective_gpu_requests(spec, is_gpu_resource)
     except QuantityError as exc:
         return Requirements(error=f"BadRequest: a GPU request of {where} is not a quantity: {exc}")
-    if not gpus:
+    claims: tuple[str, ...] = ()
+    dra_resources: frozenset[str] = frozenset()
+    if dra is not None:
+        if spec.get("resourceClaims"):
+            found = dra.pod_claims(str(meta.get("namespace") or "default"), spec)
+            if found.missing is not None:
+                return Requirements(gpus, error=f"UnknownClaim: {where} uses {found.missing}, which is not in "
+                                                "gpu-placement's view yet (just created, or deleted); kube-scheduler "
+                                                "retries the pod")
+            claims = found.classes
+        if gpus:
+            dra_resources = dra.backed(res for res, _ in gpus)
+    if not gpus and not claims:
         return Requirements()
     pod_ann: Mapping[str, str] = meta.get("annotations") or {}
     ns_ann: Mapping[str, str] = namespace.annotations if namespace else {}
@@ -95,10 +114,10 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
         level, _ = _first({}, ns_ann, n.ANN_SHARING, where, ns_where, _parse_sharing)
         asked, _ = _first(pod_ann, {}, n.ANN_SHARING, where, "", _parse_sharing)
     except AnnotationError as exc:
-        return Requirements(gpus=gpus, error=f"BadAnnotation: {exc}")
+        return Requirements(gpus=gpus, error=f"BadAnnotation: {exc}", claims=claims)
     level = narrowed(level or EXCLUSIVE, asked)
     return Requirements(gpus, memory, memory_source, cuda, cuda_source, compat == "minor",
-                        min_driver, min_compute, products, level.text, image_cuda)
+                        min_driver, min_compute, products, level.text, image_cuda, None, claims, dra_resources)
 
 
 def _first(pod_ann: Mapping[str, str], ns_ann: Mapping[str, str], key: str, where: str, ns_where: str,

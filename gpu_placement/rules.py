@@ -11,7 +11,7 @@ verdict out, no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpu_placement import names as n
 from gpu_placement.config import Config
@@ -31,6 +31,7 @@ __all__ = [
     "charge",
     "check_node",
     "cuda_rule",
+    "dra_readiness",
     "insufficient_memory",
     "insufficient_units",
     "node_readiness",
@@ -53,9 +54,13 @@ INSUFFICIENT_GPU = "InsufficientGPU"
 UNKNOWN_NODE = "UnknownNode"
 BAD_ANNOTATION = "BadAnnotation"
 SHARING_MISMATCH = "SharingMismatch"
+UNKNOWN_CLAIM = "UnknownClaim"
 CODES = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING, SHARING_MISMATCH, BAD_LABEL,
          UNKNOWN_DRIVER, DRIVER_TOO_OLD, COMPUTE_CAPABILITY, PRODUCT_MISMATCH, UNKNOWN_GPU_MEMORY,
-         INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU, UNKNOWN_NODE, BAD_ANNOTATION)
+         INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU, UNKNOWN_NODE, BAD_ANNOTATION, UNKNOWN_CLAIM)
+# The DRA allocator owns devices: a pod's DRA part is judged by the node rules only, and stands in a
+# Need as this one entry (0 units, no memory: nothing to fit or reserve; scoring counts devices in use).
+DRA_DEVICES = "resource.k8s.io/devices"
 # Preemption can free memory and devices on a node; it cannot install a driver, validate a node, or
 # make a device bigger than it is. Static rules therefore never reject as resolvable.
 RESOLVABLE = frozenset({INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU})
@@ -89,28 +94,74 @@ def check_node(node: NodeFacts, validator: ValidatorState, req: Requirements, co
     """The verdict that does not depend on what else runs on the node: readiness, compatibility,
     and whether one device can ever hold the ask. Otherwise, what the pod will take (`Need`)."""
     if req.error is not None:
-        return Rejection(BAD_ANNOTATION, req.error)
+        code = req.error.split(":", 1)[0]
+        return Rejection(code if code in CODES else BAD_ANNOTATION, req.error)
+    if req.claims or req.dra_resources:
+        plugin = tuple((res, count) for res, count in req.gpus if not _served_by_dra(node, req, res))
+        if req.claims or len(plugin) < len(req.gpus):
+            return _check_dra(node, validator, req, replace(req, gpus=plugin), config)
     return (_readiness(node, validator, req, config) or _sharing_fit(node, req, config) or _image_cuda_fit(node, req)
             or _compatibility(node, req) or _label_problems(node, req) or _device_fit(node, req))
+
+
+def _served_by_dra(node: NodeFacts, req: Requirements, resource: str) -> bool:
+    """DRAExtendedResource: a resource a DeviceClass maps is allocated through DRA on a node whose
+    allocatable lacks it (kube-scheduler, dynamicresources/extendeddynamicresources.go filterExtendedResources)."""
+    return resource in req.dra_resources and node.allocatable.get(resource, 0) == 0
+
+
+def _check_dra(node: NodeFacts, validator: ValidatorState, req: Requirements, plugin: Requirements,
+               config: Config) -> Rejection | Need:
+    """A pod that takes devices through DRA here: the node rules and what its images need, never unit
+    or memory fit (the DRA allocator owns devices); its device-plugin part, if any, as always."""
+    plugin_part = plugin.gpus and (_readiness(node, validator, plugin, config) or _sharing_fit(node, plugin, config))
+    rejection = (dra_readiness(node, validator, config) or plugin_part or _image_cuda_fit(node, req)
+                 or _compatibility(node, req) or _label_problems(node, req))
+    if rejection:
+        return rejection
+    fit = _device_fit(node, plugin) if plugin.gpus else ()
+    return fit if isinstance(fit, Rejection) else (*fit, (DRA_DEVICES, 0, None))
+
+
+def dra_readiness(node: NodeFacts, validator: ValidatorState, config: Config) -> Rejection | None:
+    """Whether the node can give any device through DRA: the node-level rules, with its devices
+    counted from its ResourceSlices instead of the device plugin's allocatable."""
+    return (_node_up(node) or (None if node.dra_devices else _reject(
+        NO_GPU, f"no ResourceSlice of {config.dra.driver} publishes devices for the node (its DRA kubelet plugin "
+                "is not running, or found no GPU)")) or _gpu_stack(node, validator, config))
 
 
 def node_readiness(node: NodeFacts, validator: ValidatorState, config: Config) -> Rejection | None:
     """Whether the node can take any GPU pod at all: the readiness rules for its own GPU resources."""
     offered = tuple((res, 1) for res, count in sorted(node.allocatable.items()) if count > 0)
+    if not offered and node.dra_devices:  # a node whose GPUs only DRA gives
+        return dra_readiness(node, validator, config)
     return _readiness(node, validator, Requirements(gpus=offered or (("nvidia.com/gpu", 1),)), config)
 
 
 def _readiness(node: NodeFacts, validator: ValidatorState, req: Requirements, config: Config) -> Rejection | None:
-    if not node.ready:
-        whose = "the node's " if node.ready_message.startswith("Ready") else "the node "
-        return _reject(NODE_NOT_READY, whose + node.ready_message)
-    if node.unschedulable:
-        return _reject(NODE_NOT_READY, "the node is cordoned (spec.unschedulable); uncordon it when it is healthy")
+    rejection = _node_up(node)
+    if rejection:
+        return rejection
     if not node.gpu_present:
         return _reject(NO_GPU, f"no {n.GPU_PRESENT}=true label on the node (GPU Feature Discovery found no GPU)")
     for resource, _count in req.gpus:
         if node.allocatable.get(resource, 0) == 0:
             return _reject(NO_GPU, _no_resource(node, resource))
+    return _gpu_stack(node, validator, config)
+
+
+def _node_up(node: NodeFacts) -> Rejection | None:
+    if not node.ready:
+        whose = "the node's " if node.ready_message.startswith("Ready") else "the node "
+        return _reject(NODE_NOT_READY, whose + node.ready_message)
+    if node.unschedulable:
+        return _reject(NODE_NOT_READY, "the node is cordoned (spec.unschedulable); uncordon it when it is healthy")
+    return None
+
+
+def _gpu_stack(node: NodeFacts, validator: ValidatorState, config: Config) -> Rejection | None:
+    """The GPU Operator's word on the node: validated, no driver upgrade, no MIG change under way."""
     if config.validator.required:
         where = f"(namespace {config.validator.namespace}, {config.validator.selector.text})"
         if validator.pod is None:

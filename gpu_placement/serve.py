@@ -91,6 +91,7 @@ def serve(args: argparse.Namespace) -> int:
             servers.append(make_server(core.webhook_app(), host, port, tls=tls))
             _track_expiry("webhook", tls)
             _start_quota_mirror(args, core)
+            _start_dra_taints(args, core)
             log.info("webhook listening on https://%s:%d", host, port)
         run_servers(servers)
     finally:
@@ -126,6 +127,22 @@ def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:
                          MirrorSettings(lease_name=args.quota_lease))
     mirror.start()
     core.stoppers.append(mirror.stop)
+
+
+def _start_dra_taints(args: argparse.Namespace, core: Core) -> None:
+    """DeviceTaintRules for unverified nodes' DRA devices: its own Lease, in the webhook replicas."""
+    if core.api is None or not core.dra.served:
+        return  # no API server, or no resource.k8s.io: nothing to taint (the log said which at start)
+    if not core.config.dra.taints:
+        log.info("dra.taints is false: no DeviceTaintRules are written; only the extender guards DRA pods")
+        return
+    from gpu_placement.dra.taints import TaintController, TaintSettings
+
+    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "gpu-placement"
+    controller = TaintController(core.api, core.view, core.config, namespace, f"{socket.gethostname()}-{os.getpid()}",
+                                 TaintSettings(lease_name=getattr(args, "dra_lease", "gpu-placement-dra")))
+    controller.start()
+    core.stoppers.append(controller.stop)
 
 
 def _track_expiry(listener: str, tls: Any) -> None:

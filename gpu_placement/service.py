@@ -6,6 +6,8 @@ This module and the CLI are the only ones that import both `extender` and `webho
 from __future__ import annotations
 
 import gc
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +21,16 @@ from extender.binding import Binder, SnapshotBinder
 from gpu_placement import metrics
 from gpu_placement.cluster_metrics import track_cluster
 from gpu_placement.config import Config
+from gpu_placement.dra.discovery import DraApi
+from gpu_placement.dra.state import DRA_KINDS
 from gpu_placement.ingest import FILE_KINDS, KINDS, Ingest
 from gpu_placement.placement import Placement
 from gpu_placement.snapshot import SnapshotSource
 from gpu_placement.view import ClusterView
 
-__all__ = ["Core", "core_from_cluster", "core_from_objects", "core_from_snapshot", "freeze_heap"]
+__all__ = ["Core", "core_from_cluster", "core_from_objects", "core_from_snapshot", "discover_dra", "freeze_heap"]
+
+log = logging.getLogger("gpu_placement.service")
 
 
 @dataclass(slots=True)
@@ -37,6 +43,7 @@ class Core:
     readiness: Callable[[], tuple[bool, str]]
     stoppers: list[Callable[[], None]] = field(default_factory=list)
     api: Any = None  # the kubernetes ApiClient when the view comes from an API server
+    dra: DraApi = field(default_factory=DraApi)  # what of resource.k8s.io the API server serves
     kinds: tuple[str, ...] = KINDS  # what the source lists and watches (ingest.OBJECT_KINDS where needed)
     config_source: str = "built-in defaults"  # where `config` came from, for commands that say so
 
@@ -97,13 +104,13 @@ def _core(config: Config, binder_for: Callable[[ClusterView], Binder]) -> Core:
 def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
     """A view of these objects only (the demo, tests): bindings are recorded in the view."""
     core = _core(config, SnapshotBinder)
-    by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in FILE_KINDS}
+    by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in (*FILE_KINDS, *DRA_KINDS)}
     for obj in objects:
         kind = Ingest.kind_of(obj)
         if kind is not None:
             by_kind[kind].append(obj)
     with core.view.lock:
-        for kind in FILE_KINDS:
+        for kind in (*FILE_KINDS, *(k for k in DRA_KINDS if by_kind[k])):
             core.ingest.replace(core.view, kind, by_kind[kind])
     metrics.heard_from_source()  # the objects are the source, listed in full
     metrics.SOURCE_UP.set(1)
@@ -127,6 +134,32 @@ def core_from_snapshot(config: Config, path: str | Path, watch: bool = False) ->
     return core
 
 
+def discover_dra(api: Any, tries: int = 5, wait: float = 2.0) -> DraApi:
+    """resource.k8s.io as the API server serves it, asked a few times: the view cannot start without
+    the API server anyway. Not served (or never answered): DRA stays off, and the log says so."""
+    import urllib3
+
+    from gpu_placement.dra.discovery import discover
+    from gpu_placement.kube import ApiError
+
+    for attempt in range(tries):
+        try:
+            found = discover(api)
+            break
+        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+            log.warning("discovery of resource.k8s.io failed (%s); attempt %d of %d", exc, attempt + 1, tries)
+            time.sleep(wait)
+    else:
+        log.error("resource.k8s.io could not be discovered: DRA objects are not read; restart to try again")
+        return DraApi()
+    if found.served:
+        log.info("DRA: resource.k8s.io/%s served: ResourceSlices, DeviceClasses, ResourceClaims and their templates "
+                 "are read; DeviceTaintRules at %s", found.version, found.taint_version or "none")
+    else:
+        log.info("DRA: resource.k8s.io is not served; GPU pods are judged by the device plugin's resources only")
+    return found
+
+
 def core_from_cluster(config: Config, kubeconfig: str | None, kinds: tuple[str, ...] = KINDS) -> Core:
     """List+watch a live API server (kubeconfig file, else in-cluster config); bind through it. `kinds`:
     KINDS and the OBJECT_KINDS the process's components need."""
@@ -137,10 +170,12 @@ def core_from_cluster(config: Config, kubeconfig: str | None, kinds: tuple[str, 
     api = load_api_client(kubeconfig)
     view = ClusterView(config)
     ingest = Ingest(config)
-    source = LiveSource(view, ingest, api, kinds=kinds)
+    dra = discover_dra(api)
+    source = LiveSource(view, ingest, api, kinds=(*kinds, *dra.paths()), paths=dra.paths(),
+                        selectors={"resourceslices": f"spec.driver={config.dra.driver}"})
     _track(view, config)
     core = Core(config, view, ingest, Placement(view, config), ApiBinder(api), source.readiness, api=api,
-                kinds=kinds)
+                kinds=(*kinds, *dra.paths()), dra=dra)
     source.start()
     core.stoppers.append(source.stop)
     return _with_telemetry(core)

@@ -16,6 +16,7 @@ import orjson
 import yaml
 
 from gpu_placement import metrics
+from gpu_placement.dra.state import DRA_KINDS
 from gpu_placement.ingest import FILE_KINDS, Ingest
 from gpu_placement.view import ClusterView
 
@@ -102,7 +103,7 @@ class SnapshotSource:
     def load(self) -> None:
         """Read the files and make the view match them; raises SnapshotError, keeping the old view."""
         stamp = self._fingerprint()
-        by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in FILE_KINDS}
+        by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in (*FILE_KINDS, *DRA_KINDS)}
         for obj in read_objects(self.path):
             kind = Ingest.kind_of(obj)
             if kind is not None:
@@ -115,6 +116,9 @@ class SnapshotSource:
         with self.view.lock:
             for kind in FILE_KINDS:
                 self.ingest.replace(self.view, kind, by_kind[kind])
+            for kind in DRA_KINDS:  # read only from a snapshot that has some (or had, to empty them)
+                if by_kind[kind] or kind in self.view.listed:
+                    self.ingest.replace(self.view, kind, by_kind[kind])
         self._stamp = stamp
         self.last_error = None
         metrics.heard_from_source()

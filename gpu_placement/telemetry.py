@@ -91,13 +91,17 @@ def readings_from(fb_free: str | bytes, xid: str | bytes, now: float) -> dict[st
         TELEMETRY_SKIPPED.labels(reason).inc(count)
         log.debug("telemetry: %d %s sample(s) of %s skipped", count, reason, FB_FREE)
     xids: dict[str, int] = {}
+    uuids: dict[str, set[str]] = {}
     for series in _vector(xid):
         metric = series.get("metric") if isinstance(series, dict) else None
         node = _node(metric) if isinstance(metric, dict) else None
         if node is not None:
             xids[node] = xids.get(node, 0) + 1
+            if metric.get("UUID"):
+                uuids.setdefault(node, set()).add(str(metric["UUID"]))
     return {node: Telemetry(sum(devices[node].values()) if node in devices else None, xids.get(node, 0), now,
-                            tuple(sorted(devices.get(node, {}).values(), reverse=True)))
+                            tuple(sorted(devices.get(node, {}).values(), reverse=True)),
+                            frozenset(uuids.get(node, ())))
             for node in devices.keys() | xids.keys()}
 
 

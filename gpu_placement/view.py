@@ -20,6 +20,7 @@ from functools import partial
 from typing import Any
 
 from gpu_placement.config import Config
+from gpu_placement.dra.state import DraState
 from gpu_placement.names import ANN_GPU_MEMORY
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.nodes import NodeFacts
@@ -57,6 +58,7 @@ class Telemetry:
     xid_errors: int  # devices with an XID event in the recent window
     at: float
     device_free_mib: tuple[int, ...] = ()  # each device's free framebuffer, largest first
+    xid_devices: frozenset[str] = frozenset()  # UUIDs of the devices with those XID events (DRA taints them)
 
 
 @dataclass(slots=True, frozen=True)
@@ -114,6 +116,8 @@ class ClusterView:
         self._free_listeners: list[Callable[[str], None]] = []
         self._pod_listeners: list[Callable[[str, PodRecord | None], None]] = []
         self._namespace_listeners: list[Callable[[str, NamespaceRecord | None], None]] = []
+        self.dra = DraState(config.dra, self.lock)  # devices claimed through DRA (gpu_placement.dra)
+        self.dra.subscribe(self._dra_devices_changed, self._dra_usage_changed)
 
     # -- reading -------------------------------------------------------------------------------
     def validator_state(self, node: str) -> ValidatorState:
@@ -166,6 +170,7 @@ class ClusterView:
     # -- nodes ---------------------------------------------------------------------------------
     def upsert_node(self, facts: NodeFacts) -> None:
         with self.lock:
+            facts = self.dra.merge(facts)  # what the node's ResourceSlices add to its labels
             old = self.nodes.get(facts.name)
             if old == facts:
                 return  # a heartbeat or a field the rules do not read
@@ -519,6 +524,18 @@ class ClusterView:
             self.free_units.setdefault(resource, {})[node] = units - used.units.get(resource, 0)
             self.free_mib.setdefault(resource, {})[node] = free
             self.capacity_mib.setdefault(resource, {})[node] = capacity
+        for listener in self._free_listeners:
+            listener(node)
+
+    def _dra_devices_changed(self, node: str) -> None:
+        """The node's ResourceSlices changed: its facts are merged again (labels first)."""
+        base = self.dra.label_facts(node) or self.nodes.get(node)
+        if base is not None:
+            self.upsert_node(base)
+
+    def _dra_usage_changed(self, node: str) -> None:
+        """Claims allocated or freed devices on the node: what is free there changed (scores)."""
+        self._touch()
         for listener in self._free_listeners:
             listener(node)
 

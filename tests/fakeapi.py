@@ -127,10 +127,27 @@ RESOURCES: tuple[Resource, ...] = (
     Resource(_ADMISSION, "v1", "validatingwebhookconfigurations", "validatingwebhookconfiguration",
              "ValidatingWebhookConfiguration", False),
 )
-_BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 _BY_NAME = {name.lower(): r for r in RESOURCES for name in (r.plural, r.singular, r.kind, *r.short_names)}
 _POD = _BY_NAME["pods"]
 _NAMESPACE = _BY_NAME["namespaces"]
+_DRA = "resource.k8s.io"
+
+
+def dra_resources(version: str | None, taint_rules: str | None) -> tuple[Resource, ...]:
+    """resource.k8s.io as a given Kubernetes serves it: `version` for slices, classes, claims and their
+    templates (1.34+: v1); `taint_rules` for DeviceTaintRules (1.37: v1, 1.36: v1beta2, 1.35: v1alpha3)."""
+    served: list[Resource] = []
+    if version:
+        served += [Resource(_DRA, version, "resourceslices", "resourceslice", "ResourceSlice", False,
+                            fields=("spec.driver", "spec.nodeName", "spec.pool.name")),
+                   Resource(_DRA, version, "deviceclasses", "deviceclass", "DeviceClass", False),
+                   Resource(_DRA, version, "resourceclaims", "resourceclaim", "ResourceClaim", True, has_status=True),
+                   Resource(_DRA, version, "resourceclaimtemplates", "resourceclaimtemplate", "ResourceClaimTemplate",
+                            True)]
+    if taint_rules:
+        served.append(Resource(_DRA, taint_rules, "devicetaintrules", "devicetaintrule", "DeviceTaintRule", False,
+                               has_status=True))
+    return tuple(served)
 _BOOL_FIELDS = frozenset({"spec.unschedulable", "spec.hostNetwork"})
 
 
@@ -520,7 +537,8 @@ class FakeApiServer:
 
     def __init__(self, token: str | None = None, *, bookmark_interval: float = 1.0, history_limit: int = 10_000,
                  namespaces: Iterable[str] = DEFAULT_NAMESPACES, default_watch_timeout: float = 1800.0,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+                 host: str = "127.0.0.1", port: int = 0, dra: str | None = None,
+                 taint_rules: str | None = None) -> None:
         self.token = token or secrets.token_urlsafe(24)
         self.bookmark_interval = bookmark_interval
         self.history_limit = history_limit
@@ -532,8 +550,12 @@ class FakeApiServer:
         self._lock = threading.RLock()
         self._rv = 1
         self._floor = 1  # events with rv > floor are in the history
-        self._objects: dict[Resource, dict[Key, Obj]] = {r: {} for r in RESOURCES}
-        self._keys: dict[Resource, list[Key]] = {r: [] for r in RESOURCES}
+        self.resources = RESOURCES + dra_resources(dra, taint_rules)
+        self._by_path = {(r.group, r.version, r.plural): r for r in self.resources}
+        self._by_name = {name.lower(): r for r in self.resources for name in (r.plural, r.singular, r.kind,
+                                                                              *r.short_names)}
+        self._objects: dict[Resource, dict[Key, Obj]] = {r: {} for r in self.resources}
+        self._keys: dict[Resource, list[Key]] = {r: [] for r in self.resources}
         self._events: list[_Event] = []
         self._event_rvs: list[int] = []
         self._watches: set[_Watch] = set()
@@ -899,9 +921,8 @@ class FakeApiServer:
             time.sleep(0.01)
 
     # -- the store ---------------------------------------------------------------------------------
-    @staticmethod
-    def _resource(kind: str) -> Resource:
-        res = _BY_NAME.get(kind.lower())
+    def _resource(self, kind: str) -> Resource:
+        res = self._by_name.get(kind.lower())
         if res is None:
             raise ValueError(f"the fake API server does not serve {kind!r}")
         return res
@@ -1062,8 +1083,7 @@ class FakeApiServer:
             return "deletecollection" if collection else "delete"
         return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
 
-    @staticmethod
-    def _route(path: str) -> _Target | None:
+    def _route(self, path: str) -> _Target | None:
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "v1"]:
             group, version, rest = "", "v1", parts[2:]
@@ -1075,14 +1095,14 @@ class FakeApiServer:
         if watch_path:
             rest = rest[1:]
         namespace = None
-        if len(rest) >= 3 and rest[0] == "namespaces" and ((group, version, rest[2]) in _BY_PATH or (
+        if len(rest) >= 3 and rest[0] == "namespaces" and ((group, version, rest[2]) in self._by_path or (
                 not group and rest[2] == "bindings")):
             namespace, rest = rest[1], rest[2:]
         if not rest or len(rest) > 3 or not all(rest):
             return None
         if namespace is not None and rest == ["bindings"]:
             return _Target(None, namespace, None, None, False)
-        res = _BY_PATH.get((group, version, rest[0]))
+        res = self._by_path.get((group, version, rest[0]))
         if res is None or (namespace is not None and not res.namespaced):
             return None
         name = rest[1] if len(rest) > 1 else None
@@ -1628,7 +1648,7 @@ class FakeApiServer:
     # -- HTTP: discovery ---------------------------------------------------------------------------
     def _discovery(self, path: str) -> Response:
         parts = path.strip("/").split("/")
-        groups = sorted({r.group for r in RESOURCES if r.group})
+        groups = sorted({r.group for r in self.resources if r.group})
         if parts == ["api"]:
             return self._json({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
                 {"clientCIDR": "0.0.0.0/0", "serverAddress": f"{self.host}:{self.port}"}]})
@@ -1638,16 +1658,18 @@ class FakeApiServer:
         if parts[0] == "apis" and len(parts) == 2 and parts[1] in groups:
             return self._json({"kind": "APIGroup", "apiVersion": "v1", **self._group(parts[1])})
         group_version = "v1" if parts == ["api", "v1"] else "/".join(parts[1:3]) if len(parts) == 3 else None
-        served = [r for r in RESOURCES if r.api_version == group_version]
+        served = [r for r in self.resources if r.api_version == group_version]
         if parts[0] in ("api", "apis") and served:
             return self._json({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
                                "resources": [entry for r in served for entry in self._resource_entries(r)]})
         raise ApiStatusError(404)
 
-    @staticmethod
-    def _group(group: str) -> Obj:
-        version = {"groupVersion": f"{group}/v1", "version": "v1"}
-        return {"name": group, "versions": [version], "preferredVersion": version}
+    def _group(self, group: str) -> Obj:
+        order = ("v1", "v1beta2", "v1beta1", "v1alpha3")
+        names = sorted({r.version for r in self.resources if r.group == group}, key=lambda v: order.index(v)
+                       if v in order else len(order))
+        versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in names]
+        return {"name": group, "versions": versions, "preferredVersion": versions[0]}
 
     @staticmethod
     def _resource_entries(res: Resource) -> Iterator[Obj]:

@@ -214,6 +214,24 @@ CASES = [
         ('gpu_placement_quota_mirror_last_success_timestamp_seconds{lease="gpu-placement-quota-mirror",pod="a"}',
          "0+0x8 540+60x20"),
     ], "8m"),
+    Case("GpuDraTaintsFailing", [
+        ('gpu_placement_dra_taint_last_success_timestamp_seconds{lease="gpu-placement-dra",pod="a"}', "60+0x30"),
+        ('gpu_placement_dra_taint_last_success_timestamp_seconds{lease="gpu-placement-dra",pod="b"}', "0+60x30"),
+    ], "20m", [{"lease": "gpu-placement-dra", "pod": "a"}]),
+    Case("GpuDraTaintsFailing", [
+        ('gpu_placement_dra_taint_last_success_timestamp_seconds{lease="gpu-placement-dra",pod="a"}', "0+60x30"),
+    ], "20m"),
+    Case("GpuDraTaintRulesUnserved", [
+        ('gpu_placement_dra_taint_leading{lease="gpu-placement-dra",pod="a"}', "1+0x40"),
+        ('gpu_placement_dra_taint_leading{lease="gpu-placement-dra",pod="b"}', "0+0x40"),
+        ('gpu_placement_dra_taint_rules_served{pod="a"}', "0+0x40"),
+        ('gpu_placement_dra_taint_rules_served{pod="b"}', "0+0x40"),
+    ], "35m", [{}]),
+    Case("GpuDraTaintRulesUnserved", [
+        ('gpu_placement_dra_taint_leading{lease="gpu-placement-dra",pod="a"}', "1+0x40"),
+        ('gpu_placement_dra_taint_rules_served{pod="a"}', "1+0x40"),
+        ('gpu_placement_dra_taint_rules_served{pod="b"}', "0+0x40"),
+    ], "35m"),
 ]
 
 

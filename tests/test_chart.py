@@ -79,7 +79,9 @@ CASES = [
             "telemetry": {"url": "http://prometheus-operated.monitoring:9090", "refreshSeconds": 10},
             "validator": {"required": False},
             "reservationTTLSeconds": 30,
+            "dra": {"taintEffect": "None", "taints": False},
         },
+        "scheduler": {"extender": {"managedResourcesOnly": True}},
     }, release="gpu", namespace="platform-gpu"),
     Case("exposed-single", {
         "scheduler": {"replicas": 1, "image": {"tag": "v1.31.4"},
@@ -387,13 +389,18 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
     assert extender["weight"] == v["scheduler"]["extender"]["weight"]
     assert extender["httpTimeout"] == v["scheduler"]["extender"]["httpTimeout"]
     managed = [r["name"] for r in extender["managedResources"]]
-    assert managed == [*v["gpuResources"], v["sharedResource"], *v["migResources"], *v["extraMigResources"]]
     # kube-scheduler filters every node before the extender sees them (the default samples big clusters)
     assert sched["percentageOfNodesToScore"] == 100
-    # and the extender knows the list, to warn about GPU resources nodes offer beyond it
     from gpu_placement.cli import build_parser
 
     args = build_parser().parse_args(rendered.container("extender")["args"])
+    if not v["scheduler"]["extender"]["managedResourcesOnly"]:
+        # None listed: kube-scheduler sends every pod of the profile (IsInterested, pkg/scheduler/extender.go
+        # at v1.37.2), DRA pods whose claims alone ask for a GPU too; nothing can bypass, nothing to warn of.
+        assert managed == [] and args.managed_resources is None
+        return
+    assert managed == [*v["gpuResources"], v["sharedResource"], *v["migResources"], *v["extraMigResources"]]
+    # and the extender knows the list, to warn about GPU resources nodes offer beyond it
     assert list(args.managed_resources) == managed
     assert all(r["ignoredByScheduler"] is False for r in extender["managedResources"])
 
@@ -461,6 +468,10 @@ def test_scheduler_rbac(rendered: Rendered) -> None:
     assert extender_rules == [
         {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},  # /preempt
+        {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+        DRA_READ,
+    ] or extender_rules == [
+        {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     ]
     assert rendered.deployment("scheduler")["spec"]["template"]["spec"]["serviceAccountName"] == sa
@@ -569,6 +580,9 @@ def test_managed_resources_cover_every_gpu_resource_of_the_config(rendered: Rend
     config = yaml.safe_load(rendered.config_text())
     [extender] = rendered.scheduler_config()["extenders"]
     managed = {r["name"] for r in extender["managedResources"]}
+    if not managed:  # every pod of the profile is sent
+        assert not rendered.values["scheduler"]["extender"]["managedResourcesOnly"]
+        return
     assert {*config["gpuResources"], config["sharedResource"]} <= managed
     assert all(r.startswith("nvidia.com/mig-") for r in managed - {*config["gpuResources"], config["sharedResource"]})
 
@@ -633,8 +647,12 @@ def test_webhook_certificates(rendered: Rendered) -> None:
 
 def test_webhook_rbac_reads_the_view(rendered: Rendered) -> None:
     name = fullname(rendered.case)
+    writes = rendered.values["config"]["dra"]["taints"]
+    taints = [{"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"],
+               "verbs": ["get", "list", "create", "update", "delete"]}] if writes else []
     assert rendered.one("ClusterRole", f"{name}-webhook")["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]}]
+        {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
+        DRA_READ, *taints]
     assert rendered.deployment("webhook")["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-webhook"
 
 
@@ -953,6 +971,8 @@ def _asks(kind: str, resource: str) -> Doc:
 
 
 CPU = {"name": "c", "image": "app", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
+DRA_READ = {"apiGroups": ["resource.k8s.io"], "verbs": ["get", "list", "watch"],
+            "resources": ["resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates"]}
 EMPTY_RESOURCES = {"name": "c", "image": "app", "resources": {}}
 
 # (description, pod, sent to /mutate with protectGpuNodes, sent to /validate)
@@ -980,6 +1000,10 @@ SAMPLE_PODS: list[tuple[str, Callable[[Rendered], Doc], bool, bool]] = [
      True, False),
     ("DaemonSet asking for a gpu", lambda r: _pod(_asks("requests", "nvidia.com/gpu"), owner="DaemonSet"),
      True, True),
+    # DRA: the class is in the claim, which the CEL cannot read: /mutate sees any pod with claims and
+    # routes those that ask for a GPU class; /validate (quota, policy of GPU resources) does not.
+    ("ResourceClaims", lambda r: {**_pod(CPU), "spec": {**_pod(CPU)["spec"], "resourceClaims": [
+        {"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}}, True, False),
 ]
 
 
@@ -990,7 +1014,7 @@ def test_match_conditions_send_only_pods_that_matter(rendered: Rendered) -> None
     protect = rendered.values["config"]["protectGpuNodes"]
     for description, make, to_mutate, to_validate in SAMPLE_PODS:
         pod = make(rendered)
-        gpu = to_validate
+        gpu = to_validate or bool(pod["spec"].get("resourceClaims"))
         assert mutate(pod) == (to_mutate if protect else gpu), f"/mutate, {description}"
         assert validate(pod) == to_validate, f"/validate, {description}"
 
@@ -1011,8 +1035,9 @@ def test_match_conditions_agree_with_the_code(rendered: Rendered) -> None:
         gpu = bool(effective_gpu_requests(pod["spec"], config.is_gpu_resource))
         daemonset = any(o["kind"] == "DaemonSet" for o in pod["metadata"].get("ownerReferences", []))
         protect = config.protect_gpu_nodes and not daemonset and tolerates_gpu_taint(pod["spec"], config)
+        claims = bool(pod["spec"].get("resourceClaims"))  # /mutate reads their classes (Admission._claims)
         assert validate(pod) == gpu, description
-        assert mutate(pod) == (gpu or protect), description
+        assert mutate(pod) == (gpu or protect or claims), description
 
 
 def test_match_conditions_honour_custom_tolerations() -> None:
@@ -1050,8 +1075,8 @@ PUBLISHED_MIG = {
 }
 
 
-def test_default_managed_resources_cover_every_published_mig_profile() -> None:
-    default = _render_default()
+def test_default_managed_resources_cover_every_published_mig_profile(chart: helm_python.Chart) -> None:
+    default = _render(chart, Case("before-dra", {"scheduler": {"extender": {"managedResourcesOnly": True}}}))
     [extender] = default.scheduler_config()["extenders"]
     managed = {r["name"] for r in extender["managedResources"]}
     for gpu, profiles in PUBLISHED_MIG.items():
@@ -1061,7 +1086,8 @@ def test_default_managed_resources_cover_every_published_mig_profile() -> None:
 
 
 def test_extra_mig_resources_extend_the_defaults(chart: helm_python.Chart) -> None:
-    extra = _render(chart, Case("extra", {"extraMigResources": ["nvidia.com/mig-1g.24gb.gfx"]}))
+    extra = _render(chart, Case("extra", {"extraMigResources": ["nvidia.com/mig-1g.24gb.gfx"],
+                                          "scheduler": {"extender": {"managedResourcesOnly": True}}}))
     [extender] = extra.scheduler_config()["extenders"]
     managed = [r["name"] for r in extender["managedResources"]]
     assert managed[-1] == "nvidia.com/mig-1g.24gb.gfx" and "nvidia.com/mig-7g.180gb" in managed
@@ -1077,11 +1103,6 @@ def test_extender_is_a_native_sidecar_that_starts_first(rendered: Rendered) -> N
     assert f"http://127.0.0.1:{port}/readyz" in startup
     assert sidecar["startupProbe"]["periodSeconds"] * sidecar["startupProbe"]["failureThreshold"] >= 300
     assert [c["name"] for c in pod["containers"]] == ["kube-scheduler"]
-
-
-def _render_default() -> Rendered:
-    with helm_python.Chart.load(CHART) as loaded:
-        return _render(loaded, _case("default"))
 
 
 def _annotated(annotations: dict[str, str] | None, labels: dict[str, str] | None = None) -> Doc:

@@ -23,7 +23,7 @@ from gpu_placement.pods import GpuRequests
 from gpu_placement.sharing import effective_sharing
 from gpu_placement.view import ClusterView
 from webhook.namespace_reader import NamespaceReader
-from webhook.patches import asks_for_gpu_nodes, gpu_patch, protect_patch, tolerates_gpu_taint
+from webhook.patches import asks_for_gpu_nodes, claim_patch, gpu_patch, protect_patch, tolerates_gpu_taint
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
 from webhook.quota import Reservations, quota_problems
 from webhook.quota_gate import GATED_HOLD_SECONDS, QUOTA_PENDING, quota_pending
@@ -123,6 +123,10 @@ class Admission:
     def _mutate(self, uid: str, subject: Subject) -> Decision:
         config, pod = self.config, subject.pod
         spec = pod["spec"]
+        if not subject.gpus and spec.get("resourceClaims") and self.view.dra.active:
+            claimed = self._claims(uid, subject)
+            if claimed is not None:
+                return claimed
         if not subject.gpus:
             if (config.protect_gpu_nodes and not spec.get("nodeName") and not _is_daemonset_pod(pod)
                     and tolerates_gpu_taint(spec, config)):
@@ -153,6 +157,23 @@ class Admission:
         # would refuse nodes the DaemonSet's own tolerations allow.
         return gpu_patch(subject.pod, subject.gpus, self._sharing(policy, subject), pools, policy.gpu_memory,
                          self.config, keep_scheduler=_is_daemonset_pod(subject.pod))
+
+    def _claims(self, uid: str, subject: Subject) -> Decision | None:
+        """A pod whose ResourceClaims ask for a GPU device class (DRA): routed to the gpu-placement scheduler
+        with the namespace's pools; None when its claims ask for no GPU (then it is any other pod)."""
+        with self.view.lock:
+            found = self.view.dra.pod_claims(subject.namespace, subject.pod["spec"])
+        if found.missing is not None and not found.classes:
+            text = (f"pod {subject.namespace}/{subject.name} uses {found.missing}, which gpu-placement does not know "
+                    "yet: if it asks for a GPU, the pod is not routed to the gpu-placement scheduler (create the "
+                    "claim or template before the pod)")
+            return self._decision(allowed(uid, warnings=[text]), UNCHANGED, subject, [text])
+        if not found.classes:
+            return None
+        policy = self.policy(subject.namespace)
+        pools = [self.config.pools[name] for name in policy.pools] if policy.shapes_ok else []
+        ops = claim_patch(subject.pod, found.classes, pools, self.config, keep_scheduler=_is_daemonset_pod(subject.pod))
+        return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
 
     def _sharing(self, policy: NamespacePolicy, subject: Subject) -> Sharing:
         """The pod's own narrower ask when it has a valid one; the namespace's level otherwise (a wider

@@ -25,7 +25,7 @@ from gpu_placement.pods import GpuRequests, effective_gpu_requests
 from webhook.policy import Sharing
 from webhook.quantities import to_count
 
-__all__ = ["Patch", "admitted_value", "asks_for_gpu_nodes", "escape", "gpu_patch", "protect_patch",
+__all__ = ["Patch", "admitted_value", "asks_for_gpu_nodes", "claim_patch", "escape", "gpu_patch", "protect_patch",
            "tolerates_gpu_taint"]
 
 Patch = list[dict[str, Any]]
@@ -57,24 +57,7 @@ def gpu_patch(pod: Mapping[str, Any], gpus: GpuRequests, sharing: Sharing, pools
         elif n.GPU_RESOURCE in asked:  # a pure rename: the effective request is the same figure
             asked[target] = asked.pop(n.GPU_RESOURCE)
             gpus = tuple(sorted(asked.items()))
-    wanted = [*config.gpu_tolerations, *(t for pool in pools for t in pool.tolerations)]
-    _add_tolerations(spec, wanted, ops)
-    selector = dict(GPU_PRESENT_TRUE)
-    if len(pools) == 1:
-        selector.update(pools[0].node_selector)
-    _set_node_selector(spec, selector, ops)
-    if len(pools) > 1 and all(pool.node_selector for pool in pools):
-        # A pool without a nodeSelector admits every node, so then the choice constrains nothing.
-        choices = [[{"key": key, "operator": "In", "values": [value]}
-                    for key, value in sorted(pool.node_selector.items())] for pool in pools]
-        _require(spec, choices, ops)
-    scheduler = spec.get("schedulerName") or ""
-    if keep_scheduler:
-        scheduler = scheduler or _DEFAULT_SCHEDULER
-    elif scheduler in ("", _DEFAULT_SCHEDULER):
-        ops.append({"op": "replace" if "schedulerName" in spec else "add", "path": "/spec/schedulerName",
-                    "value": config.scheduler_name})
-        scheduler = config.scheduler_name
+    scheduler = _route(spec, pools, config, keep_scheduler, GPU_PRESENT_TRUE, ops)
     meta: Mapping[str, Any] = pod.get("metadata") or {}
     annotations: Mapping[str, str] = meta.get("annotations") or {}
     wanted_annotations = {n.ANN_ADMITTED: admitted_value(sharing, gpus, pools, scheduler)}
@@ -84,6 +67,44 @@ def gpu_patch(pod: Mapping[str, Any], gpus: GpuRequests, sharing: Sharing, pools
         wanted_annotations[n.ANN_GPU_MEMORY] = memory_default
     _set_annotations(pod, wanted_annotations, ops)
     return ops
+
+
+def claim_patch(pod: Mapping[str, Any], classes: Sequence[str], pools: Sequence[Pool], config: Config,
+                keep_scheduler: bool = False) -> Patch:
+    """Route a pod whose ResourceClaims ask for a GPU device class (DRA) to the gpu-placement scheduler:
+    tolerations, pool selection, scheduler, our record. No resource to rewrite and no GPU node label
+    (a node may publish devices without GPU Feature Discovery): the DRA allocator knows where they are."""
+    ops: Patch = []
+    scheduler = _route(pod.get("spec") or {}, pools, config, keep_scheduler, {}, ops)
+    value = orjson.dumps({"claims": list(classes), "pools": [pool.name for pool in pools], "scheduler": scheduler},
+                         option=orjson.OPT_SORT_KEYS).decode()
+    _set_annotations(pod, {n.ANN_ADMITTED: value}, ops)
+    return ops
+
+
+def _route(spec: Mapping[str, Any], pools: Sequence[Pool], config: Config, keep_scheduler: bool,
+           selector: Mapping[str, str], ops: Patch) -> str:
+    """Tolerations, node selection (`selector` plus the pools') and scheduler; returns the scheduler."""
+    wanted = [*config.gpu_tolerations, *(t for pool in pools for t in pool.tolerations)]
+    _add_tolerations(spec, wanted, ops)
+    selector = dict(selector)
+    if len(pools) == 1:
+        selector.update(pools[0].node_selector)
+    if selector:
+        _set_node_selector(spec, selector, ops)
+    if len(pools) > 1 and all(pool.node_selector for pool in pools):
+        # A pool without a nodeSelector admits every node, so then the choice constrains nothing.
+        choices = [[{"key": key, "operator": "In", "values": [value]}
+                    for key, value in sorted(pool.node_selector.items())] for pool in pools]
+        _require(spec, choices, ops)
+    scheduler = spec.get("schedulerName") or ""
+    if keep_scheduler:
+        return scheduler or _DEFAULT_SCHEDULER
+    if scheduler in ("", _DEFAULT_SCHEDULER):
+        ops.append({"op": "replace" if "schedulerName" in spec else "add", "path": "/spec/schedulerName",
+                    "value": config.scheduler_name})
+        return config.scheduler_name
+    return scheduler
 
 
 def admitted_value(sharing: Sharing, gpus: GpuRequests, pools: Sequence[Pool], scheduler: str) -> str:

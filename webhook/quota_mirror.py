@@ -32,6 +32,7 @@ from kubernetes.client import ApiClient
 from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.lease import Lease, drain
 from gpu_placement.metrics import (
     API_OUTCOMES,
     QUOTA_MIRROR_LEADING,
@@ -42,7 +43,6 @@ from gpu_placement.metrics import (
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.resourcequotas import MIRROR_NAME
 from gpu_placement.view import ClusterView
-from webhook.lease import Lease, drain
 from webhook.policy import parse_policy
 
 __all__ = ["MANAGED_BY", "MIRROR_NAME", "MirrorSettings", "QuotaMirror", "desired_hard"]

@@ -30,8 +30,8 @@ import orjson
 from kubernetes.client import ApiClient
 
 from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.lease import Lease, drain, parse_time
 from webhook.certs import cert_not_after, make_ca, make_serving_cert
-from webhook.lease import Lease, drain, parse_time
 
 __all__ = ["CertPaths", "CertificateManager", "RotationSettings", "start_managed_certificates"]
 

@@ -157,9 +157,12 @@ PLURALS = {"ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps", "Serv
            "RoleBinding": "rolebindings", "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
            "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
            "ValidatingWebhookConfiguration": "validatingwebhookconfigurations", "Namespace": "namespaces",
-           "Secret": "secrets", "Pod": "pods", "Node": "nodes", "Lease": "leases", "ResourceQuota": "resourcequotas"}
+           "Secret": "secrets", "Pod": "pods", "Node": "nodes", "Lease": "leases", "ResourceQuota": "resourcequotas",
+           "ResourceSlice": "resourceslices", "DeviceClass": "deviceclasses", "ResourceClaim": "resourceclaims",
+           "ResourceClaimTemplate": "resourceclaimtemplates", "DeviceTaintRule": "devicetaintrules"}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
-                  "ValidatingWebhookConfiguration", "Namespace", "Node"}
+                  "ValidatingWebhookConfiguration", "Namespace", "Node", "ResourceSlice", "DeviceClass",
+                  "DeviceTaintRule"}
 
 
 class Api:
@@ -461,6 +464,38 @@ def start_control_plane(work: Path | None = None) -> ControlPlane:
         raise
 
 
+# -- NVIDIA's DRA kubelet plugin, emulated ------------------------------------------------------------
+
+class DraPlugin:
+    """What dra-driver-nvidia-gpu's kubelet plugin publishes (gpu_placement.dra.published, from v0.4.1):
+    its DeviceClasses once, one ResourceSlice per node (pool = node), republished with its own health
+    taints; and gone again (`stop`)."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.slices: dict[str, str] = {}  # node -> slice name
+
+    def install(self) -> None:
+        from gpu_placement.dra.published import device_classes
+
+        for cls in device_classes():
+            self.api.apply(cls)
+
+    def publish(self, node: str, count: int = 2, **kwargs: Any) -> Obj:
+        from gpu_placement.dra.published import resource_slice
+
+        obj = resource_slice(node, count, **kwargs)
+        self.slices[node] = obj["metadata"]["name"]
+        return self.api.apply(obj, manager="gpu-kubelet-plugin")
+
+    def stop(self) -> None:
+        for name in self.slices.values():
+            self.api.delete(f"/apis/resource.k8s.io/v1/resourceslices/{name}")
+        for name in ("gpu.nvidia.com", "mig.nvidia.com"):
+            self.api.delete(f"/apis/resource.k8s.io/v1/deviceclasses/{name}")
+        self.slices.clear()
+
+
 # -- kubelets, emulated ------------------------------------------------------------------------------
 
 NODE_RESOURCES = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}
@@ -639,6 +674,27 @@ class Kubelets:
                                                       "preconditions": {"uid": meta["uid"]}}),
                                   headers={"Content-Type": "application/json"})
             return
-        if pod.get("status", {}).get("phase") == "Pending" and ns != "gpu-operator":
+        if pod.get("status", {}).get("phase") == "Pending" and ns != "gpu-operator" and self._claims_prepared(pod):
             with contextlib.suppress(httpx.HTTPStatusError):
                 self.set_pod_ready(ns, name, True)
+
+    def _claims_prepared(self, pod: Obj) -> bool:
+        """The kubelet's part for claims: it starts a pod only once each of its ResourceClaims is allocated
+        and reserved for it (the scheduler does both before binding); the driver's plugin would then
+        prepare the devices, which leaves nothing in the API. A pod whose claims are not there stays Pending."""
+        ns, uid = pod["metadata"]["namespace"], pod["metadata"]["uid"]
+        statuses = pod.get("status", {}).get("resourceClaimStatuses", [])
+        generated = {s["name"]: s.get("resourceClaimName") for s in statuses}
+        names = [ref.get("resourceClaimName") or generated.get(ref["name"])
+                 for ref in pod["spec"].get("resourceClaims", [])]
+        extended = pod.get("status", {}).get("extendedResourceClaimStatus")  # DRAExtendedResource's claim
+        if extended:
+            names.append(extended.get("resourceClaimName"))
+        for name in names:
+            if not name:
+                return False
+            r = self.api.http.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}")
+            status = r.json().get("status", {}) if r.status_code == 200 else {}
+            if not status.get("allocation") or uid not in {c.get("uid") for c in status.get("reservedFor", [])}:
+                return False
+        return True

@@ -147,6 +147,9 @@ has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(o
 {{- define "gpu-placement.quotaMirror" -}}
 {{- if and .Values.webhook.quotaMirror (ne (.Values.config.mode | default "enforce") "audit") }}true{{ end }}
 {{- end }}
+{{- define "gpu-placement.draLease" -}}
+{{- printf "%s-dra" (include "gpu-placement.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
 {{- define "gpu-placement.quotaMirrorLease" -}}
 {{- printf "%s-quota-mirror" (include "gpu-placement.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}

@@ -1,7 +1,7 @@
 """A `coordination.k8s.io/v1` Lease as a leader lock: whoever holds it (and keeps renewing) writes.
 
-Used by the certificate manager (`<secret>-lock`) and the ResourceQuota mirror (its own Lease), so
-the two elect independently: the quota mirror runs whatever the certificate mode.
+Used by the certificate manager (`<secret>-lock`), the ResourceQuota mirror and the DRA taint
+controller, each with its own Lease, so they elect independently: each runs whatever the others do.
 """
 
 from __future__ import annotations

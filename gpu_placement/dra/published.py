@@ -1,0 +1,81 @@
+"""What NVIDIA's DRA driver publishes, built as the API serves it: for tests, the e2e harness (which
+plays the driver's kubelet plugin) and the demo.
+
+Shapes from dra-driver-nvidia-gpu v0.4.1: `cmd/gpu-kubelet-plugin/deviceinfo.go` (GPU attributes,
+capacity `memory` in bytes), `mig.go` (MIG attributes), `driver.go` (one pool per node, named after
+it), and the chart's `deviceclass-gpu.yaml` / `deviceclass-mig.yaml` (the gpu.nvidia.com class
+names `extendedResourceName: nvidia.com/gpu` when served as resource.k8s.io/v1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["H100", "Gpu", "device_classes", "resource_slice"]
+
+Obj = dict[str, Any]
+DRIVER = "gpu.nvidia.com"
+
+
+@dataclass(slots=True, frozen=True)
+class Gpu:
+    product: str = "NVIDIA H100 80GB HBM3"
+    memory_bytes: int = 85520809984  # nvidia-smi's 81559 MiB
+    driver: str = "570.124.6"  # semver, as the plugin normalises it (570.124.06 on nvidia-smi)
+    cuda: str = "12.8.0"
+    compute: str = "9.0.0"
+    architecture: str = "Hopper"
+    brand: str = "Nvidia"
+
+
+H100 = Gpu()
+
+
+def _device(node: str, minor: int, gpu: Gpu, taints: list[Obj] | None) -> Obj:
+    device: Obj = {
+        "name": f"gpu-{minor}",
+        "attributes": {
+            "type": {"string": "gpu"},
+            "uuid": {"string": f"GPU-{node}-{minor:04d}"},
+            "productName": {"string": gpu.product},
+            "brand": {"string": gpu.brand},
+            "architecture": {"string": gpu.architecture},
+            "cudaComputeCapability": {"version": gpu.compute},
+            "driverVersion": {"version": gpu.driver},
+            "cudaDriverVersion": {"version": gpu.cuda},
+            "resource.kubernetes.io/pciBusID": {"string": f"0000:{0x18 + minor:02x}:00.0"},
+        },
+        "capacity": {"memory": {"value": str(gpu.memory_bytes)}},
+    }
+    if taints:
+        device["taints"] = taints
+    return device
+
+
+def resource_slice(node: str, count: int = 1, gpu: Gpu = H100, *, version: str = "v1", generation: int = 1,
+                   taints: dict[int, list[Obj]] | None = None) -> Obj:
+    """The kubelet plugin's one ResourceSlice for a node with `count` whole GPUs (`taints`: by minor,
+    the driver's own health taints)."""
+    return {
+        "apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{DRIVER}-gpus"},
+        "spec": {"driver": DRIVER, "nodeName": node,
+                 "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+                 "devices": [_device(node, minor, gpu, (taints or {}).get(minor)) for minor in range(count)]},
+    }
+
+
+def device_classes(version: str = "v1") -> list[Obj]:
+    """gpu.nvidia.com and mig.nvidia.com, as the driver's chart installs them."""
+    def cel(kind: str) -> list[Obj]:
+        return [{"cel": {"expression": f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == "
+                                       f"'{kind}'"}}]
+
+    gpu: Obj = {"selectors": cel("gpu")}
+    if version == "v1":
+        gpu["extendedResourceName"] = "nvidia.com/gpu"
+    return [{"apiVersion": f"resource.k8s.io/{version}", "kind": "DeviceClass", "metadata": {"name": "gpu.nvidia.com"},
+             "spec": gpu},
+            {"apiVersion": f"resource.k8s.io/{version}", "kind": "DeviceClass", "metadata": {"name": "mig.nvidia.com"},
+             "spec": {"selectors": cel("mig")}}]

@@ -1,0 +1,508 @@
+"""DeviceTaintRules for the devices of unverified nodes: the DRA allocator's own readiness gate.
+
+kube-scheduler's DRA plugin allocates devices from ResourceSlices and knows nothing of the GPU
+Operator's validator, a driver upgrade or a MIG change. It does honour device taints: a device
+tainted `NoSchedule` or `NoExecute` is given to no claim that does not tolerate the taint (k8s.io/
+dynamic-resource-allocation v0.37.2, structured/internal/stable/allocator_stable.go
+taintPreventsAllocation; `None` only reports), and a DeviceTaintRule taints every device its selector
+matches as if the driver had (resource/v1 types.go). So, for every node with devices of the
+configured driver whose node-level verdict is NotValidated, DriverUpgrade or MIGReconfiguring
+(rules.dra_readiness), one rule:
+
+    name      gpu-placement-<pool>        (NVIDIA's driver names each pool after its node)
+    labels    app.kubernetes.io/managed-by: gpu-placement, gpu-placement.io/node: <node>
+    selector  {driver: <dra.driver>, pool: <pool>}
+    taint     {key: gpu-placement.io/unverified, value: <reason code>, effect: <dra.taintEffect>}
+
+and, where telemetry names a device by UUID (a recent XID), `gpu-placement-<pool>-<device>` for that
+device alone (value XIDError). Deleted when the node is verified again. Not tainted: NodeNotReady (a
+NotReady or cordoned node already takes no pod, and NoExecute would turn every cordon into an
+eviction).
+
+The validator's way in. GPU Operator 26.7's DRA validator proves a node by taking one of its GPUs
+through a ResourceClaim (manifests/state-dra-validation: adminAccess, no toleration), and admin
+access does not pass a taint. A rule on a node whose validator pod waits for its device would keep
+the node unverified for ever, so while a validator pod made for the node is not bound yet, the
+node's rule is held back (gpu_placement_dra_taint_holds); it comes back once the validator runs and
+has its device (NoSchedule does not touch an allocation made). For the same reason `NoExecute`
+becomes `NoSchedule` on a node whose validator holds a device through a claim: it would be evicted.
+
+One writer, elected by a Lease (like the quota mirror); writes are paced (`writes_per_second`); rules
+without our label are never touched, even with our name. The API version comes from discovery
+(v1, else v1beta2, else v1alpha3); where none is served, a gauge and a log line say that only the
+extender keeps DRA pods off unverified nodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import urllib3
+from kubernetes.client import ApiClient
+
+from gpu_placement.config import Config
+from gpu_placement.dra.discovery import GROUP, discover
+from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.lease import Lease, drain
+from gpu_placement.metrics import (
+    API_OUTCOMES,
+    DRA_TAINT_HOLDS,
+    DRA_TAINT_LEADING,
+    DRA_TAINT_RULES,
+    DRA_TAINT_SERVED,
+    DRA_TAINT_SUCCESS,
+    DRA_TAINT_WRITES,
+    DRA_TAINTED_DEVICES,
+    api_outcome,
+)
+from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.pods import PodRecord
+from gpu_placement.rules import DRIVER_UPGRADE, MIG_RECONFIGURING, NOT_VALIDATED, dra_readiness
+from gpu_placement.view import ClusterView
+
+__all__ = [
+    "MANAGED_BY",
+    "NODE_LABEL",
+    "TAINTED",
+    "TAINT_KEY",
+    "XID_ERROR",
+    "Rule",
+    "TaintController",
+    "TaintSettings",
+    "desired_rules",
+]
+
+log = logging.getLogger("gpu_placement.dra")
+
+TAINT_KEY = "gpu-placement.io/unverified"
+NODE_LABEL = "gpu-placement.io/node"
+REASON_ANNOTATION = "gpu-placement.io/reason"
+MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
+TAINTED = frozenset({NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING})
+XID_ERROR = "XIDError"
+_SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
+_TIMEOUT = (5.0, 15.0)
+_ACTIONS = {"POST": "create", "PUT": "update", "DELETE": "delete"}
+_NAME_LIMIT = 253
+
+
+@dataclass(slots=True, frozen=True)
+class TaintSettings:
+    lease_name: str = "gpu-placement-dra"
+    lease_seconds: int = 30  # another replica takes over this long after the holder stops renewing
+    renew_seconds: float = 10.0  # how often the holder renews (and a standby tries); also the idle wake-up
+    resync_seconds: float = 300.0  # full pass against a fresh list: rules edited or deleted by hand
+    settle_seconds: float = 0.2  # after a change, wait this long for its neighbours: one pass for a burst
+    writes_per_second: float = 5.0  # the pace of creates, updates and deletes
+    burst: int = 10
+
+
+@dataclass(slots=True, frozen=True)
+class Rule:
+    name: str
+    node: str
+    pool: str
+    device: str | None  # None: the whole pool
+    reason: str  # the taint value: a reason code
+    effect: str
+    sentence: str  # for people, in an annotation
+    devices: int  # how many devices it covers (metrics)
+
+
+def _rule_name(*parts: str) -> str:
+    name = "-".join(("gpu-placement", *parts))
+    if len(name) <= _NAME_LIMIT:
+        return name
+    return f"gpu-placement-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+
+
+def desired_rules(view: ClusterView, config: Config, waiting: dict[str, int], node: str) -> tuple[list[Rule], bool]:
+    """The rules one node should have now, and whether its rule is held back for a waiting validator.
+    Call under the view's lock."""
+    dra, facts = view.dra, view.nodes.get(node)
+    devices = dra.devices_on(node)
+    if facts is None or not devices:
+        return [], False
+    pools = sorted({s.pool for s in dra.slices_of(node)})
+    rejection = dra_readiness(facts, view.validator_state(node), config)
+    if rejection is not None and rejection.code in TAINTED:
+        if waiting.get(node):
+            return [], True
+        effect = config.dra.taint_effect
+        if effect == "NoExecute" and any(p.claims for k in view.validators.get(node, ()) if (p := view.pods.get(k))):
+            effect = "NoSchedule"  # the validator holds one of these devices: it must not be evicted
+        per_pool = {pool: sum(len(s.devices) for s in dra.slices_of(node) if s.pool == pool) for pool in pools}
+        return [Rule(_rule_name(pool), node, pool, None, rejection.code, effect, rejection.message, per_pool[pool])
+                for pool in pools], False
+    reading = view.telemetry.get(node)
+    bad = reading.xid_devices if reading is not None else frozenset()
+    rules = []
+    for slice_ in dra.slices_of(node) if bad else ():
+        for device in slice_.devices:
+            if device.uuid in bad:
+                rules.append(Rule(_rule_name(slice_.pool, device.name), node, slice_.pool, device.name, XID_ERROR,
+                                  config.dra.taint_effect, f"{XID_ERROR}: telemetry reports a recent XID error on GPU "
+                                  f"{device.uuid} (DCGM_FI_DEV_XID_ERRORS)", 1))
+    return rules, False
+
+
+class TaintController:
+    def __init__(self, api: ApiClient, view: ClusterView, config: Config, namespace: str, identity: str,
+                 settings: TaintSettings | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.api, self.view, self.config = api, view, config
+        self.settings = settings or TaintSettings()
+        self.clock = clock
+        self.lease = Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds)
+        self._leading_gauge = DRA_TAINT_LEADING.labels(self.settings.lease_name)
+        self._success = DRA_TAINT_SUCCESS.labels(self.settings.lease_name)
+        self._success.set(time.time())
+        for action in _ACTIONS.values():  # every series from the start: rate() and alerts need a zero
+            for outcome in API_OUTCOMES:
+                DRA_TAINT_WRITES.labels(action, outcome)
+        self.leading = False
+        self.version: str | None = None  # the DeviceTaintRule API version served; None: not served
+        self.last_error: str | None = None
+        self.writes = 0
+        self.owned: dict[str, dict[str, Any]] = {}  # our rules as last read or written, by name
+        self.holds: set[str] = set()
+        self._waiting: dict[str, int] = {}  # node -> validator pods made for it, not bound yet
+        self._waiting_of: dict[str, str] = {}  # validator pod key -> the node it waits for
+        self._dirty: set[str] = set()
+        self._everything = True
+        self._dirty_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._renewed = float("-inf")
+        self._next_resync = 0.0
+        self._tokens = float(self.settings.burst)
+        self._refilled = clock()
+        self._said_unserved = False
+        self._published: set[tuple[str, str]] = set()
+        view.subscribe(self._node_changed, self._node_changed)
+        view.dra.subscribe(self._node_changed, lambda _node: None)
+        view.subscribe_records(self._pod_changed, self._namespace_changed)
+
+    @property
+    def leading(self) -> bool:
+        return self._leading
+
+    @leading.setter
+    def leading(self, value: bool) -> None:
+        self._leading = value
+        self._leading_gauge.set(float(value))
+
+    # -- events (under the view's lock: note and wake) -----------------------------------------
+    def _node_changed(self, name: str | None) -> None:
+        with self._dirty_lock:
+            if name is None:
+                self._everything = True
+            else:
+                self._dirty.add(name)
+        self._wake.set()
+
+    def _pod_changed(self, key: str, record: PodRecord | None) -> None:
+        """Validator pods made for a node and not bound yet: that node's rule waits for them."""
+        before = self._waiting_of.get(key)
+        after = record.waits_for if record is not None and record.validator_ready is not None else None
+        if before == after:
+            return
+        if before is not None:
+            self._waiting_of.pop(key, None)
+            self._waiting[before] -= 1
+            if not self._waiting[before]:
+                del self._waiting[before]
+            self._node_changed(before)
+        if after is not None:
+            self._waiting_of[key] = after
+            self._waiting[after] = self._waiting.get(after, 0) + 1
+            self._node_changed(after)
+
+    @staticmethod
+    def _namespace_changed(_name: str, _record: NamespaceRecord | None) -> None:
+        """Namespaces do not decide a node's devices."""
+
+    # -- running -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="dra-taints", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.leading:
+            self.leading = False
+            try:
+                self.lease.release()
+            except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+                log.info("DRA taints: could not release the lease (%s); it runs out by itself", exc)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception:  # a bug, not the network: say so, keep the thread
+                log.exception("DRA taint pass failed")
+            self._wake.wait(self.settings.renew_seconds)
+            self._wake.clear()
+            self._stop.wait(self.settings.settle_seconds)
+
+    def step(self) -> None:
+        """One turn: the Lease; then, leading, a full pass when due, else the nodes that changed."""
+        try:
+            self._lead()
+            if not self.leading:
+                self._success.set(time.time())
+                return
+            if not {"nodes", "pods", "resourceslices"} <= self.view.listed:
+                return  # never act on a half-known view: a node not listed yet would look untainted
+            now = self.clock()
+            if now >= self._next_resync:
+                self._discover()
+                if self.version is not None:
+                    self._relist()
+                self._next_resync = now + self.settings.resync_seconds
+                with self._dirty_lock:
+                    self._everything = True
+            if self.version is None:
+                self._success.set(time.time())
+                return
+            with self._dirty_lock:
+                everything, names = self._everything, self._dirty
+                self._everything, self._dirty = False, set()
+            try:
+                self._reconcile(None if everything else names)
+            except BaseException:
+                with self._dirty_lock:  # what was not done is done next time
+                    self._everything = self._everything or everything
+                    self._dirty |= names
+                raise
+            self.last_error = None
+            self._success.set(time.time())
+        except _Interrupted as exc:
+            log.info("DRA taints: pass interrupted: %s", exc)
+        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+            if str(exc) != self.last_error:
+                log.error("DRA taints: %s; retrying in %.0f s", exc, self.settings.renew_seconds)
+            self.last_error = str(exc)
+            self._next_resync = 0.0
+
+    def _lead(self) -> None:
+        now = self.clock()
+        if self.leading and now - self._renewed < self.settings.renew_seconds:
+            return
+        try:
+            leading = self.lease.acquire()
+        except BaseException:
+            self.leading = False
+            raise
+        if leading and not self.leading:
+            log.info("DRA taints: this replica now keeps the DeviceTaintRules of unverified nodes")
+            self._next_resync = 0.0
+        elif self.leading and not leading:
+            log.info("DRA taints: another replica holds the lease now")
+        self.leading = leading
+        if leading:
+            self._renewed = now
+
+    def _discover(self) -> None:
+        found = discover(self.api).taint_version
+        if found != self.version or not self._said_unserved:
+            if found is None:
+                log.warning("DRA taints: the API server serves no DeviceTaintRule (resource.k8s.io v1, v1beta2 or "
+                            "v1alpha3): only the extender keeps DRA pods of the gpu-placement scheduler off "
+                            "unverified nodes; pods of other schedulers may get their devices")
+            else:
+                log.info("DRA taints: DeviceTaintRules at %s/%s, effect %s", GROUP, found,
+                         self.config.dra.taint_effect)
+            self._said_unserved = True
+        self.version = found
+        DRA_TAINT_SERVED.set(1.0 if found else 0.0)
+
+    # -- the work ------------------------------------------------------------------------------
+    def _reconcile(self, nodes: set[str] | None) -> None:
+        """Make our rules of these nodes (None: of every node) what they should be."""
+        with self.view.lock:
+            names = set(self.view.dra.nodes()) if nodes is None else set(nodes)
+            if nodes is None:
+                names |= {str((r.get("metadata") or {}).get("labels", {}).get(NODE_LABEL) or "")
+                          for r in self.owned.values()}
+            wanted: dict[str, Rule] = {}
+            for node in sorted(names):
+                rules, held = desired_rules(self.view, self.config, self._waiting, node)
+                wanted.update((rule.name, rule) for rule in rules)
+                if held and node not in self.holds:
+                    log.info("DRA taints: node %s is not verified, but a validator pod waits for one of its devices: "
+                             "no rule until it has one (a taint would keep it out)", node)
+                    self.holds.add(node)
+                elif not held:
+                    self.holds.discard(node)
+        for name, rule in wanted.items():
+            current = self.owned.get(name)
+            if current is None:
+                self._create(rule)
+            elif _differs(current, rule, self.config.dra.driver):
+                self._update(current, rule)
+        for name, current in list(self.owned.items()):
+            node = ((current.get("metadata") or {}).get("labels") or {}).get(NODE_LABEL)
+            if name not in wanted and (nodes is None or node in names):
+                self._delete(current)
+        self._publish()
+
+    def _publish(self) -> None:
+        DRA_TAINT_RULES.set(len(self.owned))
+        DRA_TAINT_HOLDS.set(len(self.holds))
+        counts: dict[tuple[str, str], int] = {}
+        for rule in self.owned.values():
+            taint = (rule.get("spec") or {}).get("taint") or {}
+            key = (str(taint.get("value") or ""), str(taint.get("effect") or ""))
+            covered = int(((rule.get("metadata") or {}).get("annotations") or {}).get("gpu-placement.io/devices") or 0)
+            counts[key] = counts.get(key, 0) + covered
+        for labels in self._published - counts.keys():  # reasons no rule has any more go to 0
+            DRA_TAINTED_DEVICES.labels(*labels).set(0)
+        for (reason, effect), count in counts.items():
+            DRA_TAINTED_DEVICES.labels(reason, effect).set(count)
+        self._published = set(counts)
+
+    def _body(self, rule: Rule, current: dict[str, Any] | None) -> dict[str, Any]:
+        selector = {"driver": self.config.dra.driver, "pool": rule.pool}
+        if rule.device is not None:
+            selector["device"] = rule.device
+        meta: dict[str, Any] = {"name": rule.name, "labels": {MANAGED_BY[0]: MANAGED_BY[1], NODE_LABEL: rule.node},
+                                "annotations": {REASON_ANNOTATION: rule.sentence,
+                                                "gpu-placement.io/devices": str(rule.devices)}}
+        if current is not None:  # keep what others added; a lost update is a 409
+            old = current.get("metadata") or {}
+            meta = {**old, "labels": {**(old.get("labels") or {}), **meta["labels"]},
+                    "annotations": {**(old.get("annotations") or {}), **meta["annotations"]}}
+            meta.pop("managedFields", None)
+        return {"apiVersion": f"{GROUP}/{self.version}", "kind": "DeviceTaintRule", "metadata": meta,
+                "spec": {"deviceSelector": selector,
+                         "taint": {"key": TAINT_KEY, "value": rule.reason, "effect": rule.effect}}}
+
+    def _create(self, rule: Rule) -> None:
+        try:
+            created = self._write("POST", self._path(), self._body(rule, None))
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            found = self._get(rule.name)
+            if found is not None and not _ours(found):
+                log.warning("DRA taints: a DeviceTaintRule %s exists that gpu-placement does not manage; left alone, "
+                            "so node %s's devices are not tainted by gpu-placement: rename or remove it", rule.name,
+                            rule.node)
+                return
+            if found is not None:
+                self.owned[rule.name] = found
+                self._update(found, rule)
+            return
+        self.owned[rule.name] = created
+        log.info("DRA taints: tainted %s of node %s (%s=%s:%s): %s", f"device {rule.device}" if rule.device else
+                 "every device", rule.node, TAINT_KEY, rule.reason, rule.effect, rule.sentence)
+
+    def _update(self, current: dict[str, Any], rule: Rule) -> None:
+        updated = self._write("PUT", self._path(rule.name), self._body(rule, current))
+        self.owned[rule.name] = updated
+        log.info("DRA taints: node %s now %s:%s (%s)", rule.node, rule.reason, rule.effect, rule.sentence)
+
+    def _delete(self, current: dict[str, Any]) -> None:
+        meta = current.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        options = {"kind": "DeleteOptions", "apiVersion": "v1",
+                   "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
+        with self._counted("DELETE"):
+            response = request(self.api, "DELETE", self._path(name), body=options, timeout=_TIMEOUT)
+            if response.status >= 300 and response.status != 404:
+                raise api_error(response)
+            drain(response)
+        self.owned.pop(name, None)
+        self.writes += 1
+        log.info("DRA taints: removed %s: node %s is verified again", name, (meta.get("labels") or {}).get(NODE_LABEL))
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    def _path(self, name: str | None = None) -> str:
+        return f"/apis/{GROUP}/{self.version}/devicetaintrules" + (f"/{name}" if name else "")
+
+    def _relist(self) -> None:
+        response = request(self.api, "GET", self._path(), query=[("labelSelector", _SELECTOR)], timeout=_TIMEOUT)
+        if response.status >= 300:
+            raise api_error(response)
+        items = orjson.loads(response.read()).get("items") or []
+        response.release_conn()
+        self.owned = {str(item["metadata"]["name"]): item for item in items if _ours(item)}
+
+    def _get(self, name: str) -> dict[str, Any] | None:
+        response = request(self.api, "GET", self._path(name), timeout=_TIMEOUT)
+        if response.status == 404:
+            drain(response)
+            return None
+        if response.status >= 300:
+            raise api_error(response)
+        found: dict[str, Any] = orjson.loads(response.read())
+        response.release_conn()
+        return found
+
+    def _write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self._counted(method):
+            response = request(self.api, method, path, body=body, timeout=_TIMEOUT)
+            if response.status >= 300:
+                raise api_error(response)
+            written: dict[str, Any] = orjson.loads(response.read())
+            response.release_conn()
+        self.writes += 1
+        return written
+
+    @contextmanager
+    def _counted(self, method: str) -> Iterator[None]:
+        """Paced (a token per write; the Lease renewed on the way), counted by how it ended."""
+        self._take_token()
+        try:
+            yield
+        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+            DRA_TAINT_WRITES.labels(_ACTIONS[method], api_outcome(exc)).inc()
+            raise
+        DRA_TAINT_WRITES.labels(_ACTIONS[method], "ok").inc()
+
+    def _take_token(self) -> None:
+        while True:
+            now = self.clock()
+            self._tokens = min(float(self.settings.burst),
+                               self._tokens + (now - self._refilled) * self.settings.writes_per_second)
+            self._refilled = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return
+            if self._stop.wait((1 - self._tokens) / self.settings.writes_per_second):
+                raise _Interrupted("stopping")
+            self._lead()  # a long paced pass must not lose the Lease under it
+            if not self.leading:
+                raise _Interrupted("another replica took the lease in the middle of a pass")
+
+
+class _Interrupted(Exception):
+    """A paced pass ends early: the process stops, or the Lease went to another replica."""
+
+
+def _ours(rule: dict[str, Any]) -> bool:
+    labels = (rule.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(MANAGED_BY[0]) == MANAGED_BY[1])
+
+
+def _differs(current: dict[str, Any], rule: Rule, driver: str) -> bool:
+    spec = current.get("spec") or {}
+    selector = spec.get("deviceSelector") or {}
+    taint = spec.get("taint") or {}
+    annotations = (current.get("metadata") or {}).get("annotations") or {}
+    return (selector.get("driver"), selector.get("pool"), selector.get("device"), taint.get("key"),
+            taint.get("value"), taint.get("effect"), annotations.get(REASON_ANNOTATION)) != (
+        driver, rule.pool, rule.device, TAINT_KEY, rule.reason, rule.effect, rule.sentence)

@@ -1,0 +1,178 @@
+"""Scenario 19: GPUs claimed through DRA on the real 1.37 control plane. The harness plays NVIDIA's
+kubelet plugin (DeviceClasses, a ResourceSlice per node) and the kubelet's part for claims; the
+chart's webhook routes claim pods to its scheduler, kube-scheduler's own DRA allocator picks the
+devices, the extender judges the nodes, and the webhook replicas keep DeviceTaintRules so that no
+scheduler's allocator gives out an unverified node's devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.cluster import DraPlugin, wait_for
+from tests.e2e.conftest import E2E
+
+Obj = dict[str, Any]
+RESOURCE = "/apis/resource.k8s.io/v1"
+
+
+@pytest.fixture(scope="module")
+def plugin(e2e: E2E) -> Iterator[DraPlugin]:
+    dra = DraPlugin(e2e.api)
+    dra.install()
+    yield dra
+    dra.stop()  # later scenarios see a cluster without DRA devices again
+
+
+def dra_nodes(e2e: E2E, plugin: DraPlugin, group: str, specs: list[tuple[str, bool, dict[str, str]]]) -> list[str]:
+    """GPU nodes whose GPUs only the DRA driver gives (no device-plugin resource), validator Ready or not."""
+    names = e2e.nodes(group, [(suffix, "h100", {"allocatable": {}, "validator_ready": ready, "labels": labels})
+                              for suffix, ready, labels in specs])
+    for name in names:
+        plugin.publish(name, 2)
+    return names
+
+
+def template(e2e: E2E, ns: str, name: str = "one-gpu") -> None:
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu",
+                                                        "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}}
+    r = e2e.api.create(f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", body)
+    assert r.status_code == 201, r.text
+
+
+def claim_pod(e2e: E2E, ns: str, name: str, group: str, tmpl: str = "one-gpu") -> Obj:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+           "spec": {"nodeSelector": {"e2e-group": group}, "restartPolicy": "Never",
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": tmpl}],
+                    "containers": [{"name": "main", "image": "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04",
+                                    "resources": {"claims": [{"name": "gpu"}],
+                                                  "requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
+    r = e2e.api.create(f"/api/v1/namespaces/{ns}/pods", pod)
+    assert r.status_code == 201, r.text
+    return dict(r.json())
+
+
+def rule(e2e: E2E, node: str) -> Obj | None:
+    r = e2e.api.http.get(f"{RESOURCE}/devicetaintrules/gpu-placement-{node}")
+    return dict(r.json()) if r.status_code == 200 else None
+
+
+def wait_rule(e2e: E2E, node: str, value: str | None, effect: str = "NoSchedule") -> Obj | None:
+    """Until the node's rule carries `value` (None: until it is gone)."""
+    def seen() -> Obj | bool | None:
+        found = rule(e2e, node)
+        if value is None:
+            return found is None
+        return found if found and found["spec"]["taint"].get("value") == value and \
+            found["spec"]["taint"]["effect"] == effect else None
+    found = wait_for(f"DeviceTaintRule of {node} {value or 'gone'}", seen, timeout=30, interval=0.2)
+    return found if isinstance(found, dict) else None
+
+
+def allocation(e2e: E2E, ns: str, pod: str) -> list[Obj]:
+    """The devices the pod's claims were allocated (empty: none yet)."""
+    status = e2e.pod(ns, pod).get("status", {})
+    names = [c.get("resourceClaimName") for c in status.get("resourceClaimStatuses", [])]
+    names.append((status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName"))  # DRAExtendedResource
+    results: list[Obj] = []
+    for name in filter(None, names):
+        got = e2e.api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}")
+        results += got.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
+    return results
+
+
+def test_a_dra_pod_gets_no_device_of_an_unverified_node_and_lands_once_it_is_verified(
+        e2e: E2E, plugin: DraPlugin) -> None:
+    group = "s19-verify"
+    [node] = dra_nodes(e2e, plugin, group, [("a", False, {})])
+    found = wait_rule(e2e, node, "NotValidated")
+    assert found is not None
+    assert found["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": node}
+    assert found["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpu-placement"
+
+    ns = e2e.namespace("dra")
+    template(e2e, ns)
+    pod = claim_pod(e2e, ns, "train", group)
+    assert pod["spec"]["schedulerName"] == "gpu-placement"  # routed by /mutate from its claim's class
+    # Another scheduler's pod (gpu-operator is exempt: the default scheduler, no extender) with the
+    # same kind of claim: only the DeviceTaintRule stands between it and the node's devices.
+    template(e2e, "gpu-operator", f"one-gpu-{group}")
+    other = claim_pod(e2e, "gpu-operator", f"other-{group}", group, f"one-gpu-{group}")
+    assert other["spec"]["schedulerName"] == "default-scheduler"
+
+    for namespace, name in ((ns, "train"), ("gpu-operator", f"other-{group}")):
+        cond = e2e.scheduled_condition(namespace, name)
+        assert "cannot allocate all claims" in cond["message"], cond  # the allocator refused the tainted devices
+        assert allocation(e2e, namespace, name) == []
+
+    e2e.kubelets.set_pod_ready("gpu-operator", f"nvidia-operator-validator-{node}", True)
+    wait_rule(e2e, node, None)
+    for namespace, name in ((ns, "train"), ("gpu-operator", f"other-{group}")):
+        assert e2e.wait_bound(namespace, name, timeout=60) == node
+        [device] = allocation(e2e, namespace, name)
+        assert (device["driver"], device["pool"]) == ("gpu.nvidia.com", node)
+    assert wait_for("the pod Running (claim allocated and reserved for it)",
+                    lambda: e2e.pod(ns, "train")["status"].get("phase") == "Running")
+
+
+def test_the_extender_judges_dra_pods_where_the_taint_only_reports(e2e: E2E, plugin: DraPlugin) -> None:
+    """taintEffect None, a dry run: the rule is written but the allocator ignores it; the extender still
+    keeps the gpu-placement pod off the unverified node, while the other scheduler's pod lands there."""
+    e2e.upgrade({"config": {"dra": {"taintEffect": "None"}}})
+    try:
+        group = "s19-dry-run"
+        [bad, good] = dra_nodes(e2e, plugin, group, [("bad", False, {}), ("good", True, {})])
+        wait_rule(e2e, bad, "NotValidated", effect="None")
+        assert rule(e2e, good) is None
+        ns = e2e.namespace("dra-dry")
+        template(e2e, ns)
+        for i in range(2):
+            claim_pod(e2e, ns, f"p{i}", group)
+            assert e2e.wait_bound(ns, f"p{i}", timeout=60) == good  # never `bad`: the extender said NotValidated
+        template(e2e, "gpu-operator", f"one-gpu-{group}")
+        claim_pod(e2e, "gpu-operator", f"other-{group}", group, f"one-gpu-{group}")
+        e2e.api.merge_patch(f"/api/v1/nodes/{good}", {"metadata": {"labels": {"e2e-group": "s19-parked"}}})
+        assert e2e.wait_bound("gpu-operator", f"other-{group}", timeout=60) == bad  # None only reports
+    finally:
+        e2e.upgrade({})
+
+
+def test_a_driver_upgrade_taints_and_untaints(e2e: E2E, plugin: DraPlugin) -> None:
+    group = "s19-upgrade"
+    [node] = dra_nodes(e2e, plugin, group, [("a", True, {})])
+    assert rule(e2e, node) is None
+    path = f"/api/v1/nodes/{node}"
+    e2e.api.merge_patch(path, {"metadata": {"labels": {"nvidia.com/gpu-driver-upgrade-state": "drain-required"}}})
+    wait_rule(e2e, node, "DriverUpgrade")
+    ns = e2e.namespace("dra-upgrade")
+    template(e2e, ns)
+    claim_pod(e2e, ns, "waits", group)
+    assert "cannot allocate all claims" in e2e.scheduled_condition(ns, "waits")["message"]
+    e2e.api.merge_patch(path, {"metadata": {"labels": {"nvidia.com/gpu-driver-upgrade-state": "upgrade-done"}}})
+    wait_rule(e2e, node, None)
+    assert e2e.wait_bound(ns, "waits", timeout=60) == node
+
+
+def test_nvidia_gpu_served_by_dra_still_goes_through_the_extender(e2e: E2E, plugin: DraPlugin) -> None:
+    """DRAExtendedResource: gpu.nvidia.com names extendedResourceName nvidia.com/gpu, so a pod asking for
+    nvidia.com/gpu on nodes without that resource gets a device of the class; it reaches the extender
+    (it names a GPU resource; the profile has no managedResources anyway) and gets the node rules."""
+    e2e.upgrade({"config": {"dra": {"taintEffect": "None"}}})  # so that only the extender can say no
+    try:
+        group = "s19-extended"
+        [node] = dra_nodes(e2e, plugin, group, [("a", False, {})])
+        ns = e2e.namespace("dra-extended")
+        assert e2e.gpu_pod(ns, "classic", group).status_code == 201
+        cond = e2e.scheduled_condition(ns, "classic")
+        assert "NotValidated" in cond["message"], cond  # the extender's reason, on a DRA-only node
+        e2e.kubelets.set_pod_ready("gpu-operator", f"nvidia-operator-validator-{node}", True)
+        assert e2e.wait_bound(ns, "classic", timeout=60) == node
+        [device] = allocation(e2e, ns, "classic")
+        assert device["pool"] == node
+    finally:
+        e2e.upgrade({})

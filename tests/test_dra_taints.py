@@ -1,0 +1,244 @@
+"""The DeviceTaintRule controller against the fake API server (CONTRACT.md section 13): the view fed by
+the real list+watch loop, rules written through the real client, one replica leading; rules appear
+for unverified nodes and go when they are verified; the validator's own way in; rules it does not own
+left alone; the version by discovery, and nothing written where none is served."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from gpu_placement import metrics
+from gpu_placement.config import Config, parse_config
+from gpu_placement.demo_cluster import make_node, namespace, validator_pod
+from gpu_placement.dra.published import device_classes, resource_slice
+from gpu_placement.dra.taints import TaintController, TaintSettings
+from gpu_placement.ingest import KINDS, Ingest
+from gpu_placement.live import LiveSource
+from gpu_placement.service import discover_dra
+from gpu_placement.view import ClusterView, Telemetry
+from tests.fakeapi import FakeApiServer
+from tests.test_live import FAST, wait_for
+
+pytestmark = pytest.mark.timeout(30)
+RULES = "/apis/resource.k8s.io/{}/devicetaintrules"
+QUICK = TaintSettings(lease_name="dra-lock", lease_seconds=1, renew_seconds=0.05, resync_seconds=3600,
+                      settle_seconds=0.0, writes_per_second=1000, burst=1000)
+
+
+def dra_node(name: str, ready: bool = True, **labels: str) -> dict[str, Any]:
+    return make_node(name, "h100", labels=labels, allocatable={}, ready=ready)
+
+
+def waiting_validator(node: str) -> dict[str, Any]:
+    """A GPU Operator DRA validator pod as its DaemonSet makes it: not bound yet, pinned by affinity,
+    taking a GPU through a claim."""
+    pod = validator_pod(node, ready=False)
+    pod["metadata"]["name"] = f"nvidia-dra-validator-{node}"
+    del pod["spec"]["nodeName"]
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+    claim = {"name": "validation-gpu", "resourceClaimTemplateName": "nvidia-dra-validator-gpu"}
+    pod["spec"]["resourceClaims"] = [claim]
+    return pod
+
+
+def cluster() -> list[dict[str, Any]]:
+    objects: list[dict[str, Any]] = [namespace("gpu-placement"), namespace("gpu-operator"), *device_classes()]
+    for node, ready, labels in (("ok", True, {}), ("unvalidated", False, {}),
+                                ("upgrading", True, {"nvidia.com/gpu-driver-upgrade-state": "pod-restart-required"}),
+                                ("waiting", None, {}), ("down", True, {})):
+        objects += [dra_node(node, node != "down", **labels), resource_slice(node, 2)]  # down: NotReady, no rule
+        if ready is not None:
+            objects.append(validator_pod(node, ready))
+    objects.append(waiting_validator("waiting"))
+    objects.append(make_node("plugin", "h100"))  # the device plugin's node: no slice, never a rule
+    objects.append(validator_pod("plugin", False))
+    return objects
+
+
+class Replica:
+    def __init__(self, fake: FakeApiServer, identity: str, config: Config, settings: TaintSettings = QUICK) -> None:
+        self.fake, self.config = fake, config
+        self.view = ClusterView(config)
+        self.api = fake.api_client()
+        dra = discover_dra(self.api, tries=1)
+        self.source = LiveSource(self.view, Ingest(config), self.api, FAST, kinds=(*KINDS, *dra.paths()),
+                                 paths=dra.paths(), selectors={"resourceslices": "spec.driver=gpu.nvidia.com"})
+        self.taints = TaintController(self.api, self.view, config, "gpu-placement", identity, settings)
+        self.source.start()
+        wait_for(lambda: self.source.ready, 5.0, "the first full lists")
+
+    def stop(self) -> None:
+        self.taints.stop()
+        self.source.stop()
+        self.api.close()
+
+
+@pytest.fixture
+def replicas() -> Iterator[Callable[..., Replica]]:
+    fakes: list[FakeApiServer] = []
+    made: list[Replica] = []
+
+    def make(config: Config | None = None, *, fake: FakeApiServer | None = None, taint_rules: str | None = "v1",
+             identity: str = "replica-a", settings: TaintSettings = QUICK) -> Replica:
+        if fake is None:
+            fake = FakeApiServer(dra="v1", taint_rules=taint_rules).start()
+            fake.load(cluster())
+            fakes.append(fake)
+        replica = Replica(fake, identity, config or Config(), settings)
+        made.append(replica)
+        return replica
+
+    yield make
+    for replica in made:
+        replica.stop()
+    for fake in fakes:
+        fake.stop()
+
+
+def rules(fake: FakeApiServer) -> dict[str, dict[str, Any]]:
+    return {r["metadata"]["name"]: r for r in fake.list("DeviceTaintRule")}
+
+
+def taint(rule: dict[str, Any]) -> tuple[str, str, str]:
+    t = rule["spec"]["taint"]
+    return t["key"], t.get("value", ""), t["effect"]
+
+
+def gauge(metric: Any, *labels: str) -> float:
+    return float((metric.labels(*labels) if labels else metric)._value.get())
+
+
+def test_unverified_nodes_get_a_rule_and_lose_it_when_verified(replicas: Callable[..., Replica]) -> None:
+    replica = replicas()
+    fake = replica.fake
+    foreign = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": "gpu-placement-ok"},
+               "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "ok"},
+                        "taint": {"key": "example.com/maintenance", "effect": "None"}}}
+    fake.add(foreign)  # our name, not our label: never touched, even though "ok" needs no rule
+    replica.taints.step()
+    found = rules(fake)
+    assert sorted(found) == ["gpu-placement-ok", "gpu-placement-unvalidated", "gpu-placement-upgrading"]
+    unvalidated = found["gpu-placement-unvalidated"]
+    assert unvalidated["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": "unvalidated"}
+    assert taint(unvalidated) == ("gpu-placement.io/unverified", "NotValidated", "NoSchedule")
+    assert unvalidated["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpu-placement",
+                                                 "gpu-placement.io/node": "unvalidated"}
+    assert unvalidated["metadata"]["annotations"]["gpu-placement.io/reason"].startswith("NotValidated: ")
+    assert taint(found["gpu-placement-upgrading"])[1] == "DriverUpgrade"
+    assert found["gpu-placement-ok"] == fake.get("DeviceTaintRule", "gpu-placement-ok")  # the foreign one
+    assert taint(found["gpu-placement-ok"]) == ("example.com/maintenance", "", "None")
+    assert replica.taints.holds == {"waiting"}  # its validator waits for a device: no rule to keep it out
+    assert gauge(metrics.DRA_TAINT_SERVED) == 1 and gauge(metrics.DRA_TAINT_RULES) == 2
+    assert gauge(metrics.DRA_TAINTED_DEVICES, "NotValidated", "NoSchedule") == 2
+
+    fake.update(validator_pod("unvalidated", True))  # the validator turns Ready
+    fake.patch_labels("Node", "upgrading", {"nvidia.com/gpu-driver-upgrade-state": "upgrade-done"})
+    wait_for(lambda: replica.view.validator_state("unvalidated").ready, what="the validator Ready in the view")
+    wait_for(lambda: replica.view.nodes["upgrading"].upgrade_state == "upgrade-done", what="upgrade done")
+    replica.taints.step()
+    assert sorted(rules(fake)) == ["gpu-placement-ok"]
+    assert gauge(metrics.DRA_TAINTED_DEVICES, "NotValidated", "NoSchedule") == 0
+
+
+def test_the_waiting_validators_node_is_tainted_once_it_is_bound(replicas: Callable[..., Replica]) -> None:
+    replica = replicas()
+    fake = replica.fake
+    replica.taints.step()
+    assert "gpu-placement-waiting" not in rules(fake)
+    fake.bind("gpu-operator", "nvidia-dra-validator-waiting", "waiting")  # the scheduler gave it a device
+    wait_for(lambda: replica.view.validator_state("waiting").pod, what="the validator bound in the view")
+    replica.taints.step()
+    assert taint(rules(fake)["gpu-placement-waiting"])[1] == "NotValidated"
+    assert replica.taints.holds == set()
+
+
+def test_dry_run_effect_only_reports(replicas: Callable[..., Replica]) -> None:
+    replica = replicas(parse_config({"dra": {"taintEffect": "None"}}))
+    replica.taints.step()
+    assert {taint(r)[2] for r in rules(replica.fake).values()} == {"None"}
+
+
+def test_no_execute_never_evicts_a_validator_that_holds_a_device(replicas: Callable[..., Replica]) -> None:
+    replica = replicas(parse_config({"dra": {"taintEffect": "NoExecute"}}))
+    fake = replica.fake
+    replica.taints.step()
+    assert taint(rules(fake)["gpu-placement-upgrading"])[2] == "NoExecute"  # its validator holds no claim
+    fake.bind("gpu-operator", "nvidia-dra-validator-waiting", "waiting")
+    wait_for(lambda: replica.view.validator_state("waiting").pod, what="the DRA validator bound")
+    replica.taints.step()
+    assert taint(rules(fake)["gpu-placement-waiting"])[2] == "NoSchedule"
+
+
+def test_a_device_named_by_telemetry_is_tainted_alone(replicas: Callable[..., Replica]) -> None:
+    replica = replicas()
+    replica.view.set_telemetry({"ok": Telemetry(None, 1, time.monotonic(), (), frozenset({"GPU-ok-0001"}))})
+    replica.taints.step()
+    rule = rules(replica.fake)["gpu-placement-ok-gpu-1"]
+    assert rule["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": "ok", "device": "gpu-1"}
+    assert taint(rule) == ("gpu-placement.io/unverified", "XIDError", "NoSchedule")
+    replica.view.set_telemetry({})
+    replica.taints.step()
+    assert "gpu-placement-ok-gpu-1" not in rules(replica.fake)
+
+
+def test_where_no_device_taint_rule_is_served_nothing_is_written(replicas: Callable[..., Replica],
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    replica = replicas(taint_rules=None)
+    replica.taints.step()
+    assert gauge(metrics.DRA_TAINT_SERVED) == 0
+    assert not [r for r in replica.fake.requests_log if r.method != "GET" and "devicetaintrules" in r.path]
+    assert "only the extender keeps DRA pods" in caplog.text
+
+
+@pytest.mark.parametrize("version", ["v1beta2", "v1alpha3"])
+def test_older_servers_get_their_own_version(replicas: Callable[..., Replica], version: str) -> None:
+    replica = replicas(taint_rules=version)
+    replica.taints.step()
+    assert sorted(r["metadata"]["name"] for r in replica.fake.list("DeviceTaintRule")) == [
+        "gpu-placement-unvalidated", "gpu-placement-upgrading"]
+    assert replica.fake.count("create", RULES.format(version)) == 2
+
+
+def test_one_replica_writes(replicas: Callable[..., Replica]) -> None:
+    first = replicas()
+    second = replicas(fake=first.fake, identity="replica-b")
+    first.taints.step()
+    second.taints.step()
+    assert first.taints.leading and not second.taints.leading
+    assert first.taints.writes == 2 and second.taints.writes == 0
+
+
+def test_writes_are_paced(replicas: Callable[..., Replica]) -> None:
+    paced = TaintSettings(lease_name="dra-lock", lease_seconds=30, renew_seconds=10, resync_seconds=3600,
+                          settle_seconds=0.0, writes_per_second=10, burst=1)
+    replica = replicas(settings=paced)
+    fake = replica.fake
+    for node in ("unvalidated-2", "unvalidated-3"):
+        fake.add(dra_node(node))
+        fake.add(resource_slice(node, 1))
+    wait_for(lambda: replica.view.nodes.get("unvalidated-3") and replica.view.nodes["unvalidated-3"].dra_devices,
+             what="the new nodes")
+    start = time.monotonic()
+    replica.taints.step()
+    assert replica.taints.writes == 4
+    assert time.monotonic() - start >= 0.3 * 0.9  # a burst of 1, then 10 a second: three waits of 0.1 s
+
+
+def test_rules_edited_by_hand_are_put_back_at_the_resync(replicas: Callable[..., Replica]) -> None:
+    replica = replicas()
+    fake = replica.fake
+    replica.taints.step()
+    edited = copy.deepcopy(fake.get("DeviceTaintRule", "gpu-placement-unvalidated"))
+    edited["spec"]["taint"]["effect"] = "None"
+    fake.update(edited)
+    fake.delete("DeviceTaintRule", "gpu-placement-upgrading")
+    replica.taints._next_resync = 0.0  # the resync is due
+    replica.taints.step()
+    assert {name: taint(rule)[2] for name, rule in rules(fake).items()} == {
+        "gpu-placement-unvalidated": "NoSchedule", "gpu-placement-upgrading": "NoSchedule"}
