@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from gpu_placement.text import QUOTE_LIMIT, quoted
@@ -22,7 +23,7 @@ def test_a_short_value_is_shown_whole() -> None:
 def test_a_review_of_the_wrong_version_is_refused_with_a_bounded_sentence() -> None:
     """Found by benchmarks/fuzz_rss.py: apiVersion and kind of 3,000 U+202E each were quoted 120
     characters each before escaping, 720 shown each: a 1,600-character refusal."""
-    body = ('{"apiVersion":"%s","kind":"%s"}' % ("\u202e" * 3000, "\u202e" * 3000)).encode()
+    body = orjson.dumps({"apiVersion": "\u202e" * 3000, "kind": "\u202e" * 3000})
     with pytest.raises(ReviewError) as caught:
         parse_review(body)
     assert len(str(caught.value)) <= 1024, len(str(caught.value))
