@@ -152,7 +152,7 @@ class Burst:
             outcome, status, text = "no answer", None, repr(exc)
         else:
             status, text = r.status_code, r.text[:400]
-            outcome = "created" if status == 201 else f"refused {status}"
+            outcome = "created" if status == 201 else f"refused {status}{_why(text)}"
         with self._lock:
             self.outcomes[outcome] += 1
             self.messages.setdefault(outcome, text)
@@ -216,6 +216,17 @@ class Burst:
         except httpx.HTTPError:
             return
         self.create(ns, name, image=CUDA11)
+
+
+# What a refusal's message says, for the scenario's line: the quota (the webhook's count or the API
+# server's ResourceQuota), an unshaped pod, a quota not in force yet, the webhook unreachable.
+_WHY = (("gpu-placement.io/quota); ", "OverQuota"), ("exceeded quota", "ResourceQuota"),
+        ("was not shaped", "NotShaped"), ("does not exist yet", "QuotaPending"),
+        ("has not been counted", "QuotaPending"), ("failed calling webhook", "webhook unreachable"))
+
+
+def _why(text: str) -> str:
+    return next((f" {why}" for words, why in _WHY if words in text), "")
 
 
 # -- the invariants ----------------------------------------------------------------------------------
