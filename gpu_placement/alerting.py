@@ -4,7 +4,8 @@ process on one scrape of this process's own metrics, for `gpu-placement demo`.
 Same metrics, same thresholds as the chart's defaults (a test keeps `DEFAULTS` equal to values.yaml).
 Prometheus also waits for each condition to hold for its `for`; one scrape cannot, so each firing says
 how long its condition must last. The extender p99 alert needs a rate over two scrapes and is left
-out, as is the quota-mirror alert (the mirror needs an API server; the demo has none).
+out, as are the quota-mirror alert (the mirror needs an API server; the demo has none) and
+GpuDriverVersionRegression (it compares averages over an hour; the demo has no telemetry).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `gpu-placement` command: serve, demo, explain, nodes, certs.
+"""The `gpu-placement` command: serve, demo, explain, nodes, rollout, certs.
 
 Exit status 0 on success, 2 on bad usage or bad input with a one-line message naming the problem.
 """
@@ -143,6 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_arguments(nodes)
     _config_argument(nodes)
 
+    rollout = commands.add_parser("rollout", help="driver versions and their nodes (done, pending, upgrading, "
+                                  "soaking, failed), soak left, XID rate and failed GPU pods per version, next wave")
+    _cluster_arguments(rollout)
+    rollout.add_argument("--prometheus", metavar="URL", help="Prometheus to read DCGM XID events from (default: "
+                         "the config's telemetry.url)")
+    rollout.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    rollout.add_argument("--config", metavar="FILE")
+
     certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle")
     certs.add_argument("--out", metavar="DIR", required=True)
     certs.add_argument("--service", metavar="NAME", required=True)
@@ -183,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _explain(args)
         if args.command == "nodes":
             return _nodes(args)
+        if args.command == "rollout":
+            return _rollout(args)
         if args.command == "certs":
             return _certs(args)
     except (UsageError, ConfigError, SnapshotError, *_extra_errors()) as exc:
@@ -223,6 +233,14 @@ def _nodes(args: argparse.Namespace) -> int:
 
         print(f"\nDRA devices ({core.config.dra.driver}), with their taints: the driver's own and gpu-placement's")
         print(table(DEVICE_HEADER, device_rows(core.view, core.config)))
+    return 0
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from gpu_placement.rollout_report import run_rollout
+
+    core, access, objects = _cluster(args)
+    print(run_rollout(core, access, objects, args.prometheus, args.output))
     return 0
 
 

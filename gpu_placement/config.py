@@ -16,7 +16,8 @@ import yaml
 from gpu_placement.names import GPU_RESOURCE, MIG_RESOURCE_PREFIX
 from gpu_placement.selectors import LabelSelector, SelectorError
 
-__all__ = ["Config", "ConfigError", "Dra", "Pool", "Scoring", "Telemetry", "Validator", "load_config", "parse_config"]
+__all__ = ["Config", "ConfigError", "Dra", "Pool", "Rollout", "Scoring", "Telemetry", "Validator", "load_config",
+           "parse_config"]
 
 Toleration = dict[str, Any]
 
@@ -65,6 +66,17 @@ class Dra:
     taints: bool = True  # write DeviceTaintRules for unverified nodes
 
 
+@dataclass(slots=True, frozen=True)
+class Rollout:
+    """Driver rollouts (docs/rollouts.md): how long a node soaks after its driver changed, and what
+    soaking means for pods outside canary namespaces."""
+
+    soak_minutes: float = 60.0  # 0: no soak
+    soak: str = "prefer"  # prefer: soaking nodes score lowest (canaries: highest); strict: refused
+    driver_selector: LabelSelector = field(
+        default_factory=lambda: LabelSelector.parse("app.kubernetes.io/component=nvidia-driver"))
+
+
 _DEFAULT_TOLERATIONS: tuple[Toleration, ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
 )
@@ -86,6 +98,7 @@ class Config:
     telemetry: Telemetry = field(default_factory=Telemetry)
     reservation_ttl_seconds: float = 60.0
     dra: Dra = field(default_factory=Dra)
+    rollout: Rollout = field(default_factory=Rollout)
 
     def is_gpu_resource(self, name: str) -> bool:
         return name in self.gpu_resources or name == self.shared_resource or name.startswith(MIG_RESOURCE_PREFIX)
@@ -113,6 +126,7 @@ def parse_config(data: Any) -> Config:
     weights = _Section(scoring.take("weights", dict, {}), "scoring.weights.")
     telemetry = _Section(top.take("telemetry", dict, {}), "telemetry.")
     dra = _Section(top.take("dra", dict, {}), "dra.")
+    rollout = _Section(top.take("rollout", dict, {}), "rollout.")
     config = Config(
         scheduler_name=_name(top.take("schedulerName", str, "gpu-placement"), "schedulerName"),
         gpu_resources=tuple(top.take_list("gpuResources", str, [GPU_RESOURCE])),
@@ -126,7 +140,7 @@ def parse_config(data: Any) -> Config:
         protect_gpu_nodes=top.take("protectGpuNodes", bool, True),
         validator=Validator(
             namespace=_name(validator.take("namespace", str, "gpu-operator"), "validator.namespace"),
-            selector=_selector(validator.take("selector", str, "app=nvidia-operator-validator")),
+            selector=_selector(validator.take("selector", str, "app=nvidia-operator-validator"), "validator.selector"),
             required=validator.take("required", bool, True),
         ),
         scoring=Scoring(
@@ -149,8 +163,14 @@ def parse_config(data: Any) -> Config:
             taint_effect=dra.take_choice("taintEffect", ("NoSchedule", "None", "NoExecute"), "NoSchedule"),
             taints=dra.take("taints", bool, True),
         ),
+        rollout=Rollout(
+            soak_minutes=rollout.take_minutes("soakMinutes", 60.0),
+            soak=rollout.take_choice("soak", ("prefer", "strict"), "prefer"),
+            driver_selector=_selector(rollout.take("driverSelector", str, "app.kubernetes.io/component=nvidia-driver"),
+                                      "rollout.driverSelector"),
+        ),
     )
-    for section in (top, validator, scoring, weights, telemetry, dra):
+    for section in (top, validator, scoring, weights, telemetry, dra, rollout):
         section.reject_unknown()
     if not config.gpu_resources:
         raise ConfigError("gpuResources must name at least one resource, e.g. [nvidia.com/gpu]")
@@ -193,6 +213,12 @@ class _Section:
             raise ConfigError(f"{self.prefix}{key} must be a positive number of seconds, got {value!r}")
         return float(value)
 
+    def take_minutes(self, key: str, default: float) -> float:
+        value = self.take(key, (int, float), default)  # type: ignore[arg-type]
+        if isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{self.prefix}{key} must be a number of minutes, 0 or more, got {value!r}")
+        return float(value)
+
     def take_weight(self, key: str, default: int) -> int:
         value = self.take(key, int, default)
         if not 0 <= value <= 10:
@@ -217,11 +243,11 @@ def _name(value: str, key: str) -> str:
     return value
 
 
-def _selector(text: str) -> LabelSelector:
+def _selector(text: str, key: str) -> LabelSelector:
     try:
         return LabelSelector.parse(text)
     except SelectorError as exc:
-        raise ConfigError(f"validator.selector: {exc}") from exc
+        raise ConfigError(f"{key}: {exc}") from exc
 
 
 _TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}

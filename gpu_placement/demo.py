@@ -23,11 +23,12 @@ import yaml
 
 from gpu_placement.alerting import evaluate
 from gpu_placement.config import Config, parse_config
-from gpu_placement.demo_cluster import demo_objects, demo_pods
+from gpu_placement.demo_cluster import demo_objects, demo_pods, wave_objects
 from gpu_placement.deployed import CONFIG_KEY
 from gpu_placement.explain import admission_review
 from gpu_placement.patching import apply_patch
 from gpu_placement.report import NODE_HEADER, node_rows, table
+from gpu_placement.rollout_report import policy_from_objects, rollout_json, rollout_text
 from gpu_placement.service import Core, core_from_objects
 
 __all__ = ["DEMO_CONFIG", "demo_config_map", "run_demo", "write_snapshot"]
@@ -36,7 +37,10 @@ DEMO_CONFIG: dict[str, Any] = {
     "defaultNamespacePolicy": "deny",  # GPUs only for namespaces the platform team gave a quota
     "pools": {"training": {"nodeSelector": {"pool": "training"},
                            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "training",
-                                            "effect": "NoSchedule"}]}},
+                                            "effect": "NoSchedule"}]},
+              "batch": {"nodeSelector": {"pool": "batch"}}},
+    # The batch pool's new driver soaks: only canary namespaces' pods go there for an hour.
+    "rollout": {"soakMinutes": 60, "soak": "strict"},
 }
 
 Post = Callable[[str, str, dict[str, Any]], tuple[int, Any]]
@@ -63,7 +67,7 @@ def run_demo(config: Config | None = None, out: Any = None) -> int:
 
     out = out or sys.stdout
     config = config or parse_config(DEMO_CONFIG)
-    objects = demo_objects()
+    objects = demo_objects() + wave_objects()
     core = core_from_objects(config, objects)
     labels = {o["metadata"]["name"]: o["metadata"].get("labels") or {} for o in objects if o["kind"] == "Node"}
     with tempfile.TemporaryDirectory(prefix="gpu-placement-demo-") as certs:
@@ -95,8 +99,17 @@ def run_demo(config: Config | None = None, out: Any = None) -> int:
             outcomes = [_one(core, post, labels, story, pod) for story, pod in demo_pods()]
             scraped = _get(f"http://127.0.0.1:{extender.port}/metrics")
     _print(outcomes, out)
+    _print_rollout(core, objects, out)
     _print_alerts(scraped, out)
     return 0
+
+
+def _print_rollout(core: Core, objects: list[dict[str, Any]], out: Any) -> None:
+    """The batch pool's driver wave, as `gpu-placement rollout` prints it."""
+    policy, problem = policy_from_objects(objects)
+    print("\nDRIVER ROLLOUT (gpu-placement rollout: a wave of 580.126.09 soaking on canaries; "
+          "docs/rollouts.md)", file=out)
+    print(rollout_text(rollout_json(core.placement.rollout, policy, problem)), file=out)
 
 
 def _get(url: str) -> str:
@@ -129,7 +142,8 @@ def write_snapshot(path: str) -> int:
     with the demo's configuration as the chart's ConfigMap, so `explain` and `nodes` judge with it."""
     with open(path, "wb") as out:
         out.write(orjson.dumps({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
-                                "items": [*demo_objects(), demo_config_map()]}, option=orjson.OPT_INDENT_2))
+                                "items": [*demo_objects(), *wave_objects(), demo_config_map()]},
+                               option=orjson.OPT_INDENT_2))
     print(f"wrote the demo cluster to {path}", file=sys.stderr)
     return 0
 

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["BASES", "demo_objects", "demo_pods", "make_node", "make_pod", "namespace", "validator_pod"]
+from gpu_placement.timestamps import format_time
+
+__all__ = ["BASES", "NEW_DRIVER", "OLD_DRIVER", "cluster_policy", "demo_objects", "demo_pods", "driver_labels",
+           "driver_pod", "make_node", "make_pod", "namespace", "validator_pod", "wave_objects"]
 
 Obj = dict[str, Any]
 
@@ -46,7 +50,8 @@ def _allocatable(labels: dict[str, str], shared_resource: str | None) -> dict[st
 
 def make_node(name: str, base: str | None, *, labels: dict[str, str] | None = None, drop: tuple[str, ...] = (),
               allocatable: dict[str, str] | None = None, capacity: dict[str, str] | None = None,
-              ready: bool = True, unschedulable: bool = False, shared_resource: str | None = None) -> Obj:
+              ready: bool = True, unschedulable: bool = False, shared_resource: str | None = None,
+              created: float | None = None) -> Obj:
     node_labels = base_labels(base) if base else {}
     node_labels.update(_HOST_LABELS)
     node_labels["kubernetes.io/hostname"] = name
@@ -67,6 +72,8 @@ def make_node(name: str, base: str | None, *, labels: dict[str, str] | None = No
     }
     if unschedulable:
         node["spec"]["unschedulable"] = True
+    if created is not None:
+        node["metadata"]["creationTimestamp"] = format_time(created)
     return node
 
 
@@ -109,6 +116,41 @@ def validator_pod(node: str, ready: bool = True) -> Obj:
     return pod
 
 
+def driver_labels(version: str, cuda: str) -> dict[str, str]:
+    """What GPU Feature Discovery publishes for a driver: its version and the highest CUDA it supports."""
+    major, minor, revision = version.split(".")
+    cuda_major, cuda_minor = cuda.split(".")
+    return {"nvidia.com/cuda.driver-version.full": version, "nvidia.com/cuda.driver-version.major": major,
+            "nvidia.com/cuda.driver-version.minor": minor, "nvidia.com/cuda.driver-version.revision": revision,
+            "nvidia.com/cuda.driver.major": major, "nvidia.com/cuda.driver.minor": minor,
+            "nvidia.com/cuda.driver.rev": revision, "nvidia.com/cuda.runtime-version.full": cuda,
+            "nvidia.com/cuda.runtime-version.major": cuda_major, "nvidia.com/cuda.runtime-version.minor": cuda_minor,
+            "nvidia.com/cuda.runtime.major": cuda_major, "nvidia.com/cuda.runtime.minor": cuda_minor}
+
+
+def driver_pod(node: str, version: str, ready_at: float | None, *, created: float | None = None, restarts: int = 0,
+               restarted_at: float | None = None) -> Obj:
+    """The GPU Operator's driver pod on `node` (DaemonSet nvidia-driver-daemonset, container
+    nvidia-driver-ctr, image driver:<version>-<os>): Ready since `ready_at` (None: still installing)."""
+    created = created if created is not None else (ready_at or time.time()) - 240  # installing takes minutes
+    pod = make_pod("gpu-operator", f"nvidia-driver-daemonset-{node}", node=node,
+                   image=f"nvcr.io/nvidia/driver:{version}-ubuntu22.04",
+                   labels={"app": "nvidia-driver-daemonset", "app.kubernetes.io/component": "nvidia-driver"})
+    container = pod["spec"]["containers"][0]
+    container["name"], container["resources"] = "nvidia-driver-ctr", {}
+    pod["metadata"]["creationTimestamp"] = format_time(created)
+    status: Obj = {"phase": "Running", "startTime": format_time(created + 5),
+                   "conditions": [{"type": "Ready", "status": "True" if ready_at is not None else "False",
+                                   "lastTransitionTime": format_time(ready_at if ready_at is not None else created)}],
+                   "containerStatuses": [{"name": "nvidia-driver-ctr", "ready": ready_at is not None,
+                                          "restartCount": restarts, "image": container["image"]}]}
+    if restarted_at is not None:
+        status["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 1,
+                                                                      "finishedAt": format_time(restarted_at)}}
+    pod["status"] = status
+    return pod
+
+
 # -- the demo cluster ----------------------------------------------------------------------------
 # Each node tells one story; `demo` shows how every kind of pod fares on each.
 _DEMO_NODES: list[tuple[Obj, bool | None]] = [  # (node, validator Ready; None: no validator pod)
@@ -145,6 +187,42 @@ _DEMO_NODES: list[tuple[Obj, bool | None]] = [  # (node, validator Ready; None: 
     (make_node("h100-bad-label", "h100", labels={"nvidia.com/gpu.memory": "abc"}), True),
     (make_node("cpu-1", None), None),
 ]
+
+# A driver rollout in the batch pool: 550.54.15 -> 580.126.09. Two nodes run the new driver and soak,
+# one runs the old one, one waits for the next wave (upgrade-required).
+OLD_DRIVER, NEW_DRIVER = ("550.54.15", "12.4"), ("580.126.09", "13.0")
+_WAVE = [("h100-batch-1", OLD_DRIVER, 40 * 86400.0, "upgrade-done"),
+         ("h100-batch-2", NEW_DRIVER, 20 * 60.0, "upgrade-done"),
+         ("h100-batch-3", NEW_DRIVER, 35 * 60.0, "upgrade-done"),
+         ("h100-batch-4", OLD_DRIVER, 40 * 86400.0, "upgrade-required")]
+
+
+def wave_objects(now: float | None = None) -> list[Obj]:
+    """The driver rollout of the demo, timed from `now`: the batch pool's namespaces (one a canary),
+    its nodes with their driver and validator pods, and the ClusterPolicy."""
+    now = time.time() if now is None else now
+    objects: list[Obj] = [
+        namespace("batch", {"gpu-placement.io/quota": "nvidia.com/gpu=4", "gpu-placement.io/pools": "batch"}),
+        namespace("batch-canary", {"gpu-placement.io/quota": "nvidia.com/gpu=2", "gpu-placement.io/pools": "batch",
+                                   "gpu-placement.io/canary": "true"}),
+        cluster_policy()]
+    for name, (version, cuda), ready_ago, state in _WAVE:
+        objects.append(make_node(name, "h100", created=now - 100 * 86400, labels={
+            "pool": "batch", "nvidia.com/gpu-driver-upgrade-state": state, **driver_labels(version, cuda)}))
+        objects.append(driver_pod(name, version, now - ready_ago))
+        objects.append(validator_pod(name))
+    return objects
+
+
+def cluster_policy(version: str = NEW_DRIVER[0]) -> Obj:
+    """The GPU Operator's ClusterPolicy as far as rollouts read it: the driver version the
+    DaemonSet runs, and the upgrade controller's policy for the waves."""
+    return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "cluster-policy"},
+            "spec": {"driver": {"enabled": True, "repository": "nvcr.io/nvidia", "image": "driver",
+                                "version": version,
+                                "upgradePolicy": {"autoUpgrade": True, "maxParallelUpgrades": 1,
+                                                  "maxUnavailable": "25%",
+                                                  "drain": {"enable": False}}}}}
 
 _DEMO_NAMESPACES = [
     namespace("team-a", {"gpu-placement.io/quota": "nvidia.com/gpu=16", "gpu-placement.io/pools": "training"}),
@@ -214,4 +292,7 @@ def demo_pods() -> list[tuple[str, Obj]]:
         ("broken annotation", job("research", "typo", {"nvidia.com/gpu": 1},
                                   annotations={"gpu-placement.io/cuda": "twelve"})),
         ("no GPU at all", job("web", "frontend", None, image="nginx:1.27")),
+        ("driver rollout: a canary namespace takes the soaking new driver first",
+         job("batch-canary", "smoke-test", {"nvidia.com/gpu": 1})),
+        ("driver rollout: an ordinary job is kept on the old driver", job("batch", "train", {"nvidia.com/gpu": 1})),
     ]

@@ -44,7 +44,7 @@ class Ingest:
         return None
 
     def pod(self, obj: Mapping[str, Any]) -> PodRecord:
-        return pod_from_json(obj, self.config.is_gpu_resource, self._is_validator)
+        return pod_from_json(obj, self.config.is_gpu_resource, self._is_validator, self._is_driver)
 
     def namespace(self, obj: Mapping[str, Any]) -> NamespaceRecord:
         return namespace_from_json(obj)
@@ -52,6 +52,10 @@ class Ingest:
     def _is_validator(self, namespace: str, labels: Mapping[str, str]) -> bool:
         validator = self.config.validator
         return namespace == validator.namespace and validator.selector.matches(labels)
+
+    def _is_driver(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """The GPU Operator's driver pods: in the operator's namespace (the validator's)."""
+        return namespace == self.config.validator.namespace and self.config.rollout.driver_selector.matches(labels)
 
     def replace(self, view: ClusterView, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """A full list of one kind: the view keeps what is unchanged and drops what is gone."""

@@ -28,6 +28,7 @@ CUDA_RUNTIME_OLD = ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.mi
 
 UPGRADE_DONE = "upgrade-done"
 UPGRADE_REQUIRED = "upgrade-required"
+UPGRADE_FAILED = "upgrade-failed"
 
 # Resources.
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -45,3 +46,4 @@ ANN_SHARING = PREFIX + "sharing"
 ANN_QUOTA = PREFIX + "quota"
 ANN_POOLS = PREFIX + "pools"
 ANN_ADMITTED = PREFIX + "admitted"
+ANN_CANARY = PREFIX + "canary"  # namespace: "true" takes new drivers first (docs/rollouts.md)

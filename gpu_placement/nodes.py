@@ -14,6 +14,7 @@ from typing import Any
 from gpu_placement import names as n
 from gpu_placement.cuda import Version, VersionError, driver_table, parse_version
 from gpu_placement.quantity import QuantityError, quantity_to_int
+from gpu_placement.timestamps import parse_time
 
 __all__ = ["MigProfile", "NodeFacts", "node_from_json"]
 
@@ -53,6 +54,7 @@ class NodeFacts:
     problems: dict[str, str]  # label -> what is wrong with its value
     pool: str | None = None  # the first configured pool whose nodeSelector the node's labels match
     dra_devices: int = 0  # devices the DRA driver publishes for the node (its ResourceSlices), see gpu_placement.dra
+    created: float | None = None  # metadata.creationTimestamp (Unix s): tells a new node's first driver from a change
 
     def unit_memory(self, resource: str) -> int | None:
         """MiB that one unit of `resource` stands for on this node (a whole GPU, a share, a MIG slice)."""
@@ -122,6 +124,7 @@ def node_from_json(obj: Mapping[str, Any], pool_of: Callable[[Mapping[str, str]]
         allocatable=_gpu_resources(status.get("allocatable"), problems, "allocatable"),
         problems=problems,
         pool=pool_of(labels) if pool_of is not None else None,
+        created=parse_time(meta.get("creationTimestamp")),
     )
 
 

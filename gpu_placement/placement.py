@@ -19,6 +19,7 @@ import orjson
 from gpu_placement.config import Config
 from gpu_placement.nodes import NodeFacts
 from gpu_placement.requirements import Requirements, requirements_for
+from gpu_placement.rollout import Rollout
 from gpu_placement.rules import (
     DRA_DEVICES,
     UNKNOWN_NODE,
@@ -29,6 +30,7 @@ from gpu_placement.rules import (
     insufficient_units,
     unknown_node,
 )
+from gpu_placement.soak import FAILED, SOAKING
 from gpu_placement.view import ClusterView
 
 __all__ = ["FilterResult", "Freed", "NodeVerdict", "Placement"]
@@ -119,9 +121,10 @@ class _Answer:
 
 
 class Placement:
-    def __init__(self, view: ClusterView, config: Config) -> None:
+    def __init__(self, view: ClusterView, config: Config, rollout: Rollout | None = None) -> None:
         self.view = view
         self.config = config
+        self.rollout = rollout if rollout is not None else Rollout(view, config)
         self._cache: OrderedDict[Requirements, _Verdicts] = OrderedDict()  # keyed on decision inputs only
         self._cache_bytes = 0
         self._keys: dict[Requirements, Requirements] = {}  # a pod's Requirements -> its cache key
@@ -133,6 +136,7 @@ class Placement:
         self._log: list[tuple[str, bool]] = []
         self._log_start = 0  # the position of _log[0] since the cache was last cleared
         view.subscribe(self._node_changed, self._free_changed)
+        self.rollout.subscribe(self._node_changed)  # a soak began, ended or failed: that node's verdicts
 
     # -- requests ------------------------------------------------------------------------------
     def requirements(self, pod: Mapping[str, Any]) -> Requirements:
@@ -149,6 +153,7 @@ class Placement:
             return FilterResult(list(names))
         view = self.view
         view.expire_reservations()
+        self.rollout.expire()
         asked = frozenset(names)  # touches only this request's names, each hashed once
         hash(asked)  # order-free, from the names' hashes; kept in the set
         with view.lock:
@@ -178,6 +183,7 @@ class Placement:
         """None when the pod fits on the node now, reservations included; else the reason. For `/bind`,
         which calls it under the view's lock in one step with making the reservation."""
         view = self.view
+        self.rollout.expire()
         with view.lock:
             facts = view.nodes.get(name)
             if facts is None:
@@ -187,13 +193,14 @@ class Placement:
             if verdicts is not None:  # brought current with every change of the node and of what is free on it
                 self._catch_up(verdicts)
                 return None if name in verdicts.passing else verdicts.messages.get(name, unknown_node())
-            entry = check_node(facts, view.validator_state(name), key, self.config)
+            entry = check_node(facts, view.validator_state(name), key, self.config, self.rollout.soak(name))
             return entry.message if entry.__class__ is Rejection else self._shortfall(name, entry)  # type: ignore
 
     def scores(self, req: Requirements, names: Sequence[str]) -> list[tuple[str, int]]:
         if not req.wants_gpu:
             return [(name, 0) for name in names]
         self.view.expire_reservations()
+        self.rollout.expire()
         with self.view.lock:
             scores = self._verdicts(req).scores
             return [(name, scores.get(name, 0)) for name in names]
@@ -202,6 +209,7 @@ class Placement:
         """`[{"Host": name, "Score": n}, ...]` for /prioritize, joined from per-node pieces."""
         if req.wants_gpu:
             self.view.expire_reservations()
+            self.rollout.expire()
             with self.view.lock:
                 pieces = self._verdicts(req).score_json
                 try:
@@ -223,7 +231,7 @@ class Placement:
                 reason = failures.get(name, "")
                 entry = verdicts.entries.get(name) if verdicts else None
                 rows.append(NodeVerdict(name, not reason, reason, scores.get(name, 0) if not reason else 0,
-                                        self._detail(name, entry)))
+                                        self._detail(name, entry, req.canary)))
             return rows
 
     def detail(self, req: Requirements, name: str) -> str:
@@ -233,7 +241,7 @@ class Placement:
             verdicts = self._cache.get(_decision_key(req))
             if verdicts is not None:
                 self._catch_up(verdicts)
-            return self._detail(name, verdicts.entries.get(name) if verdicts else None)
+            return self._detail(name, verdicts.entries.get(name) if verdicts else None, req.canary)
 
     # -- preemption ------------------------------------------------------------------------------
     def entry(self, req: Requirements, name: str) -> Rejection | Need | None:
@@ -272,7 +280,7 @@ class Placement:
         """Every node's verdict for a new kind of pod: `_redo` for all nodes, unrolled. A static
         rejection is one class lookup and a few stores; only nodes that pass statically are placed
         against what is free. This is the cold /filter, so it avoids a call per node where it can."""
-        view, config, req = self.view, self.config, verdicts.req
+        view, config, req, soak = self.view, self.config, verdicts.req, self.rollout.soak
         by_class, entries, classes = verdicts.by_class, verdicts.entries, self._classes
         scores, score_json, messages = verdicts.scores, verdicts.score_json, verdicts.messages
         fragments, codes, resolvable = verdicts.fragments, verdicts.codes, verdicts.resolvable
@@ -283,12 +291,12 @@ class Placement:
             node_class = classes.get(name) or self._node_class(name, facts)
             entry = by_class.get(node_class)
             if entry is None:
-                entry = by_class[node_class] = check_node(facts, view.validator_state(name), req, config)
+                entry = by_class[node_class] = check_node(facts, view.validator_state(name), req, config, soak(name))
             entries[name] = entry
             if entry.__class__ is not Rejection:  # a fresh kind has nothing to clear: _place without it
                 shortfall = self._shortfall(name, entry)  # type: ignore[arg-type]
                 if shortfall is None:
-                    scores[name] = score = self._score(name, entry)  # type: ignore[arg-type]
+                    scores[name] = score = self._score(name, entry, req.canary)  # type: ignore[arg-type]
                     score_json[name] = b'{"Host":%b,"Score":%d}' % (dumps(name), score)
                     passing.add(name)
                 else:
@@ -355,12 +363,14 @@ class Placement:
 
     def _node_class(self, name: str, facts: NodeFacts) -> int:
         """What the static verdict of a node depends on besides the pod: its facts but its name, and
-        whether its validator is there and Ready. Nodes of one class get one `check_node` per kind of
-        pod, so a new kind costs a call per class (tens), not per node (thousands)."""
+        whether its validator is there and Ready, and whether its driver is soaking or failed its soak.
+        Nodes of one class get one `check_node` per kind of pod, so a new kind costs a call per class
+        (tens), not per node (thousands)."""
         class_id = self._classes.get(name)
         if class_id is None:  # the key is hashed here once, not at every lookup (tuples do not cache it)
             validator = self.view.validator_state(name)
-            key = (_facts_key(facts), validator.pod is None, validator.ready)
+            soak = self.rollout.soak(name)
+            key = (_facts_key(facts), validator.pod is None, validator.ready, soak.state if soak.avoided else "")
             class_id = self._classes[name] = self._class_ids.setdefault(key, len(self._class_ids))
         return class_id
 
@@ -377,7 +387,7 @@ class Placement:
         entry = verdicts.by_class.get(node_class)
         if entry is None:
             entry = verdicts.by_class[node_class] = check_node(facts, self.view.validator_state(name), verdicts.req,
-                                                               self.config)
+                                                               self.config, self.rollout.soak(name))
         verdicts.entries[name] = entry
         if entry.__class__ is Rejection:
             _set_score(verdicts, name, 0)
@@ -388,7 +398,7 @@ class Placement:
     def _place(self, verdicts: _Verdicts, name: str, need: Need) -> None:
         shortfall = self._shortfall(name, need)
         if shortfall is None:
-            _set_score(verdicts, name, self._score(name, need))
+            _set_score(verdicts, name, self._score(name, need, verdicts.req.canary))
             _clear_failure(verdicts, name)
             if name not in verdicts.passing:
                 verdicts.passing.add(name)
@@ -417,9 +427,17 @@ class Placement:
                 return insufficient_memory(resource, mib // units)
         return None
 
-    def _score(self, name: str, need: Need) -> int:
+    def _score(self, name: str, need: Need, canary: bool = False) -> int:
         """Binpack: how full the node is once the pod is on it (fill used nodes first, keep whole nodes
-        free for big jobs); spread: how empty. Minus penalties for nodes to avoid when there is a choice."""
+        free for big jobs); spread: how empty. Minus penalties for nodes to avoid when there is a choice.
+        A soaking driver overrides both: the bottom for most pods, the top for canaries; a driver that
+        failed its soak, the bottom for all."""
+        soak = self.rollout.soak(name).state
+        if soak == FAILED or (soak == SOAKING and not canary):
+            return 0
+        if soak == SOAKING:
+            return MAX_SCORE
+        top = MAX_SCORE - 1 if canary else MAX_SCORE  # a canary's top is a soaking node's alone
         view = self.view
         fills = []
         for resource, units, mib in need:
@@ -436,7 +454,7 @@ class Placement:
         fill = sum(fills) / len(fills)
         raw = fill if self.config.scoring.strategy == "binpack" else 1.0 - fill
         score = round(MAX_SCORE * raw) - self._penalty(view.nodes[name])
-        return max(0, min(MAX_SCORE, score))
+        return max(0, min(top, score))
 
     def _penalty(self, facts: NodeFacts) -> int:
         weights = self.config.scoring
@@ -448,9 +466,10 @@ class Placement:
             penalty += weights.xid_errors
         return penalty
 
-    def _detail(self, name: str, entry: Rejection | Need | None) -> str:
+    def _detail(self, name: str, entry: Rejection | Need | None, canary: bool = False) -> str:
         if entry is None or entry.__class__ is Rejection:
             return ""
+        soak = self.rollout.soak(name)
         parts = []
         for resource, units, mib in entry:  # type: ignore[union-attr]
             if resource == DRA_DEVICES:
@@ -462,10 +481,16 @@ class Placement:
             memory = f", needs {mib} MiB of {free_mib} MiB free" if mib is not None and free_mib is not None else ""
             parts.append(f"{units}x {resource} of {free_units} free{memory}")
         penalty = self._penalty(self.view.nodes[name])
-        return "; ".join(parts) + (f"; score -{penalty} (upgrade/unhealthy/XID)" if penalty else "")
+        if soak.avoided:
+            top = soak.state == SOAKING and canary
+            parts.append(f"driver {soak.version or '?'} {soak.state}: score {MAX_SCORE if top else 0} "
+                         f"({'canary namespace' if canary else 'not a canary namespace'}; gpu-placement rollout)")
+        elif penalty:
+            parts.append(f"score -{penalty} (upgrade/unhealthy/XID)")
+        return "; ".join(parts)
 
 
-_FACT_FIELDS = tuple(f.name for f in fields(NodeFacts) if f.name != "name")
+_FACT_FIELDS = tuple(f.name for f in fields(NodeFacts) if f.name not in ("name", "created"))  # per node: no class
 
 
 def _facts_key(facts: NodeFacts) -> Hashable:

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpu_placement import names as n
 from gpu_placement.quantity import QuantityError, quantity_to_int
+from gpu_placement.soak import OperatorPod, operator_pod_from_json
 
 __all__ = ["MAX_GPU_COUNT", "GpuRequests", "PodRecord", "container_gpu_requests", "effective_gpu_requests",
            "pod_from_json", "pod_key", "pod_priority", "resource_version"]
@@ -48,6 +49,8 @@ class PodRecord:
     # has instead of building it again (Ingest.relist). Not part of equality: a change the rules do
     # not read still compares equal, and the view skips it.
     version: int = field(default=0, compare=False)
+    failed: bool = False  # phase Failed: counted per driver version (rollout metrics)
+    operator: OperatorPod | None = None  # a GPU Operator driver or validator pod: what the rollout reads
 
     @property
     def key(self) -> str:
@@ -59,13 +62,16 @@ def pod_key(namespace: str, name: str) -> str:
 
 
 def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool],
-                  is_validator: Callable[[str, Mapping[str, str]], bool]) -> PodRecord:
+                  is_validator: Callable[[str, Mapping[str, str]], bool],
+                  is_driver: Callable[[str, Mapping[str, str]], bool] | None = None) -> PodRecord:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     namespace = sys.intern(str(meta.get("namespace") or "default"))  # one string per namespace, not per pod
     labels = meta.get("labels") or {}
-    validator_ready = _is_ready(status) if is_validator(namespace, labels) else None
+    validator = is_validator(namespace, labels)
+    validator_ready = _is_ready(status) if validator else None
+    operator = validator or (is_driver is not None and is_driver(namespace, labels))
     try:
         gpus = effective_gpu_requests(spec, is_gpu_resource)
     except QuantityError:
@@ -88,6 +94,8 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         labels=_labels(labels) if gpus and labels else (),
         nominated=sys.intern(nominated) if isinstance(nominated, str) and nominated else None,
         version=resource_version(meta),
+        failed=status.get("phase") == "Failed",
+        operator=operator_pod_from_json(obj) if operator and spec.get("nodeName") else None,
     )
 
 

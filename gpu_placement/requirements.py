@@ -47,6 +47,7 @@ class Requirements:
     error: str | None = None  # a broken annotation or request: no node can be chosen until it is fixed
     claims: tuple[str, ...] = ()  # GPU device classes its ResourceClaims request (DRA: gpu_placement.dra)
     dra_resources: frozenset[str] = frozenset()  # of `gpus`, those a DeviceClass serves where a node lacks them
+    canary: bool = False  # its namespace has gpu-placement.io/canary: "true": takes soaking drivers first
 
     @property
     def wants_gpu(self) -> bool:
@@ -70,6 +71,8 @@ class Requirements:
         if self.products:
             parts.append("product in " + ",".join(sorted(self.products)))
         parts.append(f"sharing {self.sharing}")
+        if self.canary:
+            parts.append("canary (takes new drivers first)")
         return "; ".join(parts)
 
 
@@ -117,7 +120,8 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
         return Requirements(gpus=gpus, error=f"BadAnnotation: {exc}", claims=claims)
     level = narrowed(level or EXCLUSIVE, asked)
     return Requirements(gpus, memory, memory_source, cuda, cuda_source, compat == "minor",
-                        min_driver, min_compute, products, level.text, image_cuda, None, claims, dra_resources)
+                        min_driver, min_compute, products, level.text, image_cuda, None, claims, dra_resources,
+                        canary=ns_ann.get(n.ANN_CANARY) == "true")
 
 
 def _first(pod_ann: Mapping[str, str], ns_ann: Mapping[str, str], key: str, where: str, ns_where: str,

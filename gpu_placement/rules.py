@@ -20,6 +20,7 @@ from gpu_placement.cuda import format_version as v
 from gpu_placement.cudaneed import CudaNeed, Term, brand_of, is_data_center, term_holds
 from gpu_placement.nodes import NodeFacts
 from gpu_placement.requirements import Requirements
+from gpu_placement.soak import FAILED, NO_SOAK, Soak
 
 __all__ = [
     "CODES",
@@ -55,7 +56,9 @@ UNKNOWN_NODE = "UnknownNode"
 BAD_ANNOTATION = "BadAnnotation"
 SHARING_MISMATCH = "SharingMismatch"
 UNKNOWN_CLAIM = "UnknownClaim"
-CODES = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING, SHARING_MISMATCH, BAD_LABEL,
+DRIVER_SOAKING = "DriverSoaking"
+CODES = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING, DRIVER_SOAKING, SHARING_MISMATCH,
+         BAD_LABEL,
          UNKNOWN_DRIVER, DRIVER_TOO_OLD, COMPUTE_CAPABILITY, PRODUCT_MISMATCH, UNKNOWN_GPU_MEMORY,
          INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU, UNKNOWN_NODE, BAD_ANNOTATION, UNKNOWN_CLAIM)
 # The DRA allocator owns devices: a pod's DRA part is judged by the node rules only, and stands in a
@@ -90,18 +93,21 @@ def _reject(code: str, sentence: str) -> Rejection:
     return Rejection(code, f"{code}: {sentence}")
 
 
-def check_node(node: NodeFacts, validator: ValidatorState, req: Requirements, config: Config) -> Rejection | Need:
-    """The verdict that does not depend on what else runs on the node: readiness, compatibility,
-    and whether one device can ever hold the ask. Otherwise, what the pod will take (`Need`)."""
+def check_node(node: NodeFacts, validator: ValidatorState, req: Requirements, config: Config,
+               soak: Soak = NO_SOAK) -> Rejection | Need:
+    """The verdict that does not depend on what else runs on the node: readiness, the driver's soak,
+    compatibility, and whether one device can ever hold the ask. Otherwise, what the pod will take
+    (`Need`)."""
     if req.error is not None:
         code = req.error.split(":", 1)[0]
         return Rejection(code if code in CODES else BAD_ANNOTATION, req.error)
     if req.claims or req.dra_resources:
         plugin = tuple((res, count) for res, count in req.gpus if not _served_by_dra(node, req, res))
         if req.claims or len(plugin) < len(req.gpus):
-            return _check_dra(node, validator, req, replace(req, gpus=plugin), config)
-    return (_readiness(node, validator, req, config) or _sharing_fit(node, req, config) or _image_cuda_fit(node, req)
-            or _compatibility(node, req) or _label_problems(node, req) or _device_fit(node, req))
+            return _check_dra(node, validator, req, replace(req, gpus=plugin), config, soak)
+    return (_readiness(node, validator, req, config) or _soaking(node, soak, req, config)
+            or _sharing_fit(node, req, config) or _image_cuda_fit(node, req) or _compatibility(node, req)
+            or _label_problems(node, req) or _device_fit(node, req))
 
 
 def _served_by_dra(node: NodeFacts, req: Requirements, resource: str) -> bool:
@@ -111,12 +117,13 @@ def _served_by_dra(node: NodeFacts, req: Requirements, resource: str) -> bool:
 
 
 def _check_dra(node: NodeFacts, validator: ValidatorState, req: Requirements, plugin: Requirements,
-               config: Config) -> Rejection | Need:
-    """A pod that takes devices through DRA here: the node rules and what its images need, never unit
-    or memory fit (the DRA allocator owns devices); its device-plugin part, if any, as always."""
+               config: Config, soak: Soak) -> Rejection | Need:
+    """A pod that takes devices through DRA here: the node rules, the driver's soak and what its images
+    need, never unit or memory fit (the DRA allocator owns devices); its device-plugin part, if any, as
+    always."""
     plugin_part = plugin.gpus and (_readiness(node, validator, plugin, config) or _sharing_fit(node, plugin, config))
-    rejection = (dra_readiness(node, validator, config) or plugin_part or _image_cuda_fit(node, req)
-                 or _compatibility(node, req) or _label_problems(node, req))
+    rejection = (dra_readiness(node, validator, config) or plugin_part or _soaking(node, soak, req, config)
+                 or _image_cuda_fit(node, req) or _compatibility(node, req) or _label_problems(node, req))
     if rejection:
         return rejection
     fit = _device_fit(node, plugin) if plugin.gpus else ()
@@ -177,6 +184,23 @@ def _gpu_stack(node: NodeFacts, validator: ValidatorState, config: Config) -> Re
         return _reject(MIG_RECONFIGURING, f"the node is applying a MIG layout "
                                           f"({n.MIG_CONFIG_STATE}={node.mig_config_state})")
     return None
+
+
+def _soaking(node: NodeFacts, soak: Soak, req: Requirements, config: Config) -> Rejection | None:
+    """`rollout.soak: strict`: a driver that changed less than `soakMinutes` ago (or failed its soak)
+    runs canary namespaces' pods only. With `prefer` the score says it instead (placement)."""
+    if not soak.avoided or req.canary or config.rollout.soak != "strict":
+        return None
+    driver = f"driver {v(node.driver)}" if node.driver else "the node's driver"
+    minutes = f"{config.rollout.soak_minutes:g} minutes"
+    allow = f"only pods of namespaces annotated {n.ANN_CANARY}=\"true\" run on it"
+    if soak.state == FAILED:
+        return _reject(DRIVER_SOAKING, f"{driver} failed its {minutes} soak on the node (an XID error, a driver or "
+                                       f"validator restart, or upgrade-failed; see gpu-placement rollout): {allow} "
+                                       "until the driver is replaced or rolled back (rollout.soak: strict)")
+    return _reject(DRIVER_SOAKING, f"{driver} changed on the node less than {minutes} ago and is soaking: {allow} "
+                                   f"until it has run {minutes} without an XID error or a validator restart "
+                                   "(rollout.soak: strict)")
 
 
 def _no_resource(node: NodeFacts, resource: str) -> str:

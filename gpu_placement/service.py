@@ -25,6 +25,7 @@ from gpu_placement.dra.discovery import DraApi
 from gpu_placement.dra.state import DRA_KINDS
 from gpu_placement.ingest import FILE_KINDS, KINDS, Ingest
 from gpu_placement.placement import Placement
+from gpu_placement.rollout import track_rollout
 from gpu_placement.snapshot import SnapshotSource
 from gpu_placement.view import ClusterView
 
@@ -95,10 +96,17 @@ def _track(view: ClusterView, config: Config) -> None:
     track_cluster(view, config, lambda record: parse_policy(record, record.name, config).quota)
 
 
+def _placement(view: ClusterView, config: Config) -> Placement:
+    """Placement, with its driver rollout's figures on /metrics."""
+    placement = Placement(view, config)
+    track_rollout(placement.rollout)
+    return placement
+
+
 def _core(config: Config, binder_for: Callable[[ClusterView], Binder]) -> Core:
     view = ClusterView(config)
     _track(view, config)
-    return Core(config, view, Ingest(config), Placement(view, config), binder_for(view), lambda: _view_ready(view))
+    return Core(config, view, Ingest(config), _placement(view, config), binder_for(view), lambda: _view_ready(view))
 
 
 def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
@@ -126,7 +134,7 @@ def core_from_snapshot(config: Config, path: str | Path, watch: bool = False) ->
     source.load()
     freeze_heap()
     _track(view, config)
-    core = Core(config, view, ingest, Placement(view, config), SnapshotBinder(view, source), lambda: _view_ready(view))
+    core = Core(config, view, ingest, _placement(view, config), SnapshotBinder(view, source), lambda: _view_ready(view))
     if watch:
         source.start()
         core.stoppers.append(source.stop)
@@ -174,7 +182,7 @@ def core_from_cluster(config: Config, kubeconfig: str | None, kinds: tuple[str, 
     source = LiveSource(view, ingest, api, kinds=(*kinds, *dra.paths()), paths=dra.paths(),
                         selectors={"resourceslices": f"spec.driver={config.dra.driver}"})
     _track(view, config)
-    core = Core(config, view, ingest, Placement(view, config), ApiBinder(api), source.readiness, api=api,
+    core = Core(config, view, ingest, _placement(view, config), ApiBinder(api), source.readiness, api=api,
                 kinds=(*kinds, *dra.paths()), dra=dra)
     source.start()
     core.stoppers.append(source.stop)

@@ -91,17 +91,19 @@ def readings_from(fb_free: str | bytes, xid: str | bytes, now: float) -> dict[st
         TELEMETRY_SKIPPED.labels(reason).inc(count)
         log.debug("telemetry: %d %s sample(s) of %s skipped", count, reason, FB_FREE)
     xids: dict[str, int] = {}
+    events: dict[str, int] = {}
     uuids: dict[str, set[str]] = {}
     for series in _vector(xid):
         metric = series.get("metric") if isinstance(series, dict) else None
         node = _node(metric) if isinstance(metric, dict) else None
         if node is not None:
             xids[node] = xids.get(node, 0) + 1
+            events[node] = events.get(node, 0) + _events(series)
             if metric.get("UUID"):
                 uuids.setdefault(node, set()).add(str(metric["UUID"]))
     return {node: Telemetry(sum(devices[node].values()) if node in devices else None, xids.get(node, 0), now,
                             tuple(sorted(devices.get(node, {}).values(), reverse=True)),
-                            frozenset(uuids.get(node, ())))
+                            frozenset(uuids.get(node, ())), events.get(node, 0))
             for node in devices.keys() | xids.keys()}
 
 
@@ -112,6 +114,12 @@ def _free_mib(series: dict[str, Any]) -> int | str:
     except (KeyError, IndexError, TypeError, ValueError):
         return "malformed"
     return int(value) if math.isfinite(value) else "non_finite"
+
+
+def _events(series: dict[str, Any]) -> int:
+    """An XID series' changes() in the window (rollout figures); a sample that is no number counts none."""
+    count = _free_mib(series)  # the same parse: an int, or why it is not one
+    return count if isinstance(count, int) and count > 0 else 0
 
 
 class TelemetrySource:

@@ -59,6 +59,7 @@ class Telemetry:
     at: float
     device_free_mib: tuple[int, ...] = ()  # each device's free framebuffer, largest first
     xid_devices: frozenset[str] = frozenset()  # UUIDs of the devices with those XID events (DRA taints them)
+    xid_events: int = 0  # XID events (value changes) over the node's devices in the window: rollout metrics
 
 
 @dataclass(slots=True, frozen=True)

@@ -126,6 +126,8 @@ RESOURCES: tuple[Resource, ...] = (
              "MutatingWebhookConfiguration", False),
     Resource(_ADMISSION, "v1", "validatingwebhookconfigurations", "validatingwebhookconfiguration",
              "ValidatingWebhookConfiguration", False),
+    # The GPU Operator's CRD, cluster-scoped with a status subresource (config/crd/bases of NVIDIA/gpu-operator).
+    Resource("nvidia.com", "v1", "clusterpolicies", "clusterpolicy", "ClusterPolicy", False, has_status=True),
 )
 _BY_NAME = {name.lower(): r for r in RESOURCES for name in (r.plural, r.singular, r.kind, *r.short_names)}
 _POD = _BY_NAME["pods"]

@@ -142,6 +142,17 @@ NODE_SERIES = [(f'{UNUSABLE}{{node="gpu-07",reason="NotValidated",pod="{p}"}}', 
     (f'{UNUSABLE}{{node="gpu-10",reason="NotValidated",pod="a"}}', "60+0x9 stale _x9 1260+0x20"),
 ]
 BUCKET = 'gpu_placement_request_seconds_bucket{{component="extender",verb="{verb}",le="{le}",pod="s"}}'
+NEW, OLD = 'version="580.126.09",release="newest"', 'version="550.54.15",release="previous"'
+
+
+def driver_series(metric: str, newest: str, previous: str | None) -> list[tuple[str, str]]:
+    """One driver metric of both versions, as two replicas export it (the alert must fire once)."""
+    series = [(f"gpu_placement_driver_{metric}{{{NEW},pod=\"{p}\"}}", newest) for p in ("a", "b")]
+    return series + ([(f"gpu_placement_driver_{metric}{{{OLD},pod=\"a\"}}", previous)] if previous else [])
+
+
+XID_BAD = {"version": "580.126.09", "signal": "XID errors per node-hour"}
+PODS_BAD = {"version": "580.126.09", "signal": "the share of GPU pods that failed"}
 CASES = [
     Case("GpuNodeNotValidated", NODE_SERIES, "20m", [{"node": "gpu-07", "reason": "NotValidated"}]),
     Case("GpuNodeNotValidated", NODE_SERIES, "10m"),  # not 15 minutes yet
@@ -209,6 +220,23 @@ CASES = [
         ('gpu_placement_quota_mirror_last_success_timestamp_seconds{lease="gpu-placement-quota-mirror",pod="b"}',
          "0+60x30"),
     ], "20m", [{"lease": "gpu-placement-quota-mirror", "pod": "a"}]),
+    # A bad new driver: 3 XID events per node-hour against 0.5 on the previous one (alert above 2 x 0.5 + 0.1).
+    Case("GpuDriverVersionRegression", driver_series("xid_per_node_hour", "3+0x90", "0.5+0x90"), "30m", [XID_BAD]),
+    Case("GpuDriverVersionRegression", driver_series("xid_per_node_hour", "3+0x90", "0.5+0x90"), "10m"),  # 15m first
+    # As good as the previous one, within the ratio: quiet.
+    Case("GpuDriverVersionRegression", driver_series("xid_per_node_hour", "1+0x90", "0.5+0x90"), "60m"),
+    # Nothing to compare with (the wave is done, or no telemetry on the previous version): quiet.
+    Case("GpuDriverVersionRegression", driver_series("xid_per_node_hour", "3+0x90", None), "60m"),
+    # 40% of the GPU pods on the new driver failed against 5% on the old one.
+    Case("GpuDriverVersionRegression", [*driver_series("gpu_pods", "20+0x90", "100+0x90"),
+                                        *driver_series("gpu_pods_failed", "8+0x90", "5+0x90"),
+                                        *driver_series("xid_per_node_hour", "0.5+0x90", "0.5+0x90")], "30m",
+         [PODS_BAD]),
+    # Too few pods on the new driver to tell (5, under minPods 10), and a share within the ratio.
+    Case("GpuDriverVersionRegression", [*driver_series("gpu_pods", "5+0x90", "100+0x90"),
+                                        *driver_series("gpu_pods_failed", "4+0x90", "5+0x90")], "60m"),
+    Case("GpuDriverVersionRegression", [*driver_series("gpu_pods", "40+0x90", "100+0x90"),
+                                        *driver_series("gpu_pods_failed", "4+0x90", "5+0x90")], "60m"),
     Case("GpuQuotaMirrorFailing", [
         # Failing for 8 minutes (an API server restart), then a good turn: never 10 minutes.
         ('gpu_placement_quota_mirror_last_success_timestamp_seconds{lease="gpu-placement-quota-mirror",pod="a"}',

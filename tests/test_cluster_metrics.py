@@ -82,7 +82,7 @@ def test_demo_cluster_as_exported(core: Core) -> None:
     assert value("gpu_placement_namespace_quota_used", namespace="team-a", resource=GPU) == 8
     assert value("gpu_placement_namespace_quota_used", namespace="research", resource=GPU) == 0  # old-job finished
     assert value("gpu_placement_namespace_quota_limit", namespace="web", resource=GPU) is None  # no quota
-    assert value("gpu_placement_config_info", mode="enforce", pools="training", scheduler_name="gpu-placement",
+    assert value("gpu_placement_config_info", mode="enforce", pools="batch,training", scheduler_name="gpu-placement",
                  strategy="binpack", validator_required="true") == 1
     assert_matches_rebuild(core)
 

@@ -51,7 +51,9 @@ def test_dashboard_json_is_a_valid_dashboard() -> None:
         assert len(refs) == len(set(refs)), panel["title"]
     titles = {p["title"] for p in panels()}
     for wanted in ("GPU nodes by verdict", "Free GPU memory by pool", "Quota use by namespace", "Extender latency",
-                   "Extender decisions by code", "Webhook denials by reason", "Watch health"):
+                   "Extender decisions by code", "Webhook denials by reason", "Watch health",
+                   "GPU nodes by driver version and rollout state", "XID errors per node-hour by driver version",
+                   "Failed GPU pods by driver version (share)"):
         assert wanted in titles
 
 

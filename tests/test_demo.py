@@ -31,6 +31,8 @@ def test_demo_admits_places_and_explains() -> None:
     assert "denied research/sweep: namespace research may use 2 nvidia.com/gpu (gpu-placement.io/quota)" in text
     assert "denied web/frontend-gpu: namespace web has no GPU access" in text
     assert 'gpu-placement.io/cuda="twelve"' in text
+    canary = admission["batch-canary/smoke-test"]  # its gpu-placement.io/canary is known: no warning
+    assert " allowed " in canary and "warning" not in canary
 
     placed = rows(text, "SCHEDULING")
     assert placed["team-a/llama-finetune"].split()[1] == "h100-train-1"  # binpack: the node already in use
@@ -45,11 +47,16 @@ def test_demo_admits_places_and_explains() -> None:
                      r"nvidia.com/gpu.shared memory free and the node has less .*\(FailedNodes", text)
     assert "research/huge-model waits: InsufficientGPUMemory: the pod asks 122880 MiB per device" in text
     # an exclusive pod whose only candidates are time-sliced: told what would let it take a replica
-    assert placed["media/transcode"].split()[1:] == ["Pending", "-", "1", "NoGPU,", "1", "SharingMismatch,", "14",
+    assert placed["media/transcode"].split()[1:] == ["Pending", "-", "1", "NoGPU,", "1", "SharingMismatch,", "18",
                                                      "outside", "its", "node", "selector"]
     assert ("media/transcode waits: SharingMismatch: the pod's sharing level is exclusive (whole GPUs), but "
             "nvidia.com/gpu here is a replica of a shared GPU") in text
     assert "set gpu-placement.io/sharing=shared on the pod" in text
+    # the driver wave: the canary namespace's job takes a soaking node of the new driver (the top score),
+    # the ordinary job in the same pool is refused there (rollout.soak: strict) and runs on the old driver
+    assert placed["batch-canary/smoke-test"].split()[1:3] == ["h100-batch-3", "10/10"]
+    assert placed["batch/train"].split()[1] == "h100-batch-1"
+    assert "2 DriverSoaking" in placed["batch/train"]
     alerts = text.split("ALERTS", 1)[1].splitlines()
     waiting = [line.split()[1:3] for line in alerts if line.startswith("GpuPodsWaiting")]
     assert waiting == [["InsufficientGPUMemory", "2"], ["SharingMismatch", "1"]]  # each pod under its own reason
@@ -70,3 +77,22 @@ def test_demo_shows_every_reason_code_a_scheduler_sees() -> None:
             assert re.search(rf"\d+ {code}\b", text), code
     assert re.search(r"\d+ SharingMismatch\b", text)  # the sharing rule, on a time-sliced node
     assert rows(out.getvalue(), "SCHEDULING")["vision/detector"].split()[1] == "h100-train-2"
+
+
+def test_demo_shows_the_driver_wave() -> None:
+    out = io.StringIO()
+    run_demo(out=out)
+    text = out.getvalue()
+    wave = text.split("DRIVER ROLLOUT", 1)[1].split("ALERTS", 1)[0]
+    assert "Driver soak: 60 minutes, strict" in wave
+    cells = {line.split()[0]: line.split() for line in wave.splitlines() if line.strip()}
+    assert cells["DRIVER"][:9] == ["DRIVER", "RELEASE", "NODES", "DONE", "PENDING", "UPGRADING", "SOAKING", "FAILED",
+                                   "GPU"]
+    assert cells["580.126.09"][1:8] == ["newest", "3", "1", "0", "0", "2", "0"]  # 2 soaking, 1 done (a100-vgpu)
+    assert cells["550.54.15"][1] == "previous"
+    for name in ("h100-batch-2", "h100-batch-3"):
+        assert cells[name][1:3] == ["580.126.09", "soaking"] and re.fullmatch(r"\d+m", cells[name][3])
+    assert cells["h100-batch-4"][2] == "pending"
+    assert 'Canary namespaces (gpu-placement.io/canary="true"): batch-canary' in wave
+    assert "Next wave: 0 of 2 waiting, to driver 580.126.09 (ClusterPolicy cluster-policy: maxParallelUpgrades 1 " \
+           "with 1 in flight" in wave

@@ -13,13 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from prometheus_client import REGISTRY
 
 from gpu_placement.config import Config, Telemetry
 from gpu_placement.demo_cluster import make_node, namespace, validator_pod
 from gpu_placement.service import core_from_objects
-from gpu_placement.telemetry import TelemetrySource, fb_free_query, xid_query
+from gpu_placement.telemetry import TelemetrySource, fb_free_query, readings_from, xid_query
 from tests.prometheus import PrometheusServer, Series, openmetrics
 from tests.test_extender_http import Extender, api_pod
 
@@ -170,6 +171,19 @@ def test_a_nan_or_inf_sample_skips_only_its_own_device(tmp_path: Path) -> None:
     assert readings["half-broken"].device_free_mib == (6000,) and readings["half-broken"].free_mib == 6000
     assert "inf-node" not in readings
     assert _skipped("non_finite") == before + 2
+
+
+def test_xid_events_per_node_are_summed_and_a_sample_that_is_no_number_counts_none() -> None:
+    """The rollout's XID rate per driver version adds each device's changes() in the window."""
+    def vector(*samples: tuple[str, str, Any]) -> bytes:
+        result = [{"metric": {"Hostname": node, "UUID": uuid}, "value": [0, value]} for node, uuid, value in samples]
+        return orjson.dumps({"status": "success", "data": {"resultType": "vector", "result": result}})
+
+    readings = readings_from(vector(), vector(("a", "GPU-1", "2"), ("a", "GPU-2", "3"), ("b", "GPU-3", "NaN"),
+                                              ("c", "GPU-4", None)), 0.0)
+    assert {node: (r.xid_errors, r.xid_events, r.xid_devices) for node, r in readings.items()} == {
+        "a": (2, 5, frozenset({"GPU-1", "GPU-2"})), "b": (1, 0, frozenset({"GPU-3"})),
+        "c": (1, 0, frozenset({"GPU-4"}))}
 
 
 def _skipped(reason: str) -> float:

@@ -131,6 +131,16 @@ def test_unknown_namespace_annotations_and_a_quota_on_the_rewritten_name_warn() 
     assert any("quota nvidia.com/gpu.shared instead" in w for w in parsed.warnings)
 
 
+def test_the_canary_annotation_is_known_and_a_value_other_than_true_warns() -> None:
+    """gpu-placement.io/canary is read by the extender (driver rollouts), not by the webhook's policy."""
+    assert policy({"gpu-placement.io/canary": "true"}).warnings == ()
+    assert policy({"gpu-placement.io/canary": "false"}).warnings == ()
+    [warning] = policy({"gpu-placement.io/canary": "yes"}).warnings
+    assert warning == ('gpu-placement.io/canary on namespace team-a is "yes": only "true" makes it a canary namespace '
+                       '(its pods take new GPU drivers first); write "true" or remove it')
+    assert policy({"gpu-placement.io/canary": "yes"}).errors == {}  # a warning: GPU pods are still admitted
+
+
 @pytest.mark.parametrize(("narrow", "wide", "within"), [
     ("shared", "exclusive", True), ("mig-1g.10gb", "exclusive", True), ("shared", "mig-1g.10gb", True),
     ("mig-1g.10gb", "mig-3g.40gb", True), ("mig-1g.10gb", "mig-1g.10gb", True), ("exclusive", "exclusive", True),

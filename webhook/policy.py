@@ -36,7 +36,8 @@ __all__ = [
     "sharing_of_resource",
 ]
 
-NAMESPACE_ANNOTATIONS = (n.ANN_SHARING, n.ANN_QUOTA, n.ANN_POOLS, n.ANN_GPU_MEMORY, n.ANN_PRODUCTS, n.ANN_CUDA)
+NAMESPACE_ANNOTATIONS = (n.ANN_SHARING, n.ANN_QUOTA, n.ANN_POOLS, n.ANN_GPU_MEMORY, n.ANN_PRODUCTS, n.ANN_CUDA,
+                         n.ANN_CANARY)
 _MAX_VALUE = MAX_ANNOTATION_VALUE  # our annotations are short lists; the extender refuses the same lengths
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
 _EXAMPLES = {
@@ -92,8 +93,12 @@ def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> N
             values[key] = parse(_plain(raw))
         except ValueError as exc:
             errors[key] = _sentence(key, raw, where, exc)
+    canary = annotations.get(n.ANN_CANARY)  # read by the extender (docs/rollouts.md); only "true" counts
+    if canary is not None and canary not in ("true", "false"):
+        warnings.append(f"{n.ANN_CANARY} on {where} is {quoted(canary)}: only \"true\" makes it a canary namespace "
+                        "(its pods take new GPU drivers first); write \"true\" or remove it")
     for key in sorted(annotations):
-        if key not in parsers and key != n.ANN_ADMITTED:
+        if key not in parsers and key not in (n.ANN_ADMITTED, n.ANN_CANARY):
             warnings.append(f"annotation {key} on {where} is not read by gpu-placement (namespace annotations: "
                             f"{', '.join(NAMESPACE_ANNOTATIONS)}); remove it or fix its name")
     sharing: Sharing = values.get(n.ANN_SHARING, EXCLUSIVE)  # type: ignore[assignment]
