@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--extender-tls-key", metavar="FILE")
     serve.add_argument("--extender-max-body-bytes", type=int, default=64 * 2**20, metavar="N",
                        help="largest extender request accepted (default 64 MiB); larger ones get 413")
+    serve.add_argument("--health-listen", type=_listen, metavar="HOST:PORT",
+                       help="also serve only GET /healthz and /readyz there, plain HTTP (for kubelet's HTTP probes "
+                       "when the extender listens on loopback)")
     serve.add_argument("--managed-resources", type=_resources, metavar="R1,R2,...",
                        help="the managedResources of kube-scheduler's extender configuration: warn (log and "
                        "metric) about GPU resources nodes offer beyond them, which bypass the extender")
@@ -97,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default: $POD_NAMESPACE, else gpu-placement)")
     serve.add_argument("--webhook-configuration", metavar="NAME", default="gpu-placement",
                        help="name of the Mutating- and ValidatingWebhookConfiguration to patch")
+    serve.add_argument("--webhooks-file", metavar="FILE",
+                       help="the webhooks ({mutating: [...], validating: [...]}) to write into the (empty) "
+                       "--webhook-configuration once this replica is ready and its --service has a ready "
+                       "endpoint; nothing is sent to the webhook before")
     serve.add_argument("--cert-dir", metavar="DIR", default="/tmp/gpu-placement-certs",
                        help="where --manage-certs writes the serving pair (default /tmp/gpu-placement-certs)")
     serve.add_argument("--ca-lifetime", type=_duration, default=3650 * 86400.0, metavar="DURATION",
@@ -114,9 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="--manage-certs: how often the certificates are checked (default 60s)")
     serve.add_argument("--quota-mirror", action=argparse.BooleanOptionalAction, default=True,
                        help="keep a ResourceQuota in each namespace with gpu-placement.io/quota, so the API server "
-                       "enforces it (default on; off in audit mode and with --snapshot)")
+                       "enforces it; in audit mode, delete the ones kept before (default on; off with --snapshot)")
     serve.add_argument("--quota-lease", metavar="NAME", default="gpu-placement-quota-mirror",
                        help="Lease (in --namespace) that elects the one replica writing ResourceQuotas")
+    serve.add_argument("--owner", metavar="NAME",
+                       help="owner of every object the service writes (mirrored ResourceQuotas, DRA DeviceTaintRules): "
+                       "this ValidatingWebhookConfiguration, so they go with it (helm uninstall); default: none "
+                       "(a quota's own Namespace)")
     serve.add_argument("--dra-lease", metavar="NAME", default="gpu-placement-dra",
                        help="Lease (in --namespace) that elects the one webhook replica writing DeviceTaintRules "
                        "for unverified nodes' DRA devices (config dra.taints)")
@@ -355,6 +366,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _bypassed(core: Any, access: Any, pod: dict[str, Any]) -> list[str]:
     """How a pod that exists went around gpu-placement, if it did."""
     from gpu_placement.bypass import Webhook, bypass_reasons
+    from gpu_placement.names import REGISTERED_ANNOTATION
 
     webhook = None
     if access is not None:
@@ -368,10 +380,13 @@ def _bypassed(core: Any, access: Any, pod: dict[str, Any]) -> list[str]:
         if found is not None:
             first = found[0] if found else {}
             meta = first.get("metadata") or {}
-            hooks = first.get("webhooks") or [{}]
-            webhook = Webhook(meta.get("name"), meta.get("creationTimestamp"), hooks[0].get("failurePolicy"))
+            hooks = first.get("webhooks") or []
+            registered = str((meta.get("annotations") or {}).get(REGISTERED_ANNOTATION) or "").split(" ")[0] or None
+            webhook = Webhook(meta.get("name"), meta.get("creationTimestamp"), (hooks or [{}])[0].get("failurePolicy"),
+                              len(hooks) if found else None, registered)
     asks_gpu = core.placement.requirements(pod).wants_gpu
-    return bypass_reasons(pod, core.config, asks_gpu, webhook)
+    record = core.view.namespaces.get((pod.get("metadata") or {}).get("namespace") or "default")
+    return bypass_reasons(pod, core.config, asks_gpu, webhook, record.labels if record is not None else None)
 
 
 def _existing_pod(args: argparse.Namespace, access: Any, namespace: str, name: str) -> dict[str, Any]:

@@ -220,6 +220,7 @@ class ClusterMetrics:
             reservation_age = (max(0.0, view.clock() - (oldest.expires - self.config.reservation_ttl_seconds))
                                if oldest is not None else 0.0)
             telemetry_nodes = len(view.telemetry)
+            dra_devices = {ns: dict(counts) for ns, counts in view.dra.namespace_devices.items()}
         out: list[Metric] = []
         family = GaugeMetricFamily("gpu_placement_gpu_nodes", "GPU nodes by verdict (OK or the reason code that "
                                    "keeps GPU pods off them) and nvidia.com/gpu.product.",
@@ -248,6 +249,14 @@ class ClusterMetrics:
                 limits.add_metric([namespace, resource], value)
                 used.add_metric([namespace, resource], usage.get(resource, 0))
         out += [limits, used]
+        claimed = GaugeMetricFamily("gpu_placement_namespace_dra_devices", "Devices the namespace's ResourceClaims "
+                                    "ask for, per device class, as ResourceQuota charges them "
+                                    "(<class>.deviceclass.resource.k8s.io/devices).",
+                                    labels=["namespace", "device_class"])
+        for namespace, counts in sorted(dra_devices.items()):
+            for device_class, value in sorted(counts.items()):
+                claimed.add_metric([namespace, device_class], value)
+        out.append(claimed)
         count = GaugeMetricFamily("gpu_placement_pods_waiting", "Pending GPU pods the extender last rejected on "
                                   "every node it was asked about, by the reason of the node that came closest to "
                                   "taking it.",

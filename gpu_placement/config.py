@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from gpu_placement.names import GPU_RESOURCE, MIG_RESOURCE_PREFIX
+from gpu_placement.names import GPU_RESOURCE, LABEL_ENABLED, MIG_RESOURCE_PREFIX
 from gpu_placement.selectors import LabelSelector, SelectorError
 
 __all__ = ["Config", "ConfigError", "Dra", "Pool", "Rollout", "Scoring", "Telemetry", "Validator", "load_config",
@@ -64,6 +64,14 @@ class Dra:
     device_classes: tuple[str, ...] = ("gpu.nvidia.com", "mig.nvidia.com")
     taint_effect: str = "NoSchedule"  # None: a dry run; NoExecute evicts (docs/dra.md says what that means)
     taints: bool = True  # write DeviceTaintRules for unverified nodes
+    # Namespace allocation mode (gpu-placement.io/allocation; docs/dra.md): the default for
+    # namespaces without the annotation, the classes claims are written for, what `shared` becomes.
+    allocation: str = "device-plugin"  # or dra
+    gpu_class: str = "gpu.nvidia.com"
+    mig_class: str = "mig.nvidia.com"
+    shared_strategy: str = "TimeSlicing"  # TimeSlicing | MPS (NVIDIA's feature gates of the same names) | None
+    time_slicing_interval: str = "Default"  # Default | Short | Medium | Long
+    mps_active_thread_percentage: int | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,6 +99,9 @@ class Config:
     pools: dict[str, Pool] = field(default_factory=dict)
     default_namespace_policy: str = "allow"
     mode: str = "enforce"
+    # optIn: gpu-placement acts in namespaces labelled gpu-placement.io/enabled=true only; optOut: in
+    # every namespace but those labelled "false". The webhook configurations select the same namespaces.
+    namespace_selection: str = "optOut"
     exempt_namespaces: frozenset[str] = frozenset({"kube-system", "gpu-operator"})
     protect_gpu_nodes: bool = True
     validator: Validator = field(default_factory=Validator)
@@ -99,6 +110,11 @@ class Config:
     reservation_ttl_seconds: float = 60.0
     dra: Dra = field(default_factory=Dra)
     rollout: Rollout = field(default_factory=Rollout)
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        """Whether a namespace with these labels is one gpu-placement acts in (exemptions aside)."""
+        value = labels.get(LABEL_ENABLED)
+        return value == "true" if self.namespace_selection == "optIn" else value != "false"
 
     def is_gpu_resource(self, name: str) -> bool:
         return name in self.gpu_resources or name == self.shared_resource or name.startswith(MIG_RESOURCE_PREFIX)
@@ -136,6 +152,7 @@ def parse_config(data: Any) -> Config:
         pools=_pools(top.take("pools", dict, {})),
         default_namespace_policy=top.take_choice("defaultNamespacePolicy", ("allow", "deny"), "allow"),
         mode=top.take_choice("mode", ("enforce", "audit"), "enforce"),
+        namespace_selection=top.take_choice("namespaceSelection", ("optIn", "optOut"), "optOut"),
         exempt_namespaces=frozenset(top.take_list("exemptNamespaces", str, ["kube-system", "gpu-operator"])),
         protect_gpu_nodes=top.take("protectGpuNodes", bool, True),
         validator=Validator(
@@ -162,6 +179,13 @@ def parse_config(data: Any) -> Config:
                                  dra.take_list("deviceClasses", str, ["gpu.nvidia.com", "mig.nvidia.com"])),
             taint_effect=dra.take_choice("taintEffect", ("NoSchedule", "None", "NoExecute"), "NoSchedule"),
             taints=dra.take("taints", bool, True),
+            allocation=dra.take_choice("allocation", ("device-plugin", "dra"), "device-plugin"),
+            gpu_class=_name(dra.take("gpuClass", str, "gpu.nvidia.com"), "dra.gpuClass"),
+            mig_class=_name(dra.take("migClass", str, "mig.nvidia.com"), "dra.migClass"),
+            shared_strategy=dra.take_choice("sharedStrategy", ("TimeSlicing", "MPS", "None"), "TimeSlicing"),
+            time_slicing_interval=dra.take_choice("timeSlicingInterval", ("Default", "Short", "Medium", "Long"),
+                                                  "Default"),
+            mps_active_thread_percentage=_percent(dra.take("mpsActiveThreadPercentage", int, None)),
         ),
         rollout=Rollout(
             soak_minutes=rollout.take_minutes("soakMinutes", 60.0),
@@ -240,6 +264,12 @@ def _kind(value: Any) -> str:
 def _name(value: str, key: str) -> str:
     if not value or any(ch.isspace() for ch in value):
         raise ConfigError(f"{key} must be a non-empty name without spaces, got {value!r}")
+    return value
+
+
+def _percent(value: int | None) -> int | None:
+    if value is not None and not 0 <= value <= 100:
+        raise ConfigError(f"dra.mpsActiveThreadPercentage must be from 0 to 100, got {value!r}")
     return value
 
 

@@ -236,8 +236,44 @@ def _devices(core: Core, found: Explanation, pod: dict[str, Any]) -> list[str]:
     namespace = found.pod.split("/", 1)[0]
     rows = candidate_rows(core.view, core.config, found.req, namespace, pod.get("spec") or {},
                           passing[:_CANDIDATES])
-    return ["", f"DRA devices its claims could take ({core.config.dra.driver}; the scheduler's allocator picks):",
-            table(CANDIDATE_HEADER, rows)] if rows else []
+    lines = ["", f"DRA devices its claims could take ({core.config.dra.driver}; the scheduler's allocator picks):",
+             table(CANDIDATE_HEADER, rows)] if rows else []
+    return lines + _policy_claims(core, namespace, pod, passing[:_CANDIDATES])
+
+
+def _policy_claims(core: Core, namespace: str, pod: dict[str, Any], nodes: list[str]) -> list[str]:
+    """The claims a `dra` namespace's templates give the pod (docs/dra.md), and the devices on the best
+    nodes that pass their selectors, read the way the allocator reads them (Template.matches)."""
+    from webhook.dra_templates import wanted_templates
+    from webhook.policy import parse_policy
+
+    with core.view.lock:
+        record = core.view.namespaces.get(namespace)
+        profiles = core.view.dra.mig_profiles()
+    policy = parse_policy(record, namespace, core.config)
+    if policy.mode(core.config) != "dra" or not policy.shapes_ok:
+        return []
+    templates = {t.name: t for t in wanted_templates(policy, profiles, core.config)}
+    claims = [(str(entry.get("name")), templates[entry.get("resourceClaimTemplateName")])
+              for entry in (pod.get("spec") or {}).get("resourceClaims") or ()
+              if isinstance(entry, dict) and entry.get("resourceClaimTemplateName") in templates]
+    if not claims:
+        return []
+    lines = ["", f"claims from namespace {namespace}'s templates (gpu-placement.io/allocation=dra):"]
+    rows = []
+    for template in {t.name: t for _, t in claims}.values():
+        names = ", ".join(name for name, t in claims if t is template)
+        lines.append(f"  {names}: {template.name}, 1 device of {template.device_class} each")
+        lines += [f"    where {selector}" for selector in template.selectors]
+        kind = "mig" if template.level.kind == "mig" else "gpu"
+        with core.view.lock:
+            for node in nodes:
+                used = core.view.dra.used_on(node)
+                why = {d.name: (template.matches(d, kind) or ("held by a claim" if used.get(d.name) else None))
+                       for d in core.view.dra.devices_on(node)}
+                rows.append([template.name, node, ", ".join(d for d, w in why.items() if w is None) or "none",
+                             "; ".join(f"{d}: {w}" for d, w in why.items() if w is not None) or "-"])
+    return [*lines, "", table(["TEMPLATE", "NODE", "DEVICES THAT MATCH", "WHY NOT THE OTHERS"], rows)]
 
 
 def _about(context: Context) -> list[str]:

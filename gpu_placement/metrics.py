@@ -41,6 +41,9 @@ UNMANAGED_GPU_NODES = Gauge("gpu_placement_unmanaged_gpu_resource_nodes",
                             ["resource"])
 CERT_EXPIRY = Gauge("gpu_placement_certificate_expiry_timestamp_seconds",
                     "Unix time at which the serving certificate expires.", ["listener"])
+WEBHOOKS_REGISTERED = Gauge("gpu_placement_webhooks_registered",
+                            "1 once this webhook replica has written the webhooks into their configurations "
+                            "(webhook/registration.py), else 0.")
 # The webhook's namespace quota: the ResourceQuota mirror (webhook/quota_mirror.py), the holds on pods
 # this replica admitted (webhook/quota.py, webhook/holds.py) and the GETs of namespaces the view lacked
 # (webhook/namespace_reader.py). Series with labels appear once the component runs (live API only).

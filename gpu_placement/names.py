@@ -47,3 +47,8 @@ ANN_QUOTA = PREFIX + "quota"
 ANN_POOLS = PREFIX + "pools"
 ANN_ADMITTED = PREFIX + "admitted"
 ANN_CANARY = PREFIX + "canary"  # namespace: "true" takes new drivers first (docs/rollouts.md)
+ANN_ALLOCATION = PREFIX + "allocation"  # namespace: device-plugin | dra
+# Namespace label: "true" opts a namespace in (namespaceSelection optIn), "false" out (optOut).
+LABEL_ENABLED = PREFIX + "enabled"
+# On the webhook configurations: "<RFC 3339 time> by <replica>" once a ready replica wrote the webhooks in.
+REGISTERED_ANNOTATION = PREFIX + "webhooks-registered"

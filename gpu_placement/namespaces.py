@@ -1,9 +1,9 @@
-"""Namespaces as the rules see them: their name and our annotations only."""
+"""Namespaces as the rules see them: their name, our annotations and our labels only."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_placement.names import PREFIX
@@ -17,6 +17,7 @@ class NamespaceRecord:
     annotations: dict[str, str]  # only gpu-placement.io/*: what the platform team set
     resource_version: str = ""
     uid: str = ""  # for owner references to the Namespace (the quota mirror's ResourceQuotas)
+    labels: dict[str, str] = field(default_factory=dict)  # only gpu-placement.io/*: the opt-in label
 
     def get(self, key: str) -> str | None:
         return self.annotations.get(key)
@@ -25,5 +26,6 @@ class NamespaceRecord:
 def namespace_from_json(obj: Mapping[str, Any]) -> NamespaceRecord:
     meta = obj.get("metadata") or {}
     annotations = {k: str(v) for k, v in (meta.get("annotations") or {}).items() if k.startswith(PREFIX)}
+    labels = {k: str(v) for k, v in (meta.get("labels") or {}).items() if k.startswith(PREFIX)}
     return NamespaceRecord(str(meta.get("name") or ""), annotations, str(meta.get("resourceVersion") or ""),
-                           str(meta.get("uid") or ""))
+                           str(meta.get("uid") or ""), labels)

@@ -7,15 +7,20 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from starlette.applications import Starlette
 
 from gpu_placement import metrics
 from gpu_placement.config import load_config
+from gpu_placement.http import ops_routes
 from gpu_placement.logs import setup_logging
 from gpu_placement.service import Core, core_from_cluster, core_from_snapshot
 from gpu_placement.serving import run_servers
 
-__all__ = ["SWITCH_INTERVAL_S", "serve"]
+__all__ = ["SWITCH_INTERVAL_S", "health_app", "serve"]
 
 log = logging.getLogger("gpu_placement.serve")
 # How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). The watch
@@ -33,7 +38,7 @@ class UsageError(Exception):
 def _webhook_tls(args: argparse.Namespace, core: Core) -> Any:
     from webhook.tls import ReloadingTLS
 
-    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "gpu-placement"
+    namespace = _namespace(args)
     chosen = [bool(args.tls_cert or args.tls_key), bool(args.self_signed), bool(args.manage_certs)]
     if sum(chosen) != 1:
         raise UsageError("the webhook always serves TLS: give exactly one of --tls-cert/--tls-key, "
@@ -71,6 +76,7 @@ def serve(args: argparse.Namespace) -> int:
             RotationSettings.from_args(args)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    webhooks = _webhook_spec(args)
     core = (core_from_snapshot(config, args.snapshot, watch=True) if args.snapshot
             else core_from_cluster(config, args.kubeconfig, _kinds(args, config)))
     servers = []
@@ -88,15 +94,59 @@ def serve(args: argparse.Namespace) -> int:
         if "webhook" in args.components:
             tls = _webhook_tls(args, core)
             host, port = args.webhook_listen
-            servers.append(make_server(core.webhook_app(), host, port, tls=tls))
+            server = make_server(core.webhook_app(), host, port, tls=tls)
+            servers.append(server)
             _track_expiry("webhook", tls)
             _start_quota_mirror(args, core)
+            if webhooks is not None:
+                _start_registration(args, core, webhooks, server, Path(tls.cert_file).parent / "ca.crt")
             _start_dra_taints(args, core)
             log.info("webhook listening on https://%s:%d", host, port)
+        if getattr(args, "health_listen", None):
+            host, port = args.health_listen
+            servers.append(make_server(health_app(core.readiness), host, port))
+            log.info("health probes on http://%s:%d (/healthz, /readyz)", host, port)
         run_servers(servers)
     finally:
         core.stop()
     return 0
+
+
+def health_app(ready: Callable[[], tuple[bool, str]]) -> Starlette:
+    """`/healthz` and `/readyz` only: what kubelet's HTTP probes need, and nothing that changes anything."""
+    return Starlette(routes=[route for route in ops_routes(ready) if route.path in ("/healthz", "/readyz")])
+
+
+def _webhook_spec(args: argparse.Namespace) -> Any:
+    if not getattr(args, "webhooks_file", None):
+        return None
+    if "webhook" not in args.components or args.snapshot:
+        raise UsageError("--webhooks-file registers the webhook with an API server: it needs --components webhook "
+                         "and no --snapshot")
+    from webhook.registration import load_webhook_spec
+
+    try:
+        return load_webhook_spec(args.webhooks_file)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _start_registration(args: argparse.Namespace, core: Core, spec: Any, server: Any, ca_file: Path) -> None:
+    """Write the webhooks into their (empty) configurations once this replica answers."""
+    from webhook.registration import WebhookRegistration
+
+    registration = WebhookRegistration(core.api, args.webhook_configuration, _namespace(args), args.service, spec,
+                                       lambda: bool(server.started) and core.readiness()[0], ca_file, _identity())
+    registration.start()
+    core.stoppers.append(registration.stop)
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    return str(args.namespace or os.environ.get("POD_NAMESPACE") or "gpu-placement")
+
+
+def _identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def _kinds(args: argparse.Namespace, config: Any) -> tuple[str, ...]:
@@ -111,20 +161,23 @@ def _kinds(args: argparse.Namespace, config: Any) -> tuple[str, ...]:
 
 
 def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:
-    """The ResourceQuota mirror: its own Lease, whatever the certificate mode."""
+    """The ResourceQuota mirror: its own Lease, whatever the certificate mode. In audit mode it only
+    deletes the ResourceQuotas it kept (audit enforces nothing)."""
     if not getattr(args, "quota_mirror", True):
-        return
-    if core.config.mode == "audit":
-        log.info("audit mode: namespace quotas are not mirrored into ResourceQuotas")
         return
     if core.api is None:
         log.info("no API server (--snapshot): namespace quotas are not mirrored into ResourceQuotas")
         return
     from webhook.quota_mirror import MirrorSettings, QuotaMirror
 
-    namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "gpu-placement"
-    mirror = QuotaMirror(core.api, core.view, core.config, namespace, f"{socket.gethostname()}-{os.getpid()}",
-                         MirrorSettings(lease_name=args.quota_lease))
+    if core.config.mode == "audit":
+        log.info("audit mode: the ResourceQuotas mirrored in enforce mode are deleted, none is written")
+    mirror = QuotaMirror(core.api, core.view, core.config, _namespace(args), _identity(),
+                         MirrorSettings(lease_name=args.quota_lease, owner=getattr(args, "owner", None)))
+    if core.dra.version in ("v1", "v1beta2"):  # the `exactly` request shape; v1beta1 namespaces stay on the plugin
+        from webhook.dra_templates import TemplateKeeper
+
+        mirror.templates = TemplateKeeper(core.api, core.view, core.config, core.dra.version)
     mirror.start()
     core.stoppers.append(mirror.stop)
 
@@ -140,7 +193,8 @@ def _start_dra_taints(args: argparse.Namespace, core: Core) -> None:
 
     namespace = args.namespace or os.environ.get("POD_NAMESPACE") or "gpu-placement"
     controller = TaintController(core.api, core.view, core.config, namespace, f"{socket.gethostname()}-{os.getpid()}",
-                                 TaintSettings(lease_name=getattr(args, "dra_lease", "gpu-placement-dra")))
+                                 TaintSettings(lease_name=getattr(args, "dra_lease", "gpu-placement-dra"),
+                                               owner=getattr(args, "owner", None)))
     controller.start()
     core.stoppers.append(controller.stop)
 

@@ -8,6 +8,7 @@ client (generated models or `_preload_content=False`) and our own list+watch loo
     coordination.k8s.io/v1         leases
     policy/v1                      poddisruptionbudgets (stored as given: no disruption controller)
     admissionregistration.k8s.io/v1  mutating- and validatingwebhookconfigurations (cluster-scoped)
+    discovery.k8s.io/v1            endpointslices
 
     GET one / LIST (labelSelector, fieldSelector, limit + continue over a consistent snapshot)
     WATCH (resourceVersion "", "0" or N, allowWatchBookmarks, timeoutSeconds, sendInitialEvents;
@@ -126,6 +127,7 @@ RESOURCES: tuple[Resource, ...] = (
              "MutatingWebhookConfiguration", False),
     Resource(_ADMISSION, "v1", "validatingwebhookconfigurations", "validatingwebhookconfiguration",
              "ValidatingWebhookConfiguration", False),
+    Resource("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice", True),
     # The GPU Operator's CRD, cluster-scoped with a status subresource (config/crd/bases of NVIDIA/gpu-operator).
     Resource("nvidia.com", "v1", "clusterpolicies", "clusterpolicy", "ClusterPolicy", False, has_status=True),
 )

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.live_metrics import promtool, scrape_demo_service, selector_problems
+from tests.test_chart import offline
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "gpu-placement"
@@ -23,7 +24,7 @@ ENABLED = {"serviceMonitor": {"enabled": True}}
 
 def render(values: dict[str, Any]) -> list[dict[str, Any]]:
     with helm_python.Chart.load(CHART) as chart:
-        files = chart.render(values, name="gpu-placement", namespace="gpu-placement")
+        files = chart.render(offline(values), name="gpu-placement", namespace="gpu-placement")
     return [d for path, text in files.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
 
 

@@ -41,6 +41,18 @@ K8S_VERSIONS = (kubernetes_validate.utils.latest_version(), "1.30")
 SERVICE_IMAGE_CONTAINERS = {"extender", "webhook"}
 
 
+# Rendered without a cluster, the chart needs kube-scheduler's tag (it cannot ask the cluster's version).
+OFFLINE = {"scheduler": {"image": {"tag": "v1.31.4"}}}
+
+
+def offline(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with OFFLINE under them (theirs win)."""
+    def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        return {**base, **{k: merged(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+                           for k, v in over.items()}}
+    return merged(OFFLINE, values)
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -145,11 +157,12 @@ def chart() -> Iterator[helm_python.Chart]:
 
 
 def _render(chart: helm_python.Chart, case: Case) -> Rendered:
-    files = chart.render(case.values, name=case.release, namespace=case.namespace)
+    values = offline(case.values)
+    files = chart.render(values, name=case.release, namespace=case.namespace)
     docs = [doc for path, text in sorted(files.items()) if path.endswith(".yaml")
             for doc in yaml.safe_load_all(text) if doc]
     assert any(path.endswith("templates/NOTES.txt") for path in files)
-    return Rendered(case, chart.merge_values(case.values), docs)
+    return Rendered(case, chart.merge_values(values), docs)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[c.name for c in CASES])
@@ -188,7 +201,7 @@ def _volume_for(path: str, mounts: dict[str, Doc]) -> Doc:
 
 def test_helm_lint_is_clean() -> None:
     for case in CASES:
-        report = helm_python.lint(CHART, case.values, strict=True, namespace=case.namespace)
+        report = helm_python.lint(CHART, offline(case.values), strict=True, namespace=case.namespace)
         assert report["errors"] == [], (case.name, report)
         problems = [m for m in report["messages"] if m["severity"] >= 2]
         assert problems == [], (case.name, problems)
@@ -225,7 +238,7 @@ def test_chart_metadata() -> None:
 ])
 def test_schema_rejects_bad_values(chart: helm_python.Chart, values: dict[str, Any], where: str) -> None:
     with pytest.raises(helm_python.HelmValuesError) as caught:
-        chart.render(values, name="gpu-placement", namespace=NAMESPACE)
+        chart.render(offline(values), name="gpu-placement", namespace=NAMESPACE)
     assert f"at '{where}" in str(caught.value), str(caught.value)
 
 
@@ -254,7 +267,7 @@ def test_schema_covers_every_default_value() -> None:
 def test_every_value_is_in_the_docs_table() -> None:
     """docs/deploy.md lists every key of values.yaml (maps the user fills in count as one key)."""
     opaque = {"resources", "nodeSelector", "tolerations", "affinity", "podAnnotations", "labels", "pools",
-              "telemetry", "gpuTolerations", "imagePullSecrets"}
+              "telemetry", "gpuTolerations", "imagePullSecrets", "podSecurityContext", "securityContext"}
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     docs = (ROOT / "docs" / "deploy.md").read_text()
 
@@ -428,23 +441,24 @@ def test_scheduler_containers(rendered: Rendered) -> None:
     container = rendered.container("kube-scheduler")
     repository, _, tag = container["image"].rpartition(":")
     assert repository == "registry.k8s.io/kube-scheduler"
-    if v["image"]["tag"]:
-        assert tag == v["image"]["tag"]
-    else:  # the cluster's own version (Helm's capabilities when rendered offline), no provider suffix
-        match = re.fullmatch(r"v1\.(\d+)\.\d+", tag)
-        assert match and int(match.group(1)) >= 30, tag
+    assert tag == v["image"]["tag"]  # offline the tag is a value (tests/test_chart_adoption.py: else it fails)
     [config_flag] = [a for a in container["command"] if a.startswith("--config=")]
     path = config_flag.split("=", 1)[1]
     volume = _volume_for(path, _mounts(deployment, container))
     assert volume["configMap"]["name"] == f"{fullname(rendered.case)}-scheduler"
     assert path.rsplit("/", 1)[1] in rendered.one("ConfigMap", volume["configMap"]["name"])["data"]
     assert not any(a.startswith("--kubeconfig") for a in container["command"])
-    # Extender probes hit its own loopback listener, /readyz and /healthz.
+    # Extender probes: kubelet's HTTP GETs of /readyz and /healthz on its health listener (all interfaces).
+    from gpu_placement.cli import build_parser
+
     extender = rendered.container("extender")
-    port = v["extender"]["port"]
-    probe_text = {kind: " ".join(extender[kind]["exec"]["command"]) for kind in ("readinessProbe", "livenessProbe")}
-    assert f"http://127.0.0.1:{port}/readyz" in probe_text["readinessProbe"]
-    assert f"http://127.0.0.1:{port}/healthz" in probe_text["livenessProbe"]
+    args = build_parser().parse_args(extender["args"])
+    assert args.health_listen == ("0.0.0.0", v["extender"]["healthPort"])
+    ports = {p["name"]: p["containerPort"] for p in extender["ports"]}
+    assert ports["health"] == v["extender"]["healthPort"]
+    for kind, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz"), ("startupProbe", "/readyz")):
+        assert extender[kind]["httpGet"] == {"path": path, "port": "health"}, kind
+        assert "exec" not in extender[kind]
 
 
 def test_scheduler_rbac(rendered: Rendered) -> None:
@@ -486,10 +500,16 @@ def test_scheduler_pdb_only_with_a_standby(rendered: Rendered) -> None:
 
 
 def _webhooks(rendered: Rendered) -> tuple[Doc, Doc]:
+    """Both configurations as the webhook replicas arm them: the chart installs them empty and its
+    webhooks ConfigMap holds the webhooks the service writes in (webhook/registration.py)."""
+    from webhook.registration import KINDS
+
     name = fullname(rendered.case)
     mutating = rendered.one("MutatingWebhookConfiguration", name)
     validating = rendered.one("ValidatingWebhookConfiguration", name)
-    return mutating, validating
+    spec = yaml.safe_load(rendered.one("ConfigMap", f"{name}-webhooks")["data"]["webhooks.yaml"])
+    assert set(spec) == set(KINDS)
+    return {**mutating, "webhooks": spec["mutating"]}, {**validating, "webhooks": spec["validating"]}
 
 
 def test_webhook_configurations(rendered: Rendered) -> None:
@@ -513,7 +533,8 @@ def test_webhook_configurations(rendered: Rendered) -> None:
     assert "reinvocationPolicy" not in validating["webhooks"][0]
     assert len(mutating["webhooks"]) == 1
     # The second validating webhook: pod UPDATEs that change a gpu-placement.io/* annotation.
-    create, update = validating["webhooks"]
+    create, update, claims = validating["webhooks"]
+    assert claims["name"] == "validate-claims.gpu-placement.io"  # tests/test_dra_claims_validate.py
     assert update["name"] == "validate-annotations.gpu-placement.io" != create["name"]
     assert update["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
                                 "resources": ["pods", "pods/status"], "scope": "Namespaced"}]
@@ -571,9 +592,9 @@ def test_exempt_namespaces_match_the_config(rendered: Rendered) -> None:
     expected = {*rendered.values["exemptNamespaces"], rendered.case.namespace}
     assert set(config["exemptNamespaces"]) == expected
     for hook in (h for webhook_config in _webhooks(rendered) for h in webhook_config["webhooks"]):
-        selector = hook["namespaceSelector"]
-        assert selector == {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-                                                  "values": sorted(expected, key=config["exemptNamespaces"].index)}]}
+        exempt = hook["namespaceSelector"]["matchExpressions"][0]
+        assert exempt == {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                          "values": sorted(expected, key=config["exemptNamespaces"].index)}
 
 
 def test_managed_resources_cover_every_gpu_resource_of_the_config(rendered: Rendered) -> None:
@@ -617,7 +638,7 @@ def test_webhook_certificates(rendered: Rendered) -> None:
         assert ca_cert["isCA"] is True
         assert issuers[ca_cert["issuerRef"]["name"]] == {"selfSigned": {}}
         for config in _webhooks(rendered):
-            assert config["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{ns}/{name}-webhook"}
+            assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{ns}/{name}-webhook"
         assert not [r for r in rendered.all("Role") if r["metadata"]["name"].endswith("-certs")]
         return
     assert args.manage_certs and args.tls_cert is None
@@ -625,7 +646,7 @@ def test_webhook_certificates(rendered: Rendered) -> None:
     assert args.webhook_configuration == name
     for config in _webhooks(rendered):
         assert config["metadata"]["name"] == args.webhook_configuration
-        assert "annotations" not in config["metadata"]
+        assert "cert-manager.io/inject-ca-from" not in config["metadata"]["annotations"]
     cert_dir = _volume_for(args.cert_dir + "/tls.crt", mounts)
     assert "emptyDir" in cert_dir and not cert_dir["readOnly"], "the root filesystem is read-only"
     assert args.cert_dir == "/tmp/certs"
@@ -639,10 +660,6 @@ def test_webhook_certificates(rendered: Rendered) -> None:
             "verbs": ["get", "update"]} in rules
     assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]} in rules
     assert all("resourceNames" in r or r["verbs"] == ["create"] for r in rules)
-    [cluster_rule] = rendered.one("ClusterRole", f"{name}-webhook-certs")["rules"]
-    assert cluster_rule == {"apiGroups": ["admissionregistration.k8s.io"],
-                            "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
-                            "resourceNames": [name], "verbs": ["get", "patch"]}
 
 
 def test_webhook_rbac_reads_the_view(rendered: Rendered) -> None:
@@ -652,24 +669,22 @@ def test_webhook_rbac_reads_the_view(rendered: Rendered) -> None:
                "verbs": ["get", "list", "create", "update", "delete"]}] if writes else []
     assert rendered.one("ClusterRole", f"{name}-webhook")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
-        DRA_READ, *taints]
+        DRA_READ, DRA_TEMPLATES, *taints]
     assert rendered.deployment("webhook")["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-webhook"
 
 
 def test_webhook_quota_mirror_rbac_and_args(rendered: Rendered) -> None:
-    """The mirror runs whatever the certificate mode (its own Lease), never in audit mode, and may do
-    only what it does: ResourceQuotas, and its one Lease."""
+    """The mirror runs whatever the certificate mode (its own Lease), in audit mode too (where it
+    deletes what it kept), and may do only what it does: ResourceQuotas, and its one Lease. Its
+    quotas are owned by the ValidatingWebhookConfiguration, so helm uninstall takes them."""
     from gpu_placement.cli import build_parser
 
     name, ns = fullname(rendered.case), rendered.case.namespace
     args = build_parser().parse_args(rendered.container("webhook")["args"])
     roles = {r["metadata"]["name"]: r for r in rendered.all("Role") + rendered.all("ClusterRole")}
-    if rendered.values["config"]["mode"] == "audit":
-        assert args.quota_mirror is False
-        assert f"{name}-webhook-quotas" not in roles and f"{name}-webhook-quota-lease" not in roles
-        return
     assert args.quota_mirror is True and args.namespace == ns
     assert args.quota_lease == f"{name}-quota-mirror"
+    assert args.owner == name == _webhooks(rendered)[1]["metadata"]["name"]
     assert roles[f"{name}-webhook-quotas"]["rules"] == [  # every verb RBAC can limit by name is limited to ours
         {"apiGroups": [""], "resources": ["resourcequotas"], "resourceNames": [MIRROR_NAME],
          "verbs": ["get", "list", "watch", "update", "delete"]},
@@ -973,6 +988,8 @@ def _asks(kind: str, resource: str) -> Doc:
 CPU = {"name": "c", "image": "app", "resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}
 DRA_READ = {"apiGroups": ["resource.k8s.io"], "verbs": ["get", "list", "watch"],
             "resources": ["resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates"]}
+DRA_TEMPLATES = {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"],
+                 "verbs": ["create", "delete"]}
 EMPTY_RESOURCES = {"name": "c", "image": "app", "resources": {}}
 
 # (description, pod, sent to /mutate with protectGpuNodes, sent to /validate)
@@ -1001,9 +1018,9 @@ SAMPLE_PODS: list[tuple[str, Callable[[Rendered], Doc], bool, bool]] = [
     ("DaemonSet asking for a gpu", lambda r: _pod(_asks("requests", "nvidia.com/gpu"), owner="DaemonSet"),
      True, True),
     # DRA: the class is in the claim, which the CEL cannot read: /mutate sees any pod with claims and
-    # routes those that ask for a GPU class; /validate (quota, policy of GPU resources) does not.
+    # routes those that ask for a GPU class; /validate counts their devices in `dra` namespaces.
     ("ResourceClaims", lambda r: {**_pod(CPU), "spec": {**_pod(CPU)["spec"], "resourceClaims": [
-        {"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}}, True, False),
+        {"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]}}, True, True),
 ]
 
 
@@ -1036,7 +1053,7 @@ def test_match_conditions_agree_with_the_code(rendered: Rendered) -> None:
         daemonset = any(o["kind"] == "DaemonSet" for o in pod["metadata"].get("ownerReferences", []))
         protect = config.protect_gpu_nodes and not daemonset and tolerates_gpu_taint(pod["spec"], config)
         claims = bool(pod["spec"].get("resourceClaims"))  # /mutate reads their classes (Admission._claims)
-        assert validate(pod) == gpu, description
+        assert validate(pod) == (gpu or claims), description
         assert mutate(pod) == (gpu or protect or claims), description
 
 
@@ -1098,9 +1115,7 @@ def test_extender_is_a_native_sidecar_that_starts_first(rendered: Rendered) -> N
     [sidecar] = pod["initContainers"]
     assert sidecar["name"] == "extender" and sidecar["restartPolicy"] == "Always"
     # kubelet starts the next container once a sidecar's startup probe passes: the view is listed
-    port = rendered.values["scheduler"]["extender"]["port"]
-    startup = " ".join(sidecar["startupProbe"]["exec"]["command"])
-    assert f"http://127.0.0.1:{port}/readyz" in startup
+    assert sidecar["startupProbe"]["httpGet"]["path"] == "/readyz"
     assert sidecar["startupProbe"]["periodSeconds"] * sidecar["startupProbe"]["failureThreshold"] >= 300
     assert [c["name"] for c in pod["containers"]] == ["kube-scheduler"]
 

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.live_metrics import promtool, scrape_demo_service, selector_problems
+from tests.test_chart import offline
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "gpu-placement"
@@ -66,7 +67,7 @@ def test_dashboard_json_is_a_valid_dashboard() -> None:
 ])
 def test_chart_ships_the_dashboard_for_the_grafana_sidecar(values: dict[str, Any], shipped: bool) -> None:
     with helm_python.Chart.load(CHART) as chart:
-        files = chart.render(values, name="gpu-placement", namespace="gpu-placement")
+        files = chart.render(offline(values), name="gpu-placement", namespace="gpu-placement")
     docs = [d for path, text in files.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
     found = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"].get("labels", {}).get("grafana_dashboard")]
     assert len(found) == int(shipped)

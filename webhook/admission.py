@@ -7,8 +7,11 @@ resource, the figures and the annotation to change.
 
 Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, ChoseGpuNodes, NoGpuAsked, NotAPodCreate,
 Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed (in this module); BadPod
-(review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); NotShaped (shaping.py); OverQuota,
-NotInQuota (quota.py); QuotaPending (quota_gate.py). In audit mode a would-be denial is counted as `Audit<code>`.
+(review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); NotShaped, NotShapedAllowed
+(shaping.py); OverQuota, NotInQuota (quota.py); QuotaPending (quota_gate.py); TemplatePending
+(dra_claims.py); ClaimOutsidePolicy (dra_validate.py). In audit mode a would-be
+denial is counted as `Audit<code>`, and so is a patch /mutate would have sent (`AuditMutated`,
+`AuditKeptOffGpuNodes`): audit mode changes no pod (webhook/audit.py).
 """
 
 from __future__ import annotations
@@ -19,13 +22,25 @@ from typing import Any
 
 from gpu_placement import names as n
 from gpu_placement.config import Config
+from gpu_placement.dra.claims import devices_quota_key
 from gpu_placement.pods import GpuRequests
 from gpu_placement.sharing import effective_sharing
 from gpu_placement.view import ClusterView
+from webhook.audit import would_do
+from webhook.dra_claims import TEMPLATE_PENDING, Conversion, convert, missing_sentence, pod_devices
+from webhook.dra_templates import device_hard
+from webhook.dra_validate import CLAIM_KINDS, CLAIM_OUTSIDE_POLICY, claim_problems
 from webhook.namespace_reader import NamespaceReader
-from webhook.patches import asks_for_gpu_nodes, claim_patch, gpu_patch, protect_patch, tolerates_gpu_taint
+from webhook.patches import (
+    asks_for_gpu_nodes,
+    claim_patch,
+    gpu_patch,
+    protect_patch,
+    shaped_requests,
+    tolerates_gpu_taint,
+)
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
-from webhook.quota import Reservations, quota_problems
+from webhook.quota import NOT_IN_QUOTA, Reservations, quota_problems
 from webhook.quota_gate import GATED_HOLD_SECONDS, QUOTA_PENDING, quota_pending
 from webhook.review import (
     AdmissionRequest,
@@ -37,7 +52,7 @@ from webhook.review import (
     denied,
     subject_of,
 )
-from webhook.shaping import NOT_SHAPED, governed, unshaped
+from webhook.shaping import NOT_SHAPED, NOT_SHAPED_ALLOWED, governed, unshaped, unshaped_warning
 
 __all__ = ["Admission", "Decision"]
 
@@ -46,6 +61,7 @@ NO_GPU, NOT_A_POD, EXEMPT, POLICY_BROKEN = "NoGpuAsked", "NotAPodCreate", "Exemp
 NAMESPACE_UNKNOWN, ANNOTATIONS_FIXED = "NamespaceUnknown", "AnnotationsFixed"
 BAD_POD, BAD_ANNOTATION, NO_GPU_ACCESS, ESCALATION, ALLOWED = (
     "BadPod", "BadAnnotation", "NoGpuAccess", "Escalation", "Allowed")
+_RETRIABLE = (QUOTA_PENDING, TEMPLATE_PENDING)  # refusals that pass by themselves: 503, nothing is wrong with the pod
 
 
 @dataclass(slots=True)
@@ -136,6 +152,8 @@ class Admission:
                             "nodes without using a GPU")
                     return self._decision(allowed(uid, warnings=[text]), CHOSE_GPU_NODES, subject, [text])
                 ops = protect_patch(pod)
+                if ops and config.mode == "audit":
+                    return self._told(uid, would_do(ops), KEPT_OFF_GPU, subject)
                 return self._decision(allowed(uid, ops), KEPT_OFF_GPU if ops else UNCHANGED, subject)
             return self._decision(allowed(uid), NO_GPU, subject)
         unknown = self._unknown_namespace(subject.namespace)
@@ -144,10 +162,32 @@ class Admission:
         policy = self.policy(subject.namespace)
         if not policy.shapes_ok:
             # How to shape the pod is unknown; /validate denies it with the same sentences.
-            problems = [policy.errors[key] for key in (n.ANN_SHARING, n.ANN_POOLS) if key in policy.errors]
+            problems = [policy.errors[key] for key in (n.ANN_SHARING, n.ANN_POOLS, n.ANN_ALLOCATION)
+                        if key in policy.errors]
             return self._decision(allowed(uid, warnings=problems), POLICY_BROKEN, subject, problems)
+        if self._dra(policy):
+            conversion = self._convert(policy, subject)
+            if conversion.missing:  # /validate refuses it, retriably, with the same sentence
+                text = missing_sentence(conversion.missing, f"pod {subject.namespace}/{subject.name}")
+                return self._decision(allowed(uid, warnings=[text]), TEMPLATE_PENDING, subject, [text])
+            if config.mode == "audit":
+                return self._told(uid, would_do(conversion.ops, policy.pools), MUTATED, subject)
+            return self._decision(allowed(uid, conversion.ops), MUTATED, subject)
         ops = self._shape(policy, subject)
+        if ops and config.mode == "audit":
+            return self._told(uid, would_do(ops, policy.pools), MUTATED, subject)
         return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
+
+    def _dra(self, policy: NamespacePolicy) -> bool:
+        """GPU pods here are given ResourceClaims (webhook/dra_claims.py): a `dra` namespace on a cluster
+        that serves resource.k8s.io. Elsewhere `dra` falls back to the device plugin's resources."""
+        return policy.mode(self.config) == "dra" and self.view.dra.active
+
+    def _convert(self, policy: NamespacePolicy, subject: Subject) -> Conversion:
+        pools = [self.config.pools[name] for name in policy.pools]
+        with self.view.lock:
+            return convert(subject.pod, subject.gpus, self._sharing(policy, subject), policy, pools,
+                           self.view.dra.templates, self.config, keep_scheduler=_is_daemonset_pod(subject.pod))
 
     def _shape(self, policy: NamespacePolicy, subject: Subject) -> list[dict[str, Any]]:
         """The patch that shapes a GPU pod under its namespace's policy: empty for a pod already shaped
@@ -157,6 +197,10 @@ class Admission:
         # would refuse nodes the DaemonSet's own tolerations allow.
         return gpu_patch(subject.pod, subject.gpus, self._sharing(policy, subject), pools, policy.gpu_memory,
                          self.config, keep_scheduler=_is_daemonset_pod(subject.pod))
+
+    def _told(self, uid: str, text: str, reason: str, subject: Subject) -> Decision:
+        """Audit mode: the patch is not sent; the warning says what it would have done."""
+        return self._decision(allowed(uid, warnings=[text]), f"Audit{reason}", subject, [text])
 
     def _claims(self, uid: str, subject: Subject) -> Decision | None:
         """A pod whose ResourceClaims ask for a GPU device class (DRA): routed to the gpu-placement scheduler
@@ -173,6 +217,8 @@ class Admission:
         policy = self.policy(subject.namespace)
         pools = [self.config.pools[name] for name in policy.pools] if policy.shapes_ok else []
         ops = claim_patch(subject.pod, found.classes, pools, self.config, keep_scheduler=_is_daemonset_pod(subject.pod))
+        if ops and self.config.mode == "audit":
+            return self._told(uid, would_do(ops, policy.pools), MUTATED, subject)
         return self._decision(allowed(uid, ops), MUTATED if ops else UNCHANGED, subject)
 
     def _sharing(self, policy: NamespacePolicy, subject: Subject) -> Sharing:
@@ -182,6 +228,9 @@ class Admission:
 
     # -- /validate ---------------------------------------------------------------------------------
     def validate(self, request: AdmissionRequest) -> Decision:
+        resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
+        if resource.get("group") == "resource.k8s.io" and resource.get("resource") in CLAIM_KINDS:
+            return self._claim_object(request, resource["resource"])
         if request.get("operation") == "UPDATE":
             return self._update(request)
         return self._guarded(request, self._validate)
@@ -214,9 +263,31 @@ class Admission:
             return Decision(allowed(uid, warnings=[text]), f"Audit{ANNOTATIONS_FIXED}", namespace, name, [text])
         return Decision(denied(uid, text), ANNOTATIONS_FIXED, namespace, name, [text])
 
+    def _claim_object(self, request: AdmissionRequest, resource: str) -> Decision:
+        """A ResourceClaim or ResourceClaimTemplate written in a namespace with a GPU policy
+        (webhook/dra_validate.py): held to the policy; in audit mode the same text as warnings."""
+        uid, namespace, name = request["uid"], request.get("namespace", ""), request.get("name", "")
+        obj = request.get("object")
+        if request.get("operation", "CREATE") != "CREATE" or namespace in self.config.exempt_namespaces:
+            return Decision(allowed(uid), NOT_A_POD, namespace, name)
+        if not isinstance(obj, dict):
+            text = f"request.object: expected a {CLAIM_KINDS[resource]} object"
+            return Decision(denied(uid, text, 400, "BadRequest"), BAD_POD, namespace, name, [text])
+        policy = self.policy(namespace)
+        if not governed(policy, self.config) or n.ANN_SHARING in policy.errors:
+            return Decision(allowed(uid), ALLOWED, namespace, name)
+        problems = claim_problems(obj, resource, policy, self.config)
+        if not problems:
+            return Decision(allowed(uid), ALLOWED, namespace, name)
+        if self.config.mode == "audit":
+            return Decision(allowed(uid, warnings=problems), f"Audit{CLAIM_OUTSIDE_POLICY}", namespace, name, problems)
+        return Decision(denied(uid, _joined(problems)), CLAIM_OUTSIDE_POLICY, namespace, name, problems)
+
     def _validate(self, uid: str, subject: Subject) -> Decision:
         config, pod, gpus = self.config, subject.pod, subject.gpus
         if not gpus:
+            if pod["spec"].get("resourceClaims") and self.view.dra.active:
+                return self._validate_claims(uid, subject)
             return self._decision(allowed(uid), NO_GPU, subject)
         namespace = subject.namespace
         unknown = self._unknown_namespace(namespace)
@@ -228,6 +299,9 @@ class Admission:
             return self._decision(denied(uid, unknown, 503, "ServiceUnavailable"), NAMESPACE_UNKNOWN, subject,
                                   [unknown])
         policy = self.policy(namespace)
+        audit = config.mode == "audit"
+        if audit and policy.shapes_ok:  # the pod is as it came (audit /mutate changes nothing): check it as shaped
+            gpus = shaped_requests(pod, gpus, self._sharing(policy, subject), config)
         where = f"pod {namespace}/{subject.name}"
         problems: list[tuple[str, str]] = [(BAD_ANNOTATION, text) for text in policy.errors.values()]
         asked, pod_problems = pod_annotation_problems((pod.get("metadata") or {}).get("annotations") or {}, where)
@@ -235,7 +309,9 @@ class Admission:
         if not policy.entitled(config):
             problems.append((NO_GPU_ACCESS, self._no_access(namespace, gpus)))
         elif n.ANN_SHARING not in policy.errors:
-            escalations = self._unshaped(policy, subject, where) or self._escalations(policy, asked, gpus, where)
+            # Audit /mutate shapes nothing, so no pod is held to having been shaped there.
+            escalations = ([] if audit else self._unshaped(policy, subject, where)) or self._escalations(
+                policy, asked, gpus, where)
             problems += escalations
             if not escalations and policy.quota is not None:
                 with self.view.lock:
@@ -246,12 +322,10 @@ class Admission:
                 problems += over or (quota_pending(namespace, policy.quota, enforced, gpus) if self.quota_gate else [])
         texts = [text for _, text in problems]
         warnings = list(policy.warnings)
-        audit = config.mode == "audit"
         if problems and not audit:
-            message = texts[0] if len(texts) == 1 else f"{len(texts)} problems: " + " ".join(
-                f"({i}) {text};" for i, text in enumerate(texts, 1)).rstrip(";")
+            message = _joined(texts)
             # 503 for the one refusal that passes by itself (the quota not in force yet): nothing is wrong with the pod.
-            response = denied(uid, message, 503, "ServiceUnavailable") if problems[0][0] == QUOTA_PENDING and len(
+            response = denied(uid, message, 503, "ServiceUnavailable") if problems[0][0] in _RETRIABLE and len(
                 problems) == 1 else denied(uid, message)
             if warnings:
                 response["warnings"] = warnings
@@ -263,14 +337,51 @@ class Admission:
             with self.view.lock:
                 self.reservations.hold(namespace, subject.key, subject.uid, gpus)
         reason = f"Audit{problems[0][0]}" if problems else ALLOWED
+        told = None if audit or problems else self._unshaped_told(policy, subject, where)
+        if told is not None:
+            texts, reason = [told], NOT_SHAPED_ALLOWED
         return self._decision(allowed(uid, warnings=warnings + texts), reason, subject, texts)
+
+    def _validate_claims(self, uid: str, subject: Subject) -> Decision:
+        """A pod whose GPUs are claims, in a `dra` namespace with a quota: the devices its templates' claims
+        will ask for, against the quota in devices (what the API server charges when the claims are made),
+        so the pod is refused with a sentence instead of waiting on claims the API server refuses."""
+        namespace = subject.namespace
+        policy = self.policy(namespace)
+        if policy.mode(self.config) != "dra" or policy.quota is None or n.ANN_QUOTA in policy.errors:
+            return self._decision(allowed(uid), ALLOWED, subject)
+        quota = {key: int(value) for key, value in device_hard(policy.quota, self.config).items()}
+        with self.view.lock:
+            asks = pod_devices(self.view.dra, namespace, subject.pod["spec"])
+            used = {devices_quota_key(c): v for c, v in (self.view.dra.namespace_devices.get(namespace) or {}).items()}
+        problems = quota_problems(namespace, quota, used, {}, tuple(sorted(asks.items())))
+        texts = [text for _, text in problems]
+        if not problems:
+            return self._decision(allowed(uid), ALLOWED, subject)
+        if self.config.mode == "audit":
+            return self._decision(allowed(uid, warnings=texts), f"Audit{problems[0][0]}", subject, texts)
+        return self._decision(denied(uid, _joined(texts)), problems[0][0], subject, texts)
 
     def _unshaped(self, policy: NamespacePolicy, subject: Subject, where: str) -> list[tuple[str, str]]:
         """A GPU pod in a namespace with a GPU policy that /mutate did not shape (webhook/shaping.py)."""
+        if self._dra(policy) and policy.shapes_ok:
+            conversion = self._convert(policy, subject)
+            if conversion.missing:  # none is kept for a class the quota gives nothing of: say that instead
+                unlisted = [p for p in quota_problems(subject.namespace, policy.quota, {}, {}, subject.gpus)
+                            if p[0] == NOT_IN_QUOTA] if policy.quota is not None else []
+                return unlisted or [(TEMPLATE_PENDING, missing_sentence(conversion.missing, where))]
+            return [(NOT_SHAPED, unshaped(conversion.ops, subject.namespace, where))]
         if not policy.shapes_ok or not governed(policy, self.config):
             return []
         ops = self._shape(policy, subject)
         return [(NOT_SHAPED, unshaped(ops, subject.namespace, where))] if ops else []
+
+    def _unshaped_told(self, policy: NamespacePolicy, subject: Subject, where: str) -> str | None:
+        """The same pod in a namespace without a GPU policy: let in, and its user told (webhook/shaping.py)."""
+        if not policy.shapes_ok or governed(policy, self.config):
+            return None
+        ops = self._shape(policy, subject)
+        return unshaped_warning(ops, where) if ops else None
 
     def _no_access(self, namespace: str, gpus: GpuRequests) -> str:
         asks = ", ".join(f"{count} {resource}" for resource, count in gpus)
@@ -324,6 +435,11 @@ class Admission:
     def _decision(response: AdmissionResponse, reason: str, subject: Subject,
                   problems: list[str] | None = None) -> Decision:
         return Decision(response, reason, subject.namespace, subject.name, problems or [])
+
+
+def _joined(texts: list[str]) -> str:
+    return texts[0] if len(texts) == 1 else f"{len(texts)} problems: " + " ".join(
+        f"({i}) {text};" for i, text in enumerate(texts, 1)).rstrip(";")
 
 
 def _is_daemonset_pod(pod: dict[str, Any]) -> bool:

@@ -26,7 +26,7 @@ from webhook.policy import Sharing
 from webhook.quantities import to_count
 
 __all__ = ["Patch", "admitted_value", "asks_for_gpu_nodes", "claim_patch", "escape", "gpu_patch", "protect_patch",
-           "tolerates_gpu_taint"]
+           "shaped_requests", "tolerates_gpu_taint"]
 
 Patch = list[dict[str, Any]]
 Expression = dict[str, Any]
@@ -48,15 +48,7 @@ def gpu_patch(pod: Mapping[str, Any], gpus: GpuRequests, sharing: Sharing, pools
     pins to one node each), our annotations."""
     spec: Mapping[str, Any] = pod.get("spec") or {}
     ops: Patch = []
-    target = sharing.resource(config)
-    if target != n.GPU_RESOURCE:
-        rewritten = _rewrite_resources(spec, target, ops)
-        asked = dict(gpus)
-        if target in asked:  # both names asked for somewhere: the effective rule must be run again
-            gpus = effective_gpu_requests(rewritten, config.is_gpu_resource)
-        elif n.GPU_RESOURCE in asked:  # a pure rename: the effective request is the same figure
-            asked[target] = asked.pop(n.GPU_RESOURCE)
-            gpus = tuple(sorted(asked.items()))
+    gpus = _rewritten(spec, gpus, sharing.resource(config), config, ops)
     scheduler = _route(spec, pools, config, keep_scheduler, GPU_PRESENT_TRUE, ops)
     meta: Mapping[str, Any] = pod.get("metadata") or {}
     annotations: Mapping[str, str] = meta.get("annotations") or {}
@@ -67,6 +59,12 @@ def gpu_patch(pod: Mapping[str, Any], gpus: GpuRequests, sharing: Sharing, pools
         wanted_annotations[n.ANN_GPU_MEMORY] = memory_default
     _set_annotations(pod, wanted_annotations, ops)
     return ops
+
+
+def shaped_requests(pod: Mapping[str, Any], gpus: GpuRequests, sharing: Sharing, config: Config) -> GpuRequests:
+    """The pod's effective GPU request as `gpu_patch` would leave it (audit mode checks what enforce
+    mode would admit, without changing the pod)."""
+    return _rewritten(pod.get("spec") or {}, gpus, sharing.resource(config), config, [])
 
 
 def claim_patch(pod: Mapping[str, Any], classes: Sequence[str], pools: Sequence[Pool], config: Config,
@@ -144,6 +142,20 @@ def protect_patch(pod: Mapping[str, Any]) -> Patch:
 
 
 # -- pieces --------------------------------------------------------------------------------------------
+
+def _rewritten(spec: Mapping[str, Any], gpus: GpuRequests, target: str, config: Config, ops: Patch) -> GpuRequests:
+    """nvidia.com/gpu → target (ops appended); the effective GPU request afterwards."""
+    if target == n.GPU_RESOURCE:
+        return gpus
+    rewritten = _rewrite_resources(spec, target, ops)
+    asked = dict(gpus)
+    if target in asked:  # both names asked for somewhere: the effective rule must be run again
+        return effective_gpu_requests(rewritten, config.is_gpu_resource)
+    if n.GPU_RESOURCE in asked:  # a pure rename: the effective request is the same figure
+        asked[target] = asked.pop(n.GPU_RESOURCE)
+        return tuple(sorted(asked.items()))
+    return gpus
+
 
 def _rewrite_resources(spec: Mapping[str, Any], target: str, ops: Patch) -> dict[str, Any]:
     """nvidia.com/gpu → target in requests and limits of every container; returns the spec's containers

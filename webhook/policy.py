@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 NAMESPACE_ANNOTATIONS = (n.ANN_SHARING, n.ANN_QUOTA, n.ANN_POOLS, n.ANN_GPU_MEMORY, n.ANN_PRODUCTS, n.ANN_CUDA,
-                         n.ANN_CANARY)
+                         n.ANN_CANARY, n.ANN_ALLOCATION)
 _MAX_VALUE = MAX_ANNOTATION_VALUE  # our annotations are short lists; the extender refuses the same lengths
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
 _EXAMPLES = {
@@ -49,6 +49,7 @@ _EXAMPLES = {
     n.ANN_MIN_DRIVER: "550.54.15",
     n.ANN_MIN_COMPUTE: "8.0",
     n.ANN_CUDA_COMPAT: "minor",
+    n.ANN_ALLOCATION: "device-plugin or dra",
 }
 
 
@@ -65,6 +66,11 @@ class NamespacePolicy:
     errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # annotation -> sentence
     warnings: tuple[str, ...] = ()
     annotated: bool = False  # any of NAMESPACE_ANNOTATIONS is set (parsed or not): the namespace has a GPU policy
+    allocation: str | None = None  # device-plugin or dra as annotated; None: the configuration's dra.allocation
+
+    def mode(self, config: Config) -> str:
+        """How GPU pods here get devices: `dra` (ResourceClaims, webhook/dra_claims.py) or `device-plugin`."""
+        return self.allocation or config.dra.allocation
 
     def entitled(self, config: Config) -> bool:
         """May GPU pods run here at all? A quota says yes (up to it); no quota: the default policy."""
@@ -73,7 +79,7 @@ class NamespacePolicy:
     @property
     def shapes_ok(self) -> bool:
         """The annotations that decide how pods are shaped parsed: /mutate may change pods."""
-        return n.ANN_SHARING not in self.errors and n.ANN_POOLS not in self.errors
+        return not {n.ANN_SHARING, n.ANN_POOLS, n.ANN_ALLOCATION} & self.errors.keys()
 
 
 def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> NamespacePolicy:
@@ -84,7 +90,7 @@ def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> N
     values: dict[str, object] = {}
     parsers = {n.ANN_SHARING: parse_sharing, n.ANN_QUOTA: lambda text: _parse_quota(text, config),
                n.ANN_POOLS: lambda text: _parse_pools(text, config), n.ANN_GPU_MEMORY: _parse_memory,
-               n.ANN_PRODUCTS: _parse_products, n.ANN_CUDA: parse_version}
+               n.ANN_PRODUCTS: _parse_products, n.ANN_CUDA: parse_version, n.ANN_ALLOCATION: _parse_allocation}
     for key, parse in parsers.items():
         raw = annotations.get(key)
         if raw is None:
@@ -114,7 +120,8 @@ def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> N
         gpu_memory_mib=memory,  # type: ignore[arg-type]
         products=values.get(n.ANN_PRODUCTS), cuda=values.get(n.ANN_CUDA),  # type: ignore[arg-type]
         errors=MappingProxyType(errors), warnings=tuple(warnings),
-        annotated=any(key in annotations for key in NAMESPACE_ANNOTATIONS))
+        annotated=any(key in annotations for key in NAMESPACE_ANNOTATIONS),
+        allocation=values.get(n.ANN_ALLOCATION))  # type: ignore[arg-type]
 
 
 class PolicyCache:
@@ -258,6 +265,12 @@ def _parse_products(text: str) -> frozenset[str]:
         if not _LABEL_VALUE.fullmatch(product):
             raise ValueError(f"{quoted(product)} is not an nvidia.com/gpu.product label value")
     return frozenset(products)
+
+
+def _parse_allocation(text: str) -> str:
+    if text not in ("device-plugin", "dra"):
+        raise ValueError(f"{quoted(text)} is not device-plugin or dra")
+    return text
 
 
 def _parse_compat(text: str) -> str:

@@ -1,11 +1,17 @@
 """`gpu-placement.io/quota` mirrored into a ResourceQuota the API server enforces.
 
-For every namespace whose annotation parses, one ResourceQuota named `gpu-placement`, labelled
-`app.kubernetes.io/managed-by: gpu-placement` and owned by the Namespace, with `requests.<resource>`
-for each resource of the annotation (the only form quota accepts for extended resources). The
-API server's quota admission runs after every mutating and validating webhook, so it counts the
-rewritten resource names, and it is atomic across any number of webhook replicas: the quota is hard.
-/validate still answers first, with the friendlier sentence.
+For every namespace gpu-placement acts in (`namespaceSelection`) whose annotation parses, one
+ResourceQuota named `gpu-placement`, labelled `app.kubernetes.io/managed-by: gpu-placement`, with
+`requests.<resource>` for each resource of the annotation (the only form quota accepts for extended
+resources). The API server's quota admission runs after every mutating and validating webhook, so it
+counts the rewritten resource names, and it is atomic across any number of webhook replicas: the
+quota is hard. /validate still answers first, with the friendlier sentence.
+
+Owner: the release's ValidatingWebhookConfiguration (`owner`, read on every turn of the leader), so the
+garbage collector deletes every mirrored quota when `helm uninstall` deletes it; recreated (a new uid),
+the quotas are written again at once; without one, the quota's own Namespace. In audit
+mode nothing is wanted anywhere: the mirror deletes what it kept in enforce mode (audit enforces
+nothing), and so it does in a namespace that leaves the selection.
 
 One loop per webhook replica; only the holder of its Lease writes. The view's namespace events say
 which namespaces changed (work proportional to what changed); a full pass runs on taking the lead
@@ -41,9 +47,11 @@ from gpu_placement.metrics import (
     api_outcome,
 )
 from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.owner import Owner
 from gpu_placement.resourcequotas import MIRROR_NAME
 from gpu_placement.view import ClusterView
-from webhook.policy import parse_policy
+from webhook.dra_templates import device_hard
+from webhook.policy import NamespacePolicy, parse_policy
 
 __all__ = ["MANAGED_BY", "MIRROR_NAME", "MirrorSettings", "QuotaMirror", "desired_hard"]
 
@@ -61,6 +69,7 @@ class MirrorSettings:
     lease_seconds: int = 30  # another replica takes over this long after the holder stops renewing
     renew_seconds: float = 10.0  # how often the holder renews (and a standby tries)
     resync_seconds: float = 300.0  # full pass: what no event told us (a ResourceQuota edited by hand)
+    owner: str | None = None  # the ValidatingWebhookConfiguration owning the quotas; None: their Namespace
 
 
 def desired_hard(quota: Mapping[str, int]) -> dict[str, str]:
@@ -82,6 +91,7 @@ class QuotaMirror:
         self.leading = False
         self.last_error: str | None = None
         self.writes = 0  # creates, updates and deletes made: for tests and the log
+        self.templates: Any = None  # webhook/dra_templates.TemplateKeeper where resource.k8s.io is served
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
         self._wake = threading.Event()
@@ -89,6 +99,7 @@ class QuotaMirror:
         self._thread: threading.Thread | None = None
         self._renewed = float("-inf")
         self._next_resync = 0.0
+        self._owner = Owner(self.settings.owner, "quota mirror") if self.settings.owner else None
         view.subscribe_namespaces(self._changed)
 
     @property
@@ -143,6 +154,8 @@ class QuotaMirror:
                 return
             if "namespaces" not in self.view.listed:
                 return  # never act on a half-known view: a missing namespace would look unannotated
+            if self._owner is not None and self._owner.read(self.api):
+                self._next_resync = 0.0  # a new owner (helm upgrade after it was deleted): mend everything now
             now = time.monotonic()
             if now >= self._next_resync:
                 with self._dirty_lock:
@@ -190,13 +203,25 @@ class QuotaMirror:
         record = self.view.namespaces.get(name)
         if record is None:
             return False, None, ""
+        if self.config.mode == "audit" or not self.config.selects(record.labels) or (
+                name in self.config.exempt_namespaces):
+            return True, None, record.uid  # gpu-placement enforces nothing here
         policy = parse_policy(record, name, self.config)
         if n.ANN_QUOTA in policy.errors:
             return False, None, record.uid
-        return True, (desired_hard(policy.quota) if policy.quota is not None else None), record.uid
+        if policy.quota is None:
+            return True, None, record.uid
+        hard = desired_hard(policy.quota)
+        if policy.mode(self.config) == "dra":  # the API server charges claims by class (webhook/dra_templates.py)
+            hard.update(device_hard(policy.quota, self.config))
+        return True, hard, record.uid
 
     def reconcile(self, name: str) -> None:
         known, wanted, uid = self._wanted(name)
+        if self.templates is not None:
+            record = self.view.namespaces.get(name)
+            if record is not None:
+                self.templates.reconcile(name, self._template_policy(name, record), record.uid)
         if not known:
             return
         self._apply(name, self._get(name), wanted, uid)
@@ -209,6 +234,19 @@ class QuotaMirror:
             if known:
                 self._apply(name, owned.get(name) if wanted is None or name in owned else self._get(name),
                             wanted, uid)
+        if self.templates is not None:
+            policies = {}
+            for name, record in list(self.view.namespaces.items()):
+                policies[name] = (self._template_policy(name, record), record.uid)
+            self.templates.resync(policies)
+
+    def _template_policy(self, name: str, record: NamespaceRecord) -> NamespacePolicy:
+        """The policy the namespace's templates follow: none wanted where gpu-placement enforces nothing
+        (audit mode, a namespace not selected or exempt), as for the ResourceQuota."""
+        if self.config.mode == "audit" or not self.config.selects(record.labels) or (
+                name in self.config.exempt_namespaces):
+            return NamespacePolicy(name, allocation="device-plugin")
+        return parse_policy(record, name, self.config)
 
     def _apply(self, name: str, current: dict[str, Any] | None, wanted: dict[str, str] | None, uid: str) -> None:
         if current is not None and not _ours(current):
@@ -221,17 +259,19 @@ class QuotaMirror:
             if current is not None:
                 self._delete(name, current)
             return
+        if self._owner is not None and self._owner.ref is None:
+            return  # no owner to give it (said once by Owner.read): write nothing the uninstall would miss
         if current is None:
             self._write("POST", name, self._body(name, wanted, uid, None))
             log.info("quota mirror: created ResourceQuota %s/%s with %s", name, MIRROR_NAME, _text(wanted))
-        elif ((current.get("spec") or {}).get("hard") or {}) != wanted or not _owner_is(current, name, uid):
+        elif ((current.get("spec") or {}).get("hard") or {}) != wanted or (
+                ((current.get("metadata") or {}).get("ownerReferences") or []) != self._owner_refs(name, uid)):
             self._write("PUT", name, self._body(name, wanted, uid, current))
             log.info("quota mirror: updated ResourceQuota %s/%s to %s", name, MIRROR_NAME, _text(wanted))
 
     def _body(self, name: str, wanted: dict[str, str], uid: str, current: dict[str, Any] | None) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": MIRROR_NAME, "namespace": name, "labels": {MANAGED_BY[0]: MANAGED_BY[1]}}
-        if uid:
-            meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Namespace", "name": name, "uid": uid}]
+        meta: dict[str, Any] = {"name": MIRROR_NAME, "namespace": name, "labels": {MANAGED_BY[0]: MANAGED_BY[1]},
+                                "ownerReferences": self._owner_refs(name, uid)}
         spec: dict[str, Any] = {"hard": wanted}
         if current is not None:  # keep what others added (labels, annotations); a lost update is a 409
             old = current.get("metadata") or {}
@@ -239,6 +279,11 @@ class QuotaMirror:
             meta.pop("managedFields", None)
             spec = {**(current.get("spec") or {}), "hard": wanted}
         return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": meta, "spec": spec}
+
+    def _owner_refs(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        if self._owner is not None and self._owner.ref is not None:
+            return [self._owner.ref]
+        return [{"apiVersion": "v1", "kind": "Namespace", "name": namespace, "uid": uid}] if uid else []
 
     # -- HTTP ----------------------------------------------------------------------------------
     def _path(self, namespace: str, name: str | None = None) -> str:
@@ -302,12 +347,6 @@ def _counted(method: str) -> Iterator[None]:
 def _ours(quota: dict[str, Any]) -> bool:
     labels = (quota.get("metadata") or {}).get("labels") or {}
     return bool(labels.get(MANAGED_BY[0]) == MANAGED_BY[1])
-
-
-def _owner_is(quota: dict[str, Any], namespace: str, uid: str) -> bool:
-    owners = (quota.get("metadata") or {}).get("ownerReferences") or []
-    return not uid or any(o.get("kind") == "Namespace" and o.get("name") == namespace and o.get("uid") == uid
-                          for o in owners)
 
 
 def _text(hard: Mapping[str, str]) -> str:

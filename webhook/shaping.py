@@ -22,9 +22,10 @@ from gpu_placement.config import Config
 from webhook.patches import escape
 from webhook.policy import NamespacePolicy
 
-__all__ = ["NOT_SHAPED", "governed", "unshaped"]
+__all__ = ["NOT_SHAPED", "NOT_SHAPED_ALLOWED", "governed", "unshaped", "unshaped_warning"]
 
 NOT_SHAPED = "NotShaped"
+NOT_SHAPED_ALLOWED = "NotShapedAllowed"  # a namespace without a GPU policy: let in, with a warning
 
 # The fields a /mutate patch touches, as a user reads them in the pod (patch paths are JSON Pointers).
 _FIELDS = {"/spec/tolerations": "spec.tolerations", "/spec/nodeSelector": "spec.nodeSelector",
@@ -49,6 +50,16 @@ def unshaped(ops: Sequence[Mapping[str, Any]], namespace: str, where: str) -> st
             f"{', '.join(fields)}. Most likely the webhook could not be reached when the pod was created (its "
             "failurePolicy is Ignore, so the API server went on without it): create the pod again. If this "
             "keeps happening, check the gpu-placement webhook's pods and its MutatingWebhookConfiguration")
+
+
+def unshaped_warning(ops: Sequence[Mapping[str, Any]], where: str) -> str:
+    """The warning for the same pod in a namespace without a GPU policy, which it may enter unshaped:
+    kubectl prints it, so the user learns the pod will not be placed by gpu-placement."""
+    fields = list(dict.fromkeys(_field(str(op["path"])) for op in ops))
+    return (f"{where} was not shaped by gpu-placement's mutating webhook: it lacks {', '.join(fields)}, so it keeps "
+            "its scheduler and runs without gpu-placement's GPU node checks. Most likely the webhook could not be "
+            "reached when the pod was created (its failurePolicy is Ignore, so the API server went on without it): "
+            "create the pod again to have it placed by gpu-placement")
 
 
 def _field(path: str) -> str:

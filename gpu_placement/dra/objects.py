@@ -22,11 +22,14 @@ Junk values become None, never an exception: the objects are written by drivers 
 
 from __future__ import annotations
 
+import hashlib
 import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from gpu_placement.cuda import Version, VersionError, parse_version
 from gpu_placement.quantity import QuantityError, parse_quantity
@@ -35,6 +38,7 @@ __all__ = ["Claim", "Device", "DeviceClass", "Slice", "Taint", "claim_from_json"
            "device_product", "slice_from_json", "template_from_json"]
 
 _MIB = 2**20
+_ALL_DEVICES = 32  # resourceapi.AllocationResultsMaxSize: what allocationMode All is charged
 _TYPE_IN_CEL = re.compile(r"""attributes\[\s*['"]([^'"]+)['"]\s*\]\s*\.\s*type\s*==\s*['"]([\w.-]+)['"]""")
 
 
@@ -94,6 +98,9 @@ class Claim:
     tolerations: tuple[tuple[str, str, str, str], ...] = ()  # (key, operator, value, effect) of its requests
     allocated: tuple[tuple[str, str, str], ...] = ()  # (driver, pool, device) from status.allocation
     admin: bool = False  # adminAccess: may share devices already in use
+    devices: tuple[tuple[str, int], ...] = ()  # (class, devices) as ResourceQuota charges them
+    digest: str = ""  # templates: of spec.spec, to tell gpu-placement's own templates (gpu_placement.dra.claims)
+    owner: str = ""  # claims made for a pod from a template: the pod's name (its controller reference)
 
     @property
     def key(self) -> str:
@@ -204,7 +211,35 @@ def _requests(spec: Any) -> Iterable[Mapping[str, Any]]:
                 yield alternative
 
 
-def _claim(namespace: str, name: str, spec: Any, status: Any) -> Claim:
+def _devices(spec: Any) -> tuple[tuple[str, int], ...]:
+    """Devices per class, the way Kubernetes' quota evaluator counts a claim (pkg/quota/v1/evaluator/core
+    resource_claims.go at v1.37.2): ExactCount its count (1 when unset), All the worst case (32), a
+    firstAvailable list the most any of its alternatives of a class could take."""
+    counts: dict[str, int] = {}
+    devices = (spec or {}).get("devices") if isinstance(spec, Mapping) else None
+    for request in (devices or {}).get("requests") or () if isinstance(devices, Mapping) else ():
+        if not isinstance(request, Mapping):
+            continue
+        alternatives = [request["exactly"]] if isinstance(request.get("exactly"), Mapping) else [
+            a for a in request.get("firstAvailable") or () if isinstance(a, Mapping)]
+        if not alternatives and request.get("deviceClassName"):
+            alternatives = [request]  # v1beta1
+        most: dict[str, int] = {}
+        for alternative in alternatives:
+            name = alternative.get("deviceClassName")
+            if not isinstance(name, str):
+                continue
+            mode = alternative.get("allocationMode") or "ExactCount"
+            count = alternative.get("count")
+            number = _ALL_DEVICES if mode == "All" else (count if isinstance(count, int) and count > 0 else 1) \
+                if mode == "ExactCount" else 0
+            most[name] = max(most.get(name, 0), number)
+        for name, number in most.items():
+            counts[name] = counts.get(name, 0) + number
+    return tuple(sorted((sys.intern(k), v) for k, v in counts.items() if v))
+
+
+def _claim(namespace: str, name: str, spec: Any, status: Any, digest: str = "", owner: str = "") -> Claim:
     classes: list[str] = []
     selectors = 0
     tolerations: list[tuple[str, str, str, str]] = []
@@ -226,19 +261,24 @@ def _claim(namespace: str, name: str, spec: Any, status: Any) -> Claim:
             allocated.append((sys.intern(str(result.get("driver") or "")), sys.intern(str(result.get("pool") or "")),
                               str(result.get("device") or "")))
     return Claim(sys.intern(namespace), name, tuple(sorted(classes)), selectors, tuple(tolerations),
-                 tuple(allocated), admin)
+                 tuple(allocated), admin, _devices(spec), digest, owner)
 
 
 def claim_from_json(obj: Mapping[str, Any]) -> Claim:
     meta = obj.get("metadata") or {}
+    owner = next((str(o.get("name") or "") for o in meta.get("ownerReferences") or ()
+                  if isinstance(o, Mapping) and o.get("kind") == "Pod" and o.get("controller")), "")
     return _claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), obj.get("spec"),
-                  obj.get("status"))
+                  obj.get("status"), owner=owner)
 
 
 def template_from_json(obj: Mapping[str, Any]) -> Claim:
     meta = obj.get("metadata") or {}
-    return _claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""),
-                  (obj.get("spec") or {}).get("spec"), None)
+    spec = (obj.get("spec") or {}).get("spec")
+    labels = meta.get("labels") or {}
+    ours = isinstance(labels, Mapping) and labels.get("app.kubernetes.io/managed-by") == "gpu-placement"
+    digest = hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest() if ours else ""
+    return _claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), spec, None, digest)
 
 
 def device_product(device: Device) -> str | None:

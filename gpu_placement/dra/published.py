@@ -53,16 +53,32 @@ def _device(node: str, minor: int, gpu: Gpu, taints: list[Obj] | None) -> Obj:
     return device
 
 
+def _mig(node: str, index: int, gpu: Gpu, profile: str, memory_bytes: int) -> Obj:
+    """One MIG device of GPU 0 (mig.go: type `mig`, `profile` as go-nvlib prints it, `parentUUID`)."""
+    device = _device(node, 0, gpu, None)
+    device["name"] = f"gpu-0-mig-{profile.replace('.', '-')}-{index}"
+    device["attributes"].update({"type": {"string": "mig"}, "profile": {"string": profile},
+                                 "uuid": {"string": f"MIG-{node}-{index:04d}"},
+                                 "parentUUID": {"string": f"GPU-{node}-0000"}})
+    device["capacity"] = {"memory": {"value": str(memory_bytes)}}
+    return device
+
+
 def resource_slice(node: str, count: int = 1, gpu: Gpu = H100, *, version: str = "v1", generation: int = 1,
-                   taints: dict[int, list[Obj]] | None = None) -> Obj:
+                   taints: dict[int, list[Obj]] | None = None, mig: tuple[str, int, int] | None = None) -> Obj:
     """The kubelet plugin's one ResourceSlice for a node with `count` whole GPUs (`taints`: by minor,
-    the driver's own health taints)."""
+    the driver's own health taints); `mig` (profile, how many, memory in bytes): GPU 0 partitioned
+    into that many MIG devices instead."""
+    devices = [_device(node, minor, gpu, (taints or {}).get(minor)) for minor in range(count)]
+    if mig is not None:
+        profile, how_many, memory_bytes = mig
+        devices = [_mig(node, i, gpu, profile, memory_bytes) for i in range(how_many)] + devices[1:]
     return {
         "apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceSlice",
         "metadata": {"name": f"{node}-{DRIVER}-gpus"},
         "spec": {"driver": DRIVER, "nodeName": node,
                  "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-                 "devices": [_device(node, minor, gpu, (taints or {}).get(minor)) for minor in range(count)]},
+                 "devices": devices},
     }
 
 

@@ -66,6 +66,10 @@ class DraState:
         self._pool_node: dict[str, str] = {}  # pool -> node (NVIDIA names each pool after its node)
         self._used: dict[str, dict[str, int]] = {}  # node -> device -> claims holding it
         self._label_facts: dict[str, NodeFacts] = {}  # node -> facts from labels alone, where slices add some
+        # What ResourceQuota charges: the devices of every claim that exists, by namespace then class; and
+        # how many claims each pod owns (a pod's claims made from templates, for the webhook's holds).
+        self.namespace_devices: dict[str, dict[str, int]] = {}
+        self.pod_claim_count: dict[str, int] = {}  # namespace/pod -> claims made for it
         self._on_devices: list[NodeListener] = []
         self._on_usage: list[NodeListener] = []
 
@@ -270,9 +274,34 @@ class DraState:
                     self.claims[record.key] = record
                     self._count(record, +1)
 
+    def _charge(self, claim: Claim, step: int) -> None:
+        """The claim's devices in its namespace's figures (what ResourceQuota counts), its pod's count."""
+        if claim.devices:
+            used = self.namespace_devices.setdefault(claim.namespace, {})
+            for device_class, number in claim.devices:
+                used[device_class] = used.get(device_class, 0) + step * number
+                if used[device_class] <= 0:
+                    del used[device_class]
+            if not used:
+                del self.namespace_devices[claim.namespace]
+        if claim.owner:
+            key = f"{claim.namespace}/{claim.owner}"
+            left = self.pod_claim_count.get(key, 0) + step
+            if left > 0:
+                self.pod_claim_count[key] = left
+            else:
+                self.pod_claim_count.pop(key, None)
+
+    def mig_profiles(self) -> set[str]:
+        """Every MIG profile a device of the driver publishes (`profile`, NVIDIA's spelling: 1g.10gb+me)."""
+        return {d.profile for devices in self._devices.values() for d in devices if d.type == "mig" and d.profile}
+
     def _count(self, claim: Claim | None, step: int) -> None:
         """Which devices of our driver allocated claims hold, per node: scoring fills nodes by it."""
-        if claim is None or not claim.allocated:
+        if claim is None:
+            return
+        self._charge(claim, step)
+        if not claim.allocated:
             return
         touched = set()
         for driver, pool, device in claim.allocated:

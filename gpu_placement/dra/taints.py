@@ -27,6 +27,10 @@ node's rule is held back (gpu_placement_dra_taint_holds); it comes back once the
 has its device (NoSchedule does not touch an allocation made). For the same reason `NoExecute`
 becomes `NoSchedule` on a node whose validator holds a device through a claim: it would be evicted.
 
+In audit mode the rules only report (effect None): audit changes nothing a pod runs with. Each rule
+is owned by the release's ValidatingWebhookConfiguration (`owner`, gpu_placement.owner), so `helm
+uninstall` leaves no device taint behind.
+
 One writer, elected by a Lease (like the quota mirror); writes are paced (`writes_per_second`); rules
 without our label are never touched, even with our name. The API version comes from discovery
 (v1, else v1beta2, else v1alpha3); where none is served, a gauge and a log line say that only the
@@ -64,6 +68,7 @@ from gpu_placement.metrics import (
     api_outcome,
 )
 from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.owner import Owner
 from gpu_placement.pods import PodRecord
 from gpu_placement.rules import DRIVER_UPGRADE, MIG_RECONFIGURING, NOT_VALIDATED, dra_readiness
 from gpu_placement.view import ClusterView
@@ -103,6 +108,7 @@ class TaintSettings:
     settle_seconds: float = 0.2  # after a change, wait this long for its neighbours: one pass for a burst
     writes_per_second: float = 5.0  # the pace of creates, updates and deletes
     burst: int = 10
+    owner: str | None = None  # the ValidatingWebhookConfiguration owning the rules (gpu_placement.owner)
 
 
 @dataclass(slots=True, frozen=True)
@@ -136,7 +142,7 @@ def desired_rules(view: ClusterView, config: Config, waiting: dict[str, int], no
     if rejection is not None and rejection.code in TAINTED:
         if waiting.get(node):
             return [], True
-        effect = config.dra.taint_effect
+        effect = _effect(config)
         if effect == "NoExecute" and any(p.claims for k in view.validators.get(node, ()) if (p := view.pods.get(k))):
             effect = "NoSchedule"  # the validator holds one of these devices: it must not be evicted
         per_pool = {pool: sum(len(s.devices) for s in dra.slices_of(node) if s.pool == pool) for pool in pools}
@@ -149,7 +155,7 @@ def desired_rules(view: ClusterView, config: Config, waiting: dict[str, int], no
         for device in slice_.devices:
             if device.uuid in bad:
                 rules.append(Rule(_rule_name(slice_.pool, device.name), node, slice_.pool, device.name, XID_ERROR,
-                                  config.dra.taint_effect, f"{XID_ERROR}: telemetry reports a recent XID error on GPU "
+                                  _effect(config), f"{XID_ERROR}: telemetry reports a recent XID error on GPU "
                                   f"{device.uuid} (DCGM_FI_DEV_XID_ERRORS)", 1))
     return rules, False
 
@@ -187,6 +193,7 @@ class TaintController:
         self._refilled = clock()
         self._said_unserved = False
         self._published: set[tuple[str, str]] = set()
+        self._owner = Owner(self.settings.owner, "DRA taints") if self.settings.owner else None
         view.subscribe(self._node_changed, self._node_changed)
         view.dra.subscribe(self._node_changed, lambda _node: None)
         view.subscribe_records(self._pod_changed, self._namespace_changed)
@@ -266,6 +273,8 @@ class TaintController:
                 return
             if not {"nodes", "pods", "resourceslices"} <= self.view.listed:
                 return  # never act on a half-known view: a node not listed yet would look untainted
+            if self._owner is not None and self._owner.read(self.api):
+                self._next_resync = 0.0  # a new owner (helm upgrade after it was deleted): relist, mend all
             now = self.clock()
             if now >= self._next_resync:
                 self._discover()
@@ -323,8 +332,7 @@ class TaintController:
                             "v1alpha3): only the extender keeps DRA pods of the gpu-placement scheduler off "
                             "unverified nodes; pods of other schedulers may get their devices")
             else:
-                log.info("DRA taints: DeviceTaintRules at %s/%s, effect %s", GROUP, found,
-                         self.config.dra.taint_effect)
+                log.info("DRA taints: DeviceTaintRules at %s/%s, effect %s", GROUP, found, _effect(self.config))
             self._said_unserved = True
         self.version = found
         DRA_TAINT_SERVED.set(1.0 if found else 0.0)
@@ -347,11 +355,14 @@ class TaintController:
                     self.holds.add(node)
                 elif not held:
                     self.holds.discard(node)
+        owners = self._owner_refs()
         for name, rule in wanted.items():
+            if owners is None:
+                break  # no owner to give it (said once by Owner.read): write nothing the uninstall would miss
             current = self.owned.get(name)
             if current is None:
                 self._create(rule)
-            elif _differs(current, rule, self.config.dra.driver):
+            elif _differs(current, rule, self.config.dra.driver, owners):
                 self._update(current, rule)
         for name, current in list(self.owned.items()):
             node = ((current.get("metadata") or {}).get("labels") or {}).get(NODE_LABEL)
@@ -386,6 +397,9 @@ class TaintController:
             meta = {**old, "labels": {**(old.get("labels") or {}), **meta["labels"]},
                     "annotations": {**(old.get("annotations") or {}), **meta["annotations"]}}
             meta.pop("managedFields", None)
+        owners = self._owner_refs()
+        if owners:
+            meta["ownerReferences"] = owners
         return {"apiVersion": f"{GROUP}/{self.version}", "kind": "DeviceTaintRule", "metadata": meta,
                 "spec": {"deviceSelector": selector,
                          "taint": {"key": TAINT_KEY, "value": rule.reason, "effect": rule.effect}}}
@@ -428,6 +442,12 @@ class TaintController:
         self.owned.pop(name, None)
         self.writes += 1
         log.info("DRA taints: removed %s: node %s is verified again", name, (meta.get("labels") or {}).get(NODE_LABEL))
+
+    def _owner_refs(self) -> list[dict[str, Any]] | None:
+        """The rules' ownerReferences: [] without a configured owner; None while it is missing."""
+        if self._owner is None:
+            return []
+        return None if self._owner.ref is None else [self._owner.ref]
 
     # -- HTTP ----------------------------------------------------------------------------------
     def _path(self, name: str | None = None) -> str:
@@ -498,11 +518,18 @@ def _ours(rule: dict[str, Any]) -> bool:
     return bool(labels.get(MANAGED_BY[0]) == MANAGED_BY[1])
 
 
-def _differs(current: dict[str, Any], rule: Rule, driver: str) -> bool:
+def _effect(config: Config) -> str:
+    """Audit mode changes nothing a pod runs with: its rules only report (effect None)."""
+    return "None" if config.mode == "audit" else config.dra.taint_effect
+
+
+def _differs(current: dict[str, Any], rule: Rule, driver: str, owners: list[dict[str, Any]]) -> bool:
     spec = current.get("spec") or {}
     selector = spec.get("deviceSelector") or {}
     taint = spec.get("taint") or {}
-    annotations = (current.get("metadata") or {}).get("annotations") or {}
+    meta = current.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
     return (selector.get("driver"), selector.get("pool"), selector.get("device"), taint.get("key"),
-            taint.get("value"), taint.get("effect"), annotations.get(REASON_ANNOTATION)) != (
-        driver, rule.pool, rule.device, TAINT_KEY, rule.reason, rule.effect, rule.sentence)
+            taint.get("value"), taint.get("effect"), annotations.get(REASON_ANNOTATION),
+            meta.get("ownerReferences") or []) != (
+        driver, rule.pool, rule.device, TAINT_KEY, rule.reason, rule.effect, rule.sentence, owners)

@@ -158,6 +158,7 @@ PLURALS = {"ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps", "Serv
            "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
            "ValidatingWebhookConfiguration": "validatingwebhookconfigurations", "Namespace": "namespaces",
            "Secret": "secrets", "Pod": "pods", "Node": "nodes", "Lease": "leases", "ResourceQuota": "resourcequotas",
+           "EndpointSlice": "endpointslices", "NetworkPolicy": "networkpolicies",
            "ResourceSlice": "resourceslices", "DeviceClass": "deviceclasses", "ResourceClaim": "resourceclaims",
            "ResourceClaimTemplate": "resourceclaimtemplates", "DeviceTaintRule": "devicetaintrules"}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
@@ -464,6 +465,47 @@ def start_control_plane(work: Path | None = None) -> ControlPlane:
         raise
 
 
+def namespace(api: Api, name: str, labels: dict[str, str] | None = None,
+              annotations: dict[str, str] | None = None) -> str:
+    """A namespace pods can be created in: the ServiceAccount admission plugin refuses them until the
+    controller made `default`."""
+    api.apply({"apiVersion": "v1", "kind": "Namespace",
+               "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}}})
+    wait_for(f"serviceaccount {name}/default",
+             lambda: api.http.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").status_code == 200)
+    return name
+
+
+def follow_pods(api: Api, path: str, on_pod: Callable[[Obj], None], stop: threading.Event, **selectors: str) -> None:
+    """List then watch the pods at `path` until `stop`: `on_pod` for each listed, added or modified pod;
+    a relist after an ERROR event or a broken stream."""
+    rv = ""
+    while not stop.is_set():
+        try:
+            if not rv:
+                listing = api.get(path, **selectors)
+                rv = listing["metadata"]["resourceVersion"]
+                for pod in listing["items"]:
+                    on_pod(pod)
+            with api.http.stream("GET", path, params={"watch": "1", "resourceVersion": rv, **selectors,
+                                                      "allowWatchBookmarks": "true", "timeoutSeconds": "60"},
+                                 timeout=90) as stream:
+                for line in stream.iter_lines():
+                    if stop.is_set():
+                        return
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        rv = ""
+                        break
+                    rv = event["object"]["metadata"].get("resourceVersion", rv)
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        on_pod(event["object"])
+        except (httpx.HTTPError, ValueError, KeyError):
+            if stop.wait(0.5):
+                return
+            rv = ""
+
+
 # -- NVIDIA's DRA kubelet plugin, emulated ------------------------------------------------------------
 
 class DraPlugin:
@@ -509,6 +551,7 @@ class Kubelets:
         self.lease_seconds, self.renew_every = lease_seconds, renew_every
         self.nodes: dict[str, bool] = {}  # name -> heartbeating
         self.ready: dict[str, bool] = {}  # name -> the Ready status this kubelet posts
+        self.elsewhere: set[str] = set()  # namespaces whose pods another "kubelet" runs (tests/e2e/release.py)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.threads = [threading.Thread(target=self._heartbeats, name="kubelet-leases", daemon=True),
@@ -639,35 +682,13 @@ class Kubelets:
 
     def _pods(self) -> None:
         """Bound pods start Running; pods being deleted are removed once their node "stopped" them."""
-        rv = ""
-        while not self._stop.is_set():
-            try:
-                if not rv:
-                    listing = self.api.get("/api/v1/pods", fieldSelector="spec.nodeName!=")
-                    rv = listing["metadata"]["resourceVersion"]
-                    for pod in listing["items"]:
-                        self._kubelet_pod(pod)
-                with self.api.http.stream("GET", "/api/v1/pods", params={
-                        "watch": "1", "resourceVersion": rv, "fieldSelector": "spec.nodeName!=",
-                        "allowWatchBookmarks": "true", "timeoutSeconds": "60"}, timeout=90) as stream:
-                    for line in stream.iter_lines():
-                        if self._stop.is_set():
-                            return
-                        event = json.loads(line)
-                        if event["type"] == "ERROR":
-                            rv = ""
-                            break
-                        rv = event["object"]["metadata"].get("resourceVersion", rv)
-                        if event["type"] in ("ADDED", "MODIFIED"):
-                            self._kubelet_pod(event["object"])
-            except (httpx.HTTPError, ValueError, KeyError):
-                if self._stop.wait(0.5):
-                    return
-                rv = ""
+        follow_pods(self.api, "/api/v1/pods", self._kubelet_pod, self._stop, fieldSelector="spec.nodeName!=")
 
     def _kubelet_pod(self, pod: Obj) -> None:
         meta = pod["metadata"]
         ns, name = meta["namespace"], meta["name"]
+        if ns in self.elsewhere:
+            return
         if meta.get("deletionTimestamp"):
             self.api.http.request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}",
                                   content=json.dumps({"gracePeriodSeconds": 0,

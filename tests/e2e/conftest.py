@@ -22,7 +22,7 @@ import yaml
 
 from gpu_placement.config import Config
 from gpu_placement.namespaces import NamespaceRecord
-from tests.e2e.cluster import Api, ControlPlane, Kubelets, start_control_plane, wait_for
+from tests.e2e.cluster import Api, ControlPlane, Kubelets, namespace, start_control_plane, wait_for
 from tests.e2e.deploy import NAMESPACE, Pod, find, install, render, wait_ready, webhook_port
 from tests.e2e.supervisor import Supervisor
 from webhook.policy import parse_policy
@@ -84,8 +84,9 @@ class E2E:
         self.start_webhook(0)
 
     def route_webhooks(self) -> None:
-        """The Service's backends: what the API server reaches through gpu-placement-webhook.gpu-placement.svc,
-        the Ready replicas only (a dead one stays routed until kubelet notices, as in a cluster)."""
+        """The Service's backends as kube-proxy routes them, the Ready replicas only (a dead one stays
+        routed until kubelet notices, as in a cluster), and its EndpointSlice as the endpoint controller
+        publishes them (the webhook writes its webhooks once it has one)."""
         assert self.plane.proxy is not None
         if self._service is None:  # fixed once created; read again, it would fail while the API is down
             self._service = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/services/{WEBHOOK}")["spec"]
@@ -93,6 +94,15 @@ class E2E:
                     if self.supervisor.ready(p, "webhook")]
         for port in self._service["ports"]:
             self.plane.proxy.route(self._service["clusterIP"], port["port"], backends)
+        # While the API server is down (a fault scenario) the routes above are what serves.
+        with contextlib.suppress(httpx.HTTPError, RuntimeError):
+            self.api.apply({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                            "metadata": {"name": f"{WEBHOOK}-e2e", "namespace": NAMESPACE,
+                                         "labels": {"kubernetes.io/service-name": WEBHOOK,
+                                                    "endpointslice.kubernetes.io/managed-by": "e2e-harness"}},
+                            "endpoints": [{"addresses": [f"10.244.0.{i + 1}"], "conditions": {"ready": True}}
+                                          for i in range(len(backends))],
+                            "ports": [{"name": "https", "port": 8443, "protocol": "TCP"}]})
 
     def webhook_url(self, pod: Pod, path: str) -> str:
         return f"https://127.0.0.1:{webhook_port(pod, self.docs)}{path}"
@@ -160,18 +170,15 @@ class E2E:
         return totals
 
     # -- test objects
-    def namespace(self, prefix: str, annotations: dict[str, str] | None = None, wait_quota: bool = True) -> str:
-        """A namespace with these annotations, ready for pods: its ServiceAccount made and (`wait_quota`)
-        its gpu-placement.io/quota in force."""
-        name = f"{prefix}-{next(_ids)}"
-        self.api.apply({"apiVersion": "v1", "kind": "Namespace",
-                        "metadata": {"name": name, "annotations": annotations or {}}})
-        # The ServiceAccount admission plugin refuses pods until the controller made `default`.
-        wait_for(f"serviceaccount {name}/default",
-                 lambda: self.api.http.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").status_code == 200)
+    def namespace(self, prefix: str, annotations: dict[str, str] | None = None, opted_in: bool = True,
+                  wait_quota: bool = True) -> str:
+        """A namespace ready for pods, opted in to gpu-placement (the chart's default namespaceSelection is
+        optIn); with `wait_quota`, its gpu-placement.io/quota in force."""
+        labels = {"gpu-placement.io/enabled": "true"} if opted_in else {}
+        name = namespace(self.api, f"{prefix}-{next(_ids)}", labels, annotations)
         quota = quota_of(annotations or {})
         # /validate refuses GPU pods (QuotaPending) until the quota is in force.
-        if quota and wait_quota and self.quota_mirrored():
+        if quota and opted_in and wait_quota and self.quota_mirrored():
             wait_for(f"ResourceQuota {name}/gpu-placement in force", lambda: self.quota_in_force(name, quota))
         return name
 
@@ -261,9 +268,11 @@ class E2E:
         return pods + [p for p in self.extra_pods if p not in pods]
 
     def ca_bundle_trusted(self) -> bool:
+        """The replica wrote the webhooks into the (empty) configurations, each with a caBundle."""
         for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
             obj = self.api.get(f"/apis/admissionregistration.k8s.io/v1/{kind}/gpu-placement")
-            if not all(w["clientConfig"].get("caBundle") for w in obj["webhooks"]):
+            hooks = obj.get("webhooks") or []
+            if not hooks or not all(w["clientConfig"].get("caBundle") for w in hooks):
                 return False
         return True
 
@@ -347,7 +356,8 @@ def chart_running(plane: ControlPlane, lease_renew_seconds: float = 10.0) -> Ite
             "/api/v1/namespaces/gpu-operator/serviceaccounts/default").status_code == 200)
         install(api, docs)
         env.start_webhook(0)
-        wait_for("caBundle patched by --manage-certs", env.ca_bundle_trusted, timeout=60, interval=0.5)
+        wait_for("the webhooks written, with the caBundle of --manage-certs", env.ca_bundle_trusted, timeout=60,
+                 interval=0.5)
         env.start_scheduler()
         wait_for("the scheduler's leader Lease", lambda: api.http.get(
             f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/gpu-placement").status_code == 200,

@@ -34,9 +34,17 @@ GPU_PLACEMENT = str(Path(sys.executable).parent / "gpu-placement")
 Obj = dict[str, Any]
 
 
+K8S_TAG = "v1.37.2"  # the control plane's version (tests/e2e/build_control_plane.sh): kube-scheduler's image tag
+
+
 def render(values: Obj | None = None) -> list[Obj]:
+    """Offline, as `helm template` renders: kube-scheduler's tag must then be given."""
+    values = dict(values or {})
+    scheduler = dict(values.get("scheduler") or {})
+    scheduler["image"] = {"tag": K8S_TAG, **(scheduler.get("image") or {})}
+    values["scheduler"] = scheduler
     with helm_python.Chart.load(CHART) as chart:
-        files = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE)
+        files = chart.render(values, name=RELEASE, namespace=NAMESPACE)
     return [doc for path, text in sorted(files.items()) if path.endswith(".yaml")
             for doc in yaml.safe_load_all(text) if doc]
 
@@ -45,8 +53,8 @@ def install(api: Api, docs: list[Obj]) -> None:
     """`helm install --create-namespace`, by server-side apply: namespace, then everything else
     (RBAC before workloads, the webhook configurations last, as Helm orders kinds)."""
     api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    order = ["ServiceAccount", "Secret", "ConfigMap", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-             "Service", "Deployment", "PodDisruptionBudget", "MutatingWebhookConfiguration",
+    order = ["NetworkPolicy", "PodDisruptionBudget", "ServiceAccount", "Secret", "ConfigMap", "ClusterRole",
+             "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment", "MutatingWebhookConfiguration",
              "ValidatingWebhookConfiguration"]
     for doc in sorted(docs, key=lambda d: order.index(d["kind"]) if d["kind"] in order else len(order)):
         api.apply(doc, manager="helm")
@@ -60,12 +68,13 @@ def find(docs: list[Obj], kind: str, name: str) -> Obj:
 
 @dataclass
 class Pod:
-    """One replica of a rendered Deployment, its containers as local processes."""
+    """One replica of a rendered Deployment (or a live Pod: `template` and `docs` holding its
+    ConfigMaps), its containers as local processes."""
 
     plane: ControlPlane
     docs: list[Obj]
     deployment: str
-    replica: int = 0
+    replica: int | str = 0
     ports: dict[int, int] = field(default_factory=dict)  # container port -> local port
     procs: dict[str, Proc] = field(default_factory=dict)
     # The containers meant to run (tests/e2e/supervisor.py restarts them when they exit), with the
@@ -73,9 +82,10 @@ class Pod:
     wanted: set[str] = field(default_factory=set)
     extra_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    template: Obj = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.template = find(self.docs, "Deployment", self.deployment)["spec"]["template"]
+        self.template = self.template or find(self.docs, "Deployment", self.deployment)["spec"]["template"]
         self.dir = self.plane.work / f"{self.deployment}-{self.replica}"
         self.dir.mkdir(exist_ok=True)
         api = self.plane.api
@@ -125,6 +135,7 @@ class Pod:
         args = [self._path(str(a), mounts) for a in container.get("command", []) + container.get("args", [])]
         env = {e["name"]: NAMESPACE for e in container.get("env", [])
                if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace"}
+        env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
         if name == "kube-scheduler":
             args[0] = str(self.plane.bin_dir / "kube-scheduler")
             config_arg = next(i for i, a in enumerate(args) if a.startswith("--config="))
@@ -142,7 +153,7 @@ class Pod:
                      f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}"]
         else:  # the gpu-placement image: ENTRYPOINT ["gpu-placement"]
             for i, arg in enumerate(args):
-                if arg in ("--webhook-listen", "--extender-listen"):
+                if arg in ("--webhook-listen", "--extender-listen", "--health-listen"):
                     args[i + 1] = self._listen(args[i + 1])
             args = [GPU_PLACEMENT, *args, "--kubeconfig", str(self.kubeconfig), *extra_args]
         return args, env

@@ -86,7 +86,8 @@ def test_two_replicas_and_fifty_creates_at_once_never_exceed_a_quota_just_set_or
     try:
         ns = f"at-once-{time.monotonic_ns() % 10**6}"
         e2e.api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {
-            "name": ns, "annotations": {"gpu-placement.io/quota": f"nvidia.com/gpu={QUOTA}"}}})
+            "name": ns, "labels": {"gpu-placement.io/enabled": "true"},  # opted in (the chart's default: optIn)
+            "annotations": {"gpu-placement.io/quota": f"nvidia.com/gpu={QUOTA}"}}})
         wait_for(f"serviceaccount {ns}/default",
                  lambda: e2e.api.http.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default").status_code == 200)
         admitted = _fill(e2e, ns, "first", QUOTA, 0)

@@ -1,8 +1,11 @@
 """Scenario 4: failurePolicy as docs/deploy.md documents it, with every webhook replica stopped:
 GPU pods are refused (/validate is Fail), other pods are created as usual, and a non-GPU pod that
-tolerates the GPU taint is created unmutated (/mutate is Ignore)."""
+tolerates the GPU taint is created unmutated (/mutate is Ignore). And a GPU pod that /mutate did not
+shape while /validate answers is admitted with a warning saying so."""
 
 from __future__ import annotations
+
+import json
 
 from tests.e2e.conftest import E2E
 
@@ -29,3 +32,23 @@ def test_with_the_webhook_down_gpu_pods_are_refused_and_the_rest_admitted(e2e: E
         e2e.restart_webhooks()
     r = e2e.gpu_pod(ns, "gpu", "s4-nowhere")
     assert r.status_code == 201, r.text
+
+
+def test_a_gpu_pod_that_slipped_past_mutate_is_told_so(e2e: E2E) -> None:
+    """/mutate fails (here: the API server is sent to a path the webhook does not serve, 404) and its
+    failurePolicy Ignore lets the pod through unshaped; /validate answers and the user reads why."""
+    ns = e2e.namespace("unshaped")
+    path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/gpu-placement"
+    move = [{"op": "replace", "path": "/webhooks/0/clientConfig/service/path", "value": "/not-served"}]
+    back = [{"op": "replace", "path": "/webhooks/0/clientConfig/service/path", "value": "/mutate"}]
+    patch = {"Content-Type": "application/json-patch+json"}
+    e2e.api.http.patch(path, content=json.dumps(move), headers=patch).raise_for_status()
+    try:
+        r = e2e.gpu_pod(ns, "raw", "s4-nowhere")
+        assert r.status_code == 201, r.text
+        assert r.json()["spec"]["schedulerName"] == "default-scheduler"
+        warnings = " ".join(r.headers.get_list("warning"))
+        assert f"pod {ns}/raw was not shaped by gpu-placement's mutating webhook" in warnings, warnings
+    finally:
+        e2e.api.http.patch(path, content=json.dumps(back), headers=patch).raise_for_status()
+    assert e2e.gpu_pod(ns, "shaped", "s4-nowhere").json()["spec"]["schedulerName"] == "gpu-placement"

@@ -1,14 +1,19 @@
 {{/* Names. Cluster-scoped objects (ClusterRoles, webhook configurations) use the fullname, so two
-releases with different names do not collide. */}}
+releases with different names do not collide. 50 characters leave room for the longest suffix. */}}
 {{- define "gpu-placement.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
 {{- define "gpu-placement.fullname" -}}
-{{- if contains .Chart.Name .Release.Name }}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
 {{- .Release.Name | trunc 50 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -17,6 +22,7 @@ releases with different names do not collide. */}}
 {{- define "gpu-placement.configName" -}}{{ include "gpu-placement.fullname" . }}-config{{- end }}
 {{/* Both webhook configurations share this name: the service patches them by it. */}}
 {{- define "gpu-placement.webhookConfigurationName" -}}{{ include "gpu-placement.fullname" . }}{{- end }}
+{{- define "gpu-placement.webhooksName" -}}{{ include "gpu-placement.fullname" . }}-webhooks{{- end }}
 {{/* The two certificate sources use different Secrets: cert-manager's is type kubernetes.io/tls and
 has no ca.key, so the service could neither reuse nor overwrite it when certManager.enabled is switched. */}}
 {{- define "gpu-placement.certSecretName" -}}
@@ -31,6 +37,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: gpu-placement
+{{- end }}
+
+{{/* Pod template labels of one component: podLabels, then the selector labels (which always win). */}}
+{{- define "gpu-placement.podLabels" -}}
+{{- $selector := include "gpu-placement.selectorLabels" . | fromYaml }}
+{{- toYaml (merge $selector (deepCopy .ctx.Values.podLabels)) }}
 {{- end }}
 
 {{/* Selector labels of one component: call with (dict "ctx" $ "component" "scheduler"). */}}
@@ -65,10 +77,16 @@ never wait for the webhook). Used by both the ConfigMap and the namespaceSelecto
 {{- end }}
 
 {{/* kube-scheduler's image tag: the value, else the cluster's own version (never newer than the API
-server, as the skew policy requires), without a provider suffix: v1.31.4-eks-1552ad0 -> v1.31.4. */}}
+server, as the skew policy requires), without a provider suffix: v1.31.4-eks-1552ad0 -> v1.31.4.
+Rendered without a cluster (helm template, --dry-run=client) and without --kube-version, Helm only
+knows its own built-in version (its client's, vX.Y.0): then the tag must be set, since a
+kube-scheduler newer than the API server is unsupported. */}}
 {{- define "gpu-placement.schedulerImageTag" -}}
+{{- $kube := .Capabilities.KubeVersion.Version }}
 {{- if .Values.scheduler.image.tag }}{{ .Values.scheduler.image.tag }}
-{{- else }}{{- $v := semver .Capabilities.KubeVersion.Version }}{{ printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch }}
+{{- else if and (not (lookup "v1" "Namespace" "" "kube-system")) (eq $kube (printf "%s.0" .Capabilities.HelmVersion.KubeClientVersion)) }}
+{{- fail (printf "scheduler.image.tag: rendering without a cluster (helm template, --dry-run=client), Helm knows only its own built-in Kubernetes version (%s), not your control plane's: set scheduler.image.tag to it, e.g. --set scheduler.image.tag=v1.31.4, or pass --kube-version (kube-scheduler must not be newer than the API server)" $kube) }}
+{{- else }}{{- $v := semver $kube }}{{ printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch }}
 {{- end }}
 {{- end }}
 
@@ -79,29 +97,50 @@ server, as the skew policy requires), without a provider suffix: v1.31.4-eks-155
 {{- $_ = set $config "gpuResources" .Values.gpuResources }}
 {{- $_ = set $config "sharedResource" .Values.sharedResource }}
 {{- $_ = set $config "exemptNamespaces" (include "gpu-placement.exemptNamespaces" . | fromJsonArray) }}
+{{- $_ = set $config "namespaceSelection" .Values.namespaceSelection }}
 {{- toYaml $config }}
 {{- end }}
 
-{{/* The restricted Pod Security profile, for every container. */}}
+{{/* Security contexts from the values (the restricted Pod Security profile by default). On OpenShift
+the restricted SCC assigns UIDs and GIDs from the namespace's range and refuses others, so there
+(openshift.adaptSecurityContext: force, or auto with the security.openshift.io API served) the
+fixed IDs are left out. */}}
+{{- define "gpu-placement.adaptSecurityContext" -}}
+{{- $mode := .Values.openshift.adaptSecurityContext }}
+{{- if or (eq $mode "force") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "security.openshift.io/v1")) }}true{{ end }}
+{{- end }}
+
+{{- define "gpu-placement.securityContext" -}}
+{{- $context := deepCopy .context }}
+{{- if include "gpu-placement.adaptSecurityContext" .ctx }}
+{{- $context = omit $context "runAsUser" "runAsGroup" "fsGroup" }}
+{{- end }}
+{{- toYaml $context }}
+{{- end }}
+
 {{- define "gpu-placement.containerSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-readOnlyRootFilesystem: true
-allowPrivilegeEscalation: false
-capabilities:
-  drop: [ALL]
-seccompProfile:
-  type: RuntimeDefault
+{{- include "gpu-placement.securityContext" (dict "ctx" . "context" .Values.securityContext) }}
 {{- end }}
 
 {{- define "gpu-placement.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-fsGroup: 65532
-seccompProfile:
-  type: RuntimeDefault
+{{- include "gpu-placement.securityContext" (dict "ctx" . "context" .Values.podSecurityContext) }}
+{{- end }}
+
+{{/* The namespaces the webhooks act in: not exempt, and opted in (namespaceSelection optIn: labelled
+gpu-placement.io/enabled=true) or not opted out (optOut: not labelled "false"). */}}
+{{- define "gpu-placement.namespaceSelector" -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values: {{ include "gpu-placement.exemptNamespaces" . }}
+  - key: gpu-placement.io/enabled
+    {{- if eq .Values.namespaceSelection "optIn" }}
+    operator: In
+    values: ["true"]
+    {{- else }}
+    operator: NotIn
+    values: ["false"]
+    {{- end }}
 {{- end }}
 
 {{/* CEL for matchConditions, written out over several lines. `object` is the Pod being created;
@@ -143,9 +182,9 @@ has(object.spec.tolerations) && object.spec.tolerations.exists(t,
 has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(o, o.kind == 'DaemonSet')
 {{- end }}
 
-{{/* The webhook mirrors namespace quotas into ResourceQuotas: asked for, and not in audit mode. */}}
+{{/* The webhook mirrors namespace quotas into ResourceQuotas (in audit mode: deletes the ones it kept). */}}
 {{- define "gpu-placement.quotaMirror" -}}
-{{- if and .Values.webhook.quotaMirror (ne (.Values.config.mode | default "enforce") "audit") }}true{{ end }}
+{{- if .Values.webhook.quotaMirror }}true{{ end }}
 {{- end }}
 {{- define "gpu-placement.draLease" -}}
 {{- printf "%s-dra" (include "gpu-placement.fullname" .) | trunc 63 | trimSuffix "-" }}

@@ -1,0 +1,37 @@
+"""`explain` for a pod of a `dra` namespace: the claims the webhook gives it, the template each comes from
+with its selectors, and which devices on the nodes that pass match them (and why the others do not)."""
+
+from __future__ import annotations
+
+from gpu_placement.config import Config
+from gpu_placement.demo_cluster import make_pod, namespace, validator_pod
+from gpu_placement.dra.published import Gpu, device_classes, resource_slice
+from gpu_placement.explain import explain_pod
+from gpu_placement.namespaces import namespace_from_json
+from gpu_placement.service import core_from_objects
+from tests.test_dra_extender import dra_node
+from webhook.dra_templates import wanted_templates
+from webhook.policy import parse_policy
+
+POLICY = {"gpu-placement.io/allocation": "dra", "gpu-placement.io/gpu-products": "NVIDIA-H100-80GB-HBM3",
+          "gpu-placement.io/cuda": "12.4"}
+
+
+def test_explain_shows_the_claims_and_the_devices_that_match_the_policy() -> None:
+    config = Config()
+    ns = namespace("ai", POLICY)
+    policy = parse_policy(namespace_from_json(ns), "ai", config)
+    templates = [t.body(config.dra.driver) for t in wanted_templates(policy, set(), config)]
+    old = resource_slice("b", 2, Gpu(driver="535.129.3"))
+    core = core_from_objects(config, [ns, *device_classes(), *templates, dra_node("a"), validator_pod("a"),
+                                      resource_slice("a", 2), dra_node("b"), validator_pod("b"), old])
+    pod = make_pod("ai", "train", gpus={"nvidia.com/gpu": 1})
+    del pod["status"]
+    text = explain_pod(core, pod, "ai")
+    assert "/spec/resourceClaims" in text  # the webhook's patch, shown
+    assert "claims from namespace ai's templates" in text
+    assert "where device.attributes['gpu.nvidia.com'].driverVersion.compareTo(semver('550.54.14')) >= 0" in text
+    rows = [line.split() for line in text.split("DEVICES THAT MATCH")[1].splitlines()[1:] if line.strip()]
+    by_node = {row[1]: " ".join(row[2:]) for row in rows}
+    assert by_node["a"].startswith("gpu-0, gpu-1 -")
+    assert by_node["b"].startswith("none gpu-0: driver 535.129.3; gpu-1: driver 535.129.3")

@@ -1,0 +1,134 @@
+"""A GPU pod of a `dra` namespace (gpu-placement.io/allocation: dra) turned into a pod with ResourceClaims.
+
+The pod is written the usual way (`nvidia.com/gpu: 2`, maybe `gpu-placement.io/sharing: shared`);
+/mutate removes every GPU resource from its containers and gives each container claims from the
+ResourceClaimTemplates the service keeps in the namespace (webhook/dra_templates.py,
+gpu_placement/dra/claims.py), one claim per device, so the namespace's policy (class, products,
+driver for its CUDA, device memory, sharing) travels in the template, not in the tenant's manifest.
+
+Admission writes nothing: a template that is not in the view yet (a namespace switched to `dra` a
+moment ago) leaves the pod as it is, and /validate refuses it with a retriable 503
+(`TemplatePending`). The patch is idempotent: a converted pod asks for no GPU resource, and its
+claims name our templates, which /mutate's claim route records with the same `admitted` value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_placement import names as n
+from gpu_placement.config import Config, Pool
+from gpu_placement.dra.claims import (
+    ClaimPlan,
+    ClaimPolicy,
+    Template,
+    devices_quota_key,
+    dra_level,
+    level_of,
+    plan,
+    template_for,
+)
+from gpu_placement.dra.objects import Claim
+from gpu_placement.dra.state import DraState
+from gpu_placement.pods import GpuRequests
+from gpu_placement.sharing import Sharing
+from webhook.patches import Patch, claim_patch, escape
+from webhook.policy import NamespacePolicy
+
+__all__ = ["TEMPLATE_PENDING", "Conversion", "claim_policy", "convert", "missing_sentence", "pod_devices"]
+
+TEMPLATE_PENDING = "TemplatePending"
+
+
+@dataclass(slots=True, frozen=True)
+class Conversion:
+    """What /mutate does to a GPU pod of a `dra` namespace: `ops`, or (`missing` set) nothing yet."""
+
+    ops: Patch
+    plan: ClaimPlan | None
+    missing: tuple[Template, ...] = ()  # templates the pod needs that the view does not hold (yet)
+
+
+def claim_policy(policy: NamespacePolicy) -> ClaimPolicy:
+    """The part of a namespace's policy that its templates' selectors carry."""
+    return ClaimPolicy(tuple(sorted(policy.products or ())), policy.gpu_memory, policy.gpu_memory_mib, policy.cuda)
+
+
+def convert(pod: Mapping[str, Any], gpus: GpuRequests, level: Sharing, policy: NamespacePolicy, pools: Sequence[Pool],
+            templates: Mapping[str, Claim], config: Config, keep_scheduler: bool = False) -> Conversion:
+    """The patch that gives a GPU pod claims instead of GPU resources. `level`: the pod's sharing (its
+    own narrower ask or the namespace's); `templates`: the view's, by namespace/name."""
+    spec: Mapping[str, Any] = pod.get("spec") or {}
+    namespace = policy.namespace
+    wanted = claim_policy(policy)
+    levels = {resource: template_for(namespace, dra_level(level_of(resource, level, config), policy.sharing), wanted,
+                                     config)
+              for resource, _ in gpus}
+    missing = tuple(t for t in {t.name: t for t in levels.values()}.values()
+                    if (found := templates.get(f"{namespace}/{t.name}")) is None or found.digest != t.digest)
+    if missing:
+        return Conversion([], None, missing)
+    taken = [str(entry.get("name")) for entry in spec.get("resourceClaims") or () if isinstance(entry, Mapping)]
+    claims = plan(spec, levels, config.is_gpu_resource, taken)
+    ops: Patch = []
+    _remove_resources(spec, config, ops)
+    for field, index, names in claims.containers:
+        _add_claims(spec, field, index, names, ops)
+    entries = [{"name": name, "resourceClaimTemplateName": template.name} for name, template in claims.claims]
+    if "resourceClaims" in spec:
+        ops.extend({"op": "add", "path": "/spec/resourceClaims/-", "value": entry} for entry in entries)
+    else:
+        ops.append({"op": "add", "path": "/spec/resourceClaims", "value": entries})
+    classes = sorted({template.device_class for _, template in claims.claims})
+    # The same route and record /mutate gives a pod with claims (patches.claim_patch), so that a second
+    # call on the converted pod, which then takes that route, patches nothing.
+    ops += claim_patch(pod, classes, pools, config, keep_scheduler)
+    return Conversion(ops, claims)
+
+
+def missing_sentence(missing: Iterable[Template], where: str) -> str:
+    names = ", ".join(f"{t.namespace}/{t.name} ({t.level.text})" for t in missing)
+    return (f"{where} is in a namespace whose GPUs are claimed through DRA ({n.ANN_ALLOCATION}=dra), and the "
+            f"ResourceClaimTemplate it needs is not there yet ({names}): gpu-placement creates it from the namespace's "
+            "annotations within seconds of a change; create the pod again in a few seconds")
+
+
+def pod_devices(dra: DraState, namespace: str, spec: Mapping[str, Any]) -> dict[str, int]:
+    """The devices of GPU classes the claims made from the pod's templates will ask for, by quota key
+    (`<class>.deviceclass.resource.k8s.io/devices`). Claims that exist already are charged already."""
+    asks: dict[str, int] = {}
+    for entry in spec.get("resourceClaims") or ():
+        name = entry.get("resourceClaimTemplateName") if isinstance(entry, Mapping) else None
+        template = dra.templates.get(f"{namespace}/{name}") if name else None
+        for device_class, count in template.devices if template is not None else ():
+            if device_class in dra.gpu_classes:
+                key = devices_quota_key(device_class)
+                asks[key] = asks.get(key, 0) + count
+    return asks
+
+
+def _remove_resources(spec: Mapping[str, Any], config: Config, ops: Patch) -> None:
+    for field in ("initContainers", "containers"):
+        for index, container in enumerate(spec.get(field) or ()):
+            resources: Mapping[str, Any] = container.get("resources") or {}
+            for section in ("requests", "limits"):
+                values: Mapping[str, Any] = resources.get(section) or {}
+                for resource in sorted(values):
+                    if config.is_gpu_resource(resource):
+                        ops.append({"op": "remove",
+                                    "path": f"/spec/{field}/{index}/resources/{section}/{escape(resource)}"})
+
+
+def _add_claims(spec: Mapping[str, Any], field: str, index: int, names: Sequence[str], ops: Patch) -> None:
+    container: Mapping[str, Any] = spec[field][index]
+    entries = [{"name": name} for name in names]
+    base = f"/spec/{field}/{index}/resources"
+    resources = container.get("resources")
+    if resources is None:
+        ops.append({"op": "add", "path": base, "value": {"claims": entries}})
+    elif resources.get("claims") is None:
+        ops.append({"op": "add", "path": f"{base}/claims", "value": entries})
+    else:
+        ops.extend({"op": "add", "path": f"{base}/claims/-", "value": entry} for entry in entries)
