@@ -174,7 +174,7 @@ def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:
         log.info("audit mode: the ResourceQuotas mirrored in enforce mode are deleted, none is written")
     mirror = QuotaMirror(core.api, core.view, core.config, _namespace(args), _identity(),
                          MirrorSettings(lease_name=args.quota_lease, owner=getattr(args, "owner", None)))
-    if core.dra.version in ("v1", "v1beta2"):  # the `exactly` request shape; v1beta1 namespaces stay on the plugin
+    if core.dra.claims_from_templates:  # elsewhere `dra` namespaces stay on the device plugin (view.dra.templates_kept)
         from webhook.dra_templates import TemplateKeeper
 
         mirror.templates = TemplateKeeper(core.api, core.view, core.config, core.dra.version)

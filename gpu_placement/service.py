@@ -160,6 +160,10 @@ def discover_dra(api: Any, tries: int = 5, wait: float = 2.0) -> DraApi:
     else:
         log.error("resource.k8s.io could not be discovered: DRA objects are not read; restart to try again")
         return DraApi()
+    if found.served and not found.claims_from_templates:
+        log.warning("DRA: resource.k8s.io is served only at %s, whose claims gpu-placement does not write: "
+                    "namespaces annotated gpu-placement.io/allocation=dra stay on the device plugin "
+                    "(Kubernetes 1.33 or later serves v1beta2)", found.version)
     if found.served:
         log.info("DRA: resource.k8s.io/%s served: ResourceSlices, DeviceClasses, ResourceClaims and their templates "
                  "are read; DeviceTaintRules at %s", found.version, found.taint_version or "none")
@@ -179,6 +183,7 @@ def core_from_cluster(config: Config, kubeconfig: str | None, kinds: tuple[str, 
     view = ClusterView(config)
     ingest = Ingest(config)
     dra = discover_dra(api)
+    view.dra.templates_kept = dra.claims_from_templates
     source = LiveSource(view, ingest, api, kinds=(*kinds, *dra.paths()), paths=dra.paths(),
                         selectors={"resourceslices": f"spec.driver={config.dra.driver}"})
     _track(view, config)

@@ -14,6 +14,7 @@ import pytest
 
 from gpu_placement.config import ConfigError, parse_config
 from gpu_placement.demo_cluster import namespace
+from gpu_placement.dra.discovery import DraApi
 from gpu_placement.dra.published import device_classes
 from gpu_placement.namespaces import namespace_from_json
 from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, serving, user_pod
@@ -181,6 +182,25 @@ def test_where_resource_k8s_io_is_not_served_a_dra_namespace_keeps_the_device_pl
     assert "resourceClaims" not in mutated["spec"]
     assert mutated["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true", "pool": "training"}
     assert hook.validate(mutated, "ai")["allowed"] is True
+
+
+def test_where_only_v1beta1_is_served_a_dra_namespace_keeps_the_device_plugin_not_a_refusal(dra: Webhook) -> None:
+    # Kubernetes 1.32 serves resource.k8s.io v1beta1 only: no template is ever kept there, so converting
+    # would refuse every GPU pod of the namespace as "not there yet", for ever.
+    with dra.view.lock:
+        dra.ingest.replace(dra.view, "resourceclaimtemplates", [])
+    dra.view.dra.templates_kept = False
+    try:
+        mutated, _, _ = dra.mutate(user_pod("ai", "train", gpus={"nvidia.com/gpu": 1}), "ai")
+        assert "resourceClaims" not in mutated["spec"]
+        assert mutated["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert dra.validate(mutated, "ai")["allowed"] is True
+    finally:
+        dra.view.dra.templates_kept = True
+
+
+def test_claims_are_made_from_templates_only_at_versions_with_the_exactly_shape() -> None:
+    assert [DraApi(v).claims_from_templates for v in ("v1", "v1beta2", "v1beta1", None)] == [True, True, False, False]
 
 
 def test_the_configuration_makes_dra_the_default_and_shared_mps(bundle: CertBundle) -> None:

@@ -180,8 +180,10 @@ class Admission:
 
     def _dra(self, policy: NamespacePolicy) -> bool:
         """GPU pods here are given ResourceClaims (webhook/dra_claims.py): a `dra` namespace on a cluster
-        that serves resource.k8s.io. Elsewhere `dra` falls back to the device plugin's resources."""
-        return policy.mode(self.config) == "dra" and self.view.dra.active
+        that serves resource.k8s.io at a version whose claims gpu-placement writes. Elsewhere `dra` falls
+        back to the device plugin's resources (a template never kept would refuse every GPU pod)."""
+        dra = self.view.dra
+        return policy.mode(self.config) == "dra" and dra.active and dra.templates_kept
 
     def _convert(self, policy: NamespacePolicy, subject: Subject) -> Conversion:
         pools = [self.config.pools[name] for name in policy.pools]

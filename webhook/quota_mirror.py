@@ -38,6 +38,7 @@ from kubernetes.client import ApiClient
 from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.leader import LeaderLoop
 from gpu_placement.lease import Lease, drain
 from gpu_placement.metrics import (
     API_OUTCOMES,
@@ -76,40 +77,30 @@ def desired_hard(quota: Mapping[str, int]) -> dict[str, str]:
     return {f"requests.{resource}": str(count) for resource, count in sorted(quota.items())}
 
 
-class QuotaMirror:
+class QuotaMirror(LeaderLoop):
+    what = "quota mirror"
+    log = log
+
     def __init__(self, api: ApiClient, view: ClusterView, config: Config, namespace: str, identity: str,
                  settings: MirrorSettings | None = None) -> None:
         self.api, self.view, self.config = api, view, config
         self.settings = settings or MirrorSettings()
-        self.lease = Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds)
-        self._leading_gauge = QUOTA_MIRROR_LEADING.labels(self.settings.lease_name)
+        super().__init__(Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds),
+                         QUOTA_MIRROR_LEADING.labels(self.settings.lease_name), self.settings.renew_seconds,
+                         time.monotonic)
         self._success = QUOTA_MIRROR_SUCCESS.labels(self.settings.lease_name)
         self._success.set(time.time())  # staleness counts from the start, not from 1970
         for action in _ACTIONS.values():  # every series from the start: rate() and alerts need a zero
             for outcome in API_OUTCOMES:
                 QUOTA_MIRROR_WRITES.labels(action, outcome)
-        self.leading = False
         self.last_error: str | None = None
         self.writes = 0  # creates, updates and deletes made: for tests and the log
         self.templates: Any = None  # webhook/dra_templates.TemplateKeeper where resource.k8s.io is served
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._renewed = float("-inf")
         self._next_resync = 0.0
         self._owner = Owner(self.settings.owner, "quota mirror") if self.settings.owner else None
         view.subscribe_namespaces(self._changed)
-
-    @property
-    def leading(self) -> bool:
-        return self._leading
-
-    @leading.setter
-    def leading(self, value: bool) -> None:
-        self._leading = value
-        self._leading_gauge.set(float(value))
 
     # -- events --------------------------------------------------------------------------------
     def _changed(self, name: str, _record: NamespaceRecord | None) -> None:
@@ -119,31 +110,6 @@ class QuotaMirror:
         self._wake.set()
 
     # -- running -------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="quota-mirror", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self.leading:  # hand over now rather than after lease_seconds (a rolling update)
-            self.leading = False
-            try:
-                self.lease.release()
-            except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-                log.info("quota mirror: could not release the lease (%s); it runs out by itself", exc)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception:  # a bug, not the network: say so, keep the thread
-                log.exception("quota mirror pass failed")
-            self._wake.wait(self.settings.renew_seconds)
-            self._wake.clear()
-
     def step(self) -> None:
         """One turn: renew or take the Lease when due; then, leading, a full pass when due or the
         namespaces that changed. Errors are logged once each and retried on the next turn."""
@@ -175,26 +141,13 @@ class QuotaMirror:
             self.last_error = str(exc)
             self._next_resync = 0.0  # what failed may have been a change: make sure of everything next time
 
-    def _lead(self) -> None:
-        now = time.monotonic()
-        if self.leading and now - self._renewed < self.settings.renew_seconds:
-            return
-        try:
-            leading = self.lease.acquire()
-        except BaseException:
-            self.leading = False
-            raise
-        if leading and not self.leading:
-            log.info("quota mirror: this replica now keeps the namespaces' ResourceQuotas")
-            self._next_resync = 0.0  # whatever happened while another replica led
-        elif self.leading and not leading:
-            log.info("quota mirror: another replica holds the lease now")
-        self.leading = leading
-        if leading:
-            self._renewed = now
-        else:
-            with self._dirty_lock:
-                self._dirty.clear()  # the leader sees the same events
+    def _took_lead(self) -> None:
+        log.info("quota mirror: this replica now keeps the namespaces' ResourceQuotas")
+        self._next_resync = 0.0  # whatever happened while another replica led
+
+    def _not_leading(self) -> None:
+        with self._dirty_lock:
+            self._dirty.clear()  # the leader sees the same events
 
     # -- the work ------------------------------------------------------------------------------
     def _wanted(self, name: str) -> tuple[bool, dict[str, str] | None, str]:

@@ -36,6 +36,11 @@ class DraApi:
     def served(self) -> bool:
         return self.version is not None
 
+    @property
+    def claims_from_templates(self) -> bool:
+        """gpu-placement writes ResourceClaimTemplates only in the `exactly` request shape (v1, v1beta2)."""
+        return self.version in ("v1", "v1beta2")
+
     def path(self, kind: str, version: str | None = None) -> str:
         return f"/apis/{GROUP}/{version or self.version}/{kind}"
 

@@ -56,6 +56,9 @@ class DraState:
         self.lock = lock or threading.RLock()
         self.gpu_classes = frozenset(config.device_classes)
         self.active = False  # some DRA kind was listed: the API server serves resource.k8s.io
+        # Claims are made from the templates gpu-placement keeps (v1 or v1beta2 `exactly` requests); False
+        # where the API serves only an older version: `dra` namespaces then stay on the device plugin.
+        self.templates_kept = True
         self.slices: dict[str, Slice] = {}
         self.classes: dict[str, DeviceClass] = {}
         self.claims: dict[str, Claim] = {}

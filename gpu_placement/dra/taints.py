@@ -55,6 +55,7 @@ from kubernetes.client import ApiClient
 from gpu_placement.config import Config
 from gpu_placement.dra.discovery import GROUP, discover
 from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.leader import LeaderLoop
 from gpu_placement.lease import Lease, drain
 from gpu_placement.metrics import (
     API_OUTCOMES,
@@ -160,20 +161,22 @@ def desired_rules(view: ClusterView, config: Config, waiting: dict[str, int], no
     return rules, False
 
 
-class TaintController:
+class TaintController(LeaderLoop):
+    what = "DRA taints"
+    log = log
+
     def __init__(self, api: ApiClient, view: ClusterView, config: Config, namespace: str, identity: str,
                  settings: TaintSettings | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.api, self.view, self.config = api, view, config
         self.settings = settings or TaintSettings()
-        self.clock = clock
-        self.lease = Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds)
-        self._leading_gauge = DRA_TAINT_LEADING.labels(self.settings.lease_name)
+        super().__init__(Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds),
+                         DRA_TAINT_LEADING.labels(self.settings.lease_name), self.settings.renew_seconds, clock,
+                         settle_seconds=self.settings.settle_seconds)
         self._success = DRA_TAINT_SUCCESS.labels(self.settings.lease_name)
         self._success.set(time.time())
         for action in _ACTIONS.values():  # every series from the start: rate() and alerts need a zero
             for outcome in API_OUTCOMES:
                 DRA_TAINT_WRITES.labels(action, outcome)
-        self.leading = False
         self.version: str | None = None  # the DeviceTaintRule API version served; None: not served
         self.last_error: str | None = None
         self.writes = 0
@@ -184,10 +187,6 @@ class TaintController:
         self._dirty: set[str] = set()
         self._everything = True
         self._dirty_lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._renewed = float("-inf")
         self._next_resync = 0.0
         self._tokens = float(self.settings.burst)
         self._refilled = clock()
@@ -197,15 +196,6 @@ class TaintController:
         view.subscribe(self._node_changed, self._node_changed)
         view.dra.subscribe(self._node_changed, lambda _node: None)
         view.subscribe_records(self._pod_changed, self._namespace_changed)
-
-    @property
-    def leading(self) -> bool:
-        return self._leading
-
-    @leading.setter
-    def leading(self, value: bool) -> None:
-        self._leading = value
-        self._leading_gauge.set(float(value))
 
     # -- events (under the view's lock: note and wake) -----------------------------------------
     def _node_changed(self, name: str | None) -> None:
@@ -238,32 +228,6 @@ class TaintController:
         """Namespaces do not decide a node's devices."""
 
     # -- running -------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="dra-taints", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        if self.leading:
-            self.leading = False
-            try:
-                self.lease.release()
-            except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-                log.info("DRA taints: could not release the lease (%s); it runs out by itself", exc)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception:  # a bug, not the network: say so, keep the thread
-                log.exception("DRA taint pass failed")
-            self._wake.wait(self.settings.renew_seconds)
-            self._wake.clear()
-            self._stop.wait(self.settings.settle_seconds)
-
     def step(self) -> None:
         """One turn: the Lease; then, leading, a full pass when due, else the nodes that changed."""
         try:
@@ -306,23 +270,9 @@ class TaintController:
             self.last_error = str(exc)
             self._next_resync = 0.0
 
-    def _lead(self) -> None:
-        now = self.clock()
-        if self.leading and now - self._renewed < self.settings.renew_seconds:
-            return
-        try:
-            leading = self.lease.acquire()
-        except BaseException:
-            self.leading = False
-            raise
-        if leading and not self.leading:
-            log.info("DRA taints: this replica now keeps the DeviceTaintRules of unverified nodes")
-            self._next_resync = 0.0
-        elif self.leading and not leading:
-            log.info("DRA taints: another replica holds the lease now")
-        self.leading = leading
-        if leading:
-            self._renewed = now
+    def _took_lead(self) -> None:
+        log.info("DRA taints: this replica now keeps the DeviceTaintRules of unverified nodes")
+        self._next_resync = 0.0
 
     def _discover(self) -> None:
         found = discover(self.api).taint_version
