@@ -551,6 +551,7 @@ class Kubelets:
         self.lease_seconds, self.renew_every = lease_seconds, renew_every
         self.nodes: dict[str, bool] = {}  # name -> heartbeating
         self.ready: dict[str, bool] = {}  # name -> the Ready status this kubelet posts
+        self.operator_pods: dict[str, tuple[bool, str]] = {}  # gpu-operator pod -> (Ready, phase) posted
         self.elsewhere: set[str] = set()  # namespaces whose pods another "kubelet" runs (tests/e2e/release.py)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -621,6 +622,7 @@ class Kubelets:
                 list(pool.map(renew, names))
                 if not self._stop.is_set():
                     self._post_changed_ready()
+                    self._post_changed_pod_ready()
 
     def _post_changed_ready(self) -> None:
         """The kubelet's status loop (every 10 s): a Ready condition that is not what this kubelet posts
@@ -638,6 +640,22 @@ class Kubelets:
             if name in wanted and posted != ["True" if wanted[name] else "False"]:
                 with contextlib.suppress(httpx.HTTPError):
                     self.set_ready(name, wanted[name])
+
+    def _post_changed_pod_ready(self) -> None:
+        """The same for the GPU Operator's pods (validators, driver pods): when heartbeats stopped, the node
+        lifecycle controller marked them not Ready (MarkPodsNotReady); their kubelet posts Ready again."""
+        with self._lock:
+            wanted = dict(self.operator_pods)
+        try:
+            items = self.api.get("/api/v1/namespaces/gpu-operator/pods", resourceVersion="0")["items"] if wanted else []
+        except httpx.HTTPError:
+            return
+        for pod in items:
+            name = pod["metadata"]["name"]
+            posted = [c["status"] for c in pod.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+            if name in wanted and posted != ["True" if wanted[name][0] else "False"]:
+                with contextlib.suppress(httpx.HTTPError):
+                    self.set_pod_ready("gpu-operator", name, *wanted[name])
 
     def wait_schedulable(self, names: list[str], timeout: float = 60.0) -> None:
         """Until the node lifecycle controller has lifted its not-ready taint from every node."""
@@ -674,6 +692,9 @@ class Kubelets:
         self.set_pod_ready("gpu-operator", pod["metadata"]["name"], ready, status.get("phase", "Running"))
 
     def set_pod_ready(self, namespace: str, name: str, ready: bool, phase: str = "Running") -> None:
+        if namespace == "gpu-operator":
+            with self._lock:
+                self.operator_pods[name] = (ready, phase)
         conds = [{"type": t, "status": "True" if ready or t == "PodScheduled" else "False",
                   "lastTransitionTime": now_rfc3339()} for t in ("PodScheduled", "Initialized", "ContainersReady",
                                                                   "Ready")]
