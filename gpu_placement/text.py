@@ -20,10 +20,17 @@ MAX_ANNOTATION_VALUE = 4096
 
 
 def quoted(value: str, limit: int = QUOTE_LIMIT) -> str:
-    """The value in double quotes, invisible and control characters escaped, cut at `limit` characters."""
-    cut = value if len(value) <= limit else value[:limit]
-    shown = "".join(_visible(ch) for ch in cut)
-    return f'"{shown}{"..." if len(value) > limit else ""}"'
+    """The value in double quotes, invisible and control characters escaped, cut at `limit` characters
+    of what is shown (escapes count: `\u202e` is six), so no value shows longer than the limit."""
+    parts: list[str] = []
+    size = 0
+    for ch in value[:limit]:  # each character shows as one or more: never more than `limit` are needed
+        part = _visible(ch)
+        if size + len(part) > limit:
+            break
+        parts.append(part)
+        size += len(part)
+    return f'"{"".join(parts)}{"..." if len(parts) < len(value) else ""}"'
 
 
 def shown(value: object, limit: int = QUOTE_LIMIT) -> str:

@@ -128,6 +128,19 @@ class Proc:
             self.popen.wait()
         _LIVE.discard(self)
 
+    def signal(self, sig: int) -> None:
+        """A signal to the whole group: SIGKILL (a crash, an OOM kill), SIGSTOP/SIGCONT (a frozen process)."""
+        if self.popen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL, reaped: nothing of it runs afterwards (a start() may follow, as a restart)."""
+        self.signal(signal.SIGKILL)
+        if self.popen is not None:
+            self.popen.wait()
+        _LIVE.discard(self)
+
     def tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -251,7 +264,8 @@ class ServiceProxy:
         self.thread.start()
 
     def route(self, cluster_ip: str, port: int, backends: list[tuple[str, int]]) -> None:
-        """The API server dials a Service by its ClusterIP (its service resolver), as kube-proxy routes."""
+        """The API server dials a Service by its ClusterIP (its service resolver), as kube-proxy routes.
+        `backends` are the Service's ready endpoints: the harness updates them as readiness changes."""
         self.routes[f"{cluster_ip}:{port}"] = list(backends)
 
     def _handle(self, client: socket.socket) -> None:
@@ -264,11 +278,10 @@ class ServiceProxy:
         target = head.split(b"\r\n", 1)[0].split(b" ")[1].decode()
         backends = self.routes.get(target) or []
         upstream = None
-        for i in range(len(backends)):
-            host, port = backends[(next(self._rr) + i) % len(backends)]
+        if backends:  # one endpoint per connection, as kube-proxy picks it: a dead one is not skipped
+            host, port = backends[next(self._rr) % len(backends)]
             with contextlib.suppress(OSError):
                 upstream = socket.create_connection((host, port), timeout=5)
-                break
         if upstream is None:
             client.sendall(b"HTTP/1.1 503 Service Unavailable\r\n\r\n")
             return
@@ -416,6 +429,22 @@ class ControlPlane:
                                    f"{proc.tail()}")
         return True
 
+    def restart(self, name: str) -> float:
+        """`name` killed (SIGKILL) and started again with the same flags, port and data: etcd or
+        kube-apiserver crashing and coming back. Returns the seconds until the API server was ready again."""
+        t0 = time.monotonic()
+        self.procs[name].kill()
+        self.procs[name].start()
+        self.wait_api_ready()
+        return time.monotonic() - t0
+
+    def wait_api_ready(self, timeout: float = 120.0) -> None:
+        """/readyz, which checks etcd too: until then requests fail or hang."""
+        assert self.api is not None
+        api = self.api
+        wait_for("kube-apiserver /readyz", lambda: self._check_alive() and api.http.get(
+            "/readyz", timeout=5).status_code == 200, timeout=timeout, interval=0.2)
+
     def stop(self) -> None:
         for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             if name in self.procs:
@@ -525,6 +554,8 @@ class Kubelets:
         self.api = api
         self.lease_seconds, self.renew_every = lease_seconds, renew_every
         self.nodes: dict[str, bool] = {}  # name -> heartbeating
+        self.ready: dict[str, bool] = {}  # name -> the Ready status this kubelet posts
+        self.operator_pods: dict[str, tuple[bool, str]] = {}  # gpu-operator pod -> (Ready, phase) posted
         self.elsewhere: set[str] = set()  # namespaces whose pods another "kubelet" runs (tests/e2e/release.py)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -555,10 +586,13 @@ class Kubelets:
         out = self.api.merge_patch(f"/api/v1/nodes/{name}/status", {"status": status})
         with self._lock:
             self.nodes[name] = True
+            self.ready[name] = kwargs.get("ready", True)
         return out
 
     def set_ready(self, name: str, ready: bool) -> None:
         """A kubelet that stops (NotReady) or resumes posting Ready."""
+        with self._lock:
+            self.ready[name] = ready
         cond = {"type": "Ready", "status": "True" if ready else "False",
                 "reason": "KubeletReady" if ready else "KubeletNotReady",
                 "message": "kubelet is posting ready status" if ready else "container runtime is down",
@@ -590,6 +624,42 @@ class Kubelets:
                 with self._lock:
                     names = [n for n, alive in self.nodes.items() if alive]
                 list(pool.map(renew, names))
+                if not self._stop.is_set():
+                    self._post_changed_ready()
+                    self._post_changed_pod_ready()
+
+    def _post_changed_ready(self) -> None:
+        """The kubelet's status loop (every 10 s): a Ready condition that is not what this kubelet posts
+        is posted again. The node lifecycle controller sets Unknown when heartbeats stop arriving, e.g.
+        while the API server was paused past --node-monitor-grace-period; a kubelet puts Ready back."""
+        with self._lock:
+            wanted = dict(self.ready)
+        try:
+            items = self.api.get("/api/v1/nodes", resourceVersion="0")["items"] if wanted else []
+        except httpx.HTTPError:
+            return
+        for node in items:
+            name = node["metadata"]["name"]
+            posted = [c["status"] for c in node.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+            if name in wanted and posted != ["True" if wanted[name] else "False"]:
+                with contextlib.suppress(httpx.HTTPError):
+                    self.set_ready(name, wanted[name])
+
+    def _post_changed_pod_ready(self) -> None:
+        """The same for the GPU Operator's pods (validators, driver pods): when heartbeats stopped, the node
+        lifecycle controller marked them not Ready (MarkPodsNotReady); their kubelet posts Ready again."""
+        with self._lock:
+            wanted = dict(self.operator_pods)
+        try:
+            items = self.api.get("/api/v1/namespaces/gpu-operator/pods", resourceVersion="0")["items"] if wanted else []
+        except httpx.HTTPError:
+            return
+        for pod in items:
+            name = pod["metadata"]["name"]
+            posted = [c["status"] for c in pod.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
+            if name in wanted and posted != ["True" if wanted[name][0] else "False"]:
+                with contextlib.suppress(httpx.HTTPError):
+                    self.set_pod_ready("gpu-operator", name, *wanted[name])
 
     def wait_schedulable(self, names: list[str], timeout: float = 60.0) -> None:
         """Until the node lifecycle controller has lifted its not-ready taint from every node."""
@@ -626,6 +696,9 @@ class Kubelets:
         self.set_pod_ready("gpu-operator", pod["metadata"]["name"], ready, status.get("phase", "Running"))
 
     def set_pod_ready(self, namespace: str, name: str, ready: bool, phase: str = "Running") -> None:
+        if namespace == "gpu-operator":
+            with self._lock:
+                self.operator_pods[name] = (ready, phase)
         conds = [{"type": t, "status": "True" if ready or t == "PodScheduled" else "False",
                   "lastTransitionTime": now_rfc3339()} for t in ("PodScheduled", "Initialized", "ContainersReady",
                                                                   "Ready")]

@@ -23,13 +23,17 @@ import yaml
 from gpu_placement.config import Config
 from gpu_placement.namespaces import NamespaceRecord
 from tests.e2e.cluster import Api, ControlPlane, Kubelets, namespace, start_control_plane, wait_for
-from tests.e2e.deploy import NAMESPACE, Pod, find, install, render, webhook_port
+from tests.e2e.deploy import NAMESPACE, Pod, find, install, render, wait_ready, webhook_port
+from tests.e2e.supervisor import Supervisor
 from webhook.policy import parse_policy
 
 Obj = dict[str, Any]
 WEBHOOK = "gpu-placement-webhook"
 SCHEDULER = "gpu-placement-scheduler"
 _ids = itertools.count()
+# klog warnings of every run that say nothing about a failure: the webhook's denials, which tests
+# provoke, and the missing request-header CA of a control plane without an aggregator.
+NOISE = ("rejected by webhook", "extension-apiserver-authentication")
 
 
 @dataclass
@@ -41,17 +45,24 @@ class E2E:
     webhooks: list[Pod] = field(default_factory=list)
     scheduler: Pod | None = None
     probed: dict[str, dict[str, float]] = field(default_factory=dict)  # container -> seconds per probe
+    supervisor: Supervisor = field(init=False)
+    extra_pods: list[Pod] = field(default_factory=list)  # other replicas a test runs (a standby scheduler)
+    _service: Obj | None = None
+
+    def __post_init__(self) -> None:
+        # kubelet's part for the chart's pods: restarts, probes; the webhook Service follows readiness.
+        self.supervisor = Supervisor(on_ready_change=self.route_webhooks)
 
     # -- the chart's processes
     def start_webhook(self, replica: int = 0, extra_args: tuple[str, ...] = ()) -> Pod:
         pod = Pod(self.plane, self.docs, WEBHOOK, replica)
         proc = pod.start("webhook", extra_args)
-        # The Service's backends: what the API server reaches through gpu-placement-webhook.gpu-placement.svc.
         if pod not in self.webhooks:
             self.webhooks.append(pod)
-        self.route_webhooks()
-        self.probed[pod.procs["webhook"].name] = pod.wait_probes("webhook")
-        assert proc.alive()
+        self.supervisor.watch(pod, "webhook")
+        wait_ready(proc, self.webhook_url(pod, "/readyz"))
+        # Ready by the chart's probes as the supervisor runs them, and so among the Service's endpoints.
+        self.probed[proc.name] = {"ready": self.supervisor.wait_ready(pod, "webhook")}
         return pod
 
     def stop_webhook(self, replica: int) -> None:
@@ -75,37 +86,50 @@ class E2E:
         self.start_webhook(0)
 
     def route_webhooks(self) -> None:
-        """The Service's backends, as kube-proxy routes them, and its EndpointSlice, as the endpoint
-        controller publishes ready pods (the webhook writes its webhooks once it has one)."""
+        """The Service's backends as kube-proxy routes them, the Ready replicas only (a dead one stays
+        routed until kubelet notices, as in a cluster), and its EndpointSlice as the endpoint controller
+        publishes them (the webhook writes its webhooks once it has one)."""
         assert self.plane.proxy is not None
-        service = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/services/{WEBHOOK}")["spec"]
-        backends = [("127.0.0.1", webhook_port(p, self.docs)) for p in self.webhooks]
-        for port in service["ports"]:
-            self.plane.proxy.route(service["clusterIP"], port["port"], backends)
-        self.api.apply({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
-                        "metadata": {"name": f"{WEBHOOK}-e2e", "namespace": NAMESPACE,
-                                     "labels": {"kubernetes.io/service-name": WEBHOOK,
-                                                "endpointslice.kubernetes.io/managed-by": "e2e-harness"}},
-                        "endpoints": [{"addresses": [f"10.244.0.{i + 1}"], "conditions": {"ready": True}}
-                                      for i in range(len(backends))],
-                        "ports": [{"name": "https", "port": 8443, "protocol": "TCP"}]})
+        if self._service is None:  # fixed once created; read again, it would fail while the API is down
+            self._service = self.api.get(f"/api/v1/namespaces/{NAMESPACE}/services/{WEBHOOK}")["spec"]
+        backends = [("127.0.0.1", webhook_port(p, self.docs)) for p in self.webhooks
+                    if self.supervisor.ready(p, "webhook")]
+        for port in self._service["ports"]:
+            self.plane.proxy.route(self._service["clusterIP"], port["port"], backends)
+        # While the API server is down (a fault scenario) the routes above are what serves.
+        with contextlib.suppress(httpx.HTTPError, RuntimeError):
+            self.api.apply({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                            "metadata": {"name": f"{WEBHOOK}-e2e", "namespace": NAMESPACE,
+                                         "labels": {"kubernetes.io/service-name": WEBHOOK,
+                                                    "endpointslice.kubernetes.io/managed-by": "e2e-harness"}},
+                            "endpoints": [{"addresses": [f"10.244.0.{i + 1}"], "conditions": {"ready": True}}
+                                          for i in range(len(backends))],
+                            "ports": [{"name": "https", "port": 8443, "protocol": "TCP"}]})
 
     def webhook_url(self, pod: Pod, path: str) -> str:
         return f"https://127.0.0.1:{webhook_port(pod, self.docs)}{path}"
 
-    def start_scheduler(self) -> Pod:
-        pod = self.scheduler or Pod(self.plane, self.docs, SCHEDULER)
-        self.scheduler = pod
-        pod.start("extender")
+    def start_scheduler(self, replica: int = 0) -> Pod:
+        """A scheduler pod (the extender sidecar, then kube-scheduler once the sidecar's startup probe
+        passes); replica 0 is `self.scheduler`, another one is a standby for the leader Lease."""
+        pod = self.scheduler if self.scheduler and replica == self.scheduler.replica else Pod(
+            self.plane, self.docs, SCHEDULER, replica)
+        if replica == 0:
+            self.scheduler = pod
+        extender = pod.start("extender")
+        self.supervisor.watch(pod, "extender")
+        wait_ready(extender, f"{self.extender_url(pod)}/readyz")
         # kubelet starts kube-scheduler once the sidecar's startup probe passes (a native sidecar).
-        self.probed[pod.procs["extender"].name] = pod.wait_probes("extender")
+        self.probed[extender.name] = {"ready": self.supervisor.wait_ready(pod, "extender")}
         if "kube-scheduler" not in pod.procs or not pod.procs["kube-scheduler"].alive():
             pod.start("kube-scheduler")
+            self.supervisor.watch(pod, "kube-scheduler")
         return pod
 
-    def extender_url(self) -> str:
-        assert self.scheduler is not None
-        return f"http://127.0.0.1:{self.scheduler.local_port(8888)}"
+    def extender_url(self, pod: Pod | None = None) -> str:
+        pod = pod or self.scheduler
+        assert pod is not None
+        return f"http://127.0.0.1:{pod.local_port(8888)}"
 
     def extender_seconds(self, verb: str) -> tuple[int, float, float, float]:
         """(requests, mean, p50, p99) of the extender's answer time for a verb, from its /metrics
@@ -150,12 +174,15 @@ class E2E:
         return totals
 
     # -- test objects
-    def namespace(self, prefix: str, annotations: dict[str, str] | None = None, opted_in: bool = True) -> str:
-        """A namespace, opted in to gpu-placement (the chart's default namespaceSelection is optIn)."""
+    def namespace(self, prefix: str, annotations: dict[str, str] | None = None, opted_in: bool = True,
+                  wait_quota: bool = True) -> str:
+        """A namespace ready for pods, opted in to gpu-placement (the chart's default namespaceSelection is
+        optIn); with `wait_quota`, its gpu-placement.io/quota in force."""
         labels = {"gpu-placement.io/enabled": "true"} if opted_in else {}
         name = namespace(self.api, f"{prefix}-{next(_ids)}", labels, annotations)
         quota = quota_of(annotations or {})
-        if quota and opted_in and self.quota_mirrored():  # /validate refuses GPU pods (QuotaPending) until in force
+        # /validate refuses GPU pods (QuotaPending) until the quota is in force.
+        if quota and opted_in and wait_quota and self.quota_mirrored():
             wait_for(f"ResourceQuota {name}/gpu-placement in force", lambda: self.quota_in_force(name, quota))
         return name
 
@@ -163,10 +190,6 @@ class E2E:
         """The running chart mirrors quotas into ResourceQuotas (not audit mode, not --no-quota-mirror)."""
         args = find(self.docs, "Deployment", WEBHOOK)["spec"]["template"]["spec"]["containers"][0]["args"]
         return "--no-quota-mirror" not in args and self.config().get("mode", "enforce") != "audit"
-
-    def config(self) -> Obj:
-        docs = [d for d in self.docs if d["kind"] == "ConfigMap" and "config.yaml" in d.get("data", {})]
-        return dict(yaml.safe_load(docs[0]["data"]["config.yaml"]) or {})
 
     def quota_in_force(self, namespace: str, quota: dict[str, int]) -> bool:
         """The API server enforces the quota: the mirrored ResourceQuota's status, counted by the quota
@@ -196,12 +219,7 @@ class E2E:
     def gpu_pod(self, namespace: str, name: str, group: str, gpus: int = 1, resource: str = "nvidia.com/gpu",
                 annotations: dict[str, str] | None = None,
                 image: str = "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04", **params: Any) -> httpx.Response:
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
-               "spec": {"nodeSelector": {"e2e-group": group}, "restartPolicy": "Never",
-                        "containers": [{"name": "main", "image": image, "resources": {
-                            "limits": {resource: str(gpus)} if gpus else {},
-                            "requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
+        pod = gpu_pod_manifest(namespace, name, group, gpus, resource, annotations, image)
         return self.api.create(f"/api/v1/namespaces/{namespace}/pods", pod, **params)
 
     def pod(self, namespace: str, name: str) -> Obj:
@@ -228,6 +246,31 @@ class E2E:
                              fieldSelector=f"involvedObject.name={name}")["items"]
         return list(items)
 
+    def config(self) -> Obj:
+        """The service's configuration as the chart rendered it (config.yaml of its ConfigMap)."""
+        cm = next(d for d in self.docs if d["kind"] == "ConfigMap" and "config.yaml" in d.get("data", {}))
+        return dict(yaml.safe_load(cm["data"]["config.yaml"]) or {})
+
+    def diagnosis(self, lines: int = 12) -> str:
+        """Every process of the run: alive or how it ended, and its last words (warnings and errors of
+        the Go components, the last lines of ours), with what the supervisor did: a failure explains
+        itself without a rerun."""
+        procs = [*self.plane.procs.values(), *(p for pod in self.chart_pods() for p in pod.procs.values())]
+        out = [f"supervisor: {event}" for event in self.supervisor.events[-15:]]
+        for proc in procs:
+            state = "running" if proc.alive() else f"exited {proc.popen.returncode if proc.popen else '?'}"
+            tail = proc.tail(400).splitlines()
+            if proc.name in self.plane.procs or proc.name.endswith("kube-scheduler"):  # klog: keep E and W lines
+                tail = [line for line in tail if line[:1] in ("E", "W", "F") and not any(
+                    noise in line for noise in NOISE)]
+            out.append(f"--- {proc.name} ({state}), {proc.log_path}:")
+            out += tail[-lines:]
+        return "\n".join(out)
+
+    def chart_pods(self) -> list[Pod]:
+        pods = [*self.webhooks, *([self.scheduler] if self.scheduler else [])]
+        return pods + [p for p in self.extra_pods if p not in pods]
+
     def ca_bundle_trusted(self) -> bool:
         """The replica wrote the webhooks into the (empty) configurations, each with a caBundle."""
         for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
@@ -236,6 +279,18 @@ class E2E:
             if not hooks or not all(w["clientConfig"].get("caBundle") for w in hooks):
                 return False
         return True
+
+
+def gpu_pod_manifest(namespace: str, name: str, group: str, gpus: int = 1, resource: str = "nvidia.com/gpu",
+                     annotations: dict[str, str] | None = None,
+                     image: str = "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04") -> Obj:
+    """A GPU pod as a user writes it, on the nodes of one test's group (`e2e-group`)."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
+            "spec": {"nodeSelector": {"e2e-group": group}, "restartPolicy": "Never",
+                     "containers": [{"name": "main", "image": image, "resources": {
+                         "limits": {resource: str(gpus)} if gpus else {},
+                         "requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
 
 
 def quota_of(annotations: dict[str, str]) -> dict[str, int]:
@@ -248,6 +303,25 @@ def quota_of(annotations: dict[str, str]) -> dict[str, int]:
 
 def admitted(pod: Obj) -> Obj:
     return dict(json.loads(pod["metadata"]["annotations"]["gpu-placement.io/admitted"]))
+
+
+_SESSION: list[E2E] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and _SESSION:
+        report.sections.append(("e2e processes at the failure", _SESSION[0].diagnosis()))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    from tests.e2e.faults import SUMMARY
+    if SUMMARY:
+        terminalreporter.section("fault scenarios and soak")
+        for line in SUMMARY:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
@@ -292,8 +366,11 @@ def chart_running(plane: ControlPlane, lease_renew_seconds: float = 10.0) -> Ite
         wait_for("the scheduler's leader Lease", lambda: api.http.get(
             f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/gpu-placement").status_code == 200,
             timeout=60)
+        _SESSION.append(env)
         yield env
     finally:
+        _SESSION.clear()
+        env.supervisor.stop()
         kubelets.stop()
-        for pod in [*env.webhooks, *([env.scheduler] if env.scheduler else [])]:
+        for pod in env.chart_pods():
             pod.stop()

@@ -177,6 +177,13 @@ class Container(Proc):
         engine().run("rm", "--force", self.container, check=False)
         super().stop(timeout=1)
 
+    def kill(self) -> None:
+        """A crash (SIGKILL to the container's process, as an OOM kill); killing only the `run` client
+        would leave the container serving."""
+        if self.popen is not None and self.popen.poll() is None:
+            engine().run("kill", "--signal", "KILL", self.container, timeout=60, check=False)
+        super().kill()
+
     def exec(self, argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
         return engine().run("exec", self.container, *argv, timeout=timeout, check=False)
 

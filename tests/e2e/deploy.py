@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,11 @@ class Pod:
     replica: int | str = 0
     ports: dict[int, int] = field(default_factory=dict)  # container port -> local port
     procs: dict[str, Proc] = field(default_factory=dict)
+    # The containers meant to run (tests/e2e/supervisor.py restarts them when they exit), with the
+    # serve flags each was started with; the lock orders a test's stop() with a restart.
+    wanted: set[str] = field(default_factory=set)
+    extra_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    lock: threading.RLock = field(default_factory=threading.RLock)
     template: Obj = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -109,6 +115,7 @@ class Pod:
         self.token = api.token_for(NAMESPACE, self.service_account)
         self.kubeconfig = api.kubeconfig(self.dir / "kubeconfig", self.token, self.service_account)
         self.volumes: dict[str, Path] = {}
+        self.rendered: dict[Path, str] = {}  # each ConfigMap file as the chart rendered it
         for vol in spec.get("volumes", []):
             path = self.dir / "volumes" / vol["name"]
             path.mkdir(parents=True, exist_ok=True)
@@ -116,6 +123,7 @@ class Pod:
                 cm = find(self.docs, "ConfigMap", vol["configMap"]["name"])
                 for key, text in cm["data"].items():
                     (path / key).write_text(text)
+                    self.rendered[path / key] = text
             self.volumes[vol["name"]] = path
 
     def local_port(self, container_port: int) -> int:
@@ -149,7 +157,8 @@ class Pod:
             args[0] = str(self.plane.bin_dir / "kube-scheduler")
             config_arg = next(i for i, a in enumerate(args) if a.startswith("--config="))
             config_path = Path(args[config_arg].split("=", 1)[1])
-            config = yaml.safe_load(config_path.read_text())
+            # From the rendered text, not the file: a restart must not map the local ports again.
+            config = yaml.safe_load(self.rendered[config_path])
             config["clientConnection"] = {"kubeconfig": str(self.kubeconfig)}
             for ext in config.get("extenders", []):
                 prefix, _, port = ext["urlPrefix"].rpartition(":")
@@ -174,12 +183,15 @@ class Pod:
     def start(self, name: str, extra_args: tuple[str, ...] = ()) -> Proc:
         """The container's process; `extra_args` are serve flags a test adds (gpu-placement only)."""
         log = self.dir / f"{name}.log"
-        if name == "kube-scheduler" or FROM_SOURCE:
-            args, env = self.command(name, extra_args)
-            proc = Proc(f"{self.deployment}-{self.replica}-{name}", args, log, env=env).start()
-        else:
-            proc = self._container(name, extra_args, log).start()
-        self.procs[name] = proc
+        with self.lock:
+            if name == "kube-scheduler" or FROM_SOURCE:
+                args, env = self.command(name, extra_args)
+                proc: Proc = Proc(f"{self.deployment}-{self.replica}-{name}", args, log, env=env).start()
+            else:
+                proc = self._container(name, extra_args, log).start()
+            self.procs[name] = proc
+            self.wanted.add(name)
+            self.extra_args[name] = extra_args
         return proc
 
     def _container(self, name: str, extra_args: tuple[str, ...], log: Path) -> Container:
@@ -232,14 +244,23 @@ class Pod:
         run = proc.exec if isinstance(proc, Container) else local_exec
         return Prober(self.container(name), self.local_port, run, loopback_rewrite(self.ports))
 
-    def wait_probes(self, name: str) -> dict[str, float]:
-        """As a kubelet before the pod is Ready: startup, then readiness, then one liveness run."""
-        proc = self.procs[name]
-        return self.prober(name).start_and_ready(proc.alive)
-
     def stop(self, name: str | None = None) -> None:
+        """Stopped on purpose (SIGTERM): not restarted."""
         for key in [name] if name else list(self.procs):
+            with self.lock:
+                self.wanted.discard(key)
             self.procs[key].stop()
+
+    def kill(self, name: str) -> None:
+        """A crash (SIGKILL: an OOM kill, a segfault); kubelet restarts it (tests/e2e/supervisor.py)."""
+        self.procs[name].kill()
+
+    def lose(self) -> None:
+        """The pod is gone at once, every container SIGKILLed (its node lost, the pod force-deleted)."""
+        with self.lock:
+            self.wanted.clear()
+            for proc in self.procs.values():
+                proc.kill()
 
 
 def webhook_port(pod: Pod, docs: list[Obj]) -> int:
