@@ -13,11 +13,11 @@ machine cannot is rewritten, and only that:
   `clientConnection.kubeconfig` in kube-scheduler's config, which ignores the flag when --config
   is given). RBAC is exactly what the chart grants those accounts.
 
-The gpu-placement containers (the webhook, the scheduler pod's extender sidecar) run from the
-chart's image, as a kubelet starts them (tests/e2e/container.py: `make image` built it): the
-rendered user, read-only root, capabilities, env, args and mounts, the token mounted where a pod
-has it, and the chart's probes run against them. E2E_FROM_SOURCE=1 runs them as processes from this
-checkout instead, for quick iteration. kube-scheduler is always the binary the suite built.
+The gpu-placement containers (the webhook, the scheduler pod's extender sidecar) run as processes
+from this checkout, or with E2E_IMAGE=1 from the chart's image, as a kubelet starts them
+(tests/e2e/container.py: `make image` built it): the rendered user, read-only root, capabilities,
+env, args and mounts, the token mounted where a pod has it. kube-scheduler is always the binary the
+suite built.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpu-placement"
 RELEASE = NAMESPACE = "gpu-placement"
 GPU_PLACEMENT = str(Path(sys.executable).parent / "gpu-placement")
-FROM_SOURCE = os.environ.get("E2E_FROM_SOURCE", "") not in ("", "0")
+FROM_SOURCE = os.environ.get("E2E_IMAGE", "") in ("", "0")  # E2E_IMAGE=1: containers from the image
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 Obj = dict[str, Any]
 
@@ -200,15 +200,18 @@ class Pod:
         container, spec = self.container(name), self.template["spec"]
         image = container["image"]
         if not engine().has_image(image):
-            raise RuntimeError(f"image {image} not built: run `make image` (or E2E_FROM_SOURCE=1 to run from source)")
-        volumes = {vol["name"]: self._volume_source(vol) for vol in spec.get("volumes", [])}
+            raise RuntimeError(f"image {image} not built: run `make image` (or unset E2E_IMAGE)")
+        account = self.dir / "serviceaccount"
+        account.mkdir(exist_ok=True)
+        (account / "token").write_text(self.token)
+        (account / "ca.crt").write_bytes(self.plane.ca_path.read_bytes())
+        (account / "namespace").write_text(NAMESPACE)
+        volumes = {vol["name"]: self._volume_source(vol, account) for vol in spec.get("volumes", [])}
         mounts = []
-        if spec.get("automountServiceAccountToken", True):
-            account = self.dir / "serviceaccount"
-            account.mkdir(exist_ok=True)
-            (account / "token").write_text(self.token)
-            (account / "ca.crt").write_bytes(self.plane.ca_path.read_bytes())
-            (account / "namespace").write_text(NAMESPACE)
+        # A Pod the API server stored carries the token as a projected volume (kube-api-access-*) and
+        # its mount; a Deployment's template does not: mount it where the admission plugin would.
+        mounted = {m["mountPath"] for m in container.get("volumeMounts", [])}
+        if spec.get("automountServiceAccountToken", True) and SERVICE_ACCOUNT_DIR not in mounted:
             mounts.append((account, SERVICE_ACCOUNT_DIR))
         host, _, port = self.plane.server.removeprefix("https://").rpartition(":")
         env = {**self._env(container), "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
@@ -219,11 +222,14 @@ class Pod:
         return Container(f"{pod_name}-{name}", [*engine().command, *cmd], log, container=f"e2e-{pod_name}-{name}",
                          grace=float(spec.get("terminationGracePeriodSeconds", 30)))
 
-    def _volume_source(self, vol: Obj) -> Volume:
+    def _volume_source(self, vol: Obj, account: Path) -> Volume:
         """emptyDir: a tmpfs; configMap: its folder; secret: the Secret's keys as files, as a
-        kubelet writes them (defaultMode, group fsGroup)."""
+        kubelet writes them (defaultMode, group fsGroup); the projected service-account volume: the
+        token, CA and namespace in `account`."""
         if "emptyDir" in vol:
             return Volume(None, vol["emptyDir"].get("sizeLimit"))
+        if "projected" in vol and any("serviceAccountToken" in src for src in vol["projected"].get("sources", [])):
+            return Volume(account)
         path = self.volumes[vol["name"]]
         if "secret" in vol:
             assert self.plane.api is not None

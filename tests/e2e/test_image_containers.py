@@ -1,7 +1,7 @@
 """The chart's gpu-placement containers in this suite are the image `make image` built, started as
 the chart renders them (tests/e2e/deploy.py, container.py), and the chart's probes pass against them.
 
-Skipped with E2E_FROM_SOURCE=1 (then they are processes from this checkout)."""
+Run with E2E_IMAGE=1 (else the service runs as processes from this checkout)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.e2e.conftest import E2E
 from tests.e2e.container import Container, engine, security_context
 from tests.e2e.deploy import FROM_SOURCE, SERVICE_ACCOUNT_DIR, Pod
 
-pytestmark = pytest.mark.skipif(FROM_SOURCE, reason="E2E_FROM_SOURCE=1: the service runs from source")
+pytestmark = pytest.mark.skipif(FROM_SOURCE, reason="E2E_IMAGE unset: the service runs from source")
 
 INSIDE = """
 import json, os
