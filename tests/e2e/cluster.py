@@ -556,6 +556,7 @@ class Kubelets:
         self.nodes: dict[str, bool] = {}  # name -> heartbeating
         self.ready: dict[str, bool] = {}  # name -> the Ready status this kubelet posts
         self.operator_pods: dict[str, tuple[bool, str]] = {}  # gpu-operator pod -> (Ready, phase) posted
+        self._pod_status = threading.RLock()  # a test's post and the status loop's repost, one at a time
         self.elsewhere: set[str] = set()  # namespaces whose pods another "kubelet" runs (tests/e2e/release.py)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -658,8 +659,10 @@ class Kubelets:
             name = pod["metadata"]["name"]
             posted = [c["status"] for c in pod.get("status", {}).get("conditions", []) if c["type"] == "Ready"]
             if name in wanted and posted != ["True" if wanted[name][0] else "False"]:
-                with contextlib.suppress(httpx.HTTPError):
-                    self.set_pod_ready("gpu-operator", name, *wanted[name])
+                with self._pod_status, contextlib.suppress(httpx.HTTPError):
+                    latest = self.operator_pods.get(name)  # a test may have posted since the snapshot
+                    if latest is not None:
+                        self.set_pod_ready("gpu-operator", name, *latest)
 
     def wait_schedulable(self, names: list[str], timeout: float = 60.0) -> None:
         """Until the node lifecycle controller has lifted its not-ready taint from every node."""
@@ -696,9 +699,12 @@ class Kubelets:
         self.set_pod_ready("gpu-operator", pod["metadata"]["name"], ready, status.get("phase", "Running"))
 
     def set_pod_ready(self, namespace: str, name: str, ready: bool, phase: str = "Running") -> None:
-        if namespace == "gpu-operator":
-            with self._lock:
+        with self._pod_status:
+            if namespace == "gpu-operator":
                 self.operator_pods[name] = (ready, phase)
+            self._post_pod_ready(namespace, name, ready, phase)
+
+    def _post_pod_ready(self, namespace: str, name: str, ready: bool, phase: str) -> None:
         conds = [{"type": t, "status": "True" if ready or t == "PodScheduled" else "False",
                   "lastTransitionTime": now_rfc3339()} for t in ("PodScheduled", "Initialized", "ContainersReady",
                                                                   "Ready")]
