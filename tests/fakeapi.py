@@ -1041,7 +1041,10 @@ class FakeApiServer:
         try:
             if path in _HEALTH:
                 return self._health(path)
-            if request.headers.get("authorization") != f"Bearer {self.token}":
+            # The scheme is case-insensitive, as kube-apiserver reads it (apiserver's bearertoken.go):
+            # in-cluster configuration sends "bearer <token>".
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or token != self.token:
                 raise ApiStatusError(401)
             self._injected(request.method, path)
             return await self._dispatch(request, target)

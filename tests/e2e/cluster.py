@@ -111,6 +111,10 @@ class Proc:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
+    def service_pid(self) -> int | None:
+        """The process doing the work, whose CPU time overhead.py reads: this child."""
+        return self.popen.pid if self.popen is not None and self.alive() else None
+
     def stop(self, timeout: float = 10.0) -> None:
         if self.popen is None:
             return

@@ -44,6 +44,7 @@ class E2E:
     docs: list[Obj]
     webhooks: list[Pod] = field(default_factory=list)
     scheduler: Pod | None = None
+    probed: dict[str, dict[str, float]] = field(default_factory=dict)  # container -> seconds per probe
     supervisor: Supervisor = field(init=False)
     extra_pods: list[Pod] = field(default_factory=list)  # other replicas a test runs (a standby scheduler)
     _service: Obj | None = None
@@ -60,7 +61,8 @@ class E2E:
             self.webhooks.append(pod)
         self.supervisor.watch(pod, "webhook")
         wait_ready(proc, self.webhook_url(pod, "/readyz"))
-        self.supervisor.wait_ready(pod, "webhook")  # and so among the Service's endpoints
+        # Ready by the chart's probes as the supervisor runs them, and so among the Service's endpoints.
+        self.probed[proc.name] = {"ready": self.supervisor.wait_ready(pod, "webhook")}
         return pod
 
     def stop_webhook(self, replica: int) -> None:
@@ -117,6 +119,8 @@ class E2E:
         extender = pod.start("extender")
         self.supervisor.watch(pod, "extender")
         wait_ready(extender, f"{self.extender_url(pod)}/readyz")
+        # kubelet starts kube-scheduler once the sidecar's startup probe passes (a native sidecar).
+        self.probed[extender.name] = {"ready": self.supervisor.wait_ready(pod, "extender")}
         if "kube-scheduler" not in pod.procs or not pod.procs["kube-scheduler"].alive():
             pod.start("kube-scheduler")
             self.supervisor.watch(pod, "kube-scheduler")

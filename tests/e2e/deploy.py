@@ -12,10 +12,18 @@ machine cannot is rewritten, and only that:
   holding a TokenRequest token of its chart ServiceAccount (`--kubeconfig` for gpu-placement;
   `clientConnection.kubeconfig` in kube-scheduler's config, which ignores the flag when --config
   is given). RBAC is exactly what the chart grants those accounts.
+
+The gpu-placement containers (the webhook, the scheduler pod's extender sidecar) run as processes
+from this checkout, or with E2E_IMAGE=1 from the chart's image, as a kubelet starts them
+(tests/e2e/container.py: `make image` built it): the rendered user, read-only root, capabilities,
+env, args and mounts, the token mounted where a pod has it. kube-scheduler is always the binary the
+suite built.
 """
 
 from __future__ import annotations
 
+import base64
+import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -26,11 +34,23 @@ import helm_python
 import yaml
 
 from tests.e2e.cluster import Api, ControlPlane, Proc, free_port, wait_for
+from tests.e2e.container import (
+    Container,
+    Prober,
+    Volume,
+    engine,
+    local_exec,
+    loopback_rewrite,
+    rewrite_listen,
+    run_args,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpu-placement"
 RELEASE = NAMESPACE = "gpu-placement"
 GPU_PLACEMENT = str(Path(sys.executable).parent / "gpu-placement")
+FROM_SOURCE = os.environ.get("E2E_IMAGE", "") in ("", "0")  # E2E_IMAGE=1: containers from the image
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 Obj = dict[str, Any]
 
 
@@ -92,8 +112,8 @@ class Pod:
         assert api is not None
         spec = self.template["spec"]
         self.service_account = spec["serviceAccountName"]
-        token = api.token_for(NAMESPACE, self.service_account)
-        self.kubeconfig = api.kubeconfig(self.dir / "kubeconfig", token, self.service_account)
+        self.token = api.token_for(NAMESPACE, self.service_account)
+        self.kubeconfig = api.kubeconfig(self.dir / "kubeconfig", self.token, self.service_account)
         self.volumes: dict[str, Path] = {}
         self.rendered: dict[Path, str] = {}  # each ConfigMap file as the chart rendered it
         for vol in spec.get("volumes", []):
@@ -124,18 +144,15 @@ class Pod:
                 return str(local) + value[len(mount_path.rstrip("/")):]
         return value
 
-    def _listen(self, value: str) -> str:
-        port = value.rpartition(":")[2]
-        return f"127.0.0.1:{self.local_port(int(port))}"
+    def container(self, name: str) -> Obj:
+        spec = self.template["spec"]  # the extender is a native sidecar: an init container that keeps running
+        return dict(next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name))
 
     def command(self, name: str, extra_args: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
-        spec = self.template["spec"]  # the extender is a native sidecar: an init container that keeps running
-        container = next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name)
+        container = self.container(name)
         mounts = self._mounts(container)
         args = [self._path(str(a), mounts) for a in container.get("command", []) + container.get("args", [])]
-        env = {e["name"]: NAMESPACE for e in container.get("env", [])
-               if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace"}
-        env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+        env = self._env(container)
         if name == "kube-scheduler":
             args[0] = str(self.plane.bin_dir / "kube-scheduler")
             config_arg = next(i for i, a in enumerate(args) if a.startswith("--config="))
@@ -152,21 +169,86 @@ class Pod:
             args += ["--bind-address=127.0.0.1", f"--secure-port={self.local_port(10259)}",
                      f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}"]
         else:  # the gpu-placement image: ENTRYPOINT ["gpu-placement"]
-            for i, arg in enumerate(args):
-                if arg in ("--webhook-listen", "--extender-listen", "--health-listen"):
-                    args[i + 1] = self._listen(args[i + 1])
-            args = [GPU_PLACEMENT, *args, "--kubeconfig", str(self.kubeconfig), *extra_args]
+            args = [GPU_PLACEMENT, *rewrite_listen(args, self.local_port), "--kubeconfig", str(self.kubeconfig),
+                    *extra_args]
         return args, env
+
+    @staticmethod
+    def _env(container: Obj) -> dict[str, str]:
+        env = {e["name"]: NAMESPACE for e in container.get("env", [])
+               if e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.namespace"}
+        env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+        return env
 
     def start(self, name: str, extra_args: tuple[str, ...] = ()) -> Proc:
         """The container's process; `extra_args` are serve flags a test adds (gpu-placement only)."""
-        args, env = self.command(name, extra_args)
+        log = self.dir / f"{name}.log"
         with self.lock:
-            proc = Proc(f"{self.deployment}-{self.replica}-{name}", args, self.dir / f"{name}.log", env=env).start()
+            if name == "kube-scheduler" or FROM_SOURCE:
+                args, env = self.command(name, extra_args)
+                proc: Proc = Proc(f"{self.deployment}-{self.replica}-{name}", args, log, env=env).start()
+            else:
+                proc = self._container(name, extra_args, log).start()
             self.procs[name] = proc
             self.wanted.add(name)
             self.extra_args[name] = extra_args
         return proc
+
+    def _container(self, name: str, extra_args: tuple[str, ...], log: Path) -> Container:
+        """The container from the chart's image, as a kubelet starts it: the API server found as
+        in a pod (KUBERNETES_SERVICE_HOST/PORT, the token and CA mounted at SERVICE_ACCOUNT_DIR)."""
+        container, spec = self.container(name), self.template["spec"]
+        image = container["image"]
+        if not engine().has_image(image):
+            raise RuntimeError(f"image {image} not built: run `make image` (or unset E2E_IMAGE)")
+        account = self.dir / "serviceaccount"
+        account.mkdir(exist_ok=True)
+        (account / "token").write_text(self.token)
+        (account / "ca.crt").write_bytes(self.plane.ca_path.read_bytes())
+        (account / "namespace").write_text(NAMESPACE)
+        volumes = {vol["name"]: self._volume_source(vol, account) for vol in spec.get("volumes", [])}
+        mounts = []
+        # A Pod the API server stored carries the token as a projected volume (kube-api-access-*) and
+        # its mount; a Deployment's template does not: mount it where the admission plugin would.
+        mounted = {m["mountPath"] for m in container.get("volumeMounts", [])}
+        if spec.get("automountServiceAccountToken", True) and SERVICE_ACCOUNT_DIR not in mounted:
+            mounts.append((account, SERVICE_ACCOUNT_DIR))
+        host, _, port = self.plane.server.removeprefix("https://").rpartition(":")
+        env = {**self._env(container), "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
+        args = [*rewrite_listen([str(a) for a in container.get("args", [])], self.local_port), *extra_args]
+        pod_name = f"{self.deployment}-{self.replica}"
+        cmd = run_args(f"e2e-{pod_name}-{name}", spec, container, args, volumes, env, hostname=pod_name,
+                       extra_mounts=mounts)
+        return Container(f"{pod_name}-{name}", [*engine().command, *cmd], log, container=f"e2e-{pod_name}-{name}",
+                         grace=float(spec.get("terminationGracePeriodSeconds", 30)))
+
+    def _volume_source(self, vol: Obj, account: Path) -> Volume:
+        """emptyDir: a tmpfs; configMap: its folder; secret: the Secret's keys as files, as a
+        kubelet writes them (defaultMode, group fsGroup); the projected service-account volume: the
+        token, CA and namespace in `account`."""
+        if "emptyDir" in vol:
+            return Volume(None, vol["emptyDir"].get("sizeLimit"))
+        if "projected" in vol and any("serviceAccountToken" in src for src in vol["projected"].get("sources", [])):
+            return Volume(account)
+        path = self.volumes[vol["name"]]
+        if "secret" in vol:
+            assert self.plane.api is not None
+            secret = self.plane.api.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/{vol['secret']['secretName']}")
+            group = self.template["spec"].get("securityContext", {}).get("fsGroup", 0)
+            for key, value in secret.get("data", {}).items():
+                (path / key).write_bytes(base64.b64decode(value))
+                os.chown(path / key, 0, group)
+                (path / key).chmod(vol["secret"].get("defaultMode", 0o644))
+        elif "configMap" not in vol:
+            raise NotImplementedError(f"volume {vol['name']}: {sorted(vol)}")
+        return Volume(path)
+
+    def prober(self, name: str) -> Prober:
+        """The chart's probes of this container, run against it (exec probes inside the container,
+        or here for a process from source; both on the host network, so the listen rewrite applies)."""
+        proc = self.procs[name]
+        run = proc.exec if isinstance(proc, Container) else local_exec
+        return Prober(self.container(name), self.local_port, run, loopback_rewrite(self.ports))
 
     def stop(self, name: str | None = None) -> None:
         """Stopped on purpose (SIGTERM): not restarted."""

@@ -41,6 +41,7 @@ import pytest
 from gpu_placement.quantity import QuantityError, quantity_to_mib
 from tests.e2e.cluster import Api
 from tests.e2e.conftest import E2E, gpu_pod_manifest
+from tests.e2e.container import Container
 from tests.e2e.deploy import Pod
 
 Obj = dict[str, Any]
@@ -517,6 +518,11 @@ def lease_holder(e2e: E2E, name: str) -> str:
 
 
 def pod_by_pid(pods: list[Pod], container: str, identity: str) -> Pod | None:
-    """The replica whose process is `identity` (`<hostname>-<pid>`, the webhook's Lease identity)."""
-    return next((p for p in pods if p.procs.get(container) and p.procs[container].popen
-                 and identity.endswith(f"-{p.procs[container].popen.pid}")), None)
+    """The replica whose process is `identity` (`<hostname>-<pid>`, the webhook's Lease identity): a
+    container from the image has its pod's name as hostname; a process from source, this host's."""
+    def holds(pod: Pod) -> bool:
+        proc = pod.procs.get(container)
+        if isinstance(proc, Container):
+            return identity.rpartition("-")[0] == f"{pod.deployment}-{pod.replica}"
+        return proc is not None and proc.popen is not None and identity.endswith(f"-{proc.popen.pid}")
+    return next((p for p in pods if holds(p)), None)

@@ -244,7 +244,7 @@ def _our_pids(e2e: E2E) -> dict[str, int]:
         procs["extender"] = e2e.scheduler.procs["extender"]
     for i, pod in enumerate(e2e.webhooks):
         procs[f"webhook-{i}"] = pod.procs["webhook"]
-    return {name: proc.popen.pid for name, proc in procs.items() if proc.popen is not None and proc.alive()}
+    return {name: pid for name, proc in procs.items() if (pid := proc.service_pid())}
 
 
 def _batch(e2e: E2E, schedulers: Schedulers, profile: str, namespace: str, group: str, pods: int,

@@ -175,8 +175,8 @@ def test_soak(e2e: E2E) -> None:
                 churn[f"delete {_status(e2e.api.delete, f'/api/v1/namespaces/{ns}/pods/{live[ns].pop(0)}')}"] += 1
             if i % 5 == 0:
                 for proc_name, proc in procs.items():
-                    assert proc.alive() and proc.popen is not None, f"{proc_name} exited:\n{proc.tail()}"
-                    pid = proc.popen.pid
+                    pid = proc.service_pid()  # the service's, not a container's `run` client
+                    assert proc.alive() and pid is not None, f"{proc_name} exited:\n{proc.tail()}"
                     samples[proc_name].append((time.monotonic() - t0, _rss_mib(pid), _fds(pid)))
             i += 1
             time.sleep(max(0.0, t0 + i - time.monotonic()))
