@@ -414,7 +414,13 @@ class FloorWebhook:
         for doc in e2e.docs:
             if doc["kind"] not in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
                 continue
-            copy = json.loads(json.dumps(doc))
+            # The chart installs them empty; a ready replica writes the webhooks (webhook/registration.py).
+            plural = "mutatingwebhookconfigurations" if doc["kind"].startswith("Mutating") else \
+                "validatingwebhookconfigurations"
+            live = e2e.api.get(f"/apis/admissionregistration.k8s.io/v1/{plural}/{doc['metadata']['name']}")
+            copy = {"apiVersion": doc["apiVersion"], "kind": doc["kind"],
+                    "webhooks": json.loads(json.dumps(live.get("webhooks") or []))}
+            assert copy["webhooks"], f"{doc['metadata']['name']}: no webhooks written yet"
             copy["metadata"] = {"name": _FLOOR}
             for hook in copy["webhooks"]:
                 hook["name"] = f"floor-{hook['name']}"
