@@ -492,8 +492,8 @@ def admission_side_by_side(e2e: E2E, rounds: int, creates: int, clients: int = 8
     """`rounds` x (no webhook, do-nothing, gpu-placement) rounds of `creates` pod creates by `clients`
     threads, the order rotating every round; each round's pods are deleted before the next."""
     assert e2e.scheduler is not None
-    e2e.scheduler.stop("kube-scheduler")  # nothing schedules the pods: the creates alone are measured
     floor = FloorWebhook(e2e, replicas=len(e2e.webhooks))
+    e2e.scheduler.stop("kube-scheduler")  # nothing schedules the pods: the creates alone are measured
     ours = e2e.namespace("admission")
     where = {NO_WEBHOOK: "kube-system", FLOOR: "kube-system", GPU_PLACEMENT: ours}
     pids = {**_our_pids(e2e), **floor.pids()}
