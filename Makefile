@@ -53,7 +53,8 @@ E2E_BUILD_IMAGE = if [ "$${E2E_IMAGE:-0}" != 0 ]; then bash image/build.sh; fi
 e2e: $(STAMP)
 	bash tests/e2e/build_control_plane.sh
 	@$(E2E_BUILD_IMAGE)
-	$(BIN)/python -m pytest -q tests/e2e --ignore=tests/e2e/test_9_scale.py --ignore=tests/e2e/test_soak.py
+	$(BIN)/python -m pytest -q tests/e2e --ignore=tests/e2e/test_9_scale.py --ignore=tests/e2e/test_soak.py \
+	  --ignore=tests/e2e/test_image_containers.py
 
 # 1,000 nodes: what gpu-placement costs kube-scheduler and the API server, side by side with a stock
 # profile and a do-nothing webhook (tests/e2e/overhead.py), then 2,000 GPU pods through the whole path;
@@ -71,6 +72,8 @@ image:
 # That image run as the chart's pod spec runs it: same answers as the source, TLS, SIGTERM, size, start.
 image-test: $(STAMP)
 	$(BIN)/python -m pytest -q -s tests/image
+	bash tests/e2e/build_control_plane.sh
+	E2E_IMAGE=1 $(BIN)/python -m pytest -q tests/e2e/test_image_containers.py
 
 # The service with a live view of the real control plane under a fixed request rate to the webhook and
 # the extender for SOAK_S seconds, pods created and deleted all along: RSS, open files and p99 printed

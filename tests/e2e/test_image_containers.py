@@ -1,7 +1,7 @@
 """The chart's gpu-placement containers in this suite are the image `make image` built, started as
 the chart renders them (tests/e2e/deploy.py, container.py), and the chart's probes pass against them.
 
-Run with E2E_IMAGE=1 (else the service runs as processes from this checkout)."""
+Run by `make image-test` with E2E_IMAGE=1; `make e2e` leaves this file out (its service runs from source)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from tests.e2e.conftest import E2E
 from tests.e2e.container import Container, engine, security_context
 from tests.e2e.deploy import FROM_SOURCE, SERVICE_ACCOUNT_DIR, Pod
 
-pytestmark = pytest.mark.skipif(FROM_SOURCE, reason="E2E_IMAGE unset: the service runs from source")
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_the_suite_was_started_with_the_image() -> None:
+    assert not FROM_SOURCE, "run with E2E_IMAGE=1 (make image-test does): the service runs from source here"
 
 INSIDE = """
 import json, os
