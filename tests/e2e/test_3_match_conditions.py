@@ -47,19 +47,31 @@ def test_only_pods_that_matter_reach_the_webhook(e2e: E2E) -> None:
                     "uid": "00000000-0000-0000-0000-000000000001"}), 0, 0),
     ]
     for body, mutate, validate in cases:
-        name = body["metadata"]["name"]
-        before = e2e.webhook_requests()
-        r = e2e.api.create(f"/api/v1/namespaces/{ns}/pods", body)
-        assert r.status_code == 201, (name, r.text)
-        after = e2e.webhook_requests()
-        got = (after.get("mutate", 0) - before.get("mutate", 0), after.get("validate", 0) - before.get("validate", 0))
-        assert got == (mutate, validate), f"{name}: webhook saw (mutate, validate) = {got}"
+        got = admission_calls(e2e, ns, body)
+        assert got == (mutate, validate), f"{body['metadata']['name']}: webhook saw (mutate, validate) = {got}"
 
     # An exempt namespace never reaches the webhook, GPU or not.
-    before = e2e.webhook_requests()
-    r = e2e.api.create("/api/v1/namespaces/gpu-operator/pods", pod("gpu-in-exempt", limits={"nvidia.com/gpu": "1"}))
-    assert r.status_code == 201, r.text
-    assert e2e.webhook_requests() == before
+    assert admission_calls(e2e, "gpu-operator", pod("gpu-in-exempt", limits={"nvidia.com/gpu": "1"})) == (0, 0)
+
+
+def admission_calls(e2e: E2E, ns: str, body: Obj, tries: int = 3) -> tuple[float, float]:
+    """(/mutate, /validate) calls the webhook replicas counted while this pod was created. The cluster
+    is shared: the webhook replicas test_2 rolled last elect a quota-mirror leader, whose first pass
+    writes the ResourceClaimTemplates of earlier tests' `dra` namespaces, and each write reaches
+    /validate (validate-claims) in the same instants (seen in CI: "plain" counted once). That noise only
+    ever adds. So the pod is created twice under new names, a third time when the two counts differ,
+    and the fewest calls seen per path are what this pod costs."""
+    seen: list[tuple[float, float]] = []
+    for attempt in range(tries):
+        copy = {**body, "metadata": {**body["metadata"], "name": f"{body['metadata']['name']}-{attempt}"}}
+        before = e2e.webhook_requests()
+        r = e2e.api.create(f"/api/v1/namespaces/{ns}/pods", copy)
+        assert r.status_code == 201, (copy["metadata"]["name"], r.text)
+        after = e2e.webhook_requests()
+        seen.append(tuple(after.get(verb, 0) - before.get(verb, 0) for verb in ("mutate", "validate")))  # type: ignore[arg-type]
+        if len(seen) > 1 and seen[-1] == seen[-2]:
+            break
+    return min(m for m, _ in seen), min(v for _, v in seen)
 
 
 def test_gpu_taint_tolerating_pod_is_kept_off_gpu_nodes(e2e: E2E) -> None:
