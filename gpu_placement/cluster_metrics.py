@@ -16,15 +16,15 @@ from __future__ import annotations
 import time
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from prometheus_client import REGISTRY, Gauge
+from prometheus_client import Gauge
 from prometheus_client.metrics_core import GaugeMetricFamily, InfoMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from gpu_placement.config import Config
+from gpu_placement.metrics import LatestFamilies
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.nodes import NodeFacts
 from gpu_placement.pods import PodRecord
@@ -291,27 +291,15 @@ def _rank(code: str) -> int:
     return CODES.index(code)
 
 
-class _Collector(Collector):
-    """The one registered collector; it exports the most recently tracked view (one per process)."""
-
-    def collect(self) -> Iterable[Metric]:
-        current = _current[0]
-        return current.families() if current is not None else ()
-
-    def describe(self) -> Iterable[Metric]:
-        return ()
-
-
-_current: list[ClusterMetrics | None] = [None]
+_exported = LatestFamilies()
 _by_view: weakref.WeakKeyDictionary[ClusterView, ClusterMetrics] = weakref.WeakKeyDictionary()
-REGISTRY.register(_Collector())
 
 
 def track_cluster(view: ClusterView, config: Config, quota_of: QuotaOf | None = None) -> ClusterMetrics:
     tracker = ClusterMetrics(view, config, quota_of)
     tracker.start()
     _by_view[view] = tracker
-    _current[0] = tracker
+    _exported.current = tracker
     return tracker
 
 

@@ -169,6 +169,24 @@ def request(api: ApiClient, method: str, path: str, *, query: Query = (), body: 
     return response.response
 
 
+def drain(response: Any) -> None:
+    """Read what is left of a response before its connection goes back to the pool: a connection
+    with an unread body breaks the next request made on it."""
+    response.read()
+    response.release_conn()
+
+
+def write(api: ApiClient, method: str, path: str, *, body: Any, timeout: Timeout, settled: int) -> bool:
+    """One write whose answer is only its status: True when it was made; False when the API server
+    answered `settled`, which says what was wanted is there already (409 to a POST: it exists; 404
+    to a DELETE: it is gone). Any other error raises ApiError."""
+    response = request(api, method, path, body=body, timeout=timeout)
+    if response.status >= 300 and response.status != settled:
+        raise api_error(response)
+    drain(response)
+    return response.status < 300
+
+
 def api_error(response: urllib3.BaseHTTPResponse) -> ApiError:
     """The error a non-2xx response stands for; reads and releases the response."""
     try:

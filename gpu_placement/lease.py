@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from kubernetes.client import ApiClient
 
-from gpu_placement.kube import api_error, request
+from gpu_placement.kube import api_error, drain, request
 
 __all__ = ["Lease", "drain", "parse_time"]
 
@@ -75,13 +75,6 @@ class Lease:
             return
         lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1}
         drain(request(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=_TIMEOUT))
-
-
-def drain(response: Any) -> None:
-    """Read what is left of a response before its connection goes back to the pool: a connection
-    with an unread body breaks the next request made on it."""
-    response.read()
-    response.release_conn()
 
 
 def parse_time(text: str | None) -> datetime | None:

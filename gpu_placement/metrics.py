@@ -3,14 +3,36 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 import urllib3
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from gpu_placement.view import ClusterView
 
-__all__ = ["CONTENT_TYPE_LATEST", "api_outcome", "exposition", "track_view"]
+__all__ = ["CONTENT_TYPE_LATEST", "LatestFamilies", "api_outcome", "exposition", "track_view"]
+
+
+class _HasFamilies(Protocol):
+    def families(self) -> Iterable[Metric]: ...
+
+
+class LatestFamilies(Collector):
+    """A registered collector exporting the families of whatever was set last as `current` (one per
+    process: the service's), so that tests that build many sources do not register each."""
+
+    def __init__(self) -> None:
+        self.current: _HasFamilies | None = None
+        REGISTRY.register(self)
+
+    def collect(self) -> Iterable[Metric]:
+        return self.current.families() if self.current is not None else ()
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
 
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 

@@ -23,12 +23,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client import REGISTRY
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from gpu_placement.config import Config
 from gpu_placement.cuda import VersionError, format_version, parse_version
+from gpu_placement.metrics import LatestFamilies
 from gpu_placement.names import ANN_CANARY
 from gpu_placement.nodes import NodeFacts
 from gpu_placement.pods import PodRecord
@@ -354,21 +353,11 @@ def _placement_key(soak: Soak | None) -> str:
     return soak.state if soak is not None and soak.avoided else ""
 
 
-class _Collector(Collector):
-    def collect(self) -> Iterable[Metric]:
-        current = _current[0]
-        return current.families() if current is not None else ()
-
-    def describe(self) -> Iterable[Metric]:
-        return ()
-
-
-_current: list[Rollout | None] = [None]
-REGISTRY.register(_Collector())
+_exported = LatestFamilies()
 
 
 def track_rollout(rollout: Rollout) -> Rollout:
     """Export this rollout's figures on /metrics (one per process: the service's)."""
-    _current[0] = rollout
+    _exported.current = rollout
     return rollout
 

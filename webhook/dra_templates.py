@@ -23,8 +23,7 @@ from kubernetes.client import ApiClient
 
 from gpu_placement.config import Config
 from gpu_placement.dra.claims import MANAGED_BY, Template, devices_quota_key, levels_for, plugin_profile, template_for
-from gpu_placement.kube import api_error, request
-from gpu_placement.lease import drain
+from gpu_placement.kube import api_error, request, write
 from gpu_placement.sharing import sharing_of_resource
 from gpu_placement.view import ClusterView
 from webhook.dra_claims import claim_policy
@@ -132,13 +131,9 @@ class TemplateKeeper:
         if uid:
             body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Namespace",
                                                     "name": template.namespace, "uid": uid}]
-        response = request(self.api, "POST", self._path(template.namespace), body=body, timeout=_TIMEOUT)
-        if response.status == 409:  # made by a pass whose answer we did not see: what was wanted
-            drain(response)
+        # 409: made by a pass whose answer we did not see, what was wanted
+        if not write(self.api, "POST", self._path(template.namespace), body=body, timeout=_TIMEOUT, settled=409):
             return
-        if response.status >= 300:
-            raise api_error(response)
-        drain(response)
         self.writes += 1
         log.info("dra templates: created ResourceClaimTemplate %s/%s (%s)", template.namespace, template.name,
                  template.level.text)
@@ -146,13 +141,8 @@ class TemplateKeeper:
     def _delete(self, namespace: str, name: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": meta.get("uid")}}
-        response = request(self.api, "DELETE", self._path(namespace, name), body=options, timeout=_TIMEOUT)
-        if response.status == 404:
-            drain(response)
+        if not write(self.api, "DELETE", self._path(namespace, name), body=options, timeout=_TIMEOUT, settled=404):
             return
-        if response.status >= 300:
-            raise api_error(response)
-        drain(response)
         self.writes += 1
         log.info("dra templates: deleted ResourceClaimTemplate %s/%s (no longer the namespace's policy)",
                  namespace, name)

@@ -37,7 +37,7 @@ from kubernetes.client import ApiClient
 
 from gpu_placement import names as n
 from gpu_placement.config import Config
-from gpu_placement.kube import ApiError, api_error, request
+from gpu_placement.kube import ApiError, api_error, request, write
 from gpu_placement.leader import LeaderLoop
 from gpu_placement.lease import Lease, drain
 from gpu_placement.metrics import (
@@ -272,15 +272,10 @@ class QuotaMirror(LeaderLoop):
         meta = current.get("metadata") or {}
         options = {"kind": "DeleteOptions", "apiVersion": "v1",
                    "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
-        with _counted("DELETE"):
-            response = request(self.api, "DELETE", self._path(namespace, MIRROR_NAME), body=options,
-                               timeout=_TIMEOUT)
-            if response.status == 404:  # gone already: what was wanted
-                drain(response)
+        with _counted("DELETE"):  # 404: gone already, what was wanted
+            if not write(self.api, "DELETE", self._path(namespace, MIRROR_NAME), body=options, timeout=_TIMEOUT,
+                         settled=404):
                 return
-            if response.status >= 300:
-                raise api_error(response)
-            drain(response)
         self.writes += 1
         log.info("quota mirror: deleted ResourceQuota %s/%s (no %s on the namespace)", namespace, MIRROR_NAME,
                  n.ANN_QUOTA)
