@@ -6,22 +6,19 @@
 - The probes run as rendered (startup, then liveness and readiness; periodSeconds, timeoutSeconds,
   failureThreshold, initialDelaySeconds): a container failing its startup or liveness probe is
   killed and started again; readiness is reported (the webhook Service's endpoints follow it, as
-  the EndpointSlice controller and kube-proxy make them). An exec probe (the extender's, a
-  `python -c urllib...` of a loopback URL) is run as the GET it makes.
+  the EndpointSlice controller and kube-proxy make them). Each run is tests/e2e/container.py's
+  Prober: an httpGet from here, an exec probe inside the container.
 
 One thread per container, each kubelet's probe workers in one.
 """
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import httpx
 
 from tests.e2e.deploy import Pod
 
@@ -31,41 +28,30 @@ TICK = 0.25  # how soon an exit is noticed (kubelet's PLEG relists every second;
 
 @dataclass(slots=True)
 class Probe:
+    """One of a container's probes as the kubelet schedules it; each run is container.Prober's, the
+    same one `make image-test` checks the chart's probes with."""
+
+    pod: Pod
+    container: str
     kind: str  # startup, liveness, readiness
-    url: str
     period: float
-    timeout: float
     failure_threshold: int
     initial_delay: float
+    last_failure: str = ""
 
     def ok(self) -> bool:
-        try:
-            return 200 <= httpx.get(self.url, verify=False, timeout=self.timeout).status_code < 400
-        except httpx.HTTPError:
-            return False
+        prober = self.pod.prober(self.container)  # per run: a restarted container is a new process
+        if prober.probe(self.kind):
+            return True
+        self.last_failure = prober.log[-1] if prober.log else "failed"
+        return False
 
 
 def probes(pod: Pod, name: str) -> list[Probe]:
-    spec = pod.template["spec"]
-    container = next(c for c in spec.get("initContainers", []) + spec["containers"] if c["name"] == name)
-    found = []
-    for kind in ("startup", "liveness", "readiness"):
-        probe = container.get(f"{kind}Probe")
-        if not probe:
-            continue
-        if "httpGet" in probe:
-            get = probe["httpGet"]
-            port = get["port"]
-            if isinstance(port, str):
-                port = next(p["containerPort"] for p in container.get("ports", []) if p["name"] == port)
-            url = f"{get.get('scheme', 'HTTP').lower()}://127.0.0.1:{pod.local_port(int(port))}{get.get('path', '/')}"
-        else:  # exec: python -c "...urlopen('http://127.0.0.1:PORT/PATH', timeout=3)"
-            match = re.search(r"http://127\.0\.0\.1:(\d+)(/[\w/]*)", " ".join(probe["exec"]["command"]))
-            assert match, f"{name}: an exec {kind} probe the harness cannot read: {probe}"
-            url = f"http://127.0.0.1:{pod.local_port(int(match[1]))}{match[2]}"
-        found.append(Probe(kind, url, float(probe.get("periodSeconds", 10)), float(probe.get("timeoutSeconds", 1)),
-                           int(probe.get("failureThreshold", 3)), float(probe.get("initialDelaySeconds", 0))))
-    return found
+    container = pod.container(name)
+    return [Probe(pod, name, kind, float(spec.get("periodSeconds", 10)), int(spec.get("failureThreshold", 3)),
+                  float(spec.get("initialDelaySeconds", 0)))
+            for kind in ("startup", "liveness", "readiness") if (spec := container.get(f"{kind}Probe"))]
 
 
 @dataclass
@@ -183,7 +169,8 @@ class Supervisor:
             if probe.kind == "readiness":
                 self._set_ready(c, False)
             else:
-                self._event(c, f"{probe.kind} probe failed {probe.failure_threshold} times ({probe.url}): killed")
+                self._event(c, f"{probe.kind} probe failed {probe.failure_threshold} times "
+                               f"({probe.last_failure}): killed")
                 proc.kill()
                 return
         if c.started and not any(p.kind == "readiness" for p in c.probes):
