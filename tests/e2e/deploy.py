@@ -13,11 +13,11 @@ machine cannot is rewritten, and only that:
   `clientConnection.kubeconfig` in kube-scheduler's config, which ignores the flag when --config
   is given). RBAC is exactly what the chart grants those accounts.
 
-The gpu-placement containers (the webhook, the scheduler pod's extender sidecar) run as processes
-from this checkout, or with E2E_IMAGE=1 from the chart's image, as a kubelet starts them
+The gpu-placement containers (the webhook, the scheduler pod's extender sidecar) run with
+E2E_IMAGE=1 (what `make e2e` sets unless told E2E_IMAGE=0) from the chart's image, as a kubelet starts them
 (tests/e2e/container.py: `make image` built it): the rendered user, read-only root, capabilities,
 env, args and mounts, the token mounted where a pod has it. kube-scheduler is always the binary the
-suite built.
+suite built. Without E2E_IMAGE (pytest run by hand) they run as processes from this checkout.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ class Pod:
         container, spec = self.container(name), self.template["spec"]
         image = container["image"]
         if not engine().has_image(image):
-            raise RuntimeError(f"image {image} not built: run `make image` (or unset E2E_IMAGE)")
+            raise RuntimeError(f"image {image} not built: run `make image` (or run with E2E_IMAGE=0)")
         account = self.dir / "serviceaccount"
         account.mkdir(exist_ok=True)
         (account / "token").write_text(self.token)

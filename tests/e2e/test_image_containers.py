@@ -1,7 +1,7 @@
 """The chart's gpu-placement containers in this suite are the image `make image` built, started as
 the chart renders them (tests/e2e/deploy.py, container.py), and the chart's probes pass against them.
 
-Run by `make image-test` with E2E_IMAGE=1; `make e2e` leaves this file out (its service runs from source)."""
+Run by `make image-test` (E2E_IMAGE=1); `make e2e` leaves this file out, it ran just before."""
 
 from __future__ import annotations
 
