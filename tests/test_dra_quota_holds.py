@@ -141,6 +141,7 @@ def test_a_seen_pod_waiting_for_its_claims_needs_no_list_of_pods(team: Webhook, 
     assert team.validate(converted(team, "second", 2), "team")["allowed"] is False
     with team.view.lock:
         assert reservations.overdue(team.clock[0] + 3600) == []
+        assert reservations.settle("team", team.clock[0] + 3600, {}) == 0  # the view, not a list, ends it
         assert reservations.pending("team") == {KEY: 2}
 
 

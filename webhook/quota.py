@@ -131,11 +131,12 @@ class Reservations:
 
     def settle(self, namespace: str, listed_at: float, present: Mapping[str, str]) -> int:
         """A list of the namespace's pods (key -> uid) that started at `listed_at` is in. A hold due by
-        then whose pod it lacks will not come: dropped. Returns how many were dropped."""
+        then whose pod it lacks will not come: dropped (a claim pod the view has shown ends by the view).
+        Returns how many were dropped."""
         held = self._by_namespace.get(namespace)
         if not held:
             return 0
-        gone = [key for key, item in held.items() if item.due <= listed_at and (
+        gone = [key for key, item in held.items() if item.due <= listed_at and not item.seen and (
             key not in present or (item.uid and present[key] and present[key] != item.uid))]
         for key in gone:
             del held[key]
