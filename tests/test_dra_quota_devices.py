@@ -10,6 +10,7 @@ from gpu_placement.cluster_metrics import tracker_for
 from gpu_placement.config import Config
 from gpu_placement.demo_cluster import namespace
 from gpu_placement.dra.published import device_classes
+from gpu_placement.dra.state import MadeForPod
 from gpu_placement.service import core_from_objects
 
 Obj = dict[str, Any]
@@ -18,7 +19,8 @@ Obj = dict[str, Any]
 def claim(ns: str, name: str, *requests: Obj, owner: str | None = None) -> Obj:
     meta: Obj = {"name": name, "namespace": ns}
     if owner:
-        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": "u", "controller": True}]
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": owner, "uid": f"uid-{ns}-{owner}",
+                                    "controller": True}]
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta,
             "spec": {"devices": {"requests": list(requests)}}}
 
@@ -50,11 +52,11 @@ def test_claims_are_charged_per_class_as_resourcequota_charges_them() -> None:
     core = core_from_objects(Config(), [namespace("ai"), namespace("web"), *device_classes(), *copy.deepcopy(claims)])
     assert core.view.dra.namespace_devices == {"ai": {"gpu.nvidia.com": 6, "mig.nvidia.com": 33},
                                                "web": {"nic.example.com": 4}}
-    assert core.view.dra.pod_claim_count == {"ai/train": 2}
+    assert core.view.dra.made_for_pod == {"uid-ai-train": MadeForPod(2, {"gpu.nvidia.com": 4})}  # by the pod's UID
     assert exported(core)[("ai", "gpu.nvidia.com")] == 6
     with core.view.lock:
         core.ingest.event(core.view, "resourceclaims", "DELETED", claims[1])
         core.ingest.event(core.view, "resourceclaims", "DELETED", claims[0])
     assert core.view.dra.namespace_devices["ai"] == {"gpu.nvidia.com": 2, "mig.nvidia.com": 33}
-    assert core.view.dra.pod_claim_count == {}
+    assert core.view.dra.made_for_pod == {}
     assert exported(core)[("ai", "gpu.nvidia.com")] == 2

@@ -27,7 +27,7 @@ from gpu_placement.pods import GpuRequests
 from gpu_placement.sharing import effective_sharing
 from gpu_placement.view import ClusterView
 from webhook.audit import would_do
-from webhook.dra_claims import TEMPLATE_PENDING, Conversion, convert, missing_sentence, pod_devices
+from webhook.dra_claims import TEMPLATE_PENDING, Conversion, convert, missing_sentence, pod_devices, template_claims
 from webhook.dra_templates import device_hard
 from webhook.dra_validate import CLAIM_KINDS, CLAIM_OUTSIDE_POLICY, claim_problems
 from webhook.namespace_reader import NamespaceReader
@@ -353,14 +353,25 @@ class Admission:
         if policy.mode(self.config) != "dra" or policy.quota is None or n.ANN_QUOTA in policy.errors:
             return self._decision(allowed(uid), ALLOWED, subject)
         quota = {key: int(value) for key, value in device_hard(policy.quota, self.config).items()}
+        spec = subject.pod["spec"]
         with self.view.lock:
-            asks = pod_devices(self.view.dra, namespace, subject.pod["spec"])
+            asks = tuple(sorted(pod_devices(self.view.dra, namespace, spec).items()))
             used = {devices_quota_key(c): v for c, v in (self.view.dra.namespace_devices.get(namespace) or {}).items()}
-        problems = quota_problems(namespace, quota, used, {}, tuple(sorted(asks.items())))
+            # Admitted claim pods whose claims do not all exist yet (webhook/quota.py): without them two pods
+            # created at once both pass, and the API server then refuses the second one's claims for ever.
+            pending = self.reservations.pending(namespace, exclude=subject.key)
+        problems = quota_problems(namespace, quota, used, pending, asks)
         texts = [text for _, text in problems]
+        refused = bool(problems) and self.config.mode != "audit"
+        if not subject.dry_run:
+            with self.view.lock:
+                if refused:  # an earlier call for this pod allowed it: that create is not happening
+                    self.reservations.release(namespace, subject.key, subject.uid)
+                elif asks:
+                    self.reservations.hold(namespace, subject.key, subject.uid, asks, template_claims(spec))
         if not problems:
             return self._decision(allowed(uid), ALLOWED, subject)
-        if self.config.mode == "audit":
+        if not refused:
             return self._decision(allowed(uid, warnings=texts), f"Audit{problems[0][0]}", subject, texts)
         return self._decision(denied(uid, _joined(texts)), problems[0][0], subject, texts)
 

@@ -37,7 +37,8 @@ from gpu_placement.sharing import Sharing
 from webhook.patches import Patch, claim_patch, escape
 from webhook.policy import NamespacePolicy
 
-__all__ = ["TEMPLATE_PENDING", "Conversion", "claim_policy", "convert", "missing_sentence", "pod_devices"]
+__all__ = ["TEMPLATE_PENDING", "Conversion", "claim_policy", "convert", "missing_sentence", "pod_devices",
+           "template_claims"]
 
 TEMPLATE_PENDING = "TemplatePending"
 
@@ -107,6 +108,12 @@ def pod_devices(dra: DraState, namespace: str, spec: Mapping[str, Any]) -> dict[
                 key = devices_quota_key(device_class)
                 asks[key] = asks.get(key, 0) + count
     return asks
+
+
+def template_claims(spec: Mapping[str, Any]) -> int:
+    """How many claims kube-controller-manager makes for the pod: one per entry naming a template."""
+    return sum(1 for entry in spec.get("resourceClaims") or ()
+               if isinstance(entry, Mapping) and entry.get("resourceClaimTemplateName"))
 
 
 def _remove_resources(spec: Mapping[str, Any], config: Config, ops: Patch) -> None:

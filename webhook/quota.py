@@ -14,6 +14,12 @@ A hold is dropped only when it is known how it ended:
   watch that stopped telling never lets more than the quota in. `webhook/holds.py` makes the lists.
 Time alone ends a hold only where there is no API server to ask (`--snapshot`).
 
+A pod of a `dra` namespace asks for no GPU resource: its ResourceClaims, which kube-controller-manager
+makes from its templates after the pod exists, take the devices, and `view.dra.namespace_devices`
+counts them once they exist. So its hold (in device quota keys) is not dropped when the view shows
+the pod: it counts what the pod's claims have not charged yet, and ends when all of them exist
+(`charged`), or when the pod, once seen, is gone or finished (`gone`), or as above.
+
 Each replica holds only what it admitted itself; the ResourceQuota the service mirrors
 (webhook/quota_mirror.py) is what the API server enforces across replicas.
 """
@@ -25,9 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpu_placement import names as n
+from gpu_placement.dra.claims import devices_quota_key
 from gpu_placement.metrics import QUOTA_HOLD_OLDEST, QUOTA_HOLD_SETTLEMENTS, QUOTA_HOLDS
-from gpu_placement.pods import GpuRequests
-from gpu_placement.view import ClusterView
+from gpu_placement.pods import GpuRequests, PodRecord
+from gpu_placement.view import ClusterView, same_pod
 from webhook.text import units
 
 __all__ = ["NOT_IN_QUOTA", "OVER_QUOTA", "Reservations", "quota_problems"]
@@ -35,8 +42,9 @@ __all__ = ["NOT_IN_QUOTA", "OVER_QUOTA", "Reservations", "quota_problems"]
 OVER_QUOTA = "OverQuota"
 NOT_IN_QUOTA = "NotInQuota"
 # How a hold ended (gpu_placement_quota_hold_settlements_total): the view showed the pod; this webhook
-# denied it later; a list of the namespace's pods lacked it; its time ran out (no API server).
-SETTLEMENTS = ("seen", "released", "not_created", "expired")
+# denied it later; a list of the namespace's pods lacked it; its time ran out (no API server); a claim
+# pod's claims all exist; a claim pod the view showed is gone or finished.
+SETTLEMENTS = ("seen", "released", "not_created", "expired", "charged", "gone")
 
 
 @dataclass(slots=True)
@@ -45,6 +53,8 @@ class _Held:
     gpus: GpuRequests
     made: float
     due: float  # from then on, a list of the namespace's pods started later settles it
+    claims: int = 0  # a pod of a `dra` namespace: the claims its templates will make (0: a device-plugin pod)
+    seen: bool = False  # such a pod was in the view: from then on the view tells when it is gone
 
 
 class Reservations:
@@ -84,13 +94,15 @@ class Reservations:
         for key, item in held.items():
             if key == exclude:
                 continue
-            for resource, count in item.gpus:
+            for resource, count in self._uncharged(item):
                 total[resource] = total.get(resource, 0) + count
         return total
 
-    def hold(self, namespace: str, key: str, uid: str, gpus: GpuRequests) -> None:
+    def hold(self, namespace: str, key: str, uid: str, gpus: GpuRequests, claims: int = 0) -> None:
+        """`claims`: for a pod of a `dra` namespace, how many claims its templates make; `gpus` are then
+        device quota keys (`<class>.deviceclass.resource.k8s.io/devices`)."""
         now = self.view.clock()
-        self._by_namespace.setdefault(namespace, {})[key] = _Held(uid, gpus, now, now + self.ttl)
+        self._by_namespace.setdefault(namespace, {})[key] = _Held(uid, gpus, now, now + self.ttl, claims)
         if now >= self._next_sweep:  # namespaces nobody asks about again must not keep their entries
             self._next_sweep = now + self.ttl
             for name, held in list(self._by_namespace.items()):
@@ -113,17 +125,18 @@ class Reservations:
         due = []
         for name, held in list(self._by_namespace.items()):
             self._prune(name, held, now)
-            if any(item.due <= now for item in held.values()):
+            if any(item.due <= now and not item.seen for item in held.values()):
                 due.append(name)
         return due
 
     def settle(self, namespace: str, listed_at: float, present: Mapping[str, str]) -> int:
         """A list of the namespace's pods (key -> uid) that started at `listed_at` is in. A hold due by
-        then whose pod it lacks will not come: dropped. Returns how many were dropped."""
+        then whose pod it lacks will not come: dropped (a claim pod the view has shown ends by the view).
+        Returns how many were dropped."""
         held = self._by_namespace.get(namespace)
         if not held:
             return 0
-        gone = [key for key, item in held.items() if item.due <= listed_at and (
+        gone = [key for key, item in held.items() if item.due <= listed_at and not item.seen and (
             key not in present or (item.uid and present[key] and present[key] != item.uid))]
         for key in gone:
             del held[key]
@@ -144,14 +157,37 @@ class Reservations:
         pods = self.view.pods
         for key, item in list(held.items()):
             seen = pods.get(key)
-            if seen is not None and (not item.uid or not seen.uid or seen.uid == item.uid):
+            if seen is not None and not same_pod(item.uid, seen.uid):
+                seen = None  # another pod of that name: this one is not (or no longer) there
+            outcome = self._claim_outcome(item, seen) if item.claims else "seen" if seen is not None else None
+            if outcome is None and not self.listed and item.due <= now:
+                outcome = "expired"
+            if outcome is not None:
                 del held[key]
-                self._settled["seen"].inc()
-            elif not self.listed and item.due <= now:
-                del held[key]
-                self._settled["expired"].inc()
+                self._settled[outcome].inc()
         if not held:
             del self._by_namespace[namespace]
+
+    def _claim_outcome(self, item: _Held, seen: PodRecord | None) -> str | None:
+        """A claim pod's hold: ends when all its claims exist (they count in the view's namespace
+        devices from then on), or when the pod the view showed is gone or finished."""
+        if seen is not None:
+            item.seen = True
+            item.uid = item.uid or seen.uid
+        made = self.view.dra.made_for_pod.get(item.uid) if item.uid else None
+        if made is not None and made.claims >= item.claims:
+            return "charged"
+        if item.seen and (seen is None or not seen.active):
+            return "gone"
+        return None
+
+    def _uncharged(self, item: _Held) -> GpuRequests:
+        """What the held pod will still take: a claim pod's asks less what its claims made so far charge."""
+        made = self.view.dra.made_for_pod.get(item.uid) if item.claims and item.uid else None
+        if made is None:
+            return item.gpus
+        charged = {devices_quota_key(c): number for c, number in made.devices.items()}
+        return tuple((key, count - charged.get(key, 0)) for key, count in item.gpus if count > charged.get(key, 0))
 
 
 def quota_problems(namespace: str, quota: Mapping[str, int], used: Mapping[str, int], pending: Mapping[str, int],

@@ -100,7 +100,7 @@ class Claim:
     admin: bool = False  # adminAccess: may share devices already in use
     devices: tuple[tuple[str, int], ...] = ()  # (class, devices) as ResourceQuota charges them
     digest: str = ""  # templates: of spec.spec, to tell gpu-placement's own templates (gpu_placement.dra.claims)
-    owner: str = ""  # claims made for a pod from a template: the pod's name (its controller reference)
+    owner: str = ""  # claims made for a pod from a template: the pod's UID (its controller reference)
 
     @property
     def key(self) -> str:
@@ -266,7 +266,7 @@ def _claim(namespace: str, name: str, spec: Any, status: Any, digest: str = "", 
 
 def claim_from_json(obj: Mapping[str, Any]) -> Claim:
     meta = obj.get("metadata") or {}
-    owner = next((str(o.get("name") or "") for o in meta.get("ownerReferences") or ()
+    owner = next((str(o.get("uid") or "") for o in meta.get("ownerReferences") or ()
                   if isinstance(o, Mapping) and o.get("kind") == "Pod" and o.get("controller")), "")
     return _claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), obj.get("spec"),
                   obj.get("status"), owner=owner)

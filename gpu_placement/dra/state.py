@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_placement.config import Dra as DraConfig
@@ -29,7 +29,7 @@ from gpu_placement.dra.objects import (
 )
 from gpu_placement.nodes import NodeFacts
 
-__all__ = ["DRA_BY_KIND", "DRA_KINDS", "DraState", "PodClaims"]
+__all__ = ["DRA_BY_KIND", "DRA_KINDS", "DraState", "MadeForPod", "PodClaims"]
 
 # The view's DRA kinds, listed and watched only when the API server serves them (gpu_placement.dra.discovery).
 DRA_KINDS = ("deviceclasses", "resourceclaimtemplates", "resourceclaims", "resourceslices")
@@ -48,6 +48,14 @@ class PodClaims:
 
 
 _NO_CLAIMS = PodClaims(())
+
+
+@dataclass(slots=True)
+class MadeForPod:
+    """The claims kube-controller-manager has made so far for one pod from its templates."""
+
+    claims: int = 0
+    devices: dict[str, int] = field(default_factory=dict)  # class -> devices, as ResourceQuota charges them
 
 
 class DraState:
@@ -70,9 +78,9 @@ class DraState:
         self._used: dict[str, dict[str, int]] = {}  # node -> device -> claims holding it
         self._label_facts: dict[str, NodeFacts] = {}  # node -> facts from labels alone, where slices add some
         # What ResourceQuota charges: the devices of every claim that exists, by namespace then class; and
-        # how many claims each pod owns (a pod's claims made from templates, for the webhook's holds).
+        # what the claims made for each pod from its templates charge (the webhook's quota holds).
         self.namespace_devices: dict[str, dict[str, int]] = {}
-        self.pod_claim_count: dict[str, int] = {}  # namespace/pod -> claims made for it
+        self.made_for_pod: dict[str, MadeForPod] = {}  # pod UID -> its claims that exist
         self._on_devices: list[NodeListener] = []
         self._on_usage: list[NodeListener] = []
 
@@ -288,12 +296,14 @@ class DraState:
             if not used:
                 del self.namespace_devices[claim.namespace]
         if claim.owner:
-            key = f"{claim.namespace}/{claim.owner}"
-            left = self.pod_claim_count.get(key, 0) + step
-            if left > 0:
-                self.pod_claim_count[key] = left
-            else:
-                self.pod_claim_count.pop(key, None)
+            made = self.made_for_pod.setdefault(claim.owner, MadeForPod())
+            made.claims += step
+            for device_class, number in claim.devices:
+                made.devices[device_class] = made.devices.get(device_class, 0) + step * number
+                if made.devices[device_class] <= 0:
+                    del made.devices[device_class]
+            if made.claims <= 0:
+                del self.made_for_pod[claim.owner]
 
     def mig_profiles(self) -> set[str]:
         """Every MIG profile a device of the driver publishes (`profile`, NVIDIA's spelling: 1g.10gb+me)."""

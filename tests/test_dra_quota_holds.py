@@ -1,0 +1,166 @@
+"""Claim pods of a `dra` namespace hold their devices between /validate and the moment their claims
+exist, as device-plugin pods hold their GPUs until the view shows them (webhook/quota.py).
+
+The pod's claims are made by kube-controller-manager after the pod exists, and only then does the
+API server's ResourceQuota charge them: without a hold, two pods created at once both pass /validate,
+and the second one's claims are refused for ever (the pod stays Pending). Over the real HTTPS app."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpu_placement.demo_cluster import namespace
+from gpu_placement.dra.published import device_classes
+from tests.test_dra_policy_webhook import set_namespaces, templates_for
+from tests.test_webhook_helpers import Webhook, user_pod
+
+pytestmark = pytest.mark.timeout(30)
+Obj = dict[str, Any]
+KEY = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+# nvidia.com/gpu=3: the mirror gives the namespace 3 devices of gpu.nvidia.com.
+TEAM = namespace("team", {"gpu-placement.io/allocation": "dra", "gpu-placement.io/quota": "nvidia.com/gpu=3"})
+
+
+@pytest.fixture
+def team(hook: Webhook) -> Iterator[Webhook]:
+    set_namespaces(hook, [TEAM])
+    with hook.view.lock:
+        hook.ingest.replace(hook.view, "deviceclasses", copy.deepcopy(device_classes()))
+        hook.ingest.replace(hook.view, "resourceclaimtemplates", templates_for(hook, "team"))
+    yield hook
+    with hook.view.lock:
+        for kind in ("deviceclasses", "resourceclaimtemplates", "resourceclaims"):
+            hook.ingest.replace(hook.view, kind, [])
+        hook.view.dra.active = False
+        hook.view.listed -= {"deviceclasses", "resourceclaimtemplates", "resourceclaims"}
+
+
+def converted(hook: Webhook, name: str, gpus: int) -> Obj:
+    """The pod /mutate makes of `nvidia.com/gpu: <gpus>`: claims from the namespace's template, one a device."""
+    pod, _, _ = hook.mutate(user_pod("team", name, gpus={"nvidia.com/gpu": gpus}), "team")
+    assert len(pod["spec"]["resourceClaims"]) == gpus
+    return pod
+
+
+def over(in_use: int, asks: int, recent: int = 0) -> str:
+    just = f" ({recent} of them admitted moments ago)" if recent else ""
+    verb = "is" if in_use == 1 else "are"
+    return (f"namespace team may use 3 {KEY} (gpu-placement.io/quota); {in_use} {verb} in use{just} and this pod "
+            f"asks {asks} more: lower the request or raise the quota on the namespace")
+
+
+def make_claims(hook: Webhook, pod: Obj, count: int) -> None:
+    """kube-controller-manager's resourceclaim controller: the first `count` claims of the pod, made from its
+    templates and owned by it, seen by the view's watch."""
+    templates = {t["metadata"]["name"]: t for t in templates_for(hook, "team")}
+    meta = pod["metadata"]
+    for entry in pod["spec"]["resourceClaims"][:count]:
+        claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                 "metadata": {"name": f"{meta['name']}-{entry['name']}-x7k2p", "namespace": "team",
+                              "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                                                   "uid": meta["uid"], "controller": True,
+                                                   "blockOwnerDeletion": True}]},
+                 "spec": copy.deepcopy(templates[entry["resourceClaimTemplateName"]]["spec"]["spec"])}
+        with hook.view.lock:
+            hook.ingest.event(hook.view, "resourceclaims", "ADDED", claim)
+
+
+def holds(hook: Webhook) -> int:
+    with hook.view.lock:
+        return len(hook.app.state.admission.reservations)
+
+
+def test_two_claim_pods_admitted_back_to_back_only_the_one_that_fits_passes(team: Webhook) -> None:
+    first, second = converted(team, "first", 2), converted(team, "second", 2)
+    assert team.validate(first, "team")["allowed"] is True
+    answer = team.validate(second, "team")  # nothing is charged yet: the claims come after the pod
+    assert answer["allowed"] is False
+    assert answer["status"]["message"] == over(2, 2, recent=2)
+    assert team.validate(converted(team, "small", 1), "team")["allowed"] is True  # 2 + 1 fit in 3
+
+
+def test_a_dry_run_holds_nothing_and_the_real_create_does(team: Webhook) -> None:
+    first, second = converted(team, "first", 2), converted(team, "second", 2)
+    assert team.validate(first, "team", dry_run=True)["allowed"] is True
+    assert holds(team) == 0
+    assert team.validate(second, "team", dry_run=True)["allowed"] is True
+    assert team.validate(first, "team")["allowed"] is True
+    assert team.validate(second, "team")["status"]["message"] == over(2, 2, recent=2)
+
+
+def test_the_same_pod_retried_is_not_counted_against_itself(team: Webhook) -> None:
+    """The API server calls again when a call timed out: the earlier call's hold is the same pod's."""
+    first = converted(team, "first", 3)
+    assert team.validate(first, "team")["allowed"] is True
+    assert team.validate(first, "team")["allowed"] is True  # 3 held by itself, not 3 + 3
+    assert holds(team) == 1
+    answer = team.validate(converted(team, "second", 1), "team")
+    assert answer["status"]["message"] == over(3, 1, recent=3)
+    assert holds(team) == 1  # the refusal holds nothing
+
+
+def test_a_retried_pod_refused_after_all_gives_its_hold_back(team: Webhook) -> None:
+    first = converted(team, "first", 2)
+    assert team.validate(first, "team")["allowed"] is True
+    other = team.create(converted(team, "other", 2), "team")
+    make_claims(team, other, 2)  # claims made by hand meanwhile: 2 of 3 devices charged
+    assert team.validate(first, "team")["status"]["message"] == over(2, 2)  # the retry: that create is not happening
+    assert holds(team) == 0
+    assert team.validate(converted(team, "small", 1), "team")["allowed"] is True
+
+
+def test_the_hold_lasts_until_the_claims_exist_and_is_then_counted_once(team: Webhook) -> None:
+    first = converted(team, "first", 2)
+    assert team.validate(first, "team")["allowed"] is True
+    stored = team.create(first, "team")  # the view shows the pod before any of its claims
+    assert team.validate(converted(team, "second", 2), "team")["status"]["message"] == over(2, 2, recent=2)
+    make_claims(team, stored, 1)  # one claim made, one to come: counted 1 + 1, not 1 + 2
+    assert team.validate(converted(team, "second", 2), "team")["status"]["message"] == over(2, 2, recent=1)
+    make_claims(team, stored, 2)
+    assert holds(team) == 1  # settled on the next look: its devices count in the namespace's claims now
+    assert team.validate(converted(team, "second", 2), "team")["status"]["message"] == over(2, 2)
+    assert holds(team) == 0
+    assert team.validate(converted(team, "small", 1), "team")["allowed"] is True
+
+
+def test_a_seen_pod_waiting_for_its_claims_needs_no_list_of_pods(team: Webhook, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """Once the view has shown the pod, the view says when it goes: the hold checker (webhook/holds.py,
+    which lists a namespace's pods for holds overdue) has nothing to ask about it."""
+    reservations = team.app.state.admission.reservations
+    monkeypatch.setattr(reservations, "listed", True)  # as with an API server: holds settled by lists, not time
+    first = converted(team, "first", 2)
+    assert team.validate(first, "team")["allowed"] is True
+    with team.view.lock:
+        assert reservations.overdue(team.clock[0] + 3600) == ["team"]  # not seen: a list settles it when due
+    team.create(first, "team")
+    assert team.validate(converted(team, "second", 2), "team")["allowed"] is False
+    with team.view.lock:
+        assert reservations.overdue(team.clock[0] + 3600) == []
+        assert reservations.settle("team", team.clock[0] + 3600, {}) == 0  # the view, not a list, ends it
+        assert reservations.pending("team") == {KEY: 2}
+
+
+def test_after_the_pod_is_deleted_its_hold_is_gone(team: Webhook) -> None:
+    first = converted(team, "first", 2)
+    assert team.validate(first, "team")["allowed"] is True
+    stored = team.create(first, "team")
+    assert team.validate(converted(team, "second", 3), "team")["allowed"] is False
+    with team.view.lock:
+        team.ingest.event(team.view, "pods", "DELETED", stored)  # before kube-controller-manager made its claims
+    assert team.validate(converted(team, "second", 3), "team")["allowed"] is True
+    assert holds(team) == 1  # second's own
+
+
+def test_a_pod_that_finished_before_its_claims_were_made_holds_nothing(team: Webhook) -> None:
+    first = converted(team, "first", 2)
+    assert team.validate(first, "team")["allowed"] is True
+    stored = team.create(first, "team")
+    stored["status"] = {"phase": "Failed", "reason": "UnexpectedAdmissionError"}
+    with team.view.lock:
+        team.ingest.event(team.view, "pods", "MODIFIED", stored)
+    assert team.validate(converted(team, "second", 3), "team")["allowed"] is True
