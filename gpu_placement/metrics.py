@@ -34,6 +34,7 @@ class LatestFamilies(Collector):
     def describe(self) -> Iterable[Metric]:
         return ()
 
+
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 REQUEST_SECONDS = Histogram("gpu_placement_request_seconds", "Time to answer one request, by component and verb.",
