@@ -283,7 +283,11 @@ def adopt_gpus(adoption: Adoption, steps: dict[str, float]) -> None:
         "validatingwebhookconfigurations"] or []} == {"Fail"}, timeout=60, interval=0.5)
     wait_for("enforce mode's DeviceTaintRule", lambda: adoption.taint_effect("adopt-dra") == "NoSchedule",
              timeout=30, interval=0.5)
-    full = adoption.gpu_pod(opted, "over-again")
+    # An audit replica still terminating may answer /mutate (shaping nothing) while an enforce one
+    # answers /validate: NotShaped, whose message says to create the pod again, as a user would.
+    full = wait_for("a create decided by enforce mode alone", lambda: (
+        r if "was not shaped by gpu-placement" not in (r := adoption.gpu_pod(opted, "over-again")).text else None),
+        timeout=30, interval=1)
     assert full.status_code == 403 and f"namespace {opted} may use 1 nvidia.com/gpu" in full.text, full.text
     later = adoption.namespace("team-next", opted_in=True, annotations={QUOTA: "nvidia.com/gpu=4"})
     wait_for("the new namespace's quota", lambda: adoption.quota_in_force(later), timeout=30, interval=0.5)
