@@ -136,7 +136,7 @@ class PodsFailingLater(Ingest):
 
     def __init__(self, config: Config, fake: FakeApiServer) -> None:
         super().__init__(config)
-        self.fake, self.armed = fake, True
+        self.fake, self.armed, self.failure_armed = fake, True, threading.Event()
 
     def replace(self, view: ClusterView, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         if kind == "pods" and self.armed:
@@ -149,7 +149,25 @@ class PodsFailingLater(Ingest):
             if index == 2:
                 self.fake.delete("Pod", "p0", "default")
                 self.fake.fail_next(1, 500, path="/api/v1/pods", message="etcd leader changed")
+                self.failure_armed.set()
             yield obj
+
+
+class ThirdPodPageAfterArming(LiveSource):
+    """Asks for the third page of the first pod list only once the failure is armed: that page is
+    prefetched while the second one is ingested, and under load its request otherwise beat the arming
+    (the list then succeeded with p0 in it, a flake seen in CI)."""
+
+    def __init__(self, *args: Any, armed: threading.Event) -> None:
+        super().__init__(*args)
+        self.armed, self.pod_pages = armed, 0
+
+    def _page(self, state: Any, token: str | None) -> bytes:
+        if state.kind == "pods" and not self.armed.is_set():
+            self.pod_pages += 1
+            if self.pod_pages == 3:
+                assert self.armed.wait(5.0)
+        return super()._page(state, token)
 
 
 def test_a_first_pod_list_failing_half_way_is_put_right_by_the_next(fake_api: FakeApiServer) -> None:
@@ -157,7 +175,8 @@ def test_a_first_pod_list_failing_half_way_is_put_right_by_the_next(fake_api: Fa
                                                             node="gpu-1") for i in range(6))])
     config = Config()
     view = OnePodAtATime(config)
-    source = LiveSource(view, PodsFailingLater(config, fake_api), fake_api.api_client(), SETTINGS)
+    ingest = PodsFailingLater(config, fake_api)
+    source = ThirdPodPageAfterArming(view, ingest, fake_api.api_client(), SETTINGS, armed=ingest.failure_armed)
     source.start()
     try:
         deadline = time.monotonic() + 10
