@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakeapi import FakeApiServer
-from tests.test_webhook_helpers import Webhook, certificates, serving
+from tests.test_webhook_helpers import TEST_CONFIG, Webhook, certificates, serving
 from webhook.certs import CertBundle
 
 # ---- fake Kubernetes API server (tests/fakeapi.py) -------------------------------------------------
@@ -48,5 +48,19 @@ def hook(served: Webhook) -> Webhook:
     """The module's webhook with its view and reservations reset for this test."""
     served.reset()
     return served
+
+
+@pytest.fixture(scope="module")
+def served_audit(bundle: CertBundle) -> Iterator[Webhook]:
+    """The same in audit mode (`mode: audit`)."""
+    with serving(bundle, {**TEST_CONFIG, "mode": "audit"}) as hook:
+        yield hook
+
+
+@pytest.fixture
+def audit(served_audit: Webhook) -> Webhook:
+    """The module's audit-mode webhook, reset for this test."""
+    served_audit.reset()
+    return served_audit
 
 # ---- end of the webhook over real HTTPS ------------------------------------------------------------

@@ -5,29 +5,15 @@ have shaped it, so its warnings are enforce mode's denials; both are counted."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 
 from gpu_placement import metrics
 from gpu_placement.dra.published import device_classes
-from tests.test_webhook_helpers import TEST_CONFIG, Webhook, serving, user_pod
+from tests.test_webhook_helpers import Webhook, user_pod
 from webhook.audit import KEEP_OFF, would_do
-from webhook.certs import CertBundle
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture(scope="module")
-def served_audit(bundle: CertBundle) -> Iterator[Webhook]:
-    with serving(bundle, {**TEST_CONFIG, "mode": "audit"}) as hook:
-        yield hook
-
-
-@pytest.fixture
-def audit(served_audit: Webhook) -> Webhook:
-    served_audit.reset()
-    return served_audit
 
 
 def decided(reason: str) -> float:

@@ -5,7 +5,6 @@ server sends them (Webhook.admit), unless a test means to skip it."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 
@@ -14,18 +13,6 @@ from tests.test_webhook_helpers import TEST_CONFIG, Webhook, review, serving, us
 from webhook.certs import CertBundle
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture(scope="module")
-def served_audit(bundle: CertBundle) -> Iterator[Webhook]:
-    with serving(bundle, {**TEST_CONFIG, "mode": "audit"}) as hook:
-        yield hook
-
-
-@pytest.fixture
-def audit(served_audit: Webhook) -> Webhook:
-    served_audit.reset()
-    return served_audit
 
 
 def denial(verdict: dict) -> str:
