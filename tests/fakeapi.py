@@ -916,7 +916,7 @@ class FakeApiServer:
         with self._lock:
             return sum(1 for w in self._watches if res is None or w.resource is res)
 
-    def wait_for_watches(self, n: int = 1, kind: str | None = None, timeout: float = 5.0) -> None:
+    def wait_for_watches(self, n: int = 1, kind: str | None = None, timeout: float = 20.0) -> None:
         """Block until at least n watches (of that kind) are open; TimeoutError otherwise."""
         deadline = time.monotonic() + timeout
         while self.open_watches(kind) < n:

@@ -71,7 +71,7 @@ class Replica:
                                  paths=dra.paths(), selectors={"resourceslices": "spec.driver=gpu.nvidia.com"})
         self.taints = TaintController(self.api, self.view, config, "gpu-placement", identity, settings)
         self.source.start()
-        wait_for(lambda: self.source.ready, 5.0, "the first full lists")
+        wait_for(lambda: self.source.ready, what="the first full lists")
 
     def stop(self) -> None:
         self.taints.stop()

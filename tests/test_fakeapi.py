@@ -708,7 +708,7 @@ def reflect(api: client.ApiClient, path: str, store: dict[str, str], stop: threa
             stop.wait(0.1)  # cut or refused: retry, resuming from the last version
 
 
-def wait_until(condition: Any, timeout: float = 8.0) -> None:
+def wait_until(condition: Any, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"

@@ -69,7 +69,7 @@ def live(fake_api: FakeApiServer, bundle: CertBundle) -> Iterator[Live]:
     app = create_app(view, config, source.readiness, api)
     app.state.holds.interval, app.state.holds.recheck = 0.05, 0.1
     source.start()
-    wait_for(lambda: source.ready, 5.0, what="the first lists")
+    wait_for(lambda: source.ready, what="the first lists")
     fake_api.wait_for_watches(3)
     try:
         tls = ReloadingTLS(bundle.cert, bundle.key)
@@ -96,7 +96,7 @@ def test_a_stalled_pod_watch_never_lets_more_than_the_quota_in(live: Live) -> No
     assert live.hook.app.state.holds.lists > 0 and live.hook.app.state.holds.dropped == 0
     # The silent stream was given up and resumed: the view has the two pods, the holds are gone, and
     # the namespace is still full.
-    wait_for(lambda: {"research/p0", "research/p1"} <= live.hook.view.pods.keys(), 5.0, what="the watch resumed")
+    wait_for(lambda: {"research/p0", "research/p1"} <= live.hook.view.pods.keys(), what="the watch resumed")
     with live.hook.view.lock:
         assert live.reservations.pending("research") == {}
         assert live.hook.view.namespace_usage["research"] == {GPU: 2}
@@ -113,10 +113,10 @@ def test_a_hold_whose_pod_never_came_goes_only_after_a_list_without_it(live: Liv
     with live.hook.view.lock:
         assert live.reservations.pending("solo") == {GPU: 1}
     live.fake.up()
-    wait_for(lambda: live.hook.app.state.holds.dropped == 1, 5.0, what="the list that settles the hold")
+    wait_for(lambda: live.hook.app.state.holds.dropped == 1, what="the list that settles the hold")
     with live.hook.view.lock:
         assert live.reservations.pending("solo") == {}
-    wait_for(lambda: live.source.ready and live.fake.open_watches() == 3, 5.0, what="the watches back")
+    wait_for(lambda: live.source.ready and live.fake.open_watches() == 3, what="the watches back")
     assert live.create(user_pod("solo", "next", gpus={GPU: 1}), "solo")[0] is True
 
 
