@@ -119,13 +119,18 @@ def test_initial_list_is_paged_and_complete(live: Callable[..., Harness]) -> Non
 
 
 def test_not_ready_until_every_kind_is_listed(live: Callable[..., Harness], fake_api: FakeApiServer) -> None:
-    fake_api.fail_next(6, 503, path="/api/v1/pods")
+    # The pods list fails until the test has looked (a fixed number of 503s ran out in about a second
+    # of backoff: a test thread slower than that under load found the source ready already).
+    fake_api.fail_next(10_000, 503, path="/api/v1/pods")
     h = live(ready=False)
     wait_for(lambda: {"nodes", "namespaces"} <= h.view.listed, what="nodes and namespaces listed")
     ready, why = h.source.readiness()
     assert not ready and "waiting for the first full list of pods" in why
     wait_for(lambda: h.source.last_error, what="the pods failure")
     assert "503" in (h.source.readiness()[1]) and gauge(metrics.SOURCE_UP) == 0
+    wait_for(lambda: fake_api.count("list", "/api/v1/pods") >= 3, what="the pods list retried")
+    assert not h.source.ready
+    fake_api.stop_failing()
     wait_for(lambda: h.source.ready, what="pods listed after the 503s")
     assert h.source.readiness() == (True, "") and h.source.last_error is None
     wait_for(lambda: gauge(metrics.SOURCE_UP) == 1, what="SOURCE_UP 1")
