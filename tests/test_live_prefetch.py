@@ -116,8 +116,13 @@ def test_a_list_failing_on_a_later_page_changes_nothing_and_is_tried_again(fake_
         assert source.ready and applied == [6]  # the failed list applied nothing; the retry all of it
         lists = sum(1 for r in fake_api.requests_log if r.verb == "list" and r.path == "/api/v1/nodes")
         assert lists >= 4  # at least two pages of the failed list, then the three of the retry
-        time.sleep(0.2)
-        assert not [t for t in threading.enumerate() if t.name.startswith("list-") and t.is_alive()]
+        def list_threads() -> list[str]:
+            return [t.name for t in threading.enumerate() if t.name.startswith("list-") and t.is_alive()]
+
+        deadline = time.monotonic() + 20  # a page's thread ends just after handing its page over
+        while list_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not list_threads()
     finally:
         source.stop()
         gc.unfreeze()
