@@ -63,9 +63,13 @@ def live(fake_api: FakeApiServer, bundle: CertBundle) -> Iterator[Live]:
     view = ClusterView(config)
     api = fake_api.api_client()
     interval = fake_api.bookmark_interval
+    # A stalled pod watch is given up 3-4 s after the stall (its last bookmark came 0-1 s before it):
+    # long after a hold made at once is overdue (TTL 0.5 s) even if that create is slow under load.
+    # With two intervals (1-2 s) a create 0.5-1.5 s late could leave the holds nothing to list: the pods came
+    # through the resumed watch first, and `holds.lists > 0` failed.
     source = LiveSource(view, Ingest(config), api, WatchSettings(
         connect_timeout=1.0, read_timeout=2.0, server_timeout=30, bookmark_interval=interval,
-        client_timeout=2 * interval, backoff_initial=0.05, backoff_max=0.3))
+        client_timeout=4 * interval, backoff_initial=0.05, backoff_max=0.3))
     app = create_app(view, config, source.readiness, api)
     app.state.holds.interval, app.state.holds.recheck = 0.05, 0.1
     source.start()
