@@ -162,15 +162,18 @@ def test_an_annotation_that_does_not_parse_leaves_the_mirror_as_it_was(fake_api:
 
 def test_one_replica_writes_and_another_takes_over_when_it_stops(fake_api: FakeApiServer,
                                                                 replicas: Callable[..., Replica]) -> None:
+    # A lease that outlasts a leader's thread held up by load: with FAST's 1 s, a renewal a second late
+    # let the standby take the lease before the test looked at who leads.
+    held = MirrorSettings(lease_name="quota-lock", lease_seconds=5, renew_seconds=0.05, resync_seconds=3600)
     namespace(fake_api, "team-a", "nvidia.com/gpu=4")
-    first = replicas("replica-a")
+    first = replicas("replica-a", held)
     wait_for(lambda: mirrored(fake_api, "team-a"), what="the mirror")
-    second = replicas("replica-b")
+    second = replicas("replica-b", held)
     time.sleep(0.3)
     assert first.mirror.leading and not second.mirror.leading
     first.stop()
     fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=6"})
-    # The lease (1 s) runs out; the standby takes it and does a full pass.
+    # The stopping leader releases the lease; the standby takes it and does a full pass.
     wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "6"}, what="the take-over")
     wait_for(lambda: second.mirror.writes == 1, what="the write counted")  # counted once its answer is read
     assert second.mirror.leading and first.mirror.writes == 1
