@@ -171,7 +171,7 @@ class ThirdPodPageAfterArming(LiveSource):
         if state.kind == "pods" and not self.armed.is_set():
             self.pod_pages += 1
             if self.pod_pages == 3:
-                assert self.armed.wait(5.0)
+                assert self.armed.wait(20.0)
         return super()._page(state, token)
 
 
