@@ -22,7 +22,7 @@ client (generated models or `_preload_content=False`) and our own list+watch loo
 Every write bumps one global resourceVersion; errors are `Status` objects with the real reasons and
 messages. Test code drives it from its own thread: `add`/`update`/`upsert`/`patch`/`patch_labels`/
 `delete`/`bind`, `load` (bulk, no events), `compact`, `cut_watches`, `down`/`up`, `delay`,
-`fail_next`, `requests_log`/`count`/`counts`, `open_watches`/`wait_for_watches`.
+`fail_next`/`stop_failing`, `requests_log`/`count`/`counts`, `open_watches`/`wait_for_watches`.
 
 Not modelled: defaulting beyond a pod's Pending phase and a namespace's Active phase and name
 label, admission (so no quota admission; and no quota controller: a ResourceQuota's status stays
@@ -895,6 +895,12 @@ class FakeApiServer:
         with self._lock:
             self._failures.append(_Failure(n, error, method.upper() if method else None, path))
 
+    def stop_failing(self) -> None:
+        """Drop every failure fail_next armed and not yet served: a test that must look at a retrying
+        client before it succeeds arms more failures than it could ever use, then ends them here."""
+        with self._lock:
+            self._failures.clear()
+
     def count(self, verb: str | None = None, path: str | None = None) -> int:
         """Requests seen with this Kubernetes verb (list, watch, get, create, ...) and exact path."""
         with self._lock:
@@ -916,7 +922,7 @@ class FakeApiServer:
         with self._lock:
             return sum(1 for w in self._watches if res is None or w.resource is res)
 
-    def wait_for_watches(self, n: int = 1, kind: str | None = None, timeout: float = 5.0) -> None:
+    def wait_for_watches(self, n: int = 1, kind: str | None = None, timeout: float = 20.0) -> None:
         """Block until at least n watches (of that kind) are open; TimeoutError otherwise."""
         deadline = time.monotonic() + timeout
         while self.open_watches(kind) < n:

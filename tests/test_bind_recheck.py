@@ -6,6 +6,7 @@ kube-scheduler's binding cycle is asynchronous: pod B's /filter can run before p
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from extender import app as app_module
 from gpu_placement.demo_cluster import make_node, make_pod, validator_pod
 from tests.test_extender_http import Extender
 
@@ -103,7 +105,8 @@ def test_bind_of_a_pod_never_filtered_is_refused(t4: Extender) -> None:
     assert t4.core.view.pods["inference/chat-z"].node is None
 
 
-def test_a_pod_that_fits_nowhere_takes_the_room_freed_while_its_filter_runs(t4: Extender) -> None:
+def test_a_pod_that_fits_nowhere_takes_the_room_freed_while_its_filter_runs(t4: Extender,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """kube-scheduler retries a pod rejected for want of room on the event that frees room, often
     before our own watch has applied that event. A filter that would reject every node for room
     therefore waits a moment for a change already on its way, and decides again when it came."""
@@ -111,11 +114,25 @@ def test_a_pod_that_fits_nowhere_takes_the_room_freed_while_its_filter_runs(t4: 
     t4.core.ingest.event(view, "pods", "ADDED", make_pod("inference", "holder", gpus={SHARED: 1}, annotations=ASK,
                                                           node=T4, image="registry.example.com/chat:1"))
     assert t4.filter(_pod("late"), [T4])["FailedNodes"]  # 10 GiB of 15 held: no room
-    timer = threading.Timer(0.005, view.delete_pod, ("inference/holder",))  # the deletion lands mid-filter
-    timer.start()
-    try:
-        answer = t4.filter(_pod("late"), [T4])
-    finally:
-        timer.join()
+    # The deletion lands while the filter waits for a change (a timer thread 5 ms after the request
+    # missed the 25 ms wait when a loaded machine ran it late): a task of the server's loop, which runs
+    # at the wait's first poll, once the wait has read the view's generation.
+    waits: list[float] = []
+    settle = app_module._view_changes
+
+    async def delete() -> None:
+        view.delete_pod("inference/holder")
+
+    async def deletion_during_the_wait(waited: Any, seconds: float) -> bool:
+        waits.append(seconds)
+        deletion = asyncio.get_running_loop().create_task(delete())
+        try:
+            return await settle(waited, seconds)
+        finally:
+            await deletion
+
+    monkeypatch.setattr(app_module, "_view_changes", deletion_during_the_wait)
+    answer = t4.filter(_pod("late"), [T4])
+    assert waits == [app_module.SETTLE_SECONDS]  # it waited, once
     assert answer["NodeNames"] == [T4] and not answer["FailedNodes"], answer
     assert t4.filter(_pod("late"), [T4])["NodeNames"] == [T4]

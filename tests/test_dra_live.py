@@ -41,7 +41,7 @@ class Live:
                                  paths=self.dra.paths(), selectors={"resourceslices": "spec.driver=gpu.nvidia.com"})
         self.placement = Placement(self.view, self.config)
         self.source.start()
-        wait_for(lambda: self.source.ready, 5.0, "the first full lists")
+        wait_for(lambda: self.source.ready, what="the first full lists")
         fake.wait_for_watches(len(self.source.kinds))
 
     def stop(self) -> None:
@@ -114,7 +114,7 @@ def test_a_410_relists_the_dra_kinds_too(served: Live) -> None:
     fake.compact()
     fake.load([resource_slice("dra-2", 3)])  # no events: only a relist can show it
     fake.cut_watches()
-    wait_for(lambda: view.nodes["dra-2"].dra_devices == 3, 10.0, "the relist after 410")
+    wait_for(lambda: view.nodes["dra-2"].dra_devices == 3, what="the relist after 410")
 
 
 def test_claims_allocated_fill_their_node(served: Live) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -71,7 +72,7 @@ class Replica:
                                  paths=dra.paths(), selectors={"resourceslices": "spec.driver=gpu.nvidia.com"})
         self.taints = TaintController(self.api, self.view, config, "gpu-placement", identity, settings)
         self.source.start()
-        wait_for(lambda: self.source.ready, 5.0, "the first full lists")
+        wait_for(lambda: self.source.ready, what="the first full lists")
 
     def stop(self) -> None:
         self.taints.stop()
@@ -206,8 +207,11 @@ def test_older_servers_get_their_own_version(replicas: Callable[..., Replica], v
 
 
 def test_one_replica_writes(replicas: Callable[..., Replica]) -> None:
-    first = replicas()
-    second = replicas(fake=first.fake, identity="replica-b")
+    # A lease that outlasts a slow machine between the two steps: with QUICK's 1 s, a first step and a
+    # second one more than a second apart under load let the second replica take the lease.
+    held = replace(QUICK, lease_seconds=30)
+    first = replicas(settings=held)
+    second = replicas(fake=first.fake, identity="replica-b", settings=held)
     first.taints.step()
     second.taints.step()
     assert first.taints.leading and not second.taints.leading

@@ -37,7 +37,7 @@ class Replica:
         self.mirror = QuotaMirror(self.api, self.view, self.config, "gpu-placement", "replica-a", FAST)
         self.mirror.templates = TemplateKeeper(self.api, self.view, self.config, str(dra.version))
         self.source.start()
-        wait_for(lambda: self.source.ready, 5.0, what="the first lists")
+        wait_for(lambda: self.source.ready, what="the first lists")
         self.mirror.start()
 
     def stop(self) -> None:
@@ -68,7 +68,7 @@ def set_annotations(fake: FakeApiServer, ns: str, annotations: dict[str, str]) -
 def test_a_dra_namespace_gets_its_templates_and_its_quota_in_devices(cluster: tuple[FakeApiServer, Replica]) -> None:
     fake, _ = cluster
     team = set_annotations(fake, "ai", DRA)
-    wait_for(lambda: len(ours(fake, "ai")) == 2, 5.0, what="the templates")  # exclusive and shared (no MIG published)
+    wait_for(lambda: len(ours(fake, "ai")) == 2, what="the templates")  # exclusive and shared (no MIG published)
     templates = ours(fake, "ai")
     assert sorted(name.rsplit("-", 1)[0] for name in templates) == ["gpu-placement-gpu", "gpu-placement-shared"]
     for template in templates.values():
@@ -76,7 +76,7 @@ def test_a_dra_namespace_gets_its_templates_and_its_quota_in_devices(cluster: tu
             {"apiVersion": "v1", "kind": "Namespace", "name": "ai", "uid": team["metadata"]["uid"]}]
         [request] = template["spec"]["spec"]["devices"]["requests"]
         assert "NVIDIA-H100-80GB-HBM3" in request["exactly"]["selectors"][0]["cel"]["expression"]
-    quota = wait_for(lambda: fake.get("ResourceQuota", "gpu-placement", "ai"), 5.0, what="the ResourceQuota")
+    quota = wait_for(lambda: fake.get("ResourceQuota", "gpu-placement", "ai"), what="the ResourceQuota")
     assert quota["spec"]["hard"] == {
         "requests.nvidia.com/gpu": "4", "requests.nvidia.com/mig-1g.10gb": "2",
         "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "4",
@@ -87,15 +87,15 @@ def test_a_changed_policy_replaces_the_templates_and_device_plugin_removes_them(
         cluster: tuple[FakeApiServer, Replica]) -> None:
     fake, _ = cluster
     set_annotations(fake, "ai", DRA)
-    wait_for(lambda: len(ours(fake, "ai")) == 2, 5.0, what="the templates")
+    wait_for(lambda: len(ours(fake, "ai")) == 2, what="the templates")
     before = set(ours(fake, "ai"))
     set_annotations(fake, "ai", {**DRA, "gpu-placement.io/gpu-products": "NVIDIA-A100-SXM4-80GB"})
-    wait_for(lambda: len(ours(fake, "ai")) == 2 and not set(ours(fake, "ai")) & before, 5.0,
+    wait_for(lambda: len(ours(fake, "ai")) == 2 and not set(ours(fake, "ai")) & before,
              what="new templates for the new products, the old ones gone")
     set_annotations(fake, "ai", {**DRA, "gpu-placement.io/allocation": "device-plugin"})
-    wait_for(lambda: not ours(fake, "ai"), 5.0, what="no templates once back on the device plugin")
+    wait_for(lambda: not ours(fake, "ai"), what="no templates once back on the device plugin")
     wait_for(lambda: fake.get("ResourceQuota", "gpu-placement", "ai")["spec"]["hard"] == {  # type: ignore[index]
-        "requests.nvidia.com/gpu": "4", "requests.nvidia.com/mig-1g.10gb": "2"}, 5.0, what="the quota without devices")
+        "requests.nvidia.com/gpu": "4", "requests.nvidia.com/mig-1g.10gb": "2"}, what="the quota without devices")
 
 
 def test_templates_someone_else_wrote_are_never_touched_and_a_broken_annotation_keeps_ours(
@@ -106,13 +106,13 @@ def test_templates_someone_else_wrote_are_never_touched_and_a_broken_annotation_
               "spec": {"spec": {"devices": {"requests": [{"name": "gpu",
                                                           "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}})
     set_annotations(fake, "ai", DRA)
-    wait_for(lambda: len(ours(fake, "ai")) == 2 and replica.mirror.templates.writes == 2, 5.0, what="the templates")
+    wait_for(lambda: len(ours(fake, "ai")) == 2 and replica.mirror.templates.writes == 2, what="the templates")
     writes = replica.mirror.templates.writes
     set_annotations(fake, "ai", {**DRA, "gpu-placement.io/allocation": "yes"})
-    wait_for(lambda: replica.view.namespaces["ai"].annotations.get("gpu-placement.io/allocation") == "yes", 5.0,
+    wait_for(lambda: replica.view.namespaces["ai"].annotations.get("gpu-placement.io/allocation") == "yes",
              what="the view to see the broken annotation")
     replica.mirror.resync()
     assert len(ours(fake, "ai")) == 2 and replica.mirror.templates.writes == writes
     set_annotations(fake, "ai", {})
-    wait_for(lambda: not ours(fake, "ai"), 5.0, what="ours gone with the annotations")
+    wait_for(lambda: not ours(fake, "ai"), what="ours gone with the annotations")
     assert fake.get("ResourceClaimTemplate", "mine", "ai") is not None

@@ -44,7 +44,7 @@ class WatchingIngest(Ingest):
     def _noting(self, objects: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
         for index, obj in enumerate(objects):
             if index == 0:  # page 1 is here; give page 2's request a moment to reach the server
-                deadline = time.monotonic() + 2.0
+                deadline = time.monotonic() + 10.0
                 while self._pages_asked() < 2 and time.monotonic() < deadline:
                     time.sleep(0.01)
                 self.asked_when_ingesting.append(self._pages_asked())
@@ -62,7 +62,7 @@ def test_the_next_page_is_asked_for_while_this_one_is_ingested(fake_api: FakeApi
     source = LiveSource(view, ingest, fake_api.api_client(), SETTINGS)
     source.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while not source.ready and time.monotonic() < deadline:
             time.sleep(0.01)
         assert source.ready
@@ -110,14 +110,19 @@ def test_a_list_failing_on_a_later_page_changes_nothing_and_is_tried_again(fake_
     source = LiveSource(view, FailingLater(config, fake_api), fake_api.api_client(), SETTINGS)
     source.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while not source.ready and time.monotonic() < deadline:
             time.sleep(0.01)
         assert source.ready and applied == [6]  # the failed list applied nothing; the retry all of it
         lists = sum(1 for r in fake_api.requests_log if r.verb == "list" and r.path == "/api/v1/nodes")
         assert lists >= 4  # at least two pages of the failed list, then the three of the retry
-        time.sleep(0.2)
-        assert not [t for t in threading.enumerate() if t.name.startswith("list-") and t.is_alive()]
+        def list_threads() -> list[str]:
+            return [t.name for t in threading.enumerate() if t.name.startswith("list-") and t.is_alive()]
+
+        deadline = time.monotonic() + 20  # a page's thread ends just after handing its page over
+        while list_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not list_threads()
     finally:
         source.stop()
         gc.unfreeze()
@@ -166,7 +171,7 @@ class ThirdPodPageAfterArming(LiveSource):
         if state.kind == "pods" and not self.armed.is_set():
             self.pod_pages += 1
             if self.pod_pages == 3:
-                assert self.armed.wait(5.0)
+                assert self.armed.wait(20.0)
         return super()._page(state, token)
 
 
@@ -179,7 +184,7 @@ def test_a_first_pod_list_failing_half_way_is_put_right_by_the_next(fake_api: Fa
     source = ThirdPodPageAfterArming(view, ingest, fake_api.api_client(), SETTINGS, armed=ingest.failure_armed)
     source.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while not source.ready and time.monotonic() < deadline:
             time.sleep(0.01)
         assert source.ready

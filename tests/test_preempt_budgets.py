@@ -96,12 +96,12 @@ def test_the_live_view_watches_budgets(fake_api: FakeApiServer) -> None:
     fake_api.add(budget("big", {"matchLabels": {"app": "batch-big"}}, 0))
     source.start()
     try:
-        wait_for(lambda: source.ready, 5.0, what="the first lists")
+        wait_for(lambda: source.ready, what="the first lists")
         assert view.poddisruptionbudgets["inference/big"].allowed == 0
         fake_api.patch("PodDisruptionBudget", "big", {"status": {"disruptionsAllowed": 1}}, "inference")
-        wait_for(lambda: view.poddisruptionbudgets["inference/big"].allowed == 1, 5.0, what="the status change")
+        wait_for(lambda: view.poddisruptionbudgets["inference/big"].allowed == 1, what="the status change")
         fake_api.delete("PodDisruptionBudget", "big", "inference")
-        wait_for(lambda: "inference/big" not in view.poddisruptionbudgets, 5.0, what="the deletion")
+        wait_for(lambda: "inference/big" not in view.poddisruptionbudgets, what="the deletion")
     finally:
         source.stop()
         api.close()

@@ -62,11 +62,11 @@ class Gated:
             record = self.hook.view.resourcequotas.get(ns)
             return record is not None and (dict(record.hard), set(record.used)) == wanted
 
-        wait_for(watched, 5.0, what="the quota watched")
+        wait_for(watched, what="the quota watched")
 
     def annotate(self, quota: str, ns: str = "fresh") -> None:
         self.fake.set_annotations("Namespace", ns, {QUOTA: quota})
-        wait_for(lambda: self.hook.view.namespaces[ns].get(QUOTA) == quota, 5.0, what="the annotation seen")
+        wait_for(lambda: self.hook.view.namespaces[ns].get(QUOTA) == quota, what="the annotation seen")
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def gated(fake_api: FakeApiServer, bundle: CertBundle) -> Iterator[Gated]:
                         kinds=(*KINDS, "resourcequotas"))
     app = create_app(view, config, source.readiness, api, quota_gate=True)
     source.start()
-    wait_for(lambda: source.ready, 5.0, what="the first lists")
+    wait_for(lambda: source.ready, what="the first lists")
     try:
         tls = ReloadingTLS(bundle.cert, bundle.key)
         with ServerThread(make_server(app, "127.0.0.1", 0, tls=tls)) as server, httpx.Client(

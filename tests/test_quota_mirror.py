@@ -39,7 +39,7 @@ class Replica:
 
     def start(self) -> Replica:
         self.source.start()
-        wait_for(lambda: self.source.ready, 5.0, what="the namespace list")
+        wait_for(lambda: self.source.ready, what="the namespace list")
         self.mirror.start()
         return self
 
@@ -80,7 +80,7 @@ def test_a_quota_annotation_becomes_a_resourcequota_owned_by_the_namespace(fake_
     team = namespace(fake_api, "team-a", "nvidia.com/gpu=4,nvidia.com/gpu.shared=16")
     namespace(fake_api, "web", None)
     replicas()
-    wait_for(lambda: mirrored(fake_api, "team-a"), 5.0, what="the ResourceQuota")
+    wait_for(lambda: mirrored(fake_api, "team-a"), what="the ResourceQuota")
     quota = fake_api.get("ResourceQuota", "gpu-placement", "team-a")
     assert quota is not None
     assert quota["spec"] == {"hard": {"requests.nvidia.com/gpu": "4", "requests.nvidia.com/gpu.shared": "16"}}
@@ -94,12 +94,12 @@ def test_the_mirror_follows_the_annotation_and_goes_with_it(fake_api: FakeApiSer
                                                            replicas: Callable[..., Replica]) -> None:
     namespace(fake_api, "team-a", "nvidia.com/gpu=4")
     replicas()
-    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "4"}, 5.0, what="the first mirror")
+    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "4"}, what="the first mirror")
     fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=2,nvidia.com/mig-1g.10gb=7"})
     wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "2",
                                                       "requests.nvidia.com/mig-1g.10gb": "7"}, what="the update")
     fake_api.set_annotations("Namespace", "team-a", {QUOTA: None})
-    wait_for(lambda: mirrored(fake_api, "team-a") is None, 5.0, what="the delete")
+    wait_for(lambda: mirrored(fake_api, "team-a") is None, what="the delete")
 
 
 def test_a_namespace_event_costs_requests_for_that_namespace_only(fake_api: FakeApiServer,
@@ -107,11 +107,11 @@ def test_a_namespace_event_costs_requests_for_that_namespace_only(fake_api: Fake
     for i in range(20):
         namespace(fake_api, f"team-{i:02d}", f"nvidia.com/gpu={i + 1}")
     replica = replicas()
-    wait_for(lambda: replica.mirror.writes == 20, 5.0, what="20 mirrors")
+    wait_for(lambda: replica.mirror.writes == 20, what="20 mirrors")
     fake_api.clear_log()
     fake_api.set_annotations("Namespace", "team-07", {QUOTA: "nvidia.com/gpu=99"})
-    wait_for(lambda: mirrored(fake_api, "team-07") == {"requests.nvidia.com/gpu": "99"}, 5.0, what="the update")
-    wait_for(lambda: replica.mirror.writes == 21, 5.0, what="the write counted")
+    wait_for(lambda: mirrored(fake_api, "team-07") == {"requests.nvidia.com/gpu": "99"}, what="the update")
+    wait_for(lambda: replica.mirror.writes == 21, what="the write counted")
     time.sleep(0.2)
     quota_calls = {(r.verb, r.path) for r in fake_api.requests_log if "resourcequotas" in r.path}
     assert quota_calls == {("get", "/api/v1/namespaces/team-07/resourcequotas/gpu-placement"),
@@ -141,11 +141,11 @@ def test_a_periodic_resync_mends_a_hand_edited_mirror(fake_api: FakeApiServer,
     namespace(fake_api, "team-b", "nvidia.com/gpu=1")
     replica = replicas(settings=MirrorSettings(lease_name="quota-lock", lease_seconds=1, renew_seconds=0.05,
                                                resync_seconds=0.3))
-    wait_for(lambda: mirrored(fake_api, "team-b"), 5.0, what="the mirrors")
+    wait_for(lambda: mirrored(fake_api, "team-b"), what="the mirrors")
     fake_api.patch("ResourceQuota", "gpu-placement", {"spec": {"hard": {"requests.nvidia.com/gpu": "40"}}}, "team-a")
     fake_api.delete("ResourceQuota", "gpu-placement", "team-b")
-    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "4"}, 5.0, what="the mend")
-    wait_for(lambda: mirrored(fake_api, "team-b") == {"requests.nvidia.com/gpu": "1"}, 5.0, what="the re-create")
+    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "4"}, what="the mend")
+    wait_for(lambda: mirrored(fake_api, "team-b") == {"requests.nvidia.com/gpu": "1"}, what="the re-create")
     assert replica.mirror.leading
 
 
@@ -153,26 +153,29 @@ def test_an_annotation_that_does_not_parse_leaves_the_mirror_as_it_was(fake_api:
                                                                       replicas: Callable[..., Replica]) -> None:
     namespace(fake_api, "team-a", "nvidia.com/gpu=4")
     replica = replicas()
-    wait_for(lambda: mirrored(fake_api, "team-a"), 5.0, what="the mirror")
+    wait_for(lambda: mirrored(fake_api, "team-a"), what="the mirror")
     fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=lots"})
-    wait_for(lambda: replica.view.namespaces["team-a"].get(QUOTA) == "nvidia.com/gpu=lots", 5.0, what="the event")
+    wait_for(lambda: replica.view.namespaces["team-a"].get(QUOTA) == "nvidia.com/gpu=lots", what="the event")
     replica.mirror.resync()
     assert mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "4"}
 
 
 def test_one_replica_writes_and_another_takes_over_when_it_stops(fake_api: FakeApiServer,
                                                                 replicas: Callable[..., Replica]) -> None:
+    # A lease that outlasts a leader's thread held up by load: with FAST's 1 s, a renewal a second late
+    # let the standby take the lease before the test looked at who leads.
+    held = MirrorSettings(lease_name="quota-lock", lease_seconds=5, renew_seconds=0.05, resync_seconds=3600)
     namespace(fake_api, "team-a", "nvidia.com/gpu=4")
-    first = replicas("replica-a")
-    wait_for(lambda: mirrored(fake_api, "team-a"), 5.0, what="the mirror")
-    second = replicas("replica-b")
+    first = replicas("replica-a", held)
+    wait_for(lambda: mirrored(fake_api, "team-a"), what="the mirror")
+    second = replicas("replica-b", held)
     time.sleep(0.3)
     assert first.mirror.leading and not second.mirror.leading
     first.stop()
     fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=6"})
-    # The lease (1 s) runs out; the standby takes it and does a full pass.
-    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "6"}, 5.0, what="the take-over")
-    wait_for(lambda: second.mirror.writes == 1, 5.0, what="the write counted")  # counted once its answer is read
+    # The stopping leader releases the lease; the standby takes it and does a full pass.
+    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "6"}, what="the take-over")
+    wait_for(lambda: second.mirror.writes == 1, what="the write counted")  # counted once its answer is read
     assert second.mirror.leading and first.mirror.writes == 1
     lease = fake_api.get("Lease", "quota-lock", "gpu-placement")
     assert lease is not None and lease["spec"]["holderIdentity"] == "replica-b"
@@ -185,11 +188,12 @@ def test_a_clean_stop_hands_the_lease_over_at_once(fake_api: FakeApiServer,
     slow = MirrorSettings(lease_name="quota-lock", lease_seconds=30, renew_seconds=0.05, resync_seconds=3600)
     namespace(fake_api, "team-a", "nvidia.com/gpu=4")
     first = replicas("replica-a", slow)
-    wait_for(lambda: mirrored(fake_api, "team-a"), 5.0, what="the mirror")
+    wait_for(lambda: mirrored(fake_api, "team-a"), what="the mirror")
     second = replicas("replica-b", slow)
     first.stop()
     fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=5"})
-    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "5"}, 3.0, what="the hand-over")
+    # Well inside the 30 s lease: only a released Lease is taken this soon.
+    wait_for(lambda: mirrored(fake_api, "team-a") == {"requests.nvidia.com/gpu": "5"}, 15.0, what="the hand-over")
     assert second.mirror.leading
 
 

@@ -35,7 +35,7 @@ class Replica:
         self.source = LiveSource(self.view, Ingest(self.config), self.api, FAST_WATCH, kinds=("namespaces",))
         self.mirror = QuotaMirror(self.api, self.view, self.config, "gpu-placement", "replica", settings)
         self.source.start()
-        wait_for(lambda: self.source.ready, 5.0, what="the namespace list")
+        wait_for(lambda: self.source.ready, what="the namespace list")
         self.mirror.start()
 
     def stop(self) -> None:
@@ -70,13 +70,13 @@ def test_opt_in_mirrors_only_the_namespaces_labelled_in(fake_api: FakeApiServer,
     namespace(fake_api, "team-unlabelled", "nvidia.com/gpu=4")
     namespace(fake_api, "team-out", "nvidia.com/gpu=4", enabled="false")
     one = replica({"namespaceSelection": "optIn"})
-    wait_for(lambda: mirrored(fake_api, "team-in"), 5.0, what="the opted-in namespace's quota")
+    wait_for(lambda: mirrored(fake_api, "team-in"), what="the opted-in namespace's quota")
     one.mirror.resync()
     assert mirrored(fake_api, "team-unlabelled") is None and mirrored(fake_api, "team-out") is None
     # A namespace that leaves the selection loses its mirror; one that joins gets it.
     fake_api.patch_labels("Namespace", "team-in", {"gpu-placement.io/enabled": None})
     fake_api.patch_labels("Namespace", "team-unlabelled", {"gpu-placement.io/enabled": "true"})
-    wait_for(lambda: mirrored(fake_api, "team-in") is None and mirrored(fake_api, "team-unlabelled"), 5.0,
+    wait_for(lambda: mirrored(fake_api, "team-in") is None and mirrored(fake_api, "team-unlabelled"),
              what="the mirror to follow the labels")
 
 
@@ -86,7 +86,7 @@ def test_opt_out_mirrors_all_but_the_namespaces_labelled_out(fake_api: FakeApiSe
     namespace(fake_api, "team-out", "nvidia.com/gpu=4", enabled="false")
     namespace(fake_api, "gpu-operator", "nvidia.com/gpu=4", enabled="true")  # exempt: never touched
     one = replica({"namespaceSelection": "optOut"})
-    wait_for(lambda: mirrored(fake_api, "team-unlabelled"), 5.0, what="the quota")
+    wait_for(lambda: mirrored(fake_api, "team-unlabelled"), what="the quota")
     one.mirror.resync()
     assert mirrored(fake_api, "team-out") is None
     assert mirrored(fake_api, "gpu-operator") is None
@@ -99,10 +99,10 @@ def test_audit_mode_deletes_the_quotas_enforce_mode_kept(fake_api: FakeApiServer
     theirs = fake_api.add({"kind": "ResourceQuota", "metadata": {"name": "compute", "namespace": "team-a"},
                            "spec": {"hard": {"requests.cpu": "8"}}})
     enforce = replica()
-    wait_for(lambda: mirrored(fake_api, "team-a") and mirrored(fake_api, "team-b"), 5.0, what="enforce's quotas")
+    wait_for(lambda: mirrored(fake_api, "team-a") and mirrored(fake_api, "team-b"), what="enforce's quotas")
     enforce.stop()  # the rollout to audit mode: the old replica goes, the new one takes the Lease
     replica({"mode": "audit"})
-    wait_for(lambda: mirrored(fake_api, "team-a") is None and mirrored(fake_api, "team-b") is None, 5.0,
+    wait_for(lambda: mirrored(fake_api, "team-a") is None and mirrored(fake_api, "team-b") is None,
              what="audit mode to delete them")
     assert fake_api.get("ResourceQuota", "compute", "team-a") == theirs
 
@@ -121,14 +121,14 @@ def test_the_quotas_are_owned_by_the_validating_webhook_configuration(fake_api: 
         quota = fake_api.get("ResourceQuota", "gpu-placement", "team-a")
         return None if quota is None else quota["metadata"]["ownerReferences"][0]["uid"]
 
-    wait_for(lambda: owner_uid() == vwc["metadata"]["uid"], 5.0, what="the quota, owned by it")
+    wait_for(lambda: owner_uid() == vwc["metadata"]["uid"], what="the quota, owned by it")
     quota = fake_api.get("ResourceQuota", "gpu-placement", "team-a")
     assert quota is not None and quota["metadata"]["ownerReferences"] == [
         {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
          "name": "gpu-placement", "uid": vwc["metadata"]["uid"]}]
     fake_api.delete("ValidatingWebhookConfiguration", "gpu-placement")
     again = fake_api.add({"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "gpu-placement"}})
-    wait_for(lambda: owner_uid() == again["metadata"]["uid"], 5.0, what="the quota owned by the new one")
+    wait_for(lambda: owner_uid() == again["metadata"]["uid"], what="the quota owned by the new one")
 
 
 def test_when_the_owner_comes_back_the_quotas_are_written_at_once(fake_api: FakeApiServer,
@@ -140,4 +140,4 @@ def test_when_the_owner_comes_back_the_quotas_are_written_at_once(fake_api: Fake
     time.sleep(0.3)
     assert mirrored(fake_api, "team-a") is None
     fake_api.add({"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "gpu-placement"}})
-    wait_for(lambda: mirrored(fake_api, "team-a"), 5.0, what="the quota written once the owner is back")
+    wait_for(lambda: mirrored(fake_api, "team-a"), what="the quota written once the owner is back")

@@ -29,7 +29,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_ready(url: str, verify: ssl.SSLContext | bool = False, timeout: float = 20.0) -> None:
+def wait_ready(url: str, verify: ssl.SSLContext | bool = False, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -109,7 +109,7 @@ def test_serve_reloads_the_snapshot_when_it_changes(served: dict[str, object]) -
         if item["kind"] == "Node" and item["metadata"]["name"] == "h100-single":
             item["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-state"] = "pod-restart-required"
     snapshot.write_text(json.dumps(cluster))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         failed = httpx.post(f"{extender}/filter", json=args).json()["FailedAndUnresolvableNodes"]
         if failed:

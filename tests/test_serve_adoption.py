@@ -96,7 +96,7 @@ def test_serve_writes_the_webhooks_once_ready_with_the_ca_it_serves_with(fake_ap
                       "metadata": {"name": "gpu-placement-webhook-x", "namespace": "gpu-placement",
                                    "labels": {"kubernetes.io/service-name": "gpu-placement-webhook"}},
                       "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": True}}]})
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             validating = fake_api.get("ValidatingWebhookConfiguration", "gpu-placement") or {}
             if validating.get("webhooks"):

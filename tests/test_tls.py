@@ -72,7 +72,7 @@ def der_of(bundle: CertBundle) -> bytes:
     return ssl.PEM_cert_to_DER_cert(bundle.cert.read_text())
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:

@@ -63,13 +63,17 @@ def live(fake_api: FakeApiServer, bundle: CertBundle) -> Iterator[Live]:
     view = ClusterView(config)
     api = fake_api.api_client()
     interval = fake_api.bookmark_interval
+    # A stalled pod watch is given up 3-4 s after the stall (its last bookmark came 0-1 s before it):
+    # long after a hold made at once is overdue (TTL 0.5 s) even if that create is slow under load.
+    # With two intervals (1-2 s) a create 0.5-1.5 s late could leave the holds nothing to list: the pods came
+    # through the resumed watch first, and `holds.lists > 0` failed.
     source = LiveSource(view, Ingest(config), api, WatchSettings(
         connect_timeout=1.0, read_timeout=2.0, server_timeout=30, bookmark_interval=interval,
-        client_timeout=2 * interval, backoff_initial=0.05, backoff_max=0.3))
+        client_timeout=4 * interval, backoff_initial=0.05, backoff_max=0.3))
     app = create_app(view, config, source.readiness, api)
     app.state.holds.interval, app.state.holds.recheck = 0.05, 0.1
     source.start()
-    wait_for(lambda: source.ready, 5.0, what="the first lists")
+    wait_for(lambda: source.ready, what="the first lists")
     fake_api.wait_for_watches(3)
     try:
         tls = ReloadingTLS(bundle.cert, bundle.key)
@@ -96,7 +100,7 @@ def test_a_stalled_pod_watch_never_lets_more_than_the_quota_in(live: Live) -> No
     assert live.hook.app.state.holds.lists > 0 and live.hook.app.state.holds.dropped == 0
     # The silent stream was given up and resumed: the view has the two pods, the holds are gone, and
     # the namespace is still full.
-    wait_for(lambda: {"research/p0", "research/p1"} <= live.hook.view.pods.keys(), 5.0, what="the watch resumed")
+    wait_for(lambda: {"research/p0", "research/p1"} <= live.hook.view.pods.keys(), what="the watch resumed")
     with live.hook.view.lock:
         assert live.reservations.pending("research") == {}
         assert live.hook.view.namespace_usage["research"] == {GPU: 2}
@@ -113,10 +117,10 @@ def test_a_hold_whose_pod_never_came_goes_only_after_a_list_without_it(live: Liv
     with live.hook.view.lock:
         assert live.reservations.pending("solo") == {GPU: 1}
     live.fake.up()
-    wait_for(lambda: live.hook.app.state.holds.dropped == 1, 5.0, what="the list that settles the hold")
+    wait_for(lambda: live.hook.app.state.holds.dropped == 1, what="the list that settles the hold")
     with live.hook.view.lock:
         assert live.reservations.pending("solo") == {}
-    wait_for(lambda: live.source.ready and live.fake.open_watches() == 3, 5.0, what="the watches back")
+    wait_for(lambda: live.source.ready and live.fake.open_watches() == 3, what="the watches back")
     assert live.create(user_pod("solo", "next", gpus={GPU: 1}), "solo")[0] is True
 
 
