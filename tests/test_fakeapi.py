@@ -753,8 +753,9 @@ def test_a_hand_written_list_watch_loop_survives_cuts_outages_and_compaction(fak
 def test_listing_many_pods_in_pages_is_quick(fake_api: FakeApiServer, core: client.CoreV1Api):
     fake_api.load((pod(f"p{i:05d}", f"ns{i % 20}", f"n{i % 500}") for i in range(20_000)), copy=False)
     # The floor, from the same run: the 20,000 pods in one answer. Paging is quick when its 40 pages
-    # cost less than that (about a third, measured idle and on a third of one core alike); a page that
-    # went through all 20,000 pods again would cost the 40 pages far more. A fixed 5 s bound measured
+    # cost less than twice that (they cost about a third, measured idle and on a third of one core
+    # alike: the factor is room for a load spike); a page that went through all 20,000 pods again
+    # would cost the 40 pages far more. A fixed 5 s bound measured
     # the machine instead: 0.6 s idle, 4.4 s on a third of one core.
     start = time.monotonic()
     assert len(orjson.loads(core.list_pod_for_all_namespaces(_preload_content=False).data)["items"]) == 20_000
@@ -769,4 +770,4 @@ def test_listing_many_pods_in_pages_is_quick(fake_api: FakeApiServer, core: clie
             break
     assert count == 20_000
     paged = time.monotonic() - start
-    assert paged < floor, f"40 pages took {paged:.2f} s, the whole list in one answer {floor:.2f} s"
+    assert paged < 2 * floor, f"40 pages took {paged:.2f} s, the whole list in one answer {floor:.2f} s"
