@@ -155,8 +155,9 @@ def _strings(parent: Mapping[str, Any], fields: tuple[str, ...], path: str, limi
 
 
 def check_pod(pod: Any, path: str) -> dict[str, Any]:
-    """The fields of a `v1.Pod` both edges read: metadata names and annotations, and per container
-    the name, image, env, restartPolicy and resources. Returns the pod."""
+    """The fields of a `v1.Pod` both edges read: metadata names and annotations, per container the
+    name, image, env, restartPolicy and resources, and the names in `spec.resourceClaims` (DRA).
+    Returns the pod."""
     pod = obj(pod, path, "a v1.Pod object")
     meta = pod.get("metadata")
     if meta is not None:
@@ -182,6 +183,11 @@ def check_pod(pod: Any, path: str) -> dict[str, Any]:
             if container.__class__ is not dict:
                 fail(f"{path}.spec.{field}[{index}]", "an object", container)
             _check_container(container, path, field, index)
+    claims = spec.get("resourceClaims")
+    if claims is not None:  # which claims and templates the pod names: read and patched in `dra` namespaces
+        for index, entry in enumerate(objects(claims, f"{path}.spec.resourceClaims")):
+            _strings(entry, ("name", "resourceClaimName", "resourceClaimTemplateName"),
+                     f"{path}.spec.resourceClaims[{index}]", NAME_LIMIT)
     return pod
 
 

@@ -518,6 +518,10 @@ MALFORMED = [
      "Pod.spec.containers[0].env: expected a list of objects, got an object"),
     (b'{"Pod": {"spec": {"containers": [{"env": ["cuda>=12.4"]}]}}, "NodeNames": []}',
      'Pod.spec.containers[0].env[0]: expected an object, got a string "cuda>=12.4"'),
+    (b'{"Pod": {"spec": {"resourceClaims": true}}, "NodeNames": ["n1"]}',
+     "Pod.spec.resourceClaims: expected a list of objects, got true"),
+    (b'{"Pod": {"spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": 7}]}}, "NodeNames": ["n1"]}',
+     "Pod.spec.resourceClaims[0].resourceClaimName: expected a string, got a number 7"),
     # Issue 14, reproduction 4: values nested 1,000 deep where the code would turn them into text.
     (b'{"Pod": {"metadata": {"name": ' + deep(1000) + b'}}, "NodeNames": ["n1"]}',
      "Pod.metadata.name: expected a string, got a list"),

@@ -88,6 +88,11 @@ def test_malformed_reviews_are_400_with_a_status_body(hook: Webhook, body: bytes
      "request.object.metadata.annotations[a]: expected a string, got a number 1"),
     (lambda r: r["request"]["object"]["spec"].update(tolerations={"key": "x"}),
      "request.object.spec.tolerations: expected a list of objects, got an object"),
+    (lambda r: r["request"]["object"]["spec"].update(resourceClaims=5),
+     "request.object.spec.resourceClaims: expected a list of objects, got a number 5"),
+    (lambda r: r["request"]["object"]["spec"].update(resourceClaims=[{"name": "gpu",
+                                                                      "resourceClaimTemplateName": ["t"]}]),
+     "request.object.spec.resourceClaims[0].resourceClaimTemplateName: expected a string, got a list"),
     (lambda r: r["request"]["object"]["spec"].update(affinity={"nodeAffinity": {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": {"a": 1}}}}), "nodeSelectorTerms"),
     (lambda r: r["request"]["object"]["spec"]["containers"][0]["resources"]["limits"].update(
