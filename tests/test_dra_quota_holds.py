@@ -7,6 +7,7 @@ and the second one's claims are refused for ever (the pod stays Pending). Over t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +28,14 @@ TEAM = namespace("team", {"gpu-placement.io/allocation": "dra", "gpu-placement.i
 
 @pytest.fixture
 def team(hook: Webhook) -> Iterator[Webhook]:
+    with quota_namespace(hook):
+        yield hook
+
+
+@contextlib.contextmanager
+def quota_namespace(hook: Webhook) -> Iterator[Webhook]:
+    """Namespace `team` (DRA, 3 devices of gpu.nvidia.com) with NVIDIA's classes and its templates in
+    the view; all gone afterwards."""
     set_namespaces(hook, [TEAM])
     with hook.view.lock:
         hook.ingest.replace(hook.view, "deviceclasses", copy.deepcopy(device_classes()))

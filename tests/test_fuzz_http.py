@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from gpu_placement.demo_cluster import demo_objects, make_pod
 from tests.hostile import deep, held_by_the_service, paths
+from tests.test_dra_quota_holds import quota_namespace
 from tests.test_extender_http import DEMO_NODES, Extender, api_node, api_pod
 from tests.test_webhook_helpers import NAMESPACES, Webhook, review, user_pod
 
@@ -93,7 +94,8 @@ def encode(doc: Any) -> bytes:
 
 # Where the service reads most: half the changes go to one of these (a field of that name anywhere).
 TARGETS = frozenset({"annotations", "limits", "requests", "env", "containers", "initContainers", "metadata", "items",
-                     "NodeNames", "nodeSelectorTerms", "tolerations", "kind", "resource", "PodUID"})
+                     "NodeNames", "nodeSelectorTerms", "tolerations", "kind", "resource", "PodUID", "resourceClaims",
+                     "resourceClaimTemplateName"})
 
 
 def _mutate(data: st.DataObject, doc: Any) -> Any:
@@ -102,7 +104,10 @@ def _mutate(data: st.DataObject, doc: Any) -> Any:
     places = list(paths(doc))
     targeted = [path for path in places if path and path[-1] in TARGETS]
     if targeted and data.draw(st.booleans(), label="targeted"):
-        places = targeted
+        # A field name first, then one of its places: a field that stands once (resourceClaims) is drawn
+        # as often as one that stands in every container.
+        name = data.draw(st.sampled_from(sorted({str(path[-1]) for path in targeted})), label="field")
+        places = [path for path in targeted if str(path[-1]) == name]
     path = data.draw(st.sampled_from(places), label="path")
     action = data.draw(st.sampled_from(["replace", "delete", "wrap", "duplicate", "insert"]), label="action")
     if not path:
@@ -133,11 +138,12 @@ def _mutate(data: st.DataObject, doc: Any) -> Any:
 
 PLANTED = {"annotations": [key for key in KEYS if key.startswith("gpu-placement.io/")],
            "limits": ["nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb"],
-           "requests": ["nvidia.com/gpu", "nvidia.com/gpu.shared"]}
+           "requests": ["nvidia.com/gpu", "nvidia.com/gpu.shared"], "spec": ["resourceClaims"]}
 
 
 def _plant(data: st.DataObject, doc: Any) -> Any:
-    """An odd value where it is read as text or a count: a gpu-placement.io/* annotation, a GPU quantity."""
+    """An odd value where it is read as text or a count: a gpu-placement.io/* annotation, a GPU quantity,
+    the pod's list of claims."""
     places = [path for path in paths(doc) if path and path[-1] in PLANTED]
     if not places:
         return doc
@@ -336,6 +342,23 @@ def _other_operations(pod: dict[str, Any]) -> list[Any]:
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])
 def test_mutate_and_validate_take_any_input(hook: Webhook, path: str) -> None:
     drive(path, _webhook_bases(), partial(hook.post, path), check_webhook)
+
+
+@pytest.fixture
+def team(hook: Webhook) -> Iterator[Webhook]:
+    with quota_namespace(hook):
+        yield hook
+
+
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+def test_mutate_and_validate_take_any_input_in_a_dra_namespace(team: Webhook, path: str) -> None:
+    """The same in a `dra` namespace with a device quota, where the webhook reads and patches the pod's
+    `spec.resourceClaims` (webhook/dra_claims.py) and holds its devices (webhook/quota.py): a pod as
+    written (converted by /mutate) and as /mutate made it (claims from the namespace's templates)."""
+    written = user_pod("team", "c", gpus={"nvidia.com/gpu": 2})
+    converted, _, _ = team.mutate(copy.deepcopy(written), "team")
+    bases = [review(written, "team"), review(converted, "team"), review(converted, "team", dry_run=True)]
+    drive(path, bases, partial(team.post, path), check_webhook)
 
 
 def test_preempt_takes_any_input(extender: Extender) -> None:
