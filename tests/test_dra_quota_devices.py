@@ -186,6 +186,19 @@ def test_converted_pods_carry_a_stand_in_per_device_of_each_level(hook: Webhook)
         other = user_pod("team", "other", gpus={"nvidia.com/gpu": 1})
         other["spec"]["schedulerName"] = "volcano"
         assert standins(hook.mutate(other, "team")[0]) == ({}, {})
+        daemon = user_pod("team", "agent", gpus={"nvidia.com/gpu": 1})
+        daemon["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent",
+                                                  "uid": "ds-1", "controller": True}]
+        assert standins(hook.mutate(daemon, "team")[0]) == ({}, {})
+        # Nor on a pod asking an extended resource a DeviceClass maps: kube-scheduler's DynamicResources plugin
+        # would then look for every extended resource of the pod on the node, the stand-in too.
+        nic = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "nic.example.com"},
+               "spec": {"extendedResourceName": "example.com/nic"}}
+        with hook.view.lock:
+            hook.ingest.event(hook.view, "deviceclasses", "ADDED", nic)
+        both = user_pod("team", "both", gpus={"nvidia.com/gpu": 1})
+        both["spec"]["containers"][0]["resources"]["limits"]["example.com/nic"] = "1"
+        assert standins(hook.mutate(both, "team")[0]) == ({}, {})
     with dra_namespace(hook, "nvidia.com/mig-1g.10gb=2", sharing="mig-1g.10gb"):
         mig, _, _ = hook.mutate(user_pod("team", "small", gpus={"nvidia.com/gpu": 1}), "team")
         assert standins(mig) == ({"gpu-placement.io/mig-1g.10gb": "1"}, {"gpu-placement.io/mig-1g.10gb": "1"})

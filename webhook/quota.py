@@ -16,12 +16,15 @@ Time alone ends a hold only where there is no API server to ask (`--snapshot`).
 
 A pod of a `dra` namespace asks for no GPU resource: its ResourceClaims, which kube-controller-manager
 makes from its templates after the pod exists, take the devices, and `view.dra.namespace_devices`
-counts them once they exist. So its hold (in device quota keys) is not dropped when the view shows
-the pod: it counts what the pod's claims have not charged yet, and ends when all of them exist
-(`charged`), or when the pod, once seen, is gone or finished (`gone`), or as above.
+counts them once they exist. So its hold (in ResourceQuota keys: webhook/dra_quota.py) is not dropped
+when the view shows the pod: its stand-ins count in the view's pods from then on, and the rest is
+what the pod's claims have not charged yet; it ends when all of them exist (`charged`), or when the
+pod, once seen, is gone or finished (`gone`), or as above.
 
 Each replica holds only what it admitted itself; the ResourceQuota the service mirrors
-(webhook/quota_mirror.py) is what the API server enforces across replicas.
+(webhook/quota_mirror.py) is what the API server enforces across replicas. Anyone who reaches the
+webhook port can make a hold (a forged AdmissionReview), so where the API server refuses the pod
+itself at its create, holds only warn (`held_warnings`); they are bounded per namespace (MAX_HOLDS).
 """
 
 from __future__ import annotations

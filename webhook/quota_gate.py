@@ -17,6 +17,10 @@ atomic check is always the one that decides the last unit. A raised quota is enf
 lower figure until the controller catches up (the API server refuses the extra pods meanwhile); a
 lowered one refuses pods until the new figure is in force.
 
+A claim pod of a `dra` namespace is charged its stand-ins at its create and its claims' devices per
+class (and `requests.<extendedResourceName>`) when they are made (webhook/dra_quota.py): it passes only
+when every one of those keys is enforced at the mirror's figure or below (`keys_pending`).
+
 Holds while the annotation is being set: a replica whose view does not show the annotation yet treats
 the namespace as having none, for the milliseconds its watch is behind (a namespace created with the
 annotation is read from the API server when the view lacks it, so it is gated from its first pod).
