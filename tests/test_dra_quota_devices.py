@@ -162,6 +162,12 @@ def test_the_mirror_waits_for_the_device_classes(hook: Webhook) -> None:
         assert mirror._wanted("team")[:2] == (False, None)
         hook.view.listed.add("deviceclasses")
         assert mirror._wanted("team")[1] == mirrored(hook)
+        # ...and a change of a class's extendedResourceName makes the next turn a full pass.
+        assert mirror._classes_changed() is True and mirror._classes_changed() is False
+        with hook.view.lock:
+            hook.ingest.replace(hook.view, "deviceclasses", without_extended_resource())
+        assert mirror._classes_changed() is True
+        assert mirror._wanted("team")[1]["requests.nvidia.com/gpu"] == "1"  # type: ignore[index]
 
 
 def standins(pod: Obj) -> tuple[dict[str, str], dict[str, str]]:
@@ -222,3 +228,15 @@ def test_a_claim_the_api_server_would_charge_to_the_extended_resource_is_refused
             "DeviceClass naming it as extendedResourceName are charged) (gpu-placement.io/quota); 1 is in use")
     with dra_namespace(hook, "nvidia.com/gpu=1", without_extended_resource(), pods=[old]):
         assert admit(hook, "after")["allowed"] is True  # claims are not charged to it there
+
+
+def test_a_level_the_quota_does_not_list_is_not_in_quota(hook: Webhook) -> None:
+    """As for a device-plugin pod: a pod narrowing to `shared` where the quota gives only whole GPUs. Its
+    claim would take a device of the same class, but the annotation gives no shared GPU."""
+    with dra_namespace(hook, "nvidia.com/gpu=2"):
+        verdict = admit(hook, "infer", "shared")
+        assert verdict["allowed"] is False
+        assert verdict["status"]["message"] == (
+            "namespace team may not use nvidia.com/gpu.shared: its gpu-placement.io/quota lists only nvidia.com/gpu=2 "
+            "and this pod asks for 1 nvidia.com/gpu.shared: ask for a listed resource, or add "
+            "nvidia.com/gpu.shared=<count> to gpu-placement.io/quota on the namespace")
