@@ -33,6 +33,10 @@ UPGRADE_FAILED = "upgrade-failed"
 # Resources.
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+# The stand-in extended resources a claim pod of a `dra` namespace asks one of per device, by level
+# (gpu_placement/sharing.py `standin_of`): the API server's pod quota charges them atomically at the
+# pod's create. No node has them; the chart's scheduler profile ignores the group for node fit.
+STANDIN_GROUP = "gpu-placement.io"
 
 # Our annotations (pods and namespaces).
 PREFIX = "gpu-placement.io/"

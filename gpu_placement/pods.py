@@ -13,6 +13,7 @@ from typing import Any
 
 from gpu_placement import names as n
 from gpu_placement.quantity import QuantityError, quantity_to_int
+from gpu_placement.sharing import is_standin
 from gpu_placement.soak import OperatorPod, operator_pod_from_json
 
 __all__ = ["MAX_GPU_COUNT", "GpuRequests", "PodRecord", "container_gpu_requests", "effective_gpu_requests",
@@ -51,6 +52,9 @@ class PodRecord:
     version: int = field(default=0, compare=False)
     failed: bool = False  # phase Failed: counted per driver version (rollout metrics)
     operator: OperatorPod | None = None  # a GPU Operator driver or validator pod: what the rollout reads
+    # A claim pod's stand-in resources (gpu-placement.io/*, one per device of a level: webhook/dra_quota.py),
+    # by the effective-request rule: what the API server's pod quota charges it.
+    standins: GpuRequests = ()
 
     @property
     def key(self) -> str:
@@ -74,8 +78,9 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
     operator = validator or (is_driver is not None and is_driver(namespace, labels))
     try:
         gpus = effective_gpu_requests(spec, is_gpu_resource)
+        standins = effective_gpu_requests(spec, is_standin) if spec.get("resourceClaims") else ()
     except QuantityError:
-        gpus = ()  # the API server validates quantities; a broken one cannot have been scheduled
+        gpus = standins = ()  # the API server validates quantities; a broken one cannot have been scheduled
     waits_for = _daemon_node(spec) if validator_ready is not None and not spec.get("nodeName") else None
     node = sys.intern(spec["nodeName"]) if spec.get("nodeName") else None
     nominated = status.get("nominatedNodeName") if gpus and not node else None
@@ -96,6 +101,7 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         version=resource_version(meta),
         failed=status.get("phase") == "Failed",
         operator=operator_pod_from_json(obj) if operator and spec.get("nodeName") else None,
+        standins=standins,
     )
 
 

@@ -24,13 +24,17 @@ MIRROR_NAME = "gpu-placement"
 @dataclass(slots=True, frozen=True)
 class QuotaStatus:
     namespace: str
-    hard: Mapping[str, int]  # status.hard, requests.* entries whose value is a whole number
+    hard: Mapping[str, int]  # status.hard, the entries whose value is a whole number (requests.*, devices per class)
     used: frozenset[str]  # status.used: the resources it has counted
 
     def enforces(self, resource: str) -> int | None:
         """The most of `resource` the API server lets the namespace's pods request together, or None
         when it does not enforce one (not in status.hard, or not counted yet)."""
-        key = f"requests.{resource}"
+        return self.enforced(f"requests.{resource}")
+
+    def enforced(self, key: str) -> int | None:
+        """The figure the API server enforces for a ResourceQuota key (`requests.nvidia.com/gpu`,
+        `gpu.nvidia.com.deviceclass.resource.k8s.io/devices`), or None when it enforces none yet."""
         return self.hard.get(key) if key in self.used else None
 
 
@@ -39,11 +43,10 @@ def quota_from_json(obj: Mapping[str, Any]) -> QuotaStatus:
     status = obj.get("status") or {}
     hard: dict[str, int] = {}
     for key, value in (status.get("hard") or {}).items():
-        if str(key).startswith("requests."):
-            try:
-                hard[str(key)] = quantity_to_int(value)
-            except (QuantityError, TypeError, ValueError):
-                continue  # not a count: no GPU resource of ours
+        try:
+            hard[str(key)] = quantity_to_int(value)
+        except (QuantityError, TypeError, ValueError):
+            continue  # not a count: no key of ours
     used = status.get("used") or {}
     return QuotaStatus(str(meta.get("namespace") or "default"), hard,
                        frozenset(str(key) for key in used) if isinstance(used, dict) else frozenset())

@@ -17,7 +17,8 @@ from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.text import quoted
 
-__all__ = ["EXCLUSIVE", "SHARED", "Sharing", "effective_sharing", "narrowed", "parse_sharing", "sharing_of_resource"]
+__all__ = ["EXCLUSIVE", "SHARED", "Sharing", "effective_sharing", "is_standin", "narrowed", "parse_sharing",
+           "sharing_of_resource", "standin_of"]
 
 _MIG_PROFILE = re.compile(r"([0-9]{1,2})g\.([0-9]{1,4})gb((?:\.[a-z0-9]+)*)", re.ASCII)
 
@@ -82,6 +83,17 @@ def sharing_of_resource(resource: str, config: Config) -> Sharing:
     if resource.startswith(n.MIG_RESOURCE_PREFIX):
         return Sharing("mig", resource[len(n.MIG_RESOURCE_PREFIX):])
     return EXCLUSIVE
+
+
+def standin_of(level: Sharing) -> str:
+    """The stand-in resource of a level (docs/dra.md, "Quota on devices"), named after the device plugin's
+    resource for it: `gpu-placement.io/gpu`, `gpu-placement.io/gpu.shared`, `gpu-placement.io/mig-1g.10gb`."""
+    name = "gpu" if level.kind == "exclusive" else "gpu.shared" if level.kind == "shared" else level.text
+    return f"{n.STANDIN_GROUP}/{name}"
+
+
+def is_standin(resource: str) -> bool:
+    return resource.startswith(n.STANDIN_GROUP + "/")
 
 
 def narrowed(namespace_level: Sharing, asked: Sharing | None) -> Sharing:

@@ -387,7 +387,7 @@ class ClusterView:
     def _account(self, key: str, pod: PodRecord) -> None:
         if pod.active:
             usage = self.namespace_usage.setdefault(pod.namespace, {})
-            for resource, count in pod.gpus:
+            for resource, count in pod.gpus + pod.standins:
                 usage[resource] = usage.get(resource, 0) + count
             if pod.nominated and not pod.node:  # preemption made room there: /filter holds it (nominated.py)
                 self.nominated.setdefault(pod.nominated, set()).add(key)
@@ -407,7 +407,7 @@ class ClusterView:
             return
         if pod.active:
             usage = self.namespace_usage.get(pod.namespace, {})
-            for resource, count in pod.gpus:
+            for resource, count in pod.gpus + pod.standins:
                 usage[resource] = usage.get(resource, 0) - count
                 if usage[resource] <= 0:
                     del usage[resource]

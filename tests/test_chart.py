@@ -21,6 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpu_placement import names as n
 from webhook.quota_mirror import MIRROR_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -378,6 +379,10 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
     assert sched["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert sched["kind"] == "KubeSchedulerConfiguration"
     assert [p["schedulerName"] for p in sched["profiles"]] == [v["schedulerName"]]
+    # The stand-ins of claim pods (webhook/dra_quota.py) are on no node: the profile's node fit ignores them.
+    [profile] = sched["profiles"]
+    assert profile["pluginConfig"] == [{"name": "NodeResourcesFit",
+                                        "args": {"ignoredResourceGroups": [n.STANDIN_GROUP]}}]
     election = sched["leaderElection"]
     assert election["leaderElect"] is True
     assert election["resourceName"] == v["schedulerName"]

@@ -55,10 +55,12 @@ def converted(hook: Webhook, name: str, gpus: int) -> Obj:
     return pod
 
 
-def over(in_use: int, asks: int, recent: int = 0) -> str:
+def over(in_use: int, asks: int, recent: int = 0, what: str = "nvidia.com/gpu") -> str:
+    """The refusal: named by the level the annotation gives (the stand-ins the API server charges at the pod's
+    create), or by the devices key where only that one is over (claims written by hand)."""
     just = f" ({recent} of them admitted moments ago)" if recent else ""
     verb = "is" if in_use == 1 else "are"
-    return (f"namespace team may use 3 {KEY} (gpu-placement.io/quota); {in_use} {verb} in use{just} and this pod "
+    return (f"namespace team may use 3 {what} (gpu-placement.io/quota); {in_use} {verb} in use{just} and this pod "
             f"asks {asks} more: lower the request or raise the quota on the namespace")
 
 
@@ -125,10 +127,13 @@ def test_a_retried_pod_refused_after_all_gives_its_hold_back(team: Webhook) -> N
 def test_the_hold_lasts_until_the_claims_exist_and_is_then_counted_once(team: Webhook) -> None:
     first = converted(team, "first", 2)
     assert team.validate(first, "team")["allowed"] is True
-    stored = team.create(first, "team")  # the view shows the pod before any of its claims
     assert team.validate(converted(team, "second", 2), "team")["status"]["message"] == over(2, 2, recent=2)
-    make_claims(team, stored, 1)  # one claim made, one to come: counted 1 + 1, not 1 + 2
-    assert team.validate(converted(team, "second", 2), "team")["status"]["message"] == over(2, 2, recent=1)
+    stored = team.create(first, "team")  # the view shows the pod, and counts its stand-ins, before any claim
+    assert team.validate(converted(team, "second", 2), "team")["status"]["message"] == over(2, 2)
+    make_claims(team, stored, 1)  # one claim made, one to come: its devices counted 1 + 1, not 1 + 2
+    assert team.validate(converted(team, "second", 2), "team")["status"]["message"] == over(2, 2)
+    with team.view.lock:
+        assert team.app.state.admission.reservations.pending("team") == {KEY: 1, "requests.nvidia.com/gpu": 1}
     make_claims(team, stored, 2)
     assert holds(team) == 1  # settled on the next look: its devices count in the namespace's claims now
     assert team.validate(converted(team, "second", 2), "team")["status"]["message"] == over(2, 2)
@@ -151,7 +156,9 @@ def test_a_seen_pod_waiting_for_its_claims_needs_no_list_of_pods(team: Webhook, 
     with team.view.lock:
         assert reservations.overdue(team.clock[0] + 3600) == []
         assert reservations.settle("team", team.clock[0] + 3600, {}) == 0  # the view, not a list, ends it
-        assert reservations.pending("team") == {KEY: 2}
+        # Its stand-ins count in the view's pods now; its claims' devices (and requests.nvidia.com/gpu, which
+        # DRAExtendedResource charges them too) are still to come.
+        assert reservations.pending("team") == {KEY: 2, "requests.nvidia.com/gpu": 2}
 
 
 def test_after_the_pod_is_deleted_its_hold_is_gone(team: Webhook) -> None:

@@ -80,7 +80,9 @@ def test_a_dra_namespace_gets_its_templates_and_its_quota_in_devices(cluster: tu
     assert quota["spec"]["hard"] == {
         "requests.nvidia.com/gpu": "4", "requests.nvidia.com/mig-1g.10gb": "2",
         "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "4",
-        "mig.nvidia.com.deviceclass.resource.k8s.io/devices": "2"}
+        "mig.nvidia.com.deviceclass.resource.k8s.io/devices": "2",
+        # the stand-ins, per level, that converted pods carry (webhook/dra_quota.py)
+        "requests.gpu-placement.io/gpu": "4", "requests.gpu-placement.io/mig-1g.10gb": "2"}
 
 
 def test_a_changed_policy_replaces_the_templates_and_device_plugin_removes_them(

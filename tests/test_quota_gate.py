@@ -7,6 +7,7 @@ Kubernetes' controller would (tests/e2e/test_13_quota_from_the_first_second.py r
 
 from __future__ import annotations
 
+import base64
 import gc
 import time
 import uuid
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import jsonpatch
+import orjson
 import pytest
 
 from gpu_placement.config import Config
@@ -24,8 +27,9 @@ from gpu_placement.live import LiveSource
 from gpu_placement.serving import ServerThread
 from gpu_placement.view import ClusterView
 from tests.fakeapi import FakeApiServer
+from tests.test_dra_quota_devices import dra_namespace
 from tests.test_live import wait_for
-from tests.test_webhook_helpers import Webhook, trusting, user_pod
+from tests.test_webhook_helpers import Webhook, review, trusting, user_pod
 from webhook.app import create_app
 from webhook.certs import CertBundle
 from webhook.tls import ReloadingTLS, make_server
@@ -112,7 +116,10 @@ def test_gpu_pods_wait_until_the_api_server_enforces_the_quota(gated: Gated) -> 
     gated.quota_status(hard={f"requests.{GPU}": "2"}, used={f"requests.{GPU}": "0"})
     assert gated.create("third")["allowed"] is True  # the API server's atomic check decides from here
     assert gated.create("fourth")["allowed"] is True
-    assert "2 are in use" in gated.create("fifth")["status"]["message"]  # the friendly sentence first
+    # What exists is refused with the friendly sentence first (pods admitted a moment ago and not seen yet
+    # only warn: the API server decides the last unit).
+    wait_for(lambda: {"fresh/third", "fresh/fourth"} <= gated.hook.view.pods.keys(), what="the pods in the view")
+    assert "2 are in use" in gated.create("fifth")["status"]["message"]
 
 
 def test_a_lowered_quota_refuses_pods_until_the_lower_figure_is_in_force(gated: Gated) -> None:
@@ -140,3 +147,97 @@ def test_namespaces_without_a_quota_and_other_resourcequotas_are_not_concerned(g
     assert set(gated.hook.view.resourcequotas) == {"fresh"}  # watched by name: the tenant's own is not read
     assert "has not been counted" in pending(gated.create("x"))
     assert gated.create("y", ns="open")["allowed"] is True  # no quota annotation: nothing to wait for
+
+
+# -- `dra` namespaces: claim pods are gated on every key they are charged (issue 36) ------------------------
+
+STANDIN = "requests.gpu-placement.io/gpu"
+DEVICES = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+IN_FORCE = {STANDIN: "2", DEVICES: "2", f"requests.{GPU}": "2"}  # what the mirror writes for nvidia.com/gpu=2
+
+
+@pytest.fixture
+def dra_gated(hook: Webhook, monkeypatch: pytest.MonkeyPatch) -> Iterator[Webhook]:
+    """Namespace `ai` (DRA, nvidia.com/gpu=2) with NVIDIA's classes and its templates in the view, and the
+    quota gate on, as with the chart's quota mirror."""
+    monkeypatch.setattr(hook.app.state.admission, "quota_gate", True)
+    with dra_namespace(hook, "nvidia.com/gpu=2", name="ai"):
+        yield hook
+
+
+def in_force(hook: Webhook, hard: dict[str, str] | None, ns: str = "ai") -> None:
+    """The ResourceQuota the quota controller counted, as the webhook's watch of it shows it."""
+    quotas = [] if hard is None else [{"kind": "ResourceQuota", "metadata": {"name": "gpu-placement", "namespace": ns},
+                                       "spec": {"hard": hard}, "status": {"hard": hard,
+                                                                          "used": {key: "0" for key in hard}}}]
+    with hook.view.lock:
+        hook.ingest.replace(hook.view, "resourcequotas", quotas)
+
+
+def test_claim_pods_wait_until_every_key_they_are_charged_is_in_force(dra_gated: Webhook) -> None:
+    """Two replicas admitted 4 claim pods against a quota of 2 while the ResourceQuota was not in force,
+    and the API server created every claim: the gate now covers `dra` namespaces."""
+    hook = dra_gated
+    in_force(hook, None)
+    _, verdict = hook.admit(user_pod("ai", "first", gpus={GPU: 1}), "ai")
+    assert pending(verdict).startswith(
+        f"namespace ai may use 2 {DEVICES} ({QUOTA}), but ResourceQuota ai/gpu-placement does not exist yet")
+    in_force(hook, {f"requests.{GPU}": "2"})  # the mirror of a device-plugin namespace: no devices, no stand-ins
+    _, verdict = hook.admit(user_pod("ai", "second", gpus={GPU: 1}), "ai")
+    assert f"has not been counted for {DEVICES} yet" in pending(verdict)
+    in_force(hook, {DEVICES: "2", f"requests.{GPU}": "2"})
+    _, verdict = hook.admit(user_pod("ai", "third", gpus={GPU: 1}), "ai")
+    assert pending(verdict).startswith(f"namespace ai may use 2 {GPU} ({QUOTA}), but ResourceQuota ai/gpu-placement "
+                                       f"has not been counted for {STANDIN} yet")
+    in_force(hook, {**IN_FORCE, STANDIN: "3"})  # a quota just lowered from 3: the old figure is still enforced
+    _, verdict = hook.admit(user_pod("ai", "fourth", gpus={GPU: 1}), "ai")
+    assert "but the API server still enforces 3 (ResourceQuota ai/gpu-placement)" in pending(verdict)
+    in_force(hook, IN_FORCE)
+    assert hook.admit(user_pod("ai", "fifth", gpus={GPU: 1}), "ai")[1]["allowed"] is True
+
+
+# -- holds from callers that are not the API server (review finding 5) -------------------------------------
+
+def forge(hook: Webhook, ns: str, name: str, gpus: int) -> bool:
+    """What any pod that reaches the webhook port can send: no client certificate, no token, the shaped pod
+    from the open /mutate."""
+    port = hook.client.base_url.port
+    with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=False, timeout=10) as attacker:
+        pod = user_pod(ns, name, gpus={GPU: gpus}, uid=f"forged-{name}")
+        mutated = attacker.post("/mutate", content=orjson.dumps(review(pod, ns))).json()["response"]
+        if mutated.get("patch"):
+            pod = jsonpatch.apply_patch(pod, orjson.loads(base64.b64decode(mutated["patch"])))
+        answer = attacker.post("/validate", content=orjson.dumps(review(pod, ns))).json()["response"]
+    return bool(answer["allowed"])
+
+
+def test_forged_reviews_do_not_make_the_teams_pods_be_refused(gated: Gated) -> None:
+    """With the quota in force the API server refuses the pod itself at its create, atomically: a hold, which
+    anyone can make, only warns. The repro of the review (repro_unauth_quota_holds.py) with the chart's gate on."""
+    gated.quota_status(hard={f"requests.{GPU}": "2"}, used={f"requests.{GPU}": "0"})
+    assert forge(gated.hook, "fresh", "never-created", 2) is True
+    with gated.hook.view.lock:
+        assert gated.hook.app.state.admission.reservations.pending("fresh") == {GPU: 2}
+    verdict = gated.create("train-0")
+    assert verdict["allowed"] is True, verdict
+    assert verdict["warnings"] == [
+        f"namespace fresh may use 2 {GPU} ({QUOTA}); 0 are in use, 2 more admitted moments ago may be created yet, "
+        "and this pod asks 1 more: the API server's quota decides the last unit"]
+    # What the view shows exists still refuses, with the sentence.
+    wait_for(lambda: "fresh/train-0" in gated.hook.view.pods, what="the pod in the view")
+    gated.create("train-1")
+    wait_for(lambda: "fresh/train-1" in gated.hook.view.pods, what="the second pod in the view")
+    assert "2 are in use and this pod asks 1 more" in gated.create("train-2")["status"]["message"]
+
+
+def test_forged_reviews_do_not_make_a_teams_claim_pods_be_refused(dra_gated: Webhook) -> None:
+    hook = dra_gated
+    in_force(hook, IN_FORCE)
+    assert forge(hook, "ai", "never-created", 2) is True
+    _, verdict = hook.admit(user_pod("ai", "train", gpus={GPU: 1}), "ai")
+    assert verdict["allowed"] is True, verdict
+    assert "2 more admitted moments ago may be created yet" in verdict["warnings"][0]
+    # A pod without its stand-ins (another scheduler's) is charged only when its claims are made: holds refuse it.
+    other = user_pod("ai", "other", gpus={GPU: 1})
+    other["spec"]["schedulerName"] = "volcano"
+    assert hook.admit(other, "ai")[1]["allowed"] is False

@@ -20,6 +20,7 @@ from gpu_placement.demo_cluster import namespace
 from gpu_placement.ingest import Ingest
 from gpu_placement.kube import WatchSettings
 from gpu_placement.live import LiveSource
+from gpu_placement.metrics import QUOTA_HOLD_SETTLEMENTS
 from gpu_placement.serving import ServerThread
 from gpu_placement.view import ClusterView
 from tests.fakeapi import FakeApiServer
@@ -27,6 +28,7 @@ from tests.test_live import wait_for
 from tests.test_webhook_helpers import Webhook, trusting, user_pod
 from webhook.app import create_app
 from webhook.certs import CertBundle
+from webhook.quota import MAX_HOLDS
 from webhook.tls import ReloadingTLS, make_server
 
 pytestmark = pytest.mark.timeout(60)
@@ -136,3 +138,43 @@ def test_a_later_denial_of_the_same_pod_releases_its_hold(live: Live) -> None:
     assert live.hook.validate(stored, "solo")["allowed"] is False  # the API server called again
     with live.hook.view.lock:
         assert live.reservations.pending("solo") == {}
+
+
+# -- holds anyone can make (review finding 5): bounded, and their lists paced -------------------------------
+
+def test_holds_per_namespace_are_bounded(live: Live) -> None:
+    """Past MAX_HOLDS the oldest goes: forged reviews (where holds only warn, nothing refuses them) cannot
+    grow the webhook's memory without end."""
+    settled = QUOTA_HOLD_SETTLEMENTS.labels("evicted")
+    before = settled._value.get()
+    with live.hook.view.lock:
+        for i in range(MAX_HOLDS + 10):
+            live.reservations.hold("research", f"research/forged-{i}", f"uid-{i}", ((GPU, 1),))
+        assert len(live.reservations) == MAX_HOLDS
+        assert "research/forged-0" not in live.reservations._by_namespace["research"]
+    assert settled._value.get() - before == 10
+
+
+def test_forged_holds_in_many_namespaces_do_not_turn_into_a_stream_of_lists(live: Live) -> None:
+    """Each overdue namespace is listed at most every `recheck` seconds, and all of them together at most
+    `lists_per_second` (bursts of `burst`): holds made up for every quota namespace cost a few lists."""
+    holds = live.hook.app.state.holds
+    holds.stop()  # its passes made here, one at a time
+    names = [f"team-{i}" for i in range(6)]
+    for name in names:
+        live.fake.add({"kind": "Namespace", "metadata": {"name": name,
+                                                          "annotations": {"gpu-placement.io/quota": f"{GPU}=4"}}})
+    wait_for(lambda: set(names) <= live.hook.view.namespaces.keys(), what="the namespaces")
+    holds.lists_per_second, holds.burst, holds._tokens = 0.001, 2, 2.0
+    for name in names:
+        mutated, _, _ = live.hook.mutate(user_pod(name, "forged", gpus={GPU: 1}), name)
+        assert live.hook.validate(mutated, name)["allowed"] is True
+
+    def overdue() -> int:
+        with live.hook.view.lock:
+            return len(live.reservations.overdue(live.hook.view.clock()))
+
+    wait_for(lambda: overdue() == len(names), what="the holds overdue")
+    for _ in range(5):
+        holds.check()
+    assert holds.lists == 2

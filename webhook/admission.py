@@ -16,19 +16,18 @@ denial is counted as `Audit<code>`, and so is a patch /mutate would have sent (`
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_placement import names as n
 from gpu_placement.config import Config
-from gpu_placement.dra.claims import devices_quota_key
 from gpu_placement.pods import GpuRequests
 from gpu_placement.sharing import effective_sharing
 from gpu_placement.view import ClusterView
 from webhook.audit import would_do
-from webhook.dra_claims import TEMPLATE_PENDING, Conversion, convert, missing_sentence, pod_devices, template_claims
-from webhook.dra_templates import device_hard
+from webhook.dra_claims import TEMPLATE_PENDING, Conversion, convert, missing_sentence, template_claims
+from webhook.dra_quota import ClaimCharge, by_kind, claim_charge, claim_hard, claim_names, claim_usage, pod_standins
 from webhook.dra_validate import CLAIM_KINDS, CLAIM_OUTSIDE_POLICY, claim_problems
 from webhook.namespace_reader import NamespaceReader
 from webhook.patches import (
@@ -40,8 +39,8 @@ from webhook.patches import (
     tolerates_gpu_taint,
 )
 from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
-from webhook.quota import NOT_IN_QUOTA, Reservations, quota_problems
-from webhook.quota_gate import GATED_HOLD_SECONDS, QUOTA_PENDING, quota_pending
+from webhook.quota import NOT_IN_QUOTA, Reservations, held_warnings, quota_problems
+from webhook.quota_gate import GATED_HOLD_SECONDS, QUOTA_PENDING, keys_pending, quota_pending
 from webhook.review import (
     AdmissionRequest,
     AdmissionResponse,
@@ -188,8 +187,13 @@ class Admission:
     def _convert(self, policy: NamespacePolicy, subject: Subject) -> Conversion:
         pools = [self.config.pools[name] for name in policy.pools]
         with self.view.lock:
+            # With a quota, the pod carries stand-ins that the API server charges at its create (webhook/dra_quota.py);
+            # not in audit mode, where nothing is mirrored.
+            mapped = frozenset(c.extended_resource for c in self.view.dra.classes.values() if c.extended_resource) \
+                if policy.quota is not None and self.config.mode != "audit" else None
             return convert(subject.pod, subject.gpus, self._sharing(policy, subject), policy, pools,
-                           self.view.dra.templates, self.config, keep_scheduler=_is_daemonset_pod(subject.pod))
+                           self.view.dra.templates, self.config, keep_scheduler=_is_daemonset_pod(subject.pod),
+                           mapped=mapped)
 
     def _shape(self, policy: NamespacePolicy, subject: Subject) -> list[dict[str, Any]]:
         """The patch that shapes a GPU pod under its namespace's policy: empty for a pod already shaped
@@ -305,6 +309,7 @@ class Admission:
         if audit and policy.shapes_ok:  # the pod is as it came (audit /mutate changes nothing): check it as shaped
             gpus = shaped_requests(pod, gpus, self._sharing(policy, subject), config)
         where = f"pod {namespace}/{subject.name}"
+        held: list[str] = []
         problems: list[tuple[str, str]] = [(BAD_ANNOTATION, text) for text in policy.errors.values()]
         asked, pod_problems = pod_annotation_problems((pod.get("metadata") or {}).get("annotations") or {}, where)
         problems += [(BAD_ANNOTATION, text) for text in pod_problems]
@@ -320,10 +325,15 @@ class Admission:
                     used = dict(self.view.namespace_usage.get(namespace) or {})
                     pending = self.reservations.pending(namespace, exclude=subject.key)
                     enforced = self.view.resourcequotas.get(namespace)
-                over = quota_problems(namespace, policy.quota, used, pending, gpus)
+                # Under the gate the API server's quota refuses the pod itself at its create: holds, which a
+                # caller that is not the API server can make, only warn then (docs/webhook.md, "Who may hold quota").
+                counted = {} if self.quota_gate else pending
+                over = quota_problems(namespace, policy.quota, used, counted, gpus)
                 problems += over or (quota_pending(namespace, policy.quota, enforced, gpus) if self.quota_gate else [])
+                if not problems and self.quota_gate:
+                    held = held_warnings(namespace, policy.quota, used, pending, gpus)
         texts = [text for _, text in problems]
-        warnings = list(policy.warnings)
+        warnings = list(policy.warnings) + held
         if problems and not audit:
             message = _joined(texts)
             # 503 for the one refusal that passes by itself (the quota not in force yet): nothing is wrong with the pod.
@@ -345,22 +355,36 @@ class Admission:
         return self._decision(allowed(uid, warnings=warnings + texts), reason, subject, texts)
 
     def _validate_claims(self, uid: str, subject: Subject) -> Decision:
-        """A pod whose GPUs are claims, in a `dra` namespace with a quota: the devices its templates' claims
-        will ask for, against the quota in devices (what the API server charges when the claims are made),
-        so the pod is refused with a sentence instead of waiting on claims the API server refuses."""
+        """A pod whose GPUs are claims, in a `dra` namespace with a quota: what the API server will charge it
+        (webhook/dra_quota.py: its stand-ins per level at its create, its claims' devices per class and
+        requests.<extendedResourceName> when they are made) against the figures the mirror writes, so the
+        pod is refused with a sentence instead of waiting on claims the API server refuses."""
         namespace = subject.namespace
         policy = self.policy(namespace)
         if policy.mode(self.config) != "dra" or policy.quota is None or n.ANN_QUOTA in policy.errors:
             return self._decision(allowed(uid), ALLOWED, subject)
-        quota = {key: int(value) for key, value in device_hard(policy.quota, self.config).items()}
         spec = subject.pod["spec"]
         with self.view.lock:
-            asks = tuple(sorted(pod_devices(self.view.dra, namespace, spec).items()))
-            used = {devices_quota_key(c): v for c, v in (self.view.dra.namespace_devices.get(namespace) or {}).items()}
+            dra = self.view.dra
+            charge = claim_charge(dra, namespace, spec, pod_standins(spec))
+            hard = {key: int(value) for key, value in claim_hard(policy.quota, self.config, dra.classes).items()}
+            used = claim_usage(self.view.namespace_usage.get(namespace) or {},
+                               dra.namespace_devices.get(namespace) or {}, dra.classes, hard)
             # Admitted claim pods whose claims do not all exist yet (webhook/quota.py): without them two pods
-            # created at once both pass, and the API server then refuses the second one's claims for ever.
+            # created at once both pass, and the API server then refuses the second one's claims.
             pending = self.reservations.pending(namespace, exclude=subject.key)
-        problems = quota_problems(namespace, quota, used, pending, asks)
+            enforced = self.view.resourcequotas.get(namespace)
+        asks = tuple((key, count) for key, count in charge.asks if key in hard)
+        names = claim_names(hard, self.config)
+        # Where the API server refuses the pod itself at its create (the gate on, the pod carrying its stand-ins),
+        # holds only warn: a caller that is not the API server can make them (docs/webhook.md).
+        atomic = self.quota_gate and charge.covered
+        problems = self._unlisted(namespace, policy.quota, charge)
+        for kind in by_kind(asks):
+            problems = problems or quota_problems(namespace, hard, used, {} if atomic else pending, kind, names)
+        if not problems and self.quota_gate:
+            problems = keys_pending(namespace, hard, enforced, [key for key, _ in asks], names)
+        held = held_warnings(namespace, hard, used, pending, asks, names) if atomic and not problems else []
         texts = [text for _, text in problems]
         refused = bool(problems) and self.config.mode != "audit"
         if not subject.dry_run:
@@ -368,12 +392,21 @@ class Admission:
                 if refused:  # an earlier call for this pod allowed it: that create is not happening
                     self.reservations.release(namespace, subject.key, subject.uid)
                 elif asks:
-                    self.reservations.hold(namespace, subject.key, subject.uid, asks, template_claims(spec))
+                    self.reservations.hold(namespace, subject.key, subject.uid, asks, template_claims(spec),
+                                           standins=charge.covered)
         if not problems:
-            return self._decision(allowed(uid), ALLOWED, subject)
+            return self._decision(allowed(uid, warnings=held), ALLOWED, subject, held)
         if not refused:
             return self._decision(allowed(uid, warnings=texts), f"Audit{problems[0][0]}", subject, texts)
-        return self._decision(denied(uid, _joined(texts)), problems[0][0], subject, texts)
+        retriable = problems[0][0] in _RETRIABLE and len(problems) == 1
+        response = denied(uid, _joined(texts), 503, "ServiceUnavailable") if retriable else denied(uid, _joined(texts))
+        return self._decision(response, problems[0][0], subject, texts)
+
+    def _unlisted(self, namespace: str, quota: Mapping[str, int], charge: ClaimCharge) -> list[tuple[str, str]]:
+        """NotInQuota for a level of the pod's claims whose resource the annotation does not list (a pod
+        narrowing to `shared` where the quota gives only whole GPUs), as for a device-plugin pod."""
+        asks = tuple((level.resource(self.config), count) for level, count in charge.levels)
+        return [p for p in quota_problems(namespace, quota, {}, {}, asks) if p[0] == NOT_IN_QUOTA]
 
     def _unshaped(self, policy: NamespacePolicy, subject: Subject, where: str) -> list[tuple[str, str]]:
         """A GPU pod in a namespace with a GPU policy that /mutate did not shape (webhook/shaping.py)."""

@@ -33,7 +33,7 @@ from gpu_placement.dra.claims import (
 from gpu_placement.dra.objects import Claim
 from gpu_placement.dra.state import DraState
 from gpu_placement.pods import GpuRequests
-from gpu_placement.sharing import Sharing
+from gpu_placement.sharing import Sharing, standin_of
 from webhook.patches import Patch, claim_patch, escape
 from webhook.policy import NamespacePolicy
 
@@ -41,6 +41,8 @@ __all__ = ["TEMPLATE_PENDING", "Conversion", "claim_policy", "convert", "missing
            "template_claims"]
 
 TEMPLATE_PENDING = "TemplatePending"
+# resourceapi.ResourceDeviceClassPrefix (k8s.io/api resource/v1): every DeviceClass's implicit extended resource
+_IMPLICIT_EXTENDED = "deviceclass.resource.kubernetes.io/"
 
 
 @dataclass(slots=True, frozen=True)
@@ -58,9 +60,11 @@ def claim_policy(policy: NamespacePolicy) -> ClaimPolicy:
 
 
 def convert(pod: Mapping[str, Any], gpus: GpuRequests, level: Sharing, policy: NamespacePolicy, pools: Sequence[Pool],
-            templates: Mapping[str, Claim], config: Config, keep_scheduler: bool = False) -> Conversion:
+            templates: Mapping[str, Claim], config: Config, keep_scheduler: bool = False,
+            mapped: frozenset[str] | None = None) -> Conversion:
     """The patch that gives a GPU pod claims instead of GPU resources. `level`: the pod's sharing (its
-    own narrower ask or the namespace's); `templates`: the view's, by namespace/name."""
+    own narrower ask or the namespace's); `templates`: the view's, by namespace/name. `mapped`: the
+    extended resources DeviceClasses name; not None where the pod is to carry stand-ins (`_standins`)."""
     spec: Mapping[str, Any] = pod.get("spec") or {}
     namespace = policy.namespace
     wanted = claim_policy(policy)
@@ -82,6 +86,11 @@ def convert(pod: Mapping[str, Any], gpus: GpuRequests, level: Sharing, policy: N
         ops.extend({"op": "add", "path": "/spec/resourceClaims/-", "value": entry} for entry in entries)
     else:
         ops.append({"op": "add", "path": "/spec/resourceClaims", "value": entries})
+    if mapped is not None and _carries_standins(spec, config, keep_scheduler, mapped):
+        counts: dict[str, int] = {}
+        for _, template in claims.claims:
+            counts[standin_of(template.level)] = counts.get(standin_of(template.level), 0) + 1
+        _add_standins(spec, counts, ops)
     classes = sorted({template.device_class for _, template in claims.claims})
     # The same route and record /mutate gives a pod with claims (patches.claim_patch), so that a second
     # call on the converted pod, which then takes that route, patches nothing.
@@ -139,3 +148,42 @@ def _add_claims(spec: Mapping[str, Any], field: str, index: int, names: Sequence
         ops.append({"op": "add", "path": f"{base}/claims", "value": entries})
     else:
         ops.extend({"op": "add", "path": f"{base}/claims/-", "value": entry} for entry in entries)
+
+
+def _carries_standins(spec: Mapping[str, Any], config: Config, keep_scheduler: bool, mapped: frozenset[str]) -> bool:
+    """Stand-ins go only on a pod of gpu-placement's scheduler, whose profile ignores them for node fit
+    (another scheduler would find no node with them), and only when the pod asks for no extended
+    resource a DeviceClass names: kube-scheduler's DynamicResources plugin then checks every extended
+    resource of the pod and finds no node or class for a stand-in (extendeddynamicresources.go
+    `filterExtendedResources`, v1.37.2)."""
+    scheduler = spec.get("schedulerName") or ""
+    if scheduler != config.scheduler_name and (keep_scheduler or scheduler not in ("", "default-scheduler")):
+        return False
+    for field in ("initContainers", "containers"):
+        for container in spec.get(field) or ():
+            resources: Mapping[str, Any] = container.get("resources") or {}
+            for section in ("requests", "limits"):
+                for resource in resources.get(section) or {}:  # its GPU resources go (`_remove_resources`)
+                    if not config.is_gpu_resource(resource) and (resource in mapped or
+                                                                 resource.startswith(_IMPLICIT_EXTENDED)):
+                        return False
+    return bool(spec.get("containers"))
+
+
+def _add_standins(spec: Mapping[str, Any], counts: Mapping[str, int], ops: Patch) -> None:
+    """The stand-ins on the first app container, in requests and limits (an extended resource takes no
+    overcommit: core validation wants both, equal), after the ops that removed its GPU resources and
+    gave it claims (which may have created its `resources`)."""
+    wanted = {standin: str(count) for standin, count in sorted(counts.items())}
+    base = "/spec/containers/0/resources"
+    resources = spec["containers"][0].get("resources")
+    if resources is None and not any(op["path"] == base for op in ops):
+        ops.append({"op": "add", "path": base, "value": {"requests": dict(wanted), "limits": dict(wanted)}})
+        return
+    for section in ("requests", "limits"):
+        values = (resources or {}).get(section)
+        if values is None:
+            ops.append({"op": "add", "path": f"{base}/{section}", "value": dict(wanted)})
+            continue
+        ops.extend({"op": "replace" if standin in values else "add", "path": f"{base}/{section}/{escape(standin)}",
+                    "value": value} for standin, value in wanted.items())

@@ -3,9 +3,11 @@ was up, says whether the pod came (keep holding until the view shows it) or will
 
 A thread, off the request path: it wakes every `interval` seconds, and lists only namespaces that
 have an overdue hold, each at most every `recheck` seconds (a stalled watch leaves holds overdue
-until it is restarted). The list asks for metadata only (PartialObjectMetadataList): names and uids
-are all it needs. A list that fails settles nothing: the holds stay, and the namespace stays full
-rather than open.
+until it is restarted), and at most `lists_per_second` namespaces a second in all (a burst of
+`burst`): holds come from /validate, which anyone who reaches the webhook port can call, so forged
+reviews across every quota namespace must not turn into a stream of lists. The list asks for metadata
+only (PartialObjectMetadataList): names and uids are all it needs. A list that fails settles nothing:
+the holds stay, and the namespace stays full rather than open.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ _TIMEOUT = (5.0, 30.0)
 
 class HoldChecker:
     def __init__(self, reservations: Reservations, api: ApiClient, interval: float = 1.0,
-                 recheck: float = 5.0, page_size: int = 500) -> None:
+                 recheck: float = 5.0, page_size: int = 500, lists_per_second: float = 5.0, burst: int = 10) -> None:
         self.reservations = reservations
         self.view = reservations.view
         self.api = api
         self.interval, self.recheck, self.page_size = interval, recheck, page_size
+        self.lists_per_second, self.burst = lists_per_second, burst
+        self._tokens, self._filled = float(burst), reservations.view.clock()
         self.lists = 0  # for tests and the log
         self.dropped = 0
         self._next: dict[str, float] = {}  # namespace -> earliest next list
@@ -73,6 +77,8 @@ class HoldChecker:
                 del self._next[ns]
         dropped = 0
         for ns in namespaces:
+            if not self._take():
+                break  # the rest on a later pass, oldest-listed first as they come
             started = self.view.clock()
             try:
                 present = self._pods(ns)
@@ -95,6 +101,16 @@ class HoldChecker:
             self._next[ns] = started + self.recheck
         self.dropped += dropped
         return dropped
+
+    def _take(self) -> bool:
+        """One list from the budget (a token bucket refilled at `lists_per_second`)."""
+        now = self.view.clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._filled) * self.lists_per_second)
+        self._filled = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
 
     def _pods(self, namespace: str) -> dict[str, str]:
         """key -> uid of every pod in the namespace, from a consistent list (all pages)."""

@@ -16,12 +16,15 @@ Time alone ends a hold only where there is no API server to ask (`--snapshot`).
 
 A pod of a `dra` namespace asks for no GPU resource: its ResourceClaims, which kube-controller-manager
 makes from its templates after the pod exists, take the devices, and `view.dra.namespace_devices`
-counts them once they exist. So its hold (in device quota keys) is not dropped when the view shows
-the pod: it counts what the pod's claims have not charged yet, and ends when all of them exist
-(`charged`), or when the pod, once seen, is gone or finished (`gone`), or as above.
+counts them once they exist. So its hold (in ResourceQuota keys: webhook/dra_quota.py) is not dropped
+when the view shows the pod: its stand-ins count in the view's pods from then on, and the rest is
+what the pod's claims have not charged yet; it ends when all of them exist (`charged`), or when the
+pod, once seen, is gone or finished (`gone`), or as above.
 
 Each replica holds only what it admitted itself; the ResourceQuota the service mirrors
-(webhook/quota_mirror.py) is what the API server enforces across replicas.
+(webhook/quota_mirror.py) is what the API server enforces across replicas. Anyone who reaches the
+webhook port can make a hold (a forged AdmissionReview), so where the API server refuses the pod
+itself at its create, holds only warn (`held_warnings`); they are bounded per namespace (MAX_HOLDS).
 """
 
 from __future__ import annotations
@@ -32,19 +35,25 @@ from dataclasses import dataclass
 
 from gpu_placement import names as n
 from gpu_placement.dra.claims import devices_quota_key
+from gpu_placement.dra.objects import DeviceClass
 from gpu_placement.metrics import QUOTA_HOLD_OLDEST, QUOTA_HOLD_SETTLEMENTS, QUOTA_HOLDS
 from gpu_placement.pods import GpuRequests, PodRecord
+from gpu_placement.sharing import is_standin
 from gpu_placement.view import ClusterView, same_pod
 from webhook.text import units
 
-__all__ = ["NOT_IN_QUOTA", "OVER_QUOTA", "Reservations", "quota_problems"]
+__all__ = ["MAX_HOLDS", "NOT_IN_QUOTA", "OVER_QUOTA", "Reservations", "held_warnings", "quota_problems"]
 
 OVER_QUOTA = "OverQuota"
 NOT_IN_QUOTA = "NotInQuota"
 # How a hold ended (gpu_placement_quota_hold_settlements_total): the view showed the pod; this webhook
 # denied it later; a list of the namespace's pods lacked it; its time ran out (no API server); a claim
-# pod's claims all exist; a claim pod the view showed is gone or finished.
-SETTLEMENTS = ("seen", "released", "not_created", "expired", "charged", "gone")
+# pod's claims all exist; a claim pod the view showed is gone or finished; the namespace had MAX_HOLDS.
+SETTLEMENTS = ("seen", "released", "not_created", "expired", "charged", "gone", "evicted")
+# Holds kept per namespace: the oldest goes first past it. Admitted pods never exceed the quota where holds
+# refuse, so only forged reviews (or a quota of thousands of units) reach it; where the API server decides
+# the last unit a hold only warns, and forged ones would otherwise pile up.
+MAX_HOLDS = 1024
 
 
 @dataclass(slots=True)
@@ -55,6 +64,7 @@ class _Held:
     due: float  # from then on, a list of the namespace's pods started later settles it
     claims: int = 0  # a pod of a `dra` namespace: the claims its templates will make (0: a device-plugin pod)
     seen: bool = False  # such a pod was in the view: from then on the view tells when it is gone
+    standins: bool = False  # such a pod carries its stand-ins: once seen, the view counts them (namespace_usage)
 
 
 class Reservations:
@@ -98,11 +108,17 @@ class Reservations:
                 total[resource] = total.get(resource, 0) + count
         return total
 
-    def hold(self, namespace: str, key: str, uid: str, gpus: GpuRequests, claims: int = 0) -> None:
+    def hold(self, namespace: str, key: str, uid: str, gpus: GpuRequests, claims: int = 0,
+             standins: bool = False) -> None:
         """`claims`: for a pod of a `dra` namespace, how many claims its templates make; `gpus` are then
-        device quota keys (`<class>.deviceclass.resource.k8s.io/devices`)."""
+        ResourceQuota keys (webhook/dra_quota.py: stand-ins, devices per class, requests.<extended>), and
+        `standins` whether the pod carries its stand-ins."""
         now = self.view.clock()
-        self._by_namespace.setdefault(namespace, {})[key] = _Held(uid, gpus, now, now + self.ttl, claims)
+        held = self._by_namespace.setdefault(namespace, {})
+        if key not in held and len(held) >= MAX_HOLDS:
+            del held[min(held, key=lambda k: held[k].made)]
+            self._settled["evicted"].inc()
+        held[key] = _Held(uid, gpus, now, now + self.ttl, claims, standins=standins)
         if now >= self._next_sweep:  # namespaces nobody asks about again must not keep their entries
             self._next_sweep = now + self.ttl
             for name, held in list(self._by_namespace.items()):
@@ -182,31 +198,67 @@ class Reservations:
         return None
 
     def _uncharged(self, item: _Held) -> GpuRequests:
-        """What the held pod will still take: a claim pod's asks less what its claims made so far charge."""
-        made = self.view.dra.made_for_pod.get(item.uid) if item.claims and item.uid else None
-        if made is None:
+        """What the held pod will still take: a claim pod's asks less what the view counts of it already
+        (its stand-ins once it is seen; what its claims made so far charge)."""
+        if not item.claims:
             return item.gpus
-        charged = {devices_quota_key(c): number for c, number in made.devices.items()}
-        return tuple((key, count - charged.get(key, 0)) for key, count in item.gpus if count > charged.get(key, 0))
+        dra = self.view.dra
+        made = dra.made_for_pod.get(item.uid) if item.uid else None
+        charged: dict[str, int] = {}
+        for device_class, number in made.devices.items() if made is not None else ():
+            for charged_key in (devices_quota_key(device_class), _extended_key(dra.classes.get(device_class))):
+                if charged_key:
+                    charged[charged_key] = charged.get(charged_key, 0) + number
+        counted = item.seen and item.standins
+        return tuple((key, count - charged.get(key, 0)) for key, count in item.gpus
+                     if count > charged.get(key, 0) and not (counted and _is_standin_key(key)))
+
+
+def _extended_key(device_class: DeviceClass | None) -> str:
+    """`requests.X` for a DeviceClass naming extendedResourceName X: where the API server charges its claims too."""
+    return f"requests.{device_class.extended_resource}" if device_class and device_class.extended_resource else ""
+
+
+def _is_standin_key(key: str) -> bool:
+    return key.startswith("requests.") and is_standin(key[len("requests."):])
 
 
 def quota_problems(namespace: str, quota: Mapping[str, int], used: Mapping[str, int], pending: Mapping[str, int],
-                   asks: GpuRequests) -> list[tuple[str, str]]:
-    """(reason code, sentence) for each resource the pod would take past the namespace's quota."""
+                   asks: GpuRequests, names: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """(reason code, sentence) for each resource the pod would take past the namespace's quota. `names`:
+    how the sentence names a key (a claim pod's ResourceQuota keys, webhook/dra_quota.py)."""
     problems: list[tuple[str, str]] = []
-    for resource, count in asks:
-        limit = quota.get(resource)
+    for key, count in asks:
+        limit = quota.get(key)
+        resource = names.get(key, key) if names else key
         if limit is None:
             listed = ",".join(f"{r}={c}" for r, c in sorted(quota.items()))
             problems.append((NOT_IN_QUOTA, f"namespace {namespace} may not use {resource}: its {n.ANN_QUOTA} lists "
                                            f"only {listed} and this pod asks for {count} {resource}: ask for a listed "
                                            f"resource, or add {resource}=<count> to {n.ANN_QUOTA} on the namespace"))
             continue
-        recent = pending.get(resource, 0)
-        in_use = used.get(resource, 0) + recent
+        recent = pending.get(key, 0)
+        in_use = used.get(key, 0) + recent
         if in_use + count > limit:
             just = f" ({recent} of them admitted moments ago)" if recent else ""
             problems.append((OVER_QUOTA, f"namespace {namespace} may use {limit} {resource} ({n.ANN_QUOTA}); "
                                          f"{units(in_use)} in use{just} and this pod asks {count} more: lower the "
                                          "request or raise the quota on the namespace"))
     return problems
+
+
+def held_warnings(namespace: str, quota: Mapping[str, int], used: Mapping[str, int], pending: Mapping[str, int],
+                  asks: GpuRequests, names: Mapping[str, str] | None = None) -> list[str]:
+    """Where the API server's own quota refuses the pod at its create (the quota in force, the pod charged
+    there): pods admitted moments ago that the view has not shown do not refuse it, since a caller that
+    is not the API server could have made them up (docs/webhook.md, "Who may hold quota"). Told instead."""
+    texts = []
+    for key, count in asks:
+        limit, recent = quota.get(key), pending.get(key, 0)
+        if limit is None or not recent or used.get(key, 0) + recent + count <= limit:
+            continue
+        resource = names.get(key, key) if names else key
+        texts.append(f"namespace {namespace} may use {limit} {resource} ({n.ANN_QUOTA}); {units(used.get(key, 0))} "
+                     f"in use, {recent} more admitted moments ago may be created yet, and this pod asks {count} more: "
+                     "the API server's quota decides the last unit")
+    return texts

@@ -17,6 +17,10 @@ atomic check is always the one that decides the last unit. A raised quota is enf
 lower figure until the controller catches up (the API server refuses the extra pods meanwhile); a
 lowered one refuses pods until the new figure is in force.
 
+A claim pod of a `dra` namespace is charged its stand-ins at its create and its claims' devices per
+class (and `requests.<extendedResourceName>`) when they are made (webhook/dra_quota.py): it passes only
+when every one of those keys is enforced at the mirror's figure or below (`keys_pending`).
+
 Holds while the annotation is being set: a replica whose view does not show the annotation yet treats
 the namespace as having none, for the milliseconds its watch is behind (a namespace created with the
 annotation is read from the API server when the view lacks it, so it is gated from its first pod).
@@ -24,13 +28,13 @@ annotation is read from the API server when the view lacks it, so it is gated fr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from gpu_placement import names as n
 from gpu_placement.pods import GpuRequests
 from gpu_placement.resourcequotas import MIRROR_NAME, QuotaStatus
 
-__all__ = ["GATED_HOLD_SECONDS", "QUOTA_PENDING", "quota_pending"]
+__all__ = ["GATED_HOLD_SECONDS", "QUOTA_PENDING", "keys_pending", "quota_pending"]
 
 QUOTA_PENDING = "QuotaPending"
 # When a replica's hold (a pod it admitted that its view has not shown) is settled by a list of the
@@ -45,23 +49,33 @@ def quota_pending(namespace: str, quota: Mapping[str, int], status: QuotaStatus 
                   asks: GpuRequests) -> list[tuple[str, str]]:
     """(QUOTA_PENDING, sentence) for the first resource the pod asks for whose quota the API server does
     not enforce yet at the annotation's figure or below; [] when it does for all of them."""
-    for resource, _ in asks:
-        limit = quota.get(resource)
+    wanted = {f"requests.{resource}": quota[resource] for resource, _ in asks if resource in quota}
+    return keys_pending(namespace, wanted, status, [key for key in wanted], {f"requests.{r}": r for r in quota})
+
+
+def keys_pending(namespace: str, wanted: Mapping[str, int], status: QuotaStatus | None, keys: Sequence[str],
+                 names: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The same for ResourceQuota keys: each of `keys` must be enforced at `wanted[key]` (the mirror's
+    figure) or below. A claim pod of a `dra` namespace is charged its stand-ins, devices per class and
+    `requests.<extendedResourceName>` (webhook/dra_quota.py): all of them gated. `names`: how a sentence
+    names a key (default: the key)."""
+    for key in keys:
+        limit = wanted.get(key)
         if limit is None:
             continue  # NotInQuota says so
-        enforced = status.enforces(resource) if status is not None else None
+        enforced = status.enforced(key) if status is not None else None
         if enforced is not None and enforced <= limit:
             continue
         if enforced is None:
             state = (f"ResourceQuota {namespace}/{MIRROR_NAME} does not exist yet" if status is None else
-                     f"ResourceQuota {namespace}/{MIRROR_NAME} has not been counted for requests.{resource} yet")
+                     f"ResourceQuota {namespace}/{MIRROR_NAME} has not been counted for {key} yet")
             why = "gpu-placement writes it and Kubernetes' quota controller counts it within seconds of the annotation"
         else:
             state = f"the API server still enforces {enforced} (ResourceQuota {namespace}/{MIRROR_NAME})"
             why = "the lower figure takes over within seconds"
         return [(QUOTA_PENDING,
-                 f"namespace {namespace} may use {limit} {resource} ({n.ANN_QUOTA}), but {state}: {why}, and until "
-                 "then GPU pods are refused so that never more than the quota is admitted: try again in a few "
-                 "seconds (if this lasts, check the gpu-placement webhook's quota mirror: its log and "
+                 f"namespace {namespace} may use {limit} {names.get(key, key)} ({n.ANN_QUOTA}), but {state}: {why}, "
+                 "and until then GPU pods are refused so that never more than the quota is admitted: try again in a "
+                 "few seconds (if this lasts, check the gpu-placement webhook's quota mirror: its log and "
                  "gpu_placement_quota_mirror_* metrics)")]
     return []

@@ -51,7 +51,7 @@ from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.owner import Owner
 from gpu_placement.resourcequotas import MIRROR_NAME
 from gpu_placement.view import ClusterView
-from webhook.dra_templates import device_hard
+from webhook.dra_quota import claim_hard, requests_hard
 from webhook.policy import NamespacePolicy, parse_policy
 
 __all__ = ["MANAGED_BY", "MIRROR_NAME", "MirrorSettings", "QuotaMirror", "desired_hard"]
@@ -74,7 +74,7 @@ class MirrorSettings:
 
 
 def desired_hard(quota: Mapping[str, int]) -> dict[str, str]:
-    return {f"requests.{resource}": str(count) for resource, count in sorted(quota.items())}
+    return requests_hard(quota)
 
 
 class QuotaMirror(LeaderLoop):
@@ -99,6 +99,7 @@ class QuotaMirror(LeaderLoop):
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
         self._next_resync = 0.0
+        self._classes: tuple[bool, tuple[tuple[str, str], ...]] = (False, ())
         self._owner = Owner(self.settings.owner, "quota mirror") if self.settings.owner else None
         view.subscribe_namespaces(self._changed)
 
@@ -122,6 +123,8 @@ class QuotaMirror(LeaderLoop):
                 return  # never act on a half-known view: a missing namespace would look unannotated
             if self._owner is not None and self._owner.read(self.api):
                 self._next_resync = 0.0  # a new owner (helm upgrade after it was deleted): mend everything now
+            if self._classes_changed():
+                self._next_resync = 0.0  # requests.<extendedResourceName> follows the DeviceClasses (_wanted)
             now = time.monotonic()
             if now >= self._next_resync:
                 with self._dirty_lock:
@@ -164,10 +167,23 @@ class QuotaMirror(LeaderLoop):
             return False, None, record.uid
         if policy.quota is None:
             return True, None, record.uid
+        if policy.mode(self.config) == "dra" and self.templates is not None and "deviceclasses" not in self.view.listed:
+            return False, None, record.uid  # its DeviceClasses say what claims are charged: not known yet
         hard = desired_hard(policy.quota)
-        if policy.mode(self.config) == "dra":  # the API server charges claims by class (webhook/dra_templates.py)
-            hard.update(device_hard(policy.quota, self.config))
+        if policy.mode(self.config) == "dra":  # what the API server charges claim pods (webhook/dra_quota.py)
+            with self.view.lock:
+                hard.update(claim_hard(policy.quota, self.config, self.view.dra.classes))
         return True, hard, record.uid
+
+    def _classes_changed(self) -> bool:
+        """Whether the GPU DeviceClasses' extendedResourceName (or their first list) changed since the last turn."""
+        with self.view.lock:
+            classes = self.view.dra.classes
+            seen = ("deviceclasses" in self.view.listed, tuple(sorted(
+                (name, found.extended_resource or "") for name, found in classes.items()
+                if name in self.view.dra.gpu_classes)))
+        changed, self._classes = seen != self._classes, seen
+        return changed
 
     def reconcile(self, name: str) -> None:
         known, wanted, uid = self._wanted(name)

@@ -39,6 +39,7 @@ __all__ = ["Claim", "Device", "DeviceClass", "Slice", "Taint", "claim_from_json"
 
 _MIB = 2**20
 _ALL_DEVICES = 32  # resourceapi.AllocationResultsMaxSize: what allocationMode All is charged
+_SHARING = "gpu-placement.io/sharing"  # on gpu-placement's templates (gpu_placement/dra/claims.py Template.body)
 _TYPE_IN_CEL = re.compile(r"""attributes\[\s*['"]([^'"]+)['"]\s*\]\s*\.\s*type\s*==\s*['"]([\w.-]+)['"]""")
 
 
@@ -101,6 +102,7 @@ class Claim:
     devices: tuple[tuple[str, int], ...] = ()  # (class, devices) as ResourceQuota charges them
     digest: str = ""  # templates: of spec.spec, to tell gpu-placement's own templates (gpu_placement.dra.claims)
     owner: str = ""  # claims made for a pod from a template: the pod's UID (its controller reference)
+    level: str = ""  # gpu-placement's templates: their gpu-placement.io/sharing (the level of each claim made)
 
     @property
     def key(self) -> str:
@@ -239,7 +241,8 @@ def _devices(spec: Any) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((sys.intern(k), v) for k, v in counts.items() if v))
 
 
-def _claim(namespace: str, name: str, spec: Any, status: Any, digest: str = "", owner: str = "") -> Claim:
+def _claim(namespace: str, name: str, spec: Any, status: Any, digest: str = "", owner: str = "",
+           level: str = "") -> Claim:
     classes: list[str] = []
     selectors = 0
     tolerations: list[tuple[str, str, str, str]] = []
@@ -261,7 +264,7 @@ def _claim(namespace: str, name: str, spec: Any, status: Any, digest: str = "", 
             allocated.append((sys.intern(str(result.get("driver") or "")), sys.intern(str(result.get("pool") or "")),
                               str(result.get("device") or "")))
     return Claim(sys.intern(namespace), name, tuple(sorted(classes)), selectors, tuple(tolerations),
-                 tuple(allocated), admin, _devices(spec), digest, owner)
+                 tuple(allocated), admin, _devices(spec), digest, owner, level)
 
 
 def claim_from_json(obj: Mapping[str, Any]) -> Claim:
@@ -278,7 +281,10 @@ def template_from_json(obj: Mapping[str, Any]) -> Claim:
     labels = meta.get("labels") or {}
     ours = isinstance(labels, Mapping) and labels.get("app.kubernetes.io/managed-by") == "gpu-placement"
     digest = hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest() if ours else ""
-    return _claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), spec, None, digest)
+    annotations = meta.get("annotations")
+    level = annotations.get(_SHARING) if ours and isinstance(annotations, Mapping) else None
+    return _claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), spec, None, digest,
+                  level=sys.intern(level) if isinstance(level, str) else "")
 
 
 def device_product(device: Device) -> str | None:

@@ -14,6 +14,8 @@ only the template's selectors tell the devices apart.
 from __future__ import annotations
 
 import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -86,9 +88,12 @@ def test_one_annotation_moves_a_namespace_between_dra_and_the_device_plugin(e2e:
     # devices its claims would take; one asking 1 more fits.
     r = e2e.gpu_pod(ns, "too-many", group, gpus=2)
     assert r.status_code == 403, r.text
-    assert ("may use 2 gpu.nvidia.com.deviceclass.resource.k8s.io/devices (gpu-placement.io/quota); 1 is in use and "
-            "this pod asks 2 more") in r.json()["message"]
-    assert e2e.gpu_pod(ns, "second", group).status_code == 201
+    assert ("may use 2 nvidia.com/gpu (gpu-placement.io/quota); 1 is in use and this pod asks 2 more"
+            in r.json()["message"]), r.text
+    r = e2e.gpu_pod(ns, "second", group)
+    assert r.status_code == 201, r.text
+    # The pod carries its stand-in, which the API server's pod quota charged at its create (webhook/dra_quota.py).
+    assert r.json()["spec"]["containers"][0]["resources"]["limits"]["gpu-placement.io/gpu"] == "1"
 
     def used() -> dict[str, str]:
         return dict((e2e.api.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpu-placement").get("status") or {})
@@ -96,8 +101,9 @@ def test_one_annotation_moves_a_namespace_between_dra_and_the_device_plugin(e2e:
     wait_for("second's claim charged", lambda: used().get("gpu.nvidia.com.deviceclass.resource.k8s.io/devices") == "2",
              timeout=60)
     # DRAExtendedResource charges claims of gpu.nvidia.com (extendedResourceName nvidia.com/gpu) to
-    # requests.nvidia.com/gpu too: one quota for the namespace's pods of both worlds.
+    # requests.nvidia.com/gpu too: one quota for the namespace's pods of both worlds. The stand-ins, per pod.
     assert used().get("requests.nvidia.com/gpu") == "2"
+    assert used().get("requests.gpu-placement.io/gpu") == "2"
     # The API server holds the line for claims too: a claim written by hand within the policy but past the quota.
     products = [s for s in ours(e2e, ns)[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
                 if "productName" in s["cel"]["expression"]]
@@ -146,8 +152,9 @@ def test_a_mig_namespace_gets_a_device_of_its_profile(e2e: E2E, plugin: DraPlugi
 
 def test_pods_created_at_once_are_let_in_only_as_far_as_the_quota_goes(e2e: E2E, plugin: DraPlugin) -> None:
     """Six creates of one GPU each at the same instant, quota 2 devices, one webhook replica: the claims
-    come after the pods, so /validate must count the pods it let in a moment ago. Two get in, both run;
-    four are refused with the quota sentence; none waits for ever on a claim the API server refuses."""
+    come after the pods, so the pods' stand-ins (charged by the API server's pod quota at their create,
+    atomically) decide. Two get in, both run; four are refused, by /validate when its view already shows
+    the first two, else by the API server's quota; none waits for ever on a claim the API server refuses."""
     group = "s20-burst"
     [node] = e2e.nodes(group, [("h100", "h100", {"allocatable": {}})])
     plugin.publish(node, 4)
@@ -166,7 +173,8 @@ def test_pods_created_at_once_are_let_in_only_as_far_as_the_quota_goes(e2e: E2E,
     refused = [text for _, code, text in answers if code == 403]
     assert len(admitted) == 2 and len(refused) == 4, answers
     for text in refused:
-        assert "may use 2 gpu.nvidia.com.deviceclass.resource.k8s.io/devices (gpu-placement.io/quota)" in text, text
+        assert ("may use 2 nvidia.com/gpu (gpu-placement.io/quota)" in text or
+                "exceeded quota: gpu-placement, requested: requests.gpu-placement.io/gpu=1" in text), text
     for name in admitted:
         assert e2e.wait_bound(ns, name, timeout=60) == node
 
@@ -182,3 +190,102 @@ def test_pods_created_at_once_are_let_in_only_as_far_as_the_quota_goes(e2e: E2E,
     wait_for("one more pod let in", lambda: e2e.gpu_pod(ns, "after", group).status_code == 201, timeout=15,
              interval=0.5)
     assert e2e.wait_bound(ns, "after", timeout=60) == node
+
+
+# -- issue 36: two webhook replicas, bursts of claim pods, a quota just set --------------------------------
+
+BURST = 20
+DEVICES = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+
+
+def fresh_dra_namespace(e2e: E2E, prefix: str, quota: str) -> str:
+    """A namespace annotated this instant and used at once: no wait for its templates or its quota (the
+    webhook refuses with 503 TemplatePending / QuotaPending until both are there)."""
+    ns = f"{prefix}-{time.monotonic_ns() % 10**6}"
+    e2e.api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": ns, "labels": {"gpu-placement.io/enabled": "true"}}})
+    wait_for(f"serviceaccount {ns}/default",
+             lambda: e2e.api.http.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default").status_code == 200)
+    e2e.api.merge_patch(f"/api/v1/namespaces/{ns}", {"metadata": {"annotations": {
+        "gpu-placement.io/allocation": "dra", "gpu-placement.io/quota": quota}}})
+    return ns
+
+
+def burst(e2e: E2E, ns: str, group: str, pods: list[tuple[str, str | None]]) -> list[tuple[str, int, str]]:
+    """(name, sharing) pods created at the same instant: (name, status code, message) each."""
+    barrier = threading.Barrier(len(pods))
+
+    def create(pod: tuple[str, str | None]) -> tuple[str, int, str]:
+        name, sharing = pod
+        barrier.wait(timeout=30)
+        r = e2e.gpu_pod(ns, name, group, annotations={"gpu-placement.io/sharing": sharing} if sharing else None)
+        return name, r.status_code, "" if r.status_code == 201 else str(r.json().get("message"))
+
+    with ThreadPoolExecutor(len(pods)) as pool:
+        return list(pool.map(create, pods))
+
+
+def claimed(e2e: E2E, ns: str) -> int:
+    """Devices of the namespace's ResourceClaims (each claim of gpu-placement's templates is one device)."""
+    return len(e2e.api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims").get("items", []))
+
+
+def stored(e2e: E2E, ns: str) -> list[Obj]:
+    return list(e2e.api.get(f"/api/v1/namespaces/{ns}/pods").get("items", []))
+
+
+def fill(e2e: E2E, ns: str, group: str, levels: dict[str | None, int], seconds: float = 90.0) -> list[str]:
+    """Bursts of BURST pods (split over `levels`: sharing -> quota), one a second, until every level holds its
+    quota: never one pod or one device more, after any burst. Returns the pods admitted."""
+    history: list[dict[int, int]] = []
+    admitted: dict[str | None, list[str]] = {level: [] for level in levels}
+    deadline = time.monotonic() + seconds
+    while any(len(admitted[level]) < quota for level, quota in levels.items()) and time.monotonic() < deadline:
+        round_ = len(history)
+        sharings = list(levels)
+        pods = [(f"r{round_}-{i:02d}-{sharings[i % len(sharings)] or 'gpu'}", sharings[i % len(sharings)])
+                for i in range(BURST)]
+        answers = burst(e2e, ns, group, pods)
+        history.append(dict(Counter(code for _, code, _ in answers)))
+        by_name = dict(pods)
+        for name, code, _ in answers:
+            if code == 201:
+                admitted[by_name[name]].append(name)
+        assert {code for _, code, _ in answers} <= {201, 403, 503}, (history, answers)
+        for level, quota in levels.items():
+            assert len(admitted[level]) <= quota, (level, history, answers)
+        assert len(stored(e2e, ns)) <= sum(levels.values()) and claimed(e2e, ns) <= sum(levels.values()), history
+        time.sleep(1.0)
+    assert {level: len(names) for level, names in admitted.items()} == levels, history
+    return [name for names in admitted.values() for name in names]
+
+
+def test_two_replicas_and_bursts_of_claim_pods_never_exceed_a_quota_just_set(e2e: E2E, plugin: DraPlugin) -> None:
+    """Issue 36: 2 webhook replicas, bursts of 20 claim pods created at once in a `dra` namespace annotated a
+    moment before. At most the quota is admitted (the gate refuses until every key the pods are charged is in
+    force; then the API server's pod quota charges their stand-ins atomically), no more devices are claimed,
+    and every admitted pod gets its claims and runs. A mixed quota admits each level up to its own figure."""
+    group = "s20-two-replicas"
+    [node] = e2e.nodes(group, [("h100", "h100", {"allocatable": {}})])
+    plugin.publish(node, 6)
+    e2e.start_webhook(1)  # a second replica behind the Service; the proxy spreads connections
+    try:
+        ns = fresh_dra_namespace(e2e, "dra-two", "nvidia.com/gpu=2")
+        pods = fill(e2e, ns, group, {None: 2})
+        mixed = fresh_dra_namespace(e2e, "dra-mixed", "nvidia.com/gpu=1,nvidia.com/gpu.shared=2")
+        pods_mixed = fill(e2e, mixed, group, {None: 1, "shared": 2})
+        # Every admitted pod got its claim and runs: none is Pending on a claim the API server refused.
+        for where, names in ((ns, pods), (mixed, pods_mixed)):
+            for name in names:
+                assert e2e.wait_bound(where, name, timeout=60) == node
+            refused = [e for e in e2e.api.get(f"/api/v1/namespaces/{where}/events")["items"]
+                       if e.get("reason") == "FailedResourceClaimCreation"]
+            assert refused == [], refused
+        assert claimed(e2e, ns) == 2 and claimed(e2e, mixed) == 3
+        hard = e2e.api.get(f"/api/v1/namespaces/{mixed}/resourcequotas/gpu-placement")["status"]["hard"]
+        assert {key: hard.get(key) for key in ("requests.gpu-placement.io/gpu", "requests.gpu-placement.io/gpu.shared",
+                                               DEVICES, "requests.nvidia.com/gpu")} == {
+            "requests.gpu-placement.io/gpu": "1", "requests.gpu-placement.io/gpu.shared": "2", DEVICES: "3",
+            "requests.nvidia.com/gpu": "3"}
+    finally:
+        e2e.stop_webhook(1)
