@@ -1,9 +1,10 @@
 """Claim pods of a `dra` namespace hold their devices between /validate and the moment their claims
 exist, as device-plugin pods hold their GPUs until the view shows them (webhook/quota.py).
 
-The pod's claims are made by kube-controller-manager after the pod exists, and only then does the
-API server's ResourceQuota charge them: without a hold, two pods created at once both pass /validate,
-and the second one's claims are refused for ever (the pod stays Pending). Over the real HTTPS app."""
+A hold is told, never counted against the next pod (any caller that reaches the port can make one):
+two pods created at once both pass /validate, the second with a warning, and the API server's quota
+refuses the one that does not fit, at its create by its stand-ins (webhook/dra_quota.py). What the
+view shows exists (the pod's stand-ins, its claims) refuses. Over the real HTTPS app."""
 
 from __future__ import annotations
 
@@ -55,13 +56,21 @@ def converted(hook: Webhook, name: str, gpus: int) -> Obj:
     return pod
 
 
-def over(in_use: int, asks: int, recent: int = 0, what: str = "nvidia.com/gpu") -> str:
+def over(in_use: int, asks: int, what: str = "nvidia.com/gpu") -> str:
     """The refusal: named by the level the annotation gives (the stand-ins the API server charges at the pod's
     create), or by the devices key where only that one is over (claims written by hand)."""
-    just = f" ({recent} of them admitted moments ago)" if recent else ""
     verb = "is" if in_use == 1 else "are"
-    return (f"namespace team may use 3 {what} (gpu-placement.io/quota); {in_use} {verb} in use{just} and this pod "
+    return (f"namespace team may use 3 {what} (gpu-placement.io/quota); {in_use} {verb} in use and this pod "
             f"asks {asks} more: lower the request or raise the quota on the namespace")
+
+
+def told(answer: Obj, in_use: int, recent: int, asks: int) -> None:
+    """Let in, with the holds told: `recent` more admitted moments ago may yet be created."""
+    assert answer["allowed"] is True, answer
+    verb = "is" if in_use == 1 else "are"
+    assert answer["warnings"][0].startswith(
+        f"namespace team may use 3 nvidia.com/gpu (gpu-placement.io/quota); {in_use} {verb} in use, {recent} more "
+        f"admitted moments ago may yet be created, and this pod asks {asks} more: "), answer
 
 
 def make_claims(hook: Webhook, pod: Obj, count: int) -> None:
@@ -85,13 +94,14 @@ def holds(hook: Webhook) -> int:
         return len(hook.app.state.admission.reservations)
 
 
-def test_two_claim_pods_admitted_back_to_back_only_the_one_that_fits_passes(team: Webhook) -> None:
+def test_two_claim_pods_admitted_back_to_back_the_second_is_told(team: Webhook) -> None:
     first, second = converted(team, "first", 2), converted(team, "second", 2)
-    assert team.validate(first, "team")["allowed"] is True
-    answer = team.validate(second, "team")  # nothing is charged yet: the claims come after the pod
-    assert answer["allowed"] is False
-    assert answer["status"]["message"] == over(2, 2, recent=2)
-    assert team.validate(converted(team, "small", 1), "team")["allowed"] is True  # 2 + 1 fit in 3
+    answer = team.validate(first, "team")
+    assert answer["allowed"] is True and "warnings" not in answer
+    told(team.validate(second, "team"), 0, 2, 2)  # nothing is charged yet: the claims come after the pod
+    told(team.validate(converted(team, "small", 1), "team"), 0, 4, 1)  # both held now
+    # Each carries its stand-ins: the API server's quota refuses at its create the one that does not fit.
+    assert first["spec"]["containers"][0]["resources"]["limits"]["gpu-placement.io/gpu"] == "2"
 
 
 def test_a_dry_run_holds_nothing_and_the_real_create_does(team: Webhook) -> None:
@@ -99,19 +109,18 @@ def test_a_dry_run_holds_nothing_and_the_real_create_does(team: Webhook) -> None
     assert team.validate(first, "team", dry_run=True)["allowed"] is True
     assert holds(team) == 0
     assert team.validate(second, "team", dry_run=True)["allowed"] is True
-    assert team.validate(first, "team")["allowed"] is True
-    assert team.validate(second, "team")["status"]["message"] == over(2, 2, recent=2)
+    assert "warnings" not in team.validate(first, "team")
+    told(team.validate(second, "team"), 0, 2, 2)
 
 
 def test_the_same_pod_retried_is_not_counted_against_itself(team: Webhook) -> None:
     """The API server calls again when a call timed out: the earlier call's hold is the same pod's."""
     first = converted(team, "first", 3)
     assert team.validate(first, "team")["allowed"] is True
-    assert team.validate(first, "team")["allowed"] is True  # 3 held by itself, not 3 + 3
+    assert "warnings" not in team.validate(first, "team")  # 3 held by itself, not 3 + 3
     assert holds(team) == 1
-    answer = team.validate(converted(team, "second", 1), "team")
-    assert answer["status"]["message"] == over(3, 1, recent=3)
-    assert holds(team) == 1  # the refusal holds nothing
+    told(team.validate(converted(team, "second", 1), "team"), 0, 3, 1)
+    assert holds(team) == 2
 
 
 def test_a_retried_pod_refused_after_all_gives_its_hold_back(team: Webhook) -> None:
@@ -127,7 +136,9 @@ def test_a_retried_pod_refused_after_all_gives_its_hold_back(team: Webhook) -> N
 def test_the_hold_lasts_until_the_claims_exist_and_is_then_counted_once(team: Webhook) -> None:
     first = converted(team, "first", 2)
     assert team.validate(first, "team")["allowed"] is True
-    assert team.validate(converted(team, "second", 2), "team")["status"]["message"] == over(2, 2, recent=2)
+    told(team.validate(converted(team, "second", 2), "team"), 0, 2, 2)
+    with team.view.lock:
+        team.app.state.admission.reservations.release("team", "team/second", "")  # never created
     stored = team.create(first, "team")  # the view shows the pod, and counts its stand-ins, before any claim
     assert team.validate(converted(team, "second", 2), "team")["status"]["message"] == over(2, 2)
     make_claims(team, stored, 1)  # one claim made, one to come: its devices counted 1 + 1, not 1 + 2

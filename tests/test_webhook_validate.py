@@ -45,18 +45,30 @@ def test_over_quota_names_namespace_resource_figures_and_annotation(hook: Webhoo
         "more: lower the request or raise the quota on the namespace")
 
 
-def test_within_quota_then_over_it_by_what_this_replica_just_admitted(hook: Webhook) -> None:
+def held_warning(verdict: dict) -> str:
+    assert verdict["allowed"] is True, verdict
+    (warning,) = verdict["warnings"]
+    return warning
+
+
+def test_what_this_replica_just_admitted_is_told_not_counted(hook: Webhook) -> None:
+    # Any caller that reaches the port can make a hold: it warns, and never refuses a pod.
     first, verdict = hook.admit(user_pod("team-a", "a", gpus={"nvidia.com/gpu": 3}), "team-a")
     assert verdict["allowed"] is True
     _, verdict = hook.admit(user_pod("team-a", "b", gpus={"nvidia.com/gpu": 2}), "team-a")
-    assert denial(verdict) == (
-        "namespace team-a may use 4 nvidia.com/gpu (gpu-placement.io/quota); 3 are in use (3 of them admitted "
-        "moments ago) and this pod asks 2 more: lower the request or raise the quota on the namespace")
-    # The view sees the first pod: it is counted once, not twice.
+    assert held_warning(verdict) == (
+        "namespace team-a may use 4 nvidia.com/gpu (gpu-placement.io/quota); 0 are in use, 3 more admitted moments "
+        "ago may yet be created, and this pod asks 2 more: if they all are, this one goes over the quota (where "
+        "gpu-placement mirrors the quota into a ResourceQuota, the API server refuses it)")
+    # The view sees the first pod: from then on it is in use, and refuses.
     stored = hook.create(first, "team-a")
-    assert hook.app.state.admission.reservations.pending("team-a") == {}
+    assert hook.app.state.admission.reservations.pending("team-a") == {"nvidia.com/gpu": 2}  # b's hold
+    _, verdict = hook.admit(user_pod("team-a", "c", gpus={"nvidia.com/gpu": 2}), "team-a")
+    assert denial(verdict) == (
+        "namespace team-a may use 4 nvidia.com/gpu (gpu-placement.io/quota); 3 are in use and this pod asks 2 "
+        "more: lower the request or raise the quota on the namespace")
     _, verdict = hook.admit(user_pod("team-a", "c", gpus={"nvidia.com/gpu": 1}), "team-a")
-    assert verdict["allowed"] is True
+    assert "3 are in use, 2 more admitted moments ago may yet be created" in held_warning(verdict)
     # Both gone: the quota is free again.
     hook.ingest.event(hook.view, "pods", "DELETED", stored)
     hook.create(user_pod("team-a", "c", gpus={"nvidia.com/gpu": 1}), "team-a")
@@ -76,9 +88,12 @@ def test_a_finished_pod_frees_its_share(hook: Webhook) -> None:
 
 def test_reservations_expire(hook: Webhook) -> None:
     assert hook.admit(user_pod("team-a", "a", gpus={"nvidia.com/gpu": 4}), "team-a")[1]["allowed"] is True
-    assert hook.admit(user_pod("team-a", "b", gpus={"nvidia.com/gpu": 1}), "team-a")[1]["allowed"] is False
-    hook.clock[0] += hook.config.reservation_ttl_seconds + 1  # the create failed after us: never seen
-    assert hook.admit(user_pod("team-a", "b", gpus={"nvidia.com/gpu": 1}), "team-a")[1]["allowed"] is True
+    assert "4 more admitted moments ago" in held_warning(hook.admit(user_pod("team-a", "b", gpus={"nvidia.com/gpu": 1}),
+                                                                    "team-a")[1])
+    hook.clock[0] += hook.config.reservation_ttl_seconds + 1  # the creates failed after us: never seen
+    _, verdict = hook.admit(user_pod("team-a", "c", gpus={"nvidia.com/gpu": 1}), "team-a")
+    assert verdict == {"uid": verdict["uid"], "allowed": True}
+    assert hook.app.state.admission.reservations.pending("team-a") == {"nvidia.com/gpu": 1}  # c's own hold
 
 
 def test_a_pod_recreated_under_the_same_name_is_not_mistaken_for_the_old_one(hook: Webhook) -> None:
@@ -108,8 +123,9 @@ def test_a_pod_without_a_name_yet_is_held_by_its_uid(hook: Webhook) -> None:
     for _ in range(2):
         pod = user_pod("team-a", None, gpus={"nvidia.com/gpu": 2})
         assert hook.admit(pod, "team-a")[1]["allowed"] is True
+    assert hook.app.state.admission.reservations.pending("team-a") == {"nvidia.com/gpu": 4}  # two holds, by uid
     _, verdict = hook.admit(user_pod("team-a", None, gpus={"nvidia.com/gpu": 1}), "team-a")
-    assert "4 are in use (4 of them admitted moments ago)" in denial(verdict)
+    assert "0 are in use, 4 more admitted moments ago may yet be created" in held_warning(verdict)
 
 
 def test_init_containers_count_by_the_effective_request_rule(hook: Webhook) -> None:
@@ -133,7 +149,8 @@ def test_rewritten_resources_count_against_their_own_quota(hook: Webhook) -> Non
         _, verdict = hook.admit(user_pod("inference", f"s{index}", gpus={"nvidia.com/gpu": 1}), "inference")
         assert verdict["allowed"] is True
     _, verdict = hook.admit(user_pod("inference", "s4", gpus={"nvidia.com/gpu": 1}), "inference")
-    assert "namespace inference may use 4 nvidia.com/gpu.shared" in denial(verdict)
+    assert "namespace inference may use 4 nvidia.com/gpu.shared" in held_warning(verdict)
+    assert hook.app.state.admission.reservations.pending("inference") == {"nvidia.com/gpu.shared": 5}
 
 
 # -- escalation --------------------------------------------------------------------------------------
@@ -278,9 +295,10 @@ def test_audit_mode_still_counts_what_it_let_in(audit: Webhook) -> None:
     assert verdict == {"uid": verdict["uid"], "allowed": True}
     _, verdict = audit.admit(user_pod("team-a", "b", gpus={"nvidia.com/gpu": 1}), "team-a")
     assert verdict["allowed"] is True
-    assert verdict["warnings"] == ["namespace team-a may use 4 nvidia.com/gpu (gpu-placement.io/quota); 4 are in use "
-                                   "(4 of them admitted moments ago) and this pod asks 1 more: lower the request or "
-                                   "raise the quota on the namespace"]
+    assert verdict["warnings"] == ["namespace team-a may use 4 nvidia.com/gpu (gpu-placement.io/quota); 0 are in use, "
+                                   "4 more admitted moments ago may yet be created, and this pod asks 1 more: if they "
+                                   "all are, this one goes over the quota (where gpu-placement mirrors the quota into "
+                                   "a ResourceQuota, the API server refuses it)"]
 
 
 def test_default_allow_lets_namespaces_without_quota_use_gpus(bundle: CertBundle) -> None:

@@ -325,12 +325,12 @@ class Admission:
                     used = dict(self.view.namespace_usage.get(namespace) or {})
                     pending = self.reservations.pending(namespace, exclude=subject.key)
                     enforced = self.view.resourcequotas.get(namespace)
-                # Under the gate the API server's quota refuses the pod itself at its create: holds, which a
-                # caller that is not the API server can make, only warn then (docs/webhook.md, "Who may hold quota").
-                counted = {} if self.quota_gate else pending
-                over = quota_problems(namespace, policy.quota, used, counted, gpus)
+                # Holds, which any caller that reaches the port can make, never refuse: they only warn
+                # (docs/webhook.md, "Who may hold quota"). What exists refuses; the API server's quota decides
+                # the last unit of a burst.
+                over = quota_problems(namespace, policy.quota, used, gpus)
                 problems += over or (quota_pending(namespace, policy.quota, enforced, gpus) if self.quota_gate else [])
-                if not problems and self.quota_gate:
+                if not problems:
                     held = held_warnings(namespace, policy.quota, used, pending, gpus)
         texts = [text for _, text in problems]
         warnings = list(policy.warnings) + held
@@ -376,15 +376,16 @@ class Admission:
             enforced = self.view.resourcequotas.get(namespace)
         asks = tuple((key, count) for key, count in charge.asks if key in hard)
         names = claim_names(hard, self.config)
-        # Where the API server refuses the pod itself at its create (the gate on, the pod carrying its stand-ins),
-        # holds only warn: a caller that is not the API server can make them (docs/webhook.md).
-        atomic = self.quota_gate and charge.covered
+        # Holds only warn, as for device-plugin pods: a caller that is not the API server can make them
+        # (docs/webhook.md). The API server refuses the pod at its create (its stand-ins), else its claims.
         problems = self._unlisted(namespace, policy.quota, charge)
         for kind in by_kind(asks):
-            problems = problems or quota_problems(namespace, hard, used, {} if atomic else pending, kind, names)
+            problems = problems or quota_problems(namespace, hard, used, kind, names)
         if not problems and self.quota_gate:
             problems = keys_pending(namespace, hard, enforced, [key for key, _ in asks], names)
-        held = held_warnings(namespace, hard, used, pending, asks, names) if atomic and not problems else []
+        held: list[str] = []
+        for kind in by_kind(asks) if not problems else ():  # the first kind over is worth a sentence, as above
+            held = held or held_warnings(namespace, hard, used, pending, kind, names)
         texts = [text for _, text in problems]
         refused = bool(problems) and self.config.mode != "audit"
         if not subject.dry_run:
@@ -406,14 +407,14 @@ class Admission:
         """NotInQuota for a level of the pod's claims whose resource the annotation does not list (a pod
         narrowing to `shared` where the quota gives only whole GPUs), as for a device-plugin pod."""
         asks = tuple((level.resource(self.config), count) for level, count in charge.levels)
-        return [p for p in quota_problems(namespace, quota, {}, {}, asks) if p[0] == NOT_IN_QUOTA]
+        return [p for p in quota_problems(namespace, quota, {}, asks) if p[0] == NOT_IN_QUOTA]
 
     def _unshaped(self, policy: NamespacePolicy, subject: Subject, where: str) -> list[tuple[str, str]]:
         """A GPU pod in a namespace with a GPU policy that /mutate did not shape (webhook/shaping.py)."""
         if self._dra(policy) and policy.shapes_ok:
             conversion = self._convert(policy, subject)
             if conversion.missing:  # none is kept for a class the quota gives nothing of: say that instead
-                unlisted = [p for p in quota_problems(subject.namespace, policy.quota, {}, {}, subject.gpus)
+                unlisted = [p for p in quota_problems(subject.namespace, policy.quota, {}, subject.gpus)
                             if p[0] == NOT_IN_QUOTA] if policy.quota is not None else []
                 return unlisted or [(TEMPLATE_PENDING, missing_sentence(conversion.missing, where))]
             return [(NOT_SHAPED, unshaped(conversion.ops, subject.namespace, where))]

@@ -1,9 +1,11 @@
 """Namespace GPU quota: what is in use, what this replica just admitted, and the over-quota sentences.
 
 In use = the view's `namespace_usage` (GPU asks of the namespace's non-terminal pods, resource names
-as stored, so after the rewrite) + pods this replica allowed that the view has not shown yet (holds).
-Without the second part, a burst of pods (a Job with parallelism 20) would each be checked against
-the same stale usage and all pass.
+as stored, so after the rewrite). Pods this replica allowed that the view has not shown yet (holds)
+only warn: anyone who reaches the webhook port can make a hold with a forged AdmissionReview, so a
+hold must never refuse a team's pod. A burst (a Job with parallelism 20) is stopped at the quota by
+the ResourceQuota the service mirrors (webhook/quota_mirror.py), which the API server checks
+atomically at each create, across any number of webhook replicas.
 
 A hold is dropped only when it is known how it ended:
 - the view has the pod (same namespace/name and, when both are known, the same uid): it counts there;
@@ -21,10 +23,7 @@ when the view shows the pod: its stand-ins count in the view's pods from then on
 what the pod's claims have not charged yet; it ends when all of them exist (`charged`), or when the
 pod, once seen, is gone or finished (`gone`), or as above.
 
-Each replica holds only what it admitted itself; the ResourceQuota the service mirrors
-(webhook/quota_mirror.py) is what the API server enforces across replicas. Anyone who reaches the
-webhook port can make a hold (a forged AdmissionReview), so where the API server refuses the pod
-itself at its create, holds only warn (`held_warnings`); they are bounded per namespace (MAX_HOLDS).
+Each replica holds only what it admitted itself; holds are bounded per namespace (MAX_HOLDS).
 """
 
 from __future__ import annotations
@@ -50,9 +49,8 @@ NOT_IN_QUOTA = "NotInQuota"
 # denied it later; a list of the namespace's pods lacked it; its time ran out (no API server); a claim
 # pod's claims all exist; a claim pod the view showed is gone or finished; the namespace had MAX_HOLDS.
 SETTLEMENTS = ("seen", "released", "not_created", "expired", "charged", "gone", "evicted")
-# Holds kept per namespace: the oldest goes first past it. Admitted pods never exceed the quota where holds
-# refuse, so only forged reviews (or a quota of thousands of units) reach it; where the API server decides
-# the last unit a hold only warns, and forged ones would otherwise pile up.
+# Holds kept per namespace: the oldest goes first past it. Only forged reviews (or a quota of thousands of
+# units) reach it; a hold only warns, and forged ones would otherwise pile up.
 MAX_HOLDS = 1024
 
 
@@ -223,10 +221,11 @@ def _is_standin_key(key: str) -> bool:
     return key.startswith("requests.") and is_standin(key[len("requests."):])
 
 
-def quota_problems(namespace: str, quota: Mapping[str, int], used: Mapping[str, int], pending: Mapping[str, int],
-                   asks: GpuRequests, names: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
-    """(reason code, sentence) for each resource the pod would take past the namespace's quota. `names`:
-    how the sentence names a key (a claim pod's ResourceQuota keys, webhook/dra_quota.py)."""
+def quota_problems(namespace: str, quota: Mapping[str, int], used: Mapping[str, int], asks: GpuRequests,
+                   names: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """(reason code, sentence) for each resource the pod would take past the namespace's quota, counting what
+    the view shows in use (holds only warn: `held_warnings`). `names`: how the sentence names a key (a claim
+    pod's ResourceQuota keys, webhook/dra_quota.py)."""
     problems: list[tuple[str, str]] = []
     for key, count in asks:
         limit = quota.get(key)
@@ -237,21 +236,18 @@ def quota_problems(namespace: str, quota: Mapping[str, int], used: Mapping[str, 
                                            f"only {listed} and this pod asks for {count} {resource}: ask for a listed "
                                            f"resource, or add {resource}=<count> to {n.ANN_QUOTA} on the namespace"))
             continue
-        recent = pending.get(key, 0)
-        in_use = used.get(key, 0) + recent
+        in_use = used.get(key, 0)
         if in_use + count > limit:
-            just = f" ({recent} of them admitted moments ago)" if recent else ""
             problems.append((OVER_QUOTA, f"namespace {namespace} may use {limit} {resource} ({n.ANN_QUOTA}); "
-                                         f"{units(in_use)} in use{just} and this pod asks {count} more: lower the "
+                                         f"{units(in_use)} in use and this pod asks {count} more: lower the "
                                          "request or raise the quota on the namespace"))
     return problems
 
 
 def held_warnings(namespace: str, quota: Mapping[str, int], used: Mapping[str, int], pending: Mapping[str, int],
                   asks: GpuRequests, names: Mapping[str, str] | None = None) -> list[str]:
-    """Where the API server's own quota refuses the pod at its create (the quota in force, the pod charged
-    there): pods admitted moments ago that the view has not shown do not refuse it, since a caller that
-    is not the API server could have made them up (docs/webhook.md, "Who may hold quota"). Told instead."""
+    """Pods admitted moments ago that the view has not shown yet do not refuse a pod, since a caller that is
+    not the API server could have made them up (docs/webhook.md, "Who may hold quota"): they are told."""
     texts = []
     for key, count in asks:
         limit, recent = quota.get(key), pending.get(key, 0)
@@ -259,6 +255,7 @@ def held_warnings(namespace: str, quota: Mapping[str, int], used: Mapping[str, i
             continue
         resource = names.get(key, key) if names else key
         texts.append(f"namespace {namespace} may use {limit} {resource} ({n.ANN_QUOTA}); {units(used.get(key, 0))} "
-                     f"in use, {recent} more admitted moments ago may be created yet, and this pod asks {count} more: "
-                     "the API server's quota decides the last unit")
+                     f"in use, {recent} more admitted moments ago may yet be created, and this pod asks {count} "
+                     "more: if they all are, this one goes over the quota (where gpu-placement mirrors the quota "
+                     "into a ResourceQuota, the API server refuses it)")
     return texts
