@@ -246,3 +246,17 @@ def test_rules_edited_by_hand_are_put_back_at_the_resync(replicas: Callable[...,
     replica.taints.step()
     assert {name: taint(rule)[2] for name, rule in rules(fake).items()} == {
         "gpu-placement-unvalidated": "NoSchedule", "gpu-placement-upgrading": "NoSchedule"}
+
+
+def test_a_lease_in_a_namespace_that_does_not_exist_is_an_error_not_a_lost_race(
+        replicas: Callable[..., Replica]) -> None:
+    replica = replicas()
+    lost = TaintController(replica.api, replica.view, replica.config, "no-such-namespace", "replica-b",
+                           replace(QUICK, lease_name="missing-ns-dra"))
+    stamp = gauge(metrics.DRA_TAINT_SUCCESS, "missing-ns-dra")
+    time.sleep(0.01)
+    lost.step()
+    assert not lost.leading and gauge(metrics.DRA_TAINT_LEADING, "missing-ns-dra") == 0
+    assert lost.last_error == ('HTTP 404 NotFound: Lease no-such-namespace/missing-ns-dra: namespaces '
+                               '"no-such-namespace" not found')
+    assert gauge(metrics.DRA_TAINT_SUCCESS, "missing-ns-dra") == stamp

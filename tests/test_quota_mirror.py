@@ -294,3 +294,37 @@ def test_metrics_say_who_leads_what_it_wrote_and_when_it_last_managed(fake_api: 
         assert sample(stamp, lease="other-lock") >= time.time() - 5  # a standby's turn is its Lease check
         leader.stop()
         assert sample("gpu_placement_quota_mirror_leading", lease="quota-lock") == 0.0
+
+
+def test_a_lease_in_a_namespace_that_does_not_exist_is_an_error_not_a_lost_race(
+        fake_api: FakeApiServer, caplog: pytest.LogCaptureFixture) -> None:
+    """`serve --kubeconfig` with a wrong --namespace: NamespaceLifecycle answers the Lease's create with
+    404 `namespaces "X" not found`. That is no other replica winning: the loop says so and never looks
+    healthy, where it used to stand by silently for ever."""
+    config = Config()
+    view = ClusterView(config)
+    stamp = "gpu_placement_quota_mirror_last_success_timestamp_seconds"
+    with fake_api.api_client() as api:
+        mirror = QuotaMirror(api, view, config, "no-such-namespace", "replica-a",
+                             MirrorSettings(lease_name="missing-ns-lock", lease_seconds=30, renew_seconds=0.05))
+        started = sample(stamp, lease="missing-ns-lock")
+        time.sleep(0.01)
+        mirror.step()
+        assert not mirror.leading
+        assert mirror.last_error == ('HTTP 404 NotFound: Lease no-such-namespace/missing-ns-lock: namespaces '
+                                     '"no-such-namespace" not found')
+        assert sample(stamp, lease="missing-ns-lock") == started  # not a standby's healthy turn
+        assert sample("gpu_placement_quota_mirror_leading", lease="missing-ns-lock") == 0.0
+        assert 'quota mirror: HTTP 404 NotFound: Lease no-such-namespace/missing-ns-lock: namespaces ' \
+               '"no-such-namespace" not found' in caplog.text
+        # RBAC that does not allow the Lease: a 403 says so too.
+        fake_api.add({"kind": "Namespace", "metadata": {"name": "gpu-placement"}})
+        fake_api.fail_next(1, 403, reason="Forbidden", method="POST",
+                           path="/apis/coordination.k8s.io/v1/namespaces/gpu-placement/leases")
+        other = QuotaMirror(api, view, config, "gpu-placement", "replica-b",
+                            MirrorSettings(lease_name="rbac-lock", lease_seconds=30, renew_seconds=0.05))
+        other.step()
+        assert not other.leading and other.last_error is not None and other.last_error.startswith(
+            "HTTP 403 Forbidden: Lease gpu-placement/rbac-lock: ")
+        other.step()  # the refusal gone: it takes the Lease
+        assert other.leading and other.last_error is None

@@ -116,9 +116,11 @@ class QuotaMirror(LeaderLoop):
         try:
             self._lead()
             if not self.leading:
+                self.last_error = None
                 self._success.set(time.time())  # a standby's whole job: know who leads
                 return
             if "namespaces" not in self.view.listed:
+                self.last_error = None
                 return  # never act on a half-known view: a missing namespace would look unannotated
             if self._owner is not None and self._owner.read(self.api):
                 self._next_resync = 0.0  # a new owner (helm upgrade after it was deleted): mend everything now

@@ -233,9 +233,11 @@ class TaintController(LeaderLoop):
         try:
             self._lead()
             if not self.leading:
+                self.last_error = None
                 self._success.set(time.time())
                 return
             if not {"nodes", "pods", "resourceslices"} <= self.view.listed:
+                self.last_error = None
                 return  # never act on a half-known view: a node not listed yet would look untainted
             if self._owner is not None and self._owner.read(self.api):
                 self._next_resync = 0.0  # a new owner (helm upgrade after it was deleted): relist, mend all
