@@ -68,7 +68,7 @@ class Lease:
     def _refused(self, response: Any) -> ApiError:
         error = api_error(response)
         return ApiError(error.status, error.reason, f"Lease {self.namespace}/{self.name}: {error.message}",
-                        error.retry_after)
+                        error.retry_after, error.causes)
 
     def release(self) -> None:
         """Give the Lease up (on a clean stop), so another replica takes it at its next try instead of
