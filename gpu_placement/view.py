@@ -184,6 +184,7 @@ class ClusterView:
 
     def delete_node(self, name: str) -> None:
         with self.lock:
+            self.dra.forget_node(name)  # its ResourceSlices go after it (garbage collector): no ghost from them
             if self.nodes.pop(name, None) is None:
                 return
             self._refresh_free(name)
@@ -529,10 +530,11 @@ class ClusterView:
             listener(node)
 
     def _dra_devices_changed(self, node: str) -> None:
-        """The node's ResourceSlices changed: its facts are merged again (labels first)."""
-        base = self.dra.label_facts(node) or self.nodes.get(node)
-        if base is not None:
-            self.upsert_node(base)
+        """The node's ResourceSlices changed: its facts are merged again (labels first). Only a node the
+        view has: a Node's slices are deleted after it (they are owned by it), and must not bring it back."""
+        if node not in self.nodes:
+            return
+        self.upsert_node(self.dra.label_facts(node) or self.nodes[node])
 
     def _dra_usage_changed(self, node: str) -> None:
         """Claims allocated or freed devices on the node: what is free there changed (scores)."""
