@@ -30,7 +30,8 @@ _SERVER_WIDE = frozenset({429, 503, 504})  # the API server overloaded or unavai
 
 
 class PassInterrupted(Exception):
-    """A pass ends early: the process stops, or the Lease went to another replica in the middle of it."""
+    """A pass ends early: the process stops, or the Lease went to another replica in the middle of it, or
+    could not be renewed (then `__cause__` is the API server's answer)."""
 
 
 def about_the_object(exc: BaseException) -> bool:
@@ -56,6 +57,7 @@ class Failures:
     def __init__(self, what: str, log: logging.Logger, gauge: Gauge | None = None) -> None:
         self.what, self.log, self.gauge = what, log, gauge
         self.errors: dict[str, str] = {}
+        self._publish()  # the series from the start, at 0
 
     @contextmanager
     def unit(self, key: str) -> Iterator[None]:
@@ -86,14 +88,6 @@ class Failures:
         for key in list(keys):
             self.errors.pop(key, None)
         self._publish()
-
-    def summary(self) -> str | None:
-        """`last_error` of a turn whose pass went through but left some objects failing."""
-        if not self.errors:
-            return None
-        key, error = min(self.errors.items())
-        more = f" (and {len(self.errors) - 1} more object(s) failing)" if len(self.errors) > 1 else ""
-        return f"{key}: {error}{more}"
 
     def _publish(self) -> None:
         if self.gauge is not None:
@@ -170,7 +164,10 @@ class LeaderLoop:
         the process stops or the Lease went to another replica."""
         if self._stop.is_set():
             raise PassInterrupted("stopping")
-        self._lead()
+        try:
+            self._lead()
+        except ApiError as exc:  # the Lease's answer, not the object's: not for Failures.unit to keep
+            raise PassInterrupted(f"the Lease could not be renewed: {exc}") from exc
         if not self.leading:
             raise PassInterrupted("another replica took the lease in the middle of a pass")
 

@@ -98,6 +98,9 @@ class ClusterView:
         self.telemetry: dict[str, Telemetry] = {}
         self.namespace_usage: dict[str, dict[str, int]] = {}
         self.validators: dict[str, dict[str, bool]] = {}  # node -> validator pod key -> Ready
+        # node -> validator pods made for it (by its DaemonSet) and not bound yet: the DRA taint controller
+        # holds the node's rule back while any waits (gpu_placement/dra/taints.py), the device table says so
+        self.waiting_validators: dict[str, set[str]] = {}
         self.nominated: dict[str, set[str]] = {}  # node -> unbound GPU pods nominated there (status.nominatedNodeName)
         # Kinds kept as records only, by key (gpu_placement/ingest.py OBJECT_KINDS): PodDisruptionBudgets
         # by namespace/name (the extender's /preempt), the mirrored ResourceQuotas by namespace (the webhook).
@@ -401,6 +404,9 @@ class ClusterView:
         if pod.validator_ready is not None and pod.node:
             self.validators.setdefault(pod.node, {})[key] = pod.validator_ready
             self._changed(pod.node)
+        if pod.validator_ready is not None and pod.waits_for:
+            self.waiting_validators.setdefault(pod.waits_for, set()).add(key)
+            self._changed(pod.waits_for)
         self._touch()
 
     def _unaccount(self, key: str, pod: PodRecord | None) -> None:
@@ -424,6 +430,12 @@ class ClusterView:
             validators = self.validators.get(pod.node)
             if validators and validators.pop(key, None) is not None:
                 self._changed(pod.node)
+        waiting = self.waiting_validators.get(pod.waits_for or "")
+        if pod.waits_for and waiting is not None and key in waiting:
+            waiting.discard(key)
+            if not waiting:
+                del self.waiting_validators[pod.waits_for]
+            self._changed(pod.waits_for)
         self._touch()
 
     def _memory_annotation(self, pod: PodRecord) -> str | None:

@@ -150,13 +150,19 @@ class QuotaMirror(LeaderLoop):
                     self.reconcile(name)
             self._end_turn()
         except PassInterrupted as exc:
-            log.info("quota mirror: pass interrupted: %s", exc)
-            self._next_resync = 0.0
+            if exc.__cause__ is None:
+                log.info("quota mirror: pass interrupted: %s", exc)
+                self._next_resync = 0.0
+            else:
+                self._turn_failed(exc.__cause__)
         except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            if str(exc) != self.last_error:
-                log.error("quota mirror: %s; retrying in %.0f s", exc, self.settings.renew_seconds)
-            self.last_error = str(exc)
-            self._next_resync = 0.0  # what failed may have been a change: make sure of everything next time
+            self._turn_failed(exc)
+
+    def _turn_failed(self, exc: BaseException) -> None:
+        if str(exc) != self.last_error:
+            log.error("quota mirror: %s; retrying in %.0f s", exc, self.settings.renew_seconds)
+        self.last_error = str(exc)
+        self._next_resync = 0.0  # what failed may have been a change: make sure of everything next time
 
     def _end_turn(self) -> None:
         """The pass went through: the namespaces of objects still failing are tried again next turn (not
