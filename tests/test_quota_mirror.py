@@ -410,3 +410,40 @@ def test_one_namespace_refused_is_retried_later_and_the_rest_of_the_pass_goes_on
         assert sample("gpu_placement_quota_mirror_failing_objects", lease="unit-lock") == 0.0
         assert sample(stamp, lease="unit-lock") > started
         assert "quota mirror: team-b/gpu-placement written now, after its earlier failure" in caplog.text
+
+
+def test_a_pass_longer_than_the_lease_renews_it_and_stops_when_another_replica_took_it(
+        fake_api: FakeApiServer, caplog: pytest.LogCaptureFixture) -> None:
+    """A first pass over many namespaces (two calls each) can outlast the Lease: the leader renews it
+    between namespaces, so no other replica writes beside it; and if another replica holds it all the
+    same, the pass stops there."""
+    import threading
+
+    caplog.set_level(logging.INFO, "gpu_placement")
+    fake_api.add({"kind": "Namespace", "metadata": {"name": "gpu-placement"}})
+    for i in range(30):
+        namespace(fake_api, f"team-{i:02d}", "nvidia.com/gpu=1")
+    config = Config()
+    view = ClusterView(config)
+    Ingest(config).replace(view, "namespaces", fake_api.list("Namespace"))
+    held = MirrorSettings(lease_name="long-pass-lock", lease_seconds=3, renew_seconds=0.3, resync_seconds=3600)
+    fake_api.delay = 0.1  # each call: the pass takes at least 30 x 2 x 0.1 s = 6 s, twice the Lease
+    with fake_api.api_client() as api:
+        leader = QuotaMirror(api, view, config, "gpu-placement", "replica-a", held)
+        standby = QuotaMirror(api, view, config, "gpu-placement", "replica-b", held)
+        passing = threading.Thread(target=leader.step)
+        passing.start()
+        try:
+            wait_for(lambda: leader.writes >= 20, what="two thirds of the pass (more than the Lease's 3 s)")
+            standby.step()
+            assert not standby.leading  # the Lease was renewed during the pass
+            lease = fake_api.get("Lease", "long-pass-lock", "gpu-placement")
+            assert lease is not None and lease["spec"]["holderIdentity"] == "replica-a"
+            # Another replica holds it now (say the leader was partitioned for a moment): the pass stops.
+            lease["spec"].update(holderIdentity="replica-c", leaseDurationSeconds=3600,
+                                 renewTime=time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()))
+            fake_api.update(lease)
+        finally:
+            passing.join(30)
+        assert not leader.leading and leader.writes < 30  # the last namespaces were left to replica-c
+        assert "quota mirror: pass interrupted: another replica took the lease in the middle of a pass" in caplog.text
