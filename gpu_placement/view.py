@@ -101,6 +101,8 @@ class ClusterView:
         # node -> validator pods made for it (by its DaemonSet) and not bound yet: the DRA taint controller
         # holds the node's rule back while any waits (gpu_placement/dra/taints.py), the device table says so
         self.waiting_validators: dict[str, set[str]] = {}
+        # namespace/template -> pods waiting for their claims from it (PodRecord.claim_templates)
+        self.template_waiters: dict[str, set[str]] = {}
         self.nominated: dict[str, set[str]] = {}  # node -> unbound GPU pods nominated there (status.nominatedNodeName)
         # Kinds kept as records only, by key (gpu_placement/ingest.py OBJECT_KINDS): PodDisruptionBudgets
         # by namespace/name (the extender's /preempt), the mirrored ResourceQuotas by namespace (the webhook).
@@ -407,6 +409,8 @@ class ClusterView:
         if pod.validator_ready is not None and pod.waits_for:
             self.waiting_validators.setdefault(pod.waits_for, set()).add(key)
             self._changed(pod.waits_for)
+        for template in pod.claim_templates:
+            self.template_waiters.setdefault(f"{pod.namespace}/{template}", set()).add(key)
         self._touch()
 
     def _unaccount(self, key: str, pod: PodRecord | None) -> None:
@@ -436,6 +440,12 @@ class ClusterView:
             if not waiting:
                 del self.waiting_validators[pod.waits_for]
             self._changed(pod.waits_for)
+        for template in pod.claim_templates:
+            waiters = self.template_waiters.get(f"{pod.namespace}/{template}")
+            if waiters is not None:
+                waiters.discard(key)
+                if not waiters:
+                    del self.template_waiters[f"{pod.namespace}/{template}"]
         self._touch()
 
     def _memory_annotation(self, pod: PodRecord) -> str | None:

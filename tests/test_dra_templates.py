@@ -193,3 +193,38 @@ def test_a_dra_namespace_being_deleted_gets_no_templates(manual: tuple[FakeApiSe
     replica.mirror.templates.reconcile("ai-old", replica.mirror._template_policy("ai-old", record), record.uid)
     assert fake.count("create", "/apis/resource.k8s.io/v1/namespaces/ai-old/resourceclaimtemplates") == 2
     assert not replica.mirror.templates.failures.errors
+
+
+def waiting_pod(name: str, template: str, phase: str = "Pending") -> Obj:
+    """A pod whose claim kube-controller-manager has not made yet (its create refused by quota, say)."""
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "ai"},
+            "spec": {"containers": [{"name": "c", "image": "x"}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}]},
+            "status": {"phase": phase}}
+
+
+def test_a_changed_policy_keeps_an_old_template_while_a_pod_waits_for_its_claim_from_it(
+        manual: tuple[FakeApiServer, Manual]) -> None:
+    fake, replica = manual
+    set_annotations(fake, "ai", DRA)
+    wait_for(lambda: "ai" in replica.view.namespaces, what="the namespace in the view")
+    replica.mirror.step()
+    old = ours(fake, "ai")
+    [old_gpu] = [name for name in old if name.startswith("gpu-placement-gpu-")]
+    fake.add(waiting_pod("train-0", old_gpu))
+    fake.add(waiting_pod("done-0", old_gpu, phase="Succeeded"))  # finished: waits for nothing
+    wait_for(lambda: replica.view.template_waiters.get(f"ai/{old_gpu}") == {"ai/train-0"}, what="the waiting pod")
+    set_annotations(fake, "ai", {**DRA, "gpu-placement.io/gpu-products": "NVIDIA-A100-SXM4-80GB"})
+    wait_for(lambda: replica.view.namespaces["ai"].get("gpu-placement.io/gpu-products") == "NVIDIA-A100-SXM4-80GB",
+             what="the new policy in the view")
+    replica.mirror.step()
+    now = ours(fake, "ai")
+    assert len(now) == 3 and old_gpu in now  # the two new ones, and the old one train-0 still needs
+    assert not set(old) - {old_gpu} & set(now)  # the old shared template, which nobody waits for, went
+    # kube-controller-manager makes the claim and records it on the pod: the old template goes.
+    fake.patch("Pod", "train-0", {"status": {"resourceClaimStatuses": [
+        {"name": "gpu", "resourceClaimName": "train-0-gpu-x7k2p"}]}}, "ai")
+    wait_for(lambda: not replica.view.template_waiters, what="the claim recorded in the view")
+    replica.mirror.step()  # a turn on the pod's event alone (no resync due)
+    assert old_gpu not in ours(fake, "ai") and len(ours(fake, "ai")) == 2
+    assert replica.mirror.templates.kept == {}

@@ -6,7 +6,10 @@ configuration's `dra.allocation`), one template per sharing level a pod there ma
 cluster's devices publish within it), labelled `app.kubernetes.io/managed-by: gpu-placement` and
 owned by the Namespace (deleted with it). A template's spec is immutable and its name carries the
 spec's digest, so a changed policy creates new templates and deletes the old ones; a namespace moved
-back to `device-plugin` loses them. Templates without our label are never touched.
+back to `device-plugin` loses them. An old template stays while a pod of the namespace that is not done
+names it and its claim from it is not made yet (`ClusterView.template_waiters`: kube-controller-manager
+makes claims from the template when it can, after a quota refusal too), and goes once none waits: the
+mirror takes the namespace again on its pods' events. Templates without our label are never touched.
 
 It runs inside the quota mirror's loop (webhook/quota_mirror.py): the same Lease, the same namespace
 events, the same periodic full pass (which also picks up MIG profiles published since). Each template is
@@ -74,6 +77,8 @@ class TemplateKeeper:
         self.api, self.view, self.config, self.version = api, view, config, version
         self.writes = 0
         self.failures = Failures("dra templates", log)  # by namespace/name (namespace/* for its list)
+        self.kept: dict[str, int] = {}  # namespace/name of old templates kept -> pods waiting on them
+        self.kept_namespaces: frozenset[str] = frozenset()  # read by the mirror's pod listener (view lock)
 
     def reconcile(self, name: str, policy: NamespacePolicy | None, uid: str,
                   current: dict[str, dict[str, Any]] | None = None) -> None:
@@ -101,13 +106,19 @@ class TemplateKeeper:
                 tried.add(f"{name}/{template.name}")
                 with self.failures.unit(f"{name}/{template.name}"):
                     self._create(template, uid)
+        kept = set()
         for stale, obj in current.items():
-            if stale not in wanted:
-                tried.add(f"{name}/{stale}")
-                with self.failures.unit(f"{name}/{stale}"):
-                    self._delete(name, stale, obj)
+            if stale in wanted:
+                continue
+            if self._waited_on(name, stale):
+                kept.add(f"{name}/{stale}")
+                continue
+            tried.add(f"{name}/{stale}")
+            with self.failures.unit(f"{name}/{stale}"):
+                self._delete(name, stale, obj)
         self.failures.forget(key for key in list(self.failures.errors)
                              if key.startswith(f"{name}/") and key not in tried)  # wanted no more, or written
+        self._keep(name, kept)
 
     def resync(self, policies: Mapping[str, tuple[NamespacePolicy | None, str]],
                between: Callable[[], None] = lambda: None) -> None:
@@ -129,6 +140,24 @@ class TemplateKeeper:
     def leave(self, name: str) -> None:
         """Nothing is to be written in namespace `name` now (being deleted, or nothing of ours there)."""
         self.failures.forget(key for key in list(self.failures.errors) if key.startswith(f"{name}/"))
+        self._keep(name, set())
+
+    def _waited_on(self, namespace: str, template: str) -> bool:
+        """Whether a pod not done still waits for a claim from this template (and, if so, say it once)."""
+        with self.view.lock:
+            waiters = sorted(self.view.template_waiters.get(f"{namespace}/{template}", ()))
+        key = f"{namespace}/{template}"
+        if waiters and self.kept.get(key) != len(waiters):
+            log.info("dra templates: kept ResourceClaimTemplate %s, no longer the namespace's policy, while %d pod(s) "
+                     "wait for their claims from it (%s); deleted once none does", key, len(waiters),
+                     ", ".join(waiters[:3]) + (", ..." if len(waiters) > 3 else ""))
+            self.kept[key] = len(waiters)
+        return bool(waiters)
+
+    def _keep(self, namespace: str, kept: set[str]) -> None:
+        for key in [k for k in self.kept if k.startswith(f"{namespace}/") and k not in kept]:
+            del self.kept[key]
+        self.kept_namespaces = frozenset(k.split("/", 1)[0] for k in self.kept)
 
     def _any_in_view(self, namespace: str) -> bool:
         prefix = namespace + "/"

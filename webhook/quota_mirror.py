@@ -57,6 +57,7 @@ from gpu_placement.metrics import (
 )
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.owner import Owner
+from gpu_placement.pods import PodRecord
 from gpu_placement.resourcequotas import MIRROR_NAME
 from gpu_placement.view import ClusterView
 from webhook.dra_templates import device_hard
@@ -111,7 +112,7 @@ class QuotaMirror(LeaderLoop):
         self._dirty_lock = threading.Lock()
         self._next_resync = 0.0
         self._owner = Owner(self.settings.owner, "quota mirror") if self.settings.owner else None
-        view.subscribe_namespaces(self._changed)
+        view.subscribe_records(self._pod_changed, self._changed)
 
     # -- events --------------------------------------------------------------------------------
     def _changed(self, name: str, _record: NamespaceRecord | None) -> None:
@@ -119,6 +120,14 @@ class QuotaMirror(LeaderLoop):
         with self._dirty_lock:
             self._dirty.add(name)
         self._wake.set()
+
+    def _pod_changed(self, key: str, _record: PodRecord | None) -> None:
+        """View listener (under the view's lock, for every pod): a pod of a namespace where an old template
+        is kept for waiting pods may have its claims now, or be gone: take that namespace again."""
+        if self.templates is not None and self.templates.kept_namespaces:
+            namespace = key.split("/", 1)[0]
+            if namespace in self.templates.kept_namespaces:
+                self._changed(namespace, None)
 
     # -- running -------------------------------------------------------------------------------
     def step(self) -> None:
