@@ -228,3 +228,19 @@ def test_a_changed_policy_keeps_an_old_template_while_a_pod_waits_for_its_claim_
     replica.mirror.step()  # a turn on the pod's event alone (no resync due)
     assert old_gpu not in ours(fake, "ai") and len(ours(fake, "ai")) == 2
     assert replica.mirror.templates.kept == {}
+
+
+def test_a_template_failing_in_a_namespace_that_is_then_deleted_is_forgotten(
+        manual: tuple[FakeApiServer, Manual]) -> None:
+    fake, replica = manual
+    fake.add({"kind": "Namespace", "metadata": {"name": "ai", "annotations": DRA}})
+    wait_for(lambda: "ai" in replica.view.namespaces, what="the namespace in the view")
+    fake.fail_next(100, 422, reason="Invalid", method="POST",
+                   path="/apis/resource.k8s.io/v1/namespaces/ai/resourceclaimtemplates")
+    replica.mirror.step()
+    assert replica.mirror.templates.failures.errors and replica.mirror.last_error is not None
+    fake.stop_failing()
+    fake.delete("Namespace", "ai")
+    wait_for(lambda: "ai" not in replica.view.namespaces, what="the namespace gone from the view")
+    replica.mirror.step()
+    assert not replica.mirror.templates.failures.errors and replica.mirror.last_error is None

@@ -228,8 +228,11 @@ class QuotaMirror(LeaderLoop):
             self._leave(name)
             return
         known, wanted, uid = self._wanted(name)
-        if self.templates is not None and record is not None:
-            self.templates.reconcile(name, self._template_policy(name, record), record.uid)
+        if self.templates is not None:
+            if record is not None:
+                self.templates.reconcile(name, self._template_policy(name, record), record.uid)
+            else:
+                self.templates.leave(name)  # gone: its templates went with it
         if not known:
             self.failures.forget([f"{name}/{MIRROR_NAME}"])
             return
