@@ -9,7 +9,8 @@ Errors, what to catch:
 
     KubeConfigError     the kubeconfig or in-cluster config cannot be loaded (at start)
     ApiError            the API server answered with a non-2xx status; `.status`, `.reason`,
-                        `.message` from its `Status` body, `.retry_after` seconds or None
+                        `.message` and `.causes` (each cause's reason) from its `Status` body,
+                        `.retry_after` seconds or None
     urllib3.exceptions.HTTPError
                         no answer: connection refused, connect or read timeout, stream cut
 """
@@ -57,12 +58,14 @@ class KubeConfigError(Exception):
 class ApiError(Exception):
     """A non-2xx answer, with the API server's own `Status` message."""
 
-    def __init__(self, status: int, reason: str, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, status: int, reason: str, message: str, retry_after: float | None = None,
+                 causes: tuple[str, ...] = ()) -> None:
         super().__init__(f"HTTP {status} {reason}: {message}" if reason else f"HTTP {status}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
         self.retry_after = retry_after
+        self.causes = causes  # details.causes[].reason: NamespaceTerminating, FieldValueInvalid, ...
 
     def __repr__(self) -> str:
         return f"ApiError(status={self.status}, reason={self.reason!r}, message={self.message!r})"
@@ -207,8 +210,12 @@ def error_from(status_code: int, http_reason: str | None, raw: bytes, retry_afte
     except orjson.JSONDecodeError:
         pass
     message = status.get("message") or raw[:200].decode("utf-8", "replace").strip() or (http_reason or "")
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
     return ApiError(status_code, str(status.get("reason") or http_reason or ""), str(message),
-                    _retry_after(retry_after))
+                    _retry_after(retry_after),
+                    tuple(str(c.get("reason") or "") for c in causes if isinstance(c, dict))
+                    if isinstance(causes, list) else ())
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from kubernetes.client import ApiClient
 
-from gpu_placement.kube import api_error, drain, request
+from gpu_placement.kube import ApiError, api_error, drain, request
 
 __all__ = ["Lease", "drain", "parse_time"]
 
@@ -30,7 +30,10 @@ class Lease:
 
     def acquire(self) -> bool:
         """Take or renew the Lease; True while we hold it. Raises ApiError when the API server refuses
-        us (not when another replica won a race: that is False)."""
+        us; only a 409 (AlreadyExists to the create, Conflict to the update) is another replica winning
+        a race, which is False. A Lease in a namespace that does not exist is NamespaceLifecycle's 404
+        `namespaces "X" not found` (k8s.io/apiserver pkg/admission/plugin/namespace/lifecycle), and RBAC's
+        is a 403: both raise, with the Lease named, so the loop says why it never leads."""
         now = self.clock()
         stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration_seconds, "renewTime": stamp}
@@ -40,12 +43,9 @@ class Lease:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": {**spec, "acquireTime": stamp}}
-            response = request(self.api, "POST", self._path, body=body, timeout=_TIMEOUT)
-            ok = response.status < 300
-            drain(response)
-            return ok  # 409: another replica created it first
+            return self._written(request(self.api, "POST", self._path, body=body, timeout=_TIMEOUT))
         if response.status >= 300:
-            raise api_error(response)
+            raise self._refused(response)
         lease: dict[str, Any] = orjson.loads(response.read())
         held = lease.get("spec") or {}
         renewed = parse_time(held.get("renewTime"))
@@ -55,11 +55,20 @@ class Lease:
         lease["spec"] = {**held, **spec}
         if held.get("holderIdentity") != self.identity:
             lease["spec"]["acquireTime"] = stamp
-        response = request(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=_TIMEOUT)
-        ok = response.status < 300  # 409: someone renewed or took it in between
-        drain(response)
-        return ok
+        return self._written(request(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=_TIMEOUT))
 
+    def _written(self, response: Any) -> bool:
+        """A create or update of the Lease: True when made; False on 409 (another replica created it
+        first, or renewed or took it in between); any other refusal raises."""
+        if response.status == 409 or response.status < 300:
+            drain(response)
+            return bool(response.status < 300)
+        raise self._refused(response)
+
+    def _refused(self, response: Any) -> ApiError:
+        error = api_error(response)
+        return ApiError(error.status, error.reason, f"Lease {self.namespace}/{self.name}: {error.message}",
+                        error.retry_after, error.causes)
 
     def release(self) -> None:
         """Give the Lease up (on a clean stop), so another replica takes it at its next try instead of

@@ -78,6 +78,9 @@ QUOTA_MIRROR_SUCCESS = Gauge("gpu_placement_quota_mirror_last_success_timestamp_
 QUOTA_MIRROR_WRITES = Counter("gpu_placement_quota_mirror_writes",
                               "ResourceQuota creates, updates and deletes by the quota mirror, by outcome.",
                               ["action", "outcome"])
+QUOTA_MIRROR_FAILING = Gauge("gpu_placement_quota_mirror_failing_objects",
+                              "ResourceQuotas and ResourceClaimTemplates whose last write by the quota mirror failed "
+                              "(each retried on the next turns; the log names them and why).", ["lease"])
 QUOTA_HOLDS = Gauge("gpu_placement_quota_holds", "Pods this replica admitted that the view has not shown yet.")
 QUOTA_HOLD_OLDEST = Gauge("gpu_placement_quota_hold_oldest_age_seconds", "Age of the oldest quota hold (0: none).")
 QUOTA_HOLD_SETTLEMENTS = Counter("gpu_placement_quota_hold_settlements", "Quota holds ended, by how.", ["outcome"])
@@ -103,6 +106,9 @@ DRA_TAINT_HOLDS = Gauge("gpu_placement_dra_taint_holds",
 DRA_TAINT_WRITES = Counter("gpu_placement_dra_taint_writes",
                            "DeviceTaintRule creates, updates and deletes by gpu-placement, by outcome.",
                            ["action", "outcome"])
+DRA_TAINT_FAILING = Gauge("gpu_placement_dra_taint_failing_objects",
+                          "DeviceTaintRules whose last write failed (each retried on the next turns; the log names "
+                          "them and why).", ["lease"])
 DRA_TAINT_SUCCESS = Gauge("gpu_placement_dra_taint_last_success_timestamp_seconds",
                           "Unix time of the DRA taint controller's last turn without an API error.", ["lease"])
 TELEMETRY_SKIPPED = Counter("gpu_placement_telemetry_samples_skipped",

@@ -18,6 +18,7 @@ class NamespaceRecord:
     resource_version: str = ""
     uid: str = ""  # for owner references to the Namespace (the quota mirror's ResourceQuotas)
     labels: dict[str, str] = field(default_factory=dict)  # only gpu-placement.io/*: the opt-in label
+    terminating: bool = False  # metadata.deletionTimestamp set: being deleted, nothing new may be created there
 
     def get(self, key: str) -> str | None:
         return self.annotations.get(key)
@@ -28,4 +29,4 @@ def namespace_from_json(obj: Mapping[str, Any]) -> NamespaceRecord:
     annotations = {k: str(v) for k, v in (meta.get("annotations") or {}).items() if k.startswith(PREFIX)}
     labels = {k: str(v) for k, v in (meta.get("labels") or {}).items() if k.startswith(PREFIX)}
     return NamespaceRecord(str(meta.get("name") or ""), annotations, str(meta.get("resourceVersion") or ""),
-                           str(meta.get("uid") or ""), labels)
+                           str(meta.get("uid") or ""), labels, terminating=bool(meta.get("deletionTimestamp")))

@@ -51,6 +51,9 @@ class PodRecord:
     # not read still compares equal, and the view skips it.
     version: int = field(default=0, compare=False)
     failed: bool = False  # phase Failed: counted per driver version (rollout metrics)
+    # A pod not done whose claims from ResourceClaimTemplates are not all made yet: those templates' names
+    # (webhook/dra_templates.py keeps an old template of ours while a pod waits on it).
+    claim_templates: tuple[str, ...] = ()
     operator: OperatorPod | None = None  # a GPU Operator driver or validator pod: what the rollout reads
     # A claim pod's stand-in resources (gpu-placement.io/*, one per device of a level: webhook/dra_quota.py),
     # by the effective-request rule: what the API server's pod quota charges it.
@@ -101,8 +104,25 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         version=resource_version(meta),
         failed=status.get("phase") == "Failed",
         operator=operator_pod_from_json(obj) if operator and spec.get("nodeName") else None,
+        claim_templates=_awaited_templates(spec, status) if status.get("phase") not in _TERMINAL else (),
         standins=standins,
     )
+
+
+def _awaited_templates(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[str, ...]:
+    """The templates named by the pod's `spec.resourceClaims` whose claim `status.resourceClaimStatuses`
+    does not record yet. kube-controller-manager's resourceclaim controller creates each claim from its
+    template and then records its name there, in the same sync (pkg/controller/resourceclaim/controller.go
+    `syncPod`, v1.37.2); until then (a create refused by quota, say) it needs the template to exist."""
+    entries = spec.get("resourceClaims")
+    if not entries or not isinstance(entries, list):
+        return ()
+    recorded = status.get("resourceClaimStatuses")
+    made = {s.get("name") for s in recorded if isinstance(s, Mapping) and s.get("resourceClaimName")} if (
+        isinstance(recorded, list)) else set()
+    return tuple(sorted({sys.intern(str(e["resourceClaimTemplateName"])) for e in entries
+                         if isinstance(e, Mapping) and isinstance(e.get("resourceClaimTemplateName"), str)
+                         and e.get("name") not in made}))
 
 
 def resource_version(meta: Mapping[str, Any]) -> int:

@@ -98,6 +98,11 @@ class ClusterView:
         self.telemetry: dict[str, Telemetry] = {}
         self.namespace_usage: dict[str, dict[str, int]] = {}
         self.validators: dict[str, dict[str, bool]] = {}  # node -> validator pod key -> Ready
+        # node -> validator pods made for it (by its DaemonSet) and not bound yet: the DRA taint controller
+        # holds the node's rule back while any waits (gpu_placement/dra/taints.py), the device table says so
+        self.waiting_validators: dict[str, set[str]] = {}
+        # namespace/template -> pods waiting for their claims from it (PodRecord.claim_templates)
+        self.template_waiters: dict[str, set[str]] = {}
         self.nominated: dict[str, set[str]] = {}  # node -> unbound GPU pods nominated there (status.nominatedNodeName)
         # Kinds kept as records only, by key (gpu_placement/ingest.py OBJECT_KINDS): PodDisruptionBudgets
         # by namespace/name (the extender's /preempt), the mirrored ResourceQuotas by namespace (the webhook).
@@ -184,6 +189,7 @@ class ClusterView:
 
     def delete_node(self, name: str) -> None:
         with self.lock:
+            self.dra.forget_node(name)  # its ResourceSlices go after it (garbage collector): no ghost from them
             if self.nodes.pop(name, None) is None:
                 return
             self._refresh_free(name)
@@ -400,6 +406,11 @@ class ClusterView:
         if pod.validator_ready is not None and pod.node:
             self.validators.setdefault(pod.node, {})[key] = pod.validator_ready
             self._changed(pod.node)
+        if pod.validator_ready is not None and pod.waits_for:
+            self.waiting_validators.setdefault(pod.waits_for, set()).add(key)
+            self._changed(pod.waits_for)
+        for template in pod.claim_templates:
+            self.template_waiters.setdefault(f"{pod.namespace}/{template}", set()).add(key)
         self._touch()
 
     def _unaccount(self, key: str, pod: PodRecord | None) -> None:
@@ -423,6 +434,18 @@ class ClusterView:
             validators = self.validators.get(pod.node)
             if validators and validators.pop(key, None) is not None:
                 self._changed(pod.node)
+        waiting = self.waiting_validators.get(pod.waits_for or "")
+        if pod.waits_for and waiting is not None and key in waiting:
+            waiting.discard(key)
+            if not waiting:
+                del self.waiting_validators[pod.waits_for]
+            self._changed(pod.waits_for)
+        for template in pod.claim_templates:
+            waiters = self.template_waiters.get(f"{pod.namespace}/{template}")
+            if waiters is not None:
+                waiters.discard(key)
+                if not waiters:
+                    del self.template_waiters[f"{pod.namespace}/{template}"]
         self._touch()
 
     def _memory_annotation(self, pod: PodRecord) -> str | None:
@@ -529,10 +552,11 @@ class ClusterView:
             listener(node)
 
     def _dra_devices_changed(self, node: str) -> None:
-        """The node's ResourceSlices changed: its facts are merged again (labels first)."""
-        base = self.dra.label_facts(node) or self.nodes.get(node)
-        if base is not None:
-            self.upsert_node(base)
+        """The node's ResourceSlices changed: its facts are merged again (labels first). Only a node the
+        view has: a Node's slices are deleted after it (they are owned by it), and must not bring it back."""
+        if node not in self.nodes:
+            return
+        self.upsert_node(self.dra.label_facts(node) or self.nodes[node])
 
     def _dra_usage_changed(self, node: str) -> None:
         """Claims allocated or freed devices on the node: what is free there changed (scores)."""

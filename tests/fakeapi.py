@@ -20,13 +20,18 @@ client (generated models or `_preload_content=False`) and our own list+watch loo
     namespaces, discovery, /version, /healthz.
 
 Every write bumps one global resourceVersion; errors are `Status` objects with the real reasons and
-messages. Test code drives it from its own thread: `add`/`update`/`upsert`/`patch`/`patch_labels`/
+messages. Writes are checked as kube-apiserver checks them where clients notice: names, label keys and
+values (422), ResourceQuota spec.hard, and NamespaceLifecycle (a create in a namespace that does not
+exist: 404; in one being deleted: 403 with the `NamespaceTerminating` cause). With
+`device_taint_eviction=True` it also plays kube-controller-manager's status write on DeviceTaintRules.
+Test code drives it from its own thread: `add`/`update`/`upsert`/`patch`/`patch_labels`/
 `delete`/`bind`, `load` (bulk, no events), `compact`, `cut_watches`, `down`/`up`, `delay`,
 `fail_next`/`stop_failing`, `requests_log`/`count`/`counts`, `open_watches`/`wait_for_watches`.
 
 Not modelled: defaulting beyond a pod's Pending phase and a namespace's Active phase and name
-label, admission (so no quota admission; and no quota controller: a ResourceQuota's status stays
-as written), garbage collection by ownerReferences, RBAC, managedFields and server-side apply,
+label, admission beyond NamespaceLifecycle (so no quota admission; and no quota controller: a
+ResourceQuota's status stays as written), garbage collection by ownerReferences, RBAC, managedFields
+and server-side apply,
 graceful pod deletion (pods go at once), namespace cleanup of the objects inside, protobuf/CBOR
 and gzip (always plain JSON), strategic-merge list semantics (merge keys), LIST
 resourceVersionMatch=Exact (served as the current state), and the watch cache's 3 s wait and 504
@@ -537,12 +542,18 @@ class FakeApiServer:
         namespaces: namespaces that exist from the start, as on a real cluster.
         default_watch_timeout: seconds a watch without timeoutSeconds lasts.
         host, port: where to listen; port 0 picks a free port (kept across down()/up()).
+        dra, taint_rules: the resource.k8s.io versions served (`dra_resources`).
+        device_taint_eviction: play kube-controller-manager's device-taint-eviction controller, which
+            writes an `EvictionInProgress` condition into every DeviceTaintRule's status as soon as the
+            rule appears or its spec changes (pkg/controller/devicetainteviction/device_taint_eviction.go
+            `maybeUpdateRuleStatus`, v1.37.2): each such write through the API is followed at once by
+            that status write, so the resourceVersion the writer was answered with is already stale.
     """
 
     def __init__(self, token: str | None = None, *, bookmark_interval: float = 1.0, history_limit: int = 10_000,
                  namespaces: Iterable[str] = DEFAULT_NAMESPACES, default_watch_timeout: float = 1800.0,
                  host: str = "127.0.0.1", port: int = 0, dra: str | None = None,
-                 taint_rules: str | None = None) -> None:
+                 taint_rules: str | None = None, device_taint_eviction: bool = False) -> None:
         self.token = token or secrets.token_urlsafe(24)
         self.bookmark_interval = bookmark_interval
         self.history_limit = history_limit
@@ -555,6 +566,7 @@ class FakeApiServer:
         self._rv = 1
         self._floor = 1  # events with rv > floor are in the history
         self.resources = RESOURCES + dra_resources(dra, taint_rules)
+        self.device_taint_eviction = device_taint_eviction
         self._by_path = {(r.group, r.version, r.plural): r for r in self.resources}
         self._by_name = {name.lower(): r for r in self.resources for name in (r.plural, r.singular, r.kind,
                                                                               *r.short_names)}
@@ -1458,13 +1470,15 @@ class FakeApiServer:
             meta.pop("namespace", None)
         if meta.get("resourceVersion"):
             raise ApiStatusError(500, "resourceVersion should not be set on objects to be created")
+        requested = str(meta.get("name") or "")
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + "".join(secrets.choice(_GENERATE_CHARS) for _ in range(5))
         self._validate_name(res, meta.get("name") or "")
+        _check_labels(res, obj)
         self._prepare_create(res, obj)
         with self._lock:
             if res.namespaced:
-                self._check_namespace(ns or "")
+                self._check_namespace(res, ns or "", requested)
             key = self._key(res, ns, meta["name"])
             if key in self._objects[res]:
                 raise ApiStatusError(409, f'{res.qualified} "{meta["name"]}" already exists',
@@ -1472,15 +1486,25 @@ class FakeApiServer:
             self._stamp_new(obj)
             if dry_run:
                 return _with_kind(res, {**obj, "metadata": {**meta, "resourceVersion": ""}})
-            return _with_kind(res, self._commit(res, key, obj, "ADDED"))
+            created = self._commit(res, key, obj, "ADDED")
+            self._evicting(res, key)  # stores a new dict: `created` stays as the create answered it
+            return _with_kind(res, created)
 
-    def _check_namespace(self, ns: str) -> None:
+    def _check_namespace(self, res: Resource, ns: str, name: str) -> None:
+        """The NamespaceLifecycle admission plugin on a create (k8s.io/apiserver v0.37.2
+        pkg/admission/plugin/namespace/lifecycle/admission.go `Admit`): a namespace that does not exist
+        is the namespace lookup's own 404; one being deleted refuses new content with a 403 Forbidden
+        for the object (`admission.NewForbidden`) and a `NamespaceTerminating` cause."""
         namespace = self._objects[_NAMESPACE].get(("", ns))
         if namespace is None:
             raise _not_found(_NAMESPACE, ns)
         if namespace["metadata"].get("deletionTimestamp"):
-            raise ApiStatusError(403, f"unable to create new content in namespace {ns} because it is being "
-                                      "terminated", details={"name": ns, "kind": "namespaces"})
+            details = _details(res, name)
+            details["causes"] = [{"reason": "NamespaceTerminating", "message": f"namespace {ns} is being terminated",
+                                  "field": "metadata.namespace"}]
+            what = f'{res.qualified} "{name}"' if name else res.qualified
+            raise ApiStatusError(403, f"{what} is forbidden: unable to create new content in namespace {ns} because "
+                                      "it is being terminated", details=details)
 
     @staticmethod
     def _validate_name(res: Resource, name: str) -> None:
@@ -1541,13 +1565,55 @@ class FakeApiServer:
             _secret_data(obj)
         elif res.kind == "ResourceQuota" and sub is None:
             _check_quota(res, obj)
+        if sub is None:
+            _check_labels(res, obj)
         self._keep_identity(obj, old)
         if dry_run:
             return _with_kind(res, obj)
         key = self._key(res, ns, name)
         if old_meta.get("deletionTimestamp") and not obj["metadata"].get("finalizers"):
             return _with_kind(res, self._commit(res, key, None, "DELETED"))  # the last finalizer went
-        return _with_kind(res, self._commit(res, key, obj, "MODIFIED"))
+        updated = self._commit(res, key, obj, "MODIFIED")
+        if sub is None and updated is not old and updated.get("spec") != old.get("spec"):
+            self._evicting(res, key)
+        return _with_kind(res, updated)
+
+    def _evicting(self, res: Resource, key: Key) -> None:
+        """kube-controller-manager's device-taint-eviction controller (when `device_taint_eviction`) on a
+        DeviceTaintRule just created or given a new spec: its status condition, applied at once (lock
+        held). The reason is what `maybeUpdateRuleStatus` sets for a rule no pod is evicted by yet; the
+        counts in the `None` effect's message are of published devices only (the fake allocates none)."""
+        if not self.device_taint_eviction or res.kind != "DeviceTaintRule" or key not in self._objects[res]:
+            return
+        rule = _copy(self._objects[res][key])
+        spec = rule.get("spec") or {}
+        effect = (spec.get("taint") or {}).get("effect")
+        if effect == "NoExecute":
+            reason, message = "NotStarted", ""
+        elif effect == "None":
+            reason = "NoEffect"
+            message = (f"{self._published_devices(spec.get('deviceSelector') or {})} published devices selected. "
+                       "0 allocated devices selected. 0 pods would be evicted in 0 different namespaces if the "
+                       "effect was NoExecute. This information will not be updated again. Recreate the "
+                       "DeviceTaintRule to trigger an update.")
+        else:
+            reason, message = "OtherEffect", "Eviction only happens for the NoExecute effect."
+        rule["status"] = {"conditions": [{"type": "EvictionInProgress", "status": "False", "reason": reason,
+                                          "message": message,
+                                          "observedGeneration": rule["metadata"].get("generation", 1),
+                                          "lastTransitionTime": _now()}]}
+        self._commit(res, key, rule, "MODIFIED")
+
+    def _published_devices(self, selector: Obj) -> int:
+        slices = self._by_name.get("resourceslices")
+        count = 0
+        for slice_ in self._objects[slices].values() if slices else ():
+            spec = slice_.get("spec") or {}
+            if selector.get("driver") not in (None, spec.get("driver")) or selector.get("pool") not in (
+                    None, (spec.get("pool") or {}).get("name")):
+                continue
+            count += sum(1 for d in spec.get("devices") or () if selector.get("device") in (None, d.get("name")))
+        return count
 
     def _patch(self, res: Resource, ns: str | None, name: str, sub: str | None, content_type: str, raw: bytes,
                dry_run: bool) -> Obj:
@@ -1718,6 +1784,34 @@ _STANDARD_QUOTA = frozenset({"pods", "services", "replicationcontrollers", "reso
                              "memory", "ephemeral-storage", "requests.cpu", "requests.memory",
                              "requests.ephemeral-storage", "requests.storage", "limits.cpu", "limits.memory",
                              "limits.ephemeral-storage"})
+
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_VALUE_RULE = ("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
+                     "and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or "
+                     "'12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
+
+
+def _check_labels(res: Resource, obj: Obj) -> None:
+    """ValidateObjectMeta's label rules, which kube-apiserver applies to every object it stores
+    (apimachinery v0.37.2 pkg/apis/meta/v1/validation ValidateLabels; api/validate/content IsLabelValue):
+    a key is a qualified name, a value at most 63 characters of the label alphabet."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    name = obj["metadata"].get("name") or ""
+    for key, value in labels.items() if isinstance(labels, dict) else ():
+        prefix, _, part = str(key).rpartition("/")
+        if not _QUALIFIED.match(str(key)) or len(part) > 63 or len(prefix) > 253:
+            raise _invalid(res, name, "metadata.labels", f'Invalid value: "{key}": name part must consist of '
+                           "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric "
+                           "character, at most 63 characters, with an optional DNS subdomain prefix and '/'")
+        if not isinstance(value, str):
+            raise ApiStatusError(400, f"json: cannot unmarshal {type(value).__name__} into Go struct field "
+                                      "ObjectMeta.metadata.labels of type string")
+        if len(value) > 63:
+            raise _invalid(res, name, "metadata.labels", f'Invalid value: "{value}": must be no more than 63 '
+                                                         "characters")
+        if not _LABEL_VALUE.match(value):
+            raise _invalid(res, name, "metadata.labels", f'Invalid value: "{value}": {_LABEL_VALUE_RULE}')
 
 
 def _check_quota(res: Resource, obj: Obj) -> None:

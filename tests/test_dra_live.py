@@ -131,3 +131,28 @@ def test_claims_allocated_fill_their_node(served: Live) -> None:
     wait_for(lambda: view.dra.used_on("dra-1") == {"gpu-1": 1}, what="the allocation")
     fake.delete("ResourceClaim", "train-gpu", "ml")
     wait_for(lambda: view.dra.used_on("dra-1") == {}, what="the claim deleted")
+
+
+def test_a_deleted_node_does_not_come_back_when_its_resourceslice_goes_after_it(served: Live) -> None:
+    """The kubelet plugin's ResourceSlices are owned by their Node, so the garbage collector deletes them
+    after it (cluster autoscaler scale-down): their deletion must not put the Node back in the view."""
+    from gpu_placement.cluster_metrics import ClusterMetrics
+
+    fake, view = served.fake, served.view
+    tracker = ClusterMetrics(view, served.config)
+    tracker.start()
+    fake.delete("Node", "dra-1")
+    wait_for(lambda: "dra-1" not in view.nodes, what="the Node gone from the view")
+    fake.delete("Pod", validator_pod("dra-1")["metadata"]["name"], "gpu-operator")
+    fake.delete("ResourceSlice", resource_slice("dra-1", 2)["metadata"]["name"])
+    wait_for(lambda: not view.dra.devices_on("dra-1"), what="the slice gone from the view")
+    assert "dra-1" not in view.nodes and view.dra.label_facts("dra-1") is None
+    unusable = {sample.labels["node"] for family in tracker.families()
+                if family.name == "gpu_placement_gpu_node_unusable_since_timestamp_seconds"
+                for sample in family.samples}
+    assert "dra-1" not in unusable
+    # A node that joins again is judged afresh, its slice merged in whichever order they come.
+    fake.add(resource_slice("dra-1", 2))
+    fake.add(make_node("dra-1", "h100", allocatable={}))
+    wait_for(lambda: view.nodes.get("dra-1") is not None and view.nodes["dra-1"].dra_devices == 2,
+             what="the node back with its devices")

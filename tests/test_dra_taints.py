@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
+import orjson
 import pytest
 
 from gpu_placement import metrics
@@ -86,9 +87,11 @@ def replicas() -> Iterator[Callable[..., Replica]]:
     made: list[Replica] = []
 
     def make(config: Config | None = None, *, fake: FakeApiServer | None = None, taint_rules: str | None = "v1",
-             identity: str = "replica-a", settings: TaintSettings = QUICK) -> Replica:
+             identity: str = "replica-a", settings: TaintSettings = QUICK,
+             device_taint_eviction: bool = False) -> Replica:
         if fake is None:
-            fake = FakeApiServer(dra="v1", taint_rules=taint_rules).start()
+            fake = FakeApiServer(dra="v1", taint_rules=taint_rules,
+                                 device_taint_eviction=device_taint_eviction).start()
             fake.load(cluster())
             fakes.append(fake)
         replica = Replica(fake, identity, config or Config(), settings)
@@ -246,3 +249,142 @@ def test_rules_edited_by_hand_are_put_back_at_the_resync(replicas: Callable[...,
     replica.taints.step()
     assert {name: taint(rule)[2] for name, rule in rules(fake).items()} == {
         "gpu-placement-unvalidated": "NoSchedule", "gpu-placement-upgrading": "NoSchedule"}
+
+
+def test_a_lease_in_a_namespace_that_does_not_exist_is_an_error_not_a_lost_race(
+        replicas: Callable[..., Replica]) -> None:
+    replica = replicas()
+    lost = TaintController(replica.api, replica.view, replica.config, "no-such-namespace", "replica-b",
+                           replace(QUICK, lease_name="missing-ns-dra"))
+    stamp = gauge(metrics.DRA_TAINT_SUCCESS, "missing-ns-dra")
+    time.sleep(0.01)
+    lost.step()
+    assert not lost.leading and gauge(metrics.DRA_TAINT_LEADING, "missing-ns-dra") == 0
+    assert lost.last_error == ('HTTP 404 NotFound: Lease no-such-namespace/missing-ns-dra: namespaces '
+                               '"no-such-namespace" not found')
+    assert gauge(metrics.DRA_TAINT_SUCCESS, "missing-ns-dra") == stamp
+
+
+def test_a_validator_already_waiting_when_the_process_starts_keeps_its_node_untainted(tmp_path: Any) -> None:
+    """After a restart (serve's own order: core_from_cluster starts the list+watch, the servers and
+    certificates come up, then _start_dra_taints), a DRA validator pod that was pending before the
+    controller existed still holds its node's rule back: a taint would lock it out for good."""
+    import argparse
+
+    from gpu_placement.serve import _kinds, _start_dra_taints
+    from gpu_placement.service import core_from_cluster
+
+    fake = FakeApiServer(dra="v1", taint_rules="v1").start()
+    core = None
+    try:
+        fake.load([namespace("gpu-placement"), namespace("gpu-operator"), *device_classes(), dra_node("gpu-new"),
+                   resource_slice("gpu-new", 2), waiting_validator("gpu-new")])
+        config = Config()
+        args = argparse.Namespace(components=["webhook"], quota_mirror=True, namespace="gpu-placement",
+                                  dra_lease="gpu-placement-dra", owner=None)
+        core = core_from_cluster(config, str(fake.write_kubeconfig(tmp_path / "kubeconfig")), _kinds(args, config))
+        wait_for(lambda: {"pods", "nodes", "resourceslices"} <= core.view.listed, what="the first lists")
+        _start_dra_taints(args, core)
+        controller = core.stoppers[-1].__self__  # type: ignore[attr-defined]
+        assert isinstance(controller, TaintController)
+        wait_for(lambda: controller.holds == {"gpu-new"}, what="the node's rule held back for its validator")
+        assert rules(fake) == {}
+        fake.bind("gpu-operator", "nvidia-dra-validator-gpu-new", "gpu-new")  # it has its device now
+        wait_for(lambda: "gpu-placement-gpu-new" in rules(fake), what="the rule once the validator is bound")
+        assert controller.holds == set()
+    finally:
+        if core is not None:
+            core.stop()
+        fake.stop()
+
+
+def writes(action: str, outcome: str) -> float:
+    return gauge(metrics.DRA_TAINT_WRITES, action, outcome)
+
+
+def test_untaint_and_retaint_go_through_at_once_although_kube_controller_manager_wrote_the_status(
+        replicas: Callable[..., Replica]) -> None:
+    """kube-controller-manager writes every rule's status as soon as it appears (device_taint_eviction.go
+    maybeUpdateRuleStatus), so the resourceVersion the controller was answered with is stale: a delete
+    by uid alone, and an update made again on the rule as it is now, in the same pass."""
+    replica = replicas(device_taint_eviction=True)
+    fake = replica.fake
+    replica.taints.step()
+    assert sorted(rules(fake)) == ["gpu-placement-unvalidated", "gpu-placement-upgrading"]
+    assert rules(fake)["gpu-placement-unvalidated"]["status"]["conditions"][0]["reason"] == "OtherEffect"
+    conflicts = writes("delete", "conflict")
+    fake.update(validator_pod("unvalidated", True))  # verified again: its rule must go
+    fake.patch_labels("Node", "upgrading", {"nvidia.com/gpu-driver-upgrade-state": "upgrade-done"})
+    fake.update(validator_pod("upgrading", False))  # upgrade done, not validated yet: a new reason
+    wait_for(lambda: replica.view.validator_state("unvalidated").ready and not replica.view.validator_state(
+        "upgrading").ready and replica.view.nodes["upgrading"].upgrade_state == "upgrade-done", what="the changes")
+    replica.taints.step()  # one pass
+    assert sorted(rules(fake)) == ["gpu-placement-upgrading"]
+    assert taint(rules(fake)["gpu-placement-upgrading"])[1] == "NotValidated"
+    assert replica.taints.last_error is None and not replica.taints.failures.errors
+    assert writes("delete", "conflict") == conflicts
+
+
+def test_one_rule_refused_is_retried_later_and_the_rest_of_the_pass_goes_on(
+        replicas: Callable[..., Replica], caplog: pytest.LogCaptureFixture) -> None:
+    replica = replicas(settings=replace(QUICK, lease_name="unit-dra", lease_seconds=30))
+    fake = replica.fake
+    replica.taints.step()
+    stamp = gauge(metrics.DRA_TAINT_SUCCESS, "unit-dra")
+    refused = 'admission webhook "policy.example.com" denied the request: rules are frozen'
+    path = RULES.format("v1") + "/gpu-placement-unvalidated"
+    fake.fail_next(100, 400, message=refused, reason="BadRequest", method="DELETE", path=path)
+    fake.update(validator_pod("unvalidated", True))
+    fake.patch_labels("Node", "upgrading", {"nvidia.com/gpu-driver-upgrade-state": "upgrade-done"})
+    wait_for(lambda: replica.view.validator_state("unvalidated").ready and
+             replica.view.nodes["upgrading"].upgrade_state == "upgrade-done", what="both verified")
+    replica.taints.step()
+    assert sorted(rules(fake)) == ["gpu-placement-unvalidated"]  # upgrading's rule went all the same
+    assert replica.taints.failures.errors == {"gpu-placement-unvalidated": f"HTTP 400 BadRequest: {refused}"}
+    assert replica.taints.last_error == f"HTTP 400 BadRequest: {refused}"
+    assert gauge(metrics.DRA_TAINT_FAILING, "unit-dra") == 1
+    assert gauge(metrics.DRA_TAINT_SUCCESS, "unit-dra") == stamp
+    replica.taints.step()  # the next turn tries it again
+    assert fake.count("delete", path) == 2 and caplog.text.count(refused) == 1
+    fake.stop_failing()
+    replica.taints.step()
+    assert rules(fake) == {} and replica.taints.last_error is None
+    assert gauge(metrics.DRA_TAINT_FAILING, "unit-dra") == 0
+    assert gauge(metrics.DRA_TAINT_SUCCESS, "unit-dra") > stamp
+
+
+LONG = "gpu-a100-r12u34.training-cluster-prod.us-east-1.datacenter.example.com"  # 70 characters
+
+
+def test_a_node_name_longer_than_a_label_value_gets_its_rule_and_loses_it(replicas: Callable[..., Replica]) -> None:
+    """A node name may have 253 characters, a label value 63 (kube-apiserver: 422). The name goes whole
+    into the annotation and, shortened with a hash, into the label, which still selects the rule."""
+    from gpu_placement.kube import request
+
+    replica = replicas()
+    fake = replica.fake
+    for name, ready in (("aaa-fixed", False), (LONG, False), ("zz-broken", False)):
+        fake.add(dra_node(name))
+        fake.add(resource_slice(name, 2))
+        fake.add(validator_pod(name, ready))
+    wait_for(lambda: replica.view.nodes.get("zz-broken") and replica.view.nodes["zz-broken"].dra_devices,
+             what="the new nodes")
+    replica.taints.step()
+    assert {"gpu-placement-aaa-fixed", f"gpu-placement-{LONG}", "gpu-placement-zz-broken"} <= set(rules(fake))
+    assert replica.taints.last_error is None
+    from gpu_placement.dra.taints import node_label_value
+
+    meta = rules(fake)[f"gpu-placement-{LONG}"]["metadata"]
+    label = meta["labels"]["gpu-placement.io/node"]
+    assert len(label) <= 63 and label == node_label_value(LONG) and label.startswith("gpu-a100-r12u34.")
+    assert meta["annotations"]["gpu-placement.io/node"] == LONG
+    selected = request(replica.api, "GET", RULES.format("v1"),
+                       query=[("labelSelector", f"gpu-placement.io/node={label}")], timeout=(5, 5))
+    assert [i["metadata"]["name"] for i in orjson.loads(selected.data)["items"]] == [f"gpu-placement-{LONG}"]
+    fake.update(validator_pod("aaa-fixed", True))
+    fake.update(validator_pod(LONG, True))
+    wait_for(lambda: replica.view.validator_state(LONG).ready and replica.view.validator_state("aaa-fixed").ready,
+             what="both verified")
+    replica.taints.step()
+    assert "gpu-placement-aaa-fixed" not in rules(fake) and f"gpu-placement-{LONG}" not in rules(fake)
+    assert "gpu-placement-zz-broken" in rules(fake)

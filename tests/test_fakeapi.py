@@ -169,6 +169,64 @@ def test_not_found_and_already_exists_are_real_status_objects(fake_api: FakeApiS
     assert caught.value.status == 404 and status_of(caught.value)["message"] == 'namespaces "no-such-ns" not found'
 
 
+def test_namespace_lifecycle_refuses_new_content_as_kube_apiserver_words_it(fake_api: FakeApiServer,
+                                                                             core: client.CoreV1Api):
+    # k8s.io/apiserver v0.37.2 pkg/admission/plugin/namespace/lifecycle/admission.go: a Lease in a namespace that
+    # does not exist is the namespace's 404; anything new in a namespace being deleted is a 403 for the object.
+    with pytest.raises(ApiException) as caught:
+        client.CoordinationV1Api(core.api_client).create_namespaced_lease(
+            "missing", {"metadata": {"name": "lock"}, "spec": {}})
+    assert caught.value.status == 404 and status_of(caught.value)["details"] == {"name": "missing",
+                                                                                "kind": "namespaces"}
+    fake_api.add({"kind": "Namespace", "metadata": {"name": "old", "deletionTimestamp": "2026-01-01T00:00:00Z",
+                                                    "finalizers": ["example.com/stuck"]}})
+    with pytest.raises(ApiException) as caught:
+        core.create_namespaced_resource_quota("old", {"metadata": {"name": "gpu-placement"}, "spec": {}})
+    status = status_of(caught.value)
+    assert caught.value.status == 403 and status["reason"] == "Forbidden"
+    assert status["message"] == ('resourcequotas "gpu-placement" is forbidden: unable to create new content in '
+                                 "namespace old because it is being terminated")
+    assert status["details"]["causes"] == [{"reason": "NamespaceTerminating", "message": "namespace old is being "
+                                            "terminated", "field": "metadata.namespace"}]
+
+
+@pytest.mark.parametrize("value", ["x" * 64, "ends-with-dash-", "has space"])
+def test_label_values_are_validated_on_every_write(fake_api: FakeApiServer, core: client.CoreV1Api, value: str):
+    with pytest.raises(ApiException) as caught:
+        core.create_namespaced_config_map("default", {"metadata": {"name": "c", "labels": {"k": value}}})
+    assert caught.value.status == 422
+    assert status_of(caught.value)["message"].startswith(f'ConfigMap "c" is invalid: metadata.labels: Invalid '
+                                                         f'value: "{value}": ')
+    core.create_namespaced_config_map("default", {"metadata": {"name": "c", "labels": {"k": "x" * 63}}})
+    with pytest.raises(ApiException) as caught:
+        core.patch_namespaced_config_map("c", "default", {"metadata": {"labels": {"k": value}}},
+                                         _content_type="application/merge-patch+json")
+    assert caught.value.status == 422
+
+
+def test_device_taint_eviction_writes_each_new_rules_status_at_once() -> None:
+    with FakeApiServer(dra="v1", taint_rules="v1", device_taint_eviction=True) as fake:
+        api = fake.api_client()
+        path = "/apis/resource.k8s.io/v1/devicetaintrules"
+        rule = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule", "metadata": {"name": "r"},
+                "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "p"},
+                         "taint": {"key": "k", "effect": "NoSchedule"}}}
+        created = orjson.loads(raw_request(api, "POST", path, body=rule, timeout=(5, 5)).data)
+        stored = fake.get("DeviceTaintRule", "r")
+        assert stored["metadata"]["resourceVersion"] != created["metadata"]["resourceVersion"]
+        [condition] = stored["status"]["conditions"]
+        assert (condition["type"], condition["status"], condition["reason"]) == (
+            "EvictionInProgress", "False", "OtherEffect")
+        stale = raw_request(api, "DELETE", f"{path}/r", timeout=(5, 5), body={
+            "preconditions": {"uid": created["metadata"]["uid"],
+                              "resourceVersion": created["metadata"]["resourceVersion"]}})
+        assert stale.status == 409  # what a writer that remembers its own answer meets
+        relabelled = {**stored, "metadata": {**stored["metadata"], "labels": {"a": "b"}}}
+        raw_request(api, "PUT", f"{path}/r", body=relabelled, timeout=(5, 5)).read()
+        assert fake.get("DeviceTaintRule", "r")["status"] == stored["status"]  # no new spec, no new status
+        api.close()
+
+
 def test_create_stamps_metadata_and_bumps_one_global_version(fake_api: FakeApiServer, core: client.CoreV1Api):
     before = int(fake_api.resource_version)
     created = core.create_namespaced_pod("default", pod("p1", phase="Running"))

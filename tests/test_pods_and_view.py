@@ -548,3 +548,21 @@ def test_a_pod_listed_before_its_namespace_takes_the_namespace_default() -> None
     assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048
     ingest.event(view, "namespaces", "MODIFIED", namespace("inference", {"gpu-placement.io/gpu-memory": "4Gi"}))
     assert view.free_mib["nvidia.com/gpu.shared"]["t4"] == 15360 - 2048
+
+
+@pytest.mark.parametrize(("spec_claims", "status", "expected"), [
+    ([{"name": "gpu", "resourceClaimTemplateName": "t1"}, {"name": "x", "resourceClaimName": "shared"}],
+     {"phase": "Pending"}, ("t1",)),
+    ([{"name": "gpu", "resourceClaimTemplateName": "t1"}],
+     {"phase": "Pending", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-abcde"}]}, ()),
+    ([{"name": "gpu", "resourceClaimTemplateName": "t1"}], {"phase": "Succeeded"}, ()),  # done: waits for nothing
+    ([{"name": "gpu", "resourceClaimTemplateName": "t1"}], {"phase": "Pending", "resourceClaimStatuses": 5}, ("t1",)),
+    ([{"name": "gpu", "resourceClaimTemplateName": 7}, "junk"], {"phase": "Pending"}, ()),
+])
+def test_a_pod_names_the_templates_it_still_waits_for_claims_from(spec_claims: Any, status: dict[str, Any],
+                                                                  expected: tuple[str, ...]) -> None:
+    """kube-controller-manager records each claim it made from a template in status.resourceClaimStatuses
+    (pkg/controller/resourceclaim/controller.go syncPod): an entry not recorded still needs its template."""
+    pod = {"metadata": {"name": "p", "namespace": "ai"}, "spec": {"containers": [], "resourceClaims": spec_claims},
+           "status": status}
+    assert pod_from_json(pod, CONFIG.is_gpu_resource, lambda ns, labels: False).claim_templates == expected

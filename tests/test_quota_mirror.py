@@ -4,6 +4,7 @@ the mirror writing through the real client; one replica leads, the others stand 
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -294,3 +295,155 @@ def test_metrics_say_who_leads_what_it_wrote_and_when_it_last_managed(fake_api: 
         assert sample(stamp, lease="other-lock") >= time.time() - 5  # a standby's turn is its Lease check
         leader.stop()
         assert sample("gpu_placement_quota_mirror_leading", lease="quota-lock") == 0.0
+
+
+def test_a_lease_in_a_namespace_that_does_not_exist_is_an_error_not_a_lost_race(
+        fake_api: FakeApiServer, caplog: pytest.LogCaptureFixture) -> None:
+    """`serve --kubeconfig` with a wrong --namespace: NamespaceLifecycle answers the Lease's create with
+    404 `namespaces "X" not found`. That is no other replica winning: the loop says so and never looks
+    healthy, where it used to stand by silently for ever."""
+    config = Config()
+    view = ClusterView(config)
+    stamp = "gpu_placement_quota_mirror_last_success_timestamp_seconds"
+    with fake_api.api_client() as api:
+        mirror = QuotaMirror(api, view, config, "no-such-namespace", "replica-a",
+                             MirrorSettings(lease_name="missing-ns-lock", lease_seconds=30, renew_seconds=0.05))
+        started = sample(stamp, lease="missing-ns-lock")
+        time.sleep(0.01)
+        mirror.step()
+        assert not mirror.leading
+        assert mirror.last_error == ('HTTP 404 NotFound: Lease no-such-namespace/missing-ns-lock: namespaces '
+                                     '"no-such-namespace" not found')
+        assert sample(stamp, lease="missing-ns-lock") == started  # not a standby's healthy turn
+        assert sample("gpu_placement_quota_mirror_leading", lease="missing-ns-lock") == 0.0
+        assert 'quota mirror: HTTP 404 NotFound: Lease no-such-namespace/missing-ns-lock: namespaces ' \
+               '"no-such-namespace" not found' in caplog.text
+        # RBAC that does not allow the Lease: a 403 says so too.
+        fake_api.add({"kind": "Namespace", "metadata": {"name": "gpu-placement"}})
+        fake_api.fail_next(1, 403, reason="Forbidden", method="POST",
+                           path="/apis/coordination.k8s.io/v1/namespaces/gpu-placement/leases")
+        other = QuotaMirror(api, view, config, "gpu-placement", "replica-b",
+                            MirrorSettings(lease_name="rbac-lock", lease_seconds=30, renew_seconds=0.05))
+        other.step()
+        assert not other.leading and other.last_error is not None and other.last_error.startswith(
+            "HTTP 403 Forbidden: Lease gpu-placement/rbac-lock: ")
+        other.step()  # the refusal gone: it takes the Lease
+        assert other.leading and other.last_error is None
+
+
+def terminating(fake: FakeApiServer, name: str, quota: str) -> dict[str, Any]:
+    """A namespace being deleted and held by a finalizer nobody removes (common): its annotations stay."""
+    return fake.add({"kind": "Namespace", "metadata": {
+        "name": name, "annotations": {QUOTA: quota}, "deletionTimestamp": "2026-12-01T00:00:00Z",
+        "finalizers": ["example.com/stuck"]}, "status": {"phase": "Terminating"}})
+
+
+def test_a_namespace_stuck_in_terminating_does_not_stop_the_mirror_for_the_namespaces_after_it(
+        fake_api: FakeApiServer, replicas: Callable[..., Replica]) -> None:
+    terminating(fake_api, "batch-old", "nvidia.com/gpu=2")
+    namespace(fake_api, "team-b", "nvidia.com/gpu=4")
+    replica = replicas()
+    wait_for(lambda: mirrored(fake_api, "team-b") == {"requests.nvidia.com/gpu": "4"}, what="team-b's quota")
+    wait_for(lambda: replica.mirror.last_error is None, what="a turn without error")
+    assert fake_api.get("ResourceQuota", "gpu-placement", "batch-old") is None
+    assert not fake_api.count("create", "/api/v1/namespaces/batch-old/resourcequotas")  # nothing is wanted there
+    assert sample("gpu_placement_quota_mirror_failing_objects", lease="quota-lock") == 0.0
+
+
+def test_a_create_refused_because_the_namespace_is_being_deleted_is_settled(
+        fake_api: FakeApiServer, caplog: pytest.LogCaptureFixture) -> None:
+    """The view has not seen the deletion yet: NamespaceLifecycle's 403 says nothing is wanted there."""
+    caplog.set_level(logging.INFO, "gpu_placement")
+    fake_api.add({"kind": "Namespace", "metadata": {"name": "gpu-placement"}})
+    old = terminating(fake_api, "batch-old", "nvidia.com/gpu=2")
+    namespace(fake_api, "team-b", "nvidia.com/gpu=4")
+    config = Config()
+    view = ClusterView(config)
+    still_active = {**old, "metadata": {k: v for k, v in old["metadata"].items() if k != "deletionTimestamp"}}
+    Ingest(config).replace(view, "namespaces", [still_active, *(ns for ns in fake_api.list("Namespace")
+                                                                 if ns["metadata"]["name"] != "batch-old")])
+    with fake_api.api_client() as api:
+        mirror = QuotaMirror(api, view, config, "gpu-placement", "replica-a", FAST)
+        mirror.step()
+        assert fake_api.count("create", "/api/v1/namespaces/batch-old/resourcequotas") == 1
+        assert mirrored(fake_api, "team-b") == {"requests.nvidia.com/gpu": "4"}
+        assert mirror.last_error is None and mirror.failures.errors == {}
+        assert "namespace batch-old is being deleted, so no ResourceQuota is written there" in caplog.text
+
+
+def test_one_namespace_refused_is_retried_later_and_the_rest_of_the_pass_goes_on(
+        fake_api: FakeApiServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Each namespace's ResourceQuota is its own unit of work: a refusal for one (an admission policy, a
+    validation) is logged once, counted, kept failing in a gauge and retried, and the others are written."""
+    caplog.set_level(logging.INFO, "gpu_placement")
+    fake_api.add({"kind": "Namespace", "metadata": {"name": "gpu-placement"}})
+    for name in ("team-a", "team-b", "team-c"):
+        namespace(fake_api, name, "nvidia.com/gpu=4")
+    config = Config()
+    view = ClusterView(config)
+    Ingest(config).replace(view, "namespaces", fake_api.list("Namespace"))
+    refused = 'admission webhook "policy.example.com" denied the request: quotas need an owner label'
+    fake_api.fail_next(100, 400, message=refused, reason="BadRequest", method="POST",
+                       path="/api/v1/namespaces/team-b/resourcequotas")
+    stamp = "gpu_placement_quota_mirror_last_success_timestamp_seconds"
+    before = sample("gpu_placement_quota_mirror_writes_total", action="create", outcome="refused")
+    with fake_api.api_client() as api:
+        mirror = QuotaMirror(api, view, config, "gpu-placement", "replica-a",
+                             MirrorSettings(lease_name="unit-lock", lease_seconds=30, renew_seconds=0.05))
+        started = sample(stamp, lease="unit-lock")
+        mirror.step()
+        assert mirrored(fake_api, "team-a") and mirrored(fake_api, "team-c")
+        assert mirrored(fake_api, "team-b") is None
+        assert mirror.failures.errors == {"team-b/gpu-placement": f"HTTP 400 BadRequest: {refused}"}
+        assert mirror.last_error == f"HTTP 400 BadRequest: {refused}"
+        assert sample("gpu_placement_quota_mirror_failing_objects", lease="unit-lock") == 1.0
+        assert sample(stamp, lease="unit-lock") == started  # something is failing: not a success
+        mirror.step()  # the next turn tries team-b again, and only team-b
+        assert fake_api.count("create", "/api/v1/namespaces/team-b/resourcequotas") == 2
+        assert fake_api.count("create", "/api/v1/namespaces/team-a/resourcequotas") == 1
+        assert sample("gpu_placement_quota_mirror_writes_total", action="create", outcome="refused") == before + 2
+        assert caplog.text.count(refused) == 1  # logged once per distinct error
+        fake_api.stop_failing()
+        mirror.step()
+        assert mirrored(fake_api, "team-b") == {"requests.nvidia.com/gpu": "4"}
+        assert mirror.last_error is None and mirror.failures.errors == {}
+        assert sample("gpu_placement_quota_mirror_failing_objects", lease="unit-lock") == 0.0
+        assert sample(stamp, lease="unit-lock") > started
+        assert "quota mirror: team-b/gpu-placement written now, after its earlier failure" in caplog.text
+
+
+def test_a_pass_longer_than_the_lease_renews_it_and_stops_when_another_replica_took_it(
+        fake_api: FakeApiServer, caplog: pytest.LogCaptureFixture) -> None:
+    """A first pass over many namespaces (two calls each) can outlast the Lease: the leader renews it
+    between namespaces, so no other replica writes beside it; and if another replica holds it all the
+    same, the pass stops there."""
+    import threading
+
+    caplog.set_level(logging.INFO, "gpu_placement")
+    fake_api.add({"kind": "Namespace", "metadata": {"name": "gpu-placement"}})
+    for i in range(30):
+        namespace(fake_api, f"team-{i:02d}", "nvidia.com/gpu=1")
+    config = Config()
+    view = ClusterView(config)
+    Ingest(config).replace(view, "namespaces", fake_api.list("Namespace"))
+    held = MirrorSettings(lease_name="long-pass-lock", lease_seconds=3, renew_seconds=0.3, resync_seconds=3600)
+    fake_api.delay = 0.1  # each call: the pass takes at least 30 x 2 x 0.1 s = 6 s, twice the Lease
+    with fake_api.api_client() as api:
+        leader = QuotaMirror(api, view, config, "gpu-placement", "replica-a", held)
+        standby = QuotaMirror(api, view, config, "gpu-placement", "replica-b", held)
+        passing = threading.Thread(target=leader.step)
+        passing.start()
+        try:
+            wait_for(lambda: leader.writes >= 20, what="two thirds of the pass (more than the Lease's 3 s)")
+            standby.step()
+            assert not standby.leading  # the Lease was renewed during the pass
+            lease = fake_api.get("Lease", "long-pass-lock", "gpu-placement")
+            assert lease is not None and lease["spec"]["holderIdentity"] == "replica-a"
+            # Another replica holds it now (say the leader was partitioned for a moment): the pass stops.
+            lease["spec"].update(holderIdentity="replica-c", leaseDurationSeconds=3600,
+                                 renewTime=time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()))
+            fake_api.update(lease)
+        finally:
+            passing.join(30)
+        assert not leader.leading and leader.writes < 30  # the last namespaces were left to replica-c
+        assert "quota mirror: pass interrupted: another replica took the lease in the middle of a pass" in caplog.text

@@ -211,3 +211,17 @@ def test_certificates_of_seconds(tmp_path: Path) -> None:
     now = datetime.now(UTC)
     assert timedelta(seconds=55) < cert_not_after(ca) - now <= timedelta(seconds=60)
     assert timedelta(seconds=25) < cert_not_after(cert) - now <= timedelta(seconds=30)
+
+
+def test_a_refused_lease_is_reported_and_the_secret_still_served(
+        fake_api: FakeApiServer, tmp_path: Path, clock: list[datetime]) -> None:
+    """A Lease the API server refuses to create (RBAC edited) is an error, not another replica leading
+    (gpu_placement/lease.py): said in last_error, while the pair already in the Secret is still served."""
+    webhook_configurations(fake_api)
+    assert manager(fake_api, tmp_path, clock, "replica-a").reconcile()
+    fake_api.delete("Lease", f"{SECRET}-lock", NS)
+    fake_api.fail_next(1, 403, method="POST", path=f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases")
+    follower = manager(fake_api, tmp_path, clock, "replica-b")
+    assert follower.reconcile()  # the files, from the Secret
+    assert follower.last_error is not None and follower.last_error.startswith(
+        f"HTTP 403 Forbidden: Lease {NS}/{SECRET}-lock: ")

@@ -18,7 +18,14 @@ which namespaces changed (work proportional to what changed); a full pass runs o
 and every `resync_seconds`, over the namespaces in the view and the ResourceQuotas listed by our
 label. A ResourceQuota without our label is never touched, even one named `gpu-placement`. An
 annotation that does not parse leaves the mirror as it was (/validate denies GPU pods there anyway);
-a namespace the view does not have is left to the API server (its quota goes with it).
+a namespace the view does not have, or one being deleted (`deletionTimestamp`: the namespace controller
+deletes its content, and NamespaceLifecycle refuses anything new there with 403 NamespaceTerminating,
+which is settled, not failed), is left to the API server (its quota goes with it).
+
+Each namespace's ResourceQuota, and each template, is its own unit of work (gpu_placement/leader.py
+`Failures`): a write refused for that object is logged, counted, retried on the next turns, and the
+pass goes on; `gpu_placement_quota_mirror_failing_objects` counts those failing now. A long pass renews
+the Lease between namespaces and stops if another replica took it.
 """
 
 from __future__ import annotations
@@ -38,10 +45,11 @@ from kubernetes.client import ApiClient
 from gpu_placement import names as n
 from gpu_placement.config import Config
 from gpu_placement.kube import ApiError, api_error, request, write
-from gpu_placement.leader import LeaderLoop
+from gpu_placement.leader import Failures, LeaderLoop, PassInterrupted, namespace_terminating
 from gpu_placement.lease import Lease, drain
 from gpu_placement.metrics import (
     API_OUTCOMES,
+    QUOTA_MIRROR_FAILING,
     QUOTA_MIRROR_LEADING,
     QUOTA_MIRROR_SUCCESS,
     QUOTA_MIRROR_WRITES,
@@ -49,6 +57,7 @@ from gpu_placement.metrics import (
 )
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.owner import Owner
+from gpu_placement.pods import PodRecord
 from gpu_placement.resourcequotas import MIRROR_NAME
 from gpu_placement.view import ClusterView
 from webhook.dra_quota import claim_hard, requests_hard
@@ -93,15 +102,18 @@ class QuotaMirror(LeaderLoop):
         for action in _ACTIONS.values():  # every series from the start: rate() and alerts need a zero
             for outcome in API_OUTCOMES:
                 QUOTA_MIRROR_WRITES.labels(action, outcome)
-        self.last_error: str | None = None
+        self.last_error: str | None = None  # the turn's error, or the first object still failing
         self.writes = 0  # creates, updates and deletes made: for tests and the log
+        self.failures = Failures("quota mirror", log)  # ResourceQuotas by namespace/name, with their errors
+        self._failing = QUOTA_MIRROR_FAILING.labels(self.settings.lease_name)
+        self._failing.set(0)
         self.templates: Any = None  # webhook/dra_templates.TemplateKeeper where resource.k8s.io is served
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
         self._next_resync = 0.0
         self._classes: tuple[bool, tuple[tuple[str, str], ...]] = (False, ())
         self._owner = Owner(self.settings.owner, "quota mirror") if self.settings.owner else None
-        view.subscribe_namespaces(self._changed)
+        view.subscribe_records(self._pod_changed, self._changed)
 
     # -- events --------------------------------------------------------------------------------
     def _changed(self, name: str, _record: NamespaceRecord | None) -> None:
@@ -110,16 +122,27 @@ class QuotaMirror(LeaderLoop):
             self._dirty.add(name)
         self._wake.set()
 
+    def _pod_changed(self, key: str, _record: PodRecord | None) -> None:
+        """View listener (under the view's lock, for every pod): a pod of a namespace where an old template
+        is kept for waiting pods may have its claims now, or be gone: take that namespace again."""
+        if self.templates is not None and self.templates.kept_namespaces:
+            namespace = key.split("/", 1)[0]
+            if namespace in self.templates.kept_namespaces:
+                self._changed(namespace, None)
+
     # -- running -------------------------------------------------------------------------------
     def step(self) -> None:
         """One turn: renew or take the Lease when due; then, leading, a full pass when due or the
-        namespaces that changed. Errors are logged once each and retried on the next turn."""
+        namespaces that changed. An object's failed write is kept for the next turn and the pass goes
+        on; an error that ends the pass is logged once and the next turn makes a full pass."""
         try:
             self._lead()
             if not self.leading:
+                self.last_error = None
                 self._success.set(time.time())  # a standby's whole job: know who leads
                 return
             if "namespaces" not in self.view.listed:
+                self.last_error = None
                 return  # never act on a half-known view: a missing namespace would look unannotated
             if self._owner is not None and self._owner.read(self.api):
                 self._next_resync = 0.0  # a new owner (helm upgrade after it was deleted): mend everything now
@@ -135,14 +158,40 @@ class QuotaMirror(LeaderLoop):
                 with self._dirty_lock:
                     names, self._dirty = self._dirty, set()
                 for name in sorted(names):
+                    self._still_leading()
                     self.reconcile(name)
-            self.last_error = None
-            self._success.set(time.time())
+            self._end_turn()
+        except PassInterrupted as exc:
+            if exc.__cause__ is None:
+                log.info("quota mirror: pass interrupted: %s", exc)
+                self._next_resync = 0.0
+            else:
+                self._turn_failed(exc.__cause__)
         except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            if str(exc) != self.last_error:
-                log.error("quota mirror: %s; retrying in %.0f s", exc, self.settings.renew_seconds)
-            self.last_error = str(exc)
-            self._next_resync = 0.0  # what failed may have been a change: make sure of everything next time
+            self._turn_failed(exc)
+
+    def _turn_failed(self, exc: BaseException) -> None:
+        if str(exc) != self.last_error:
+            log.error("quota mirror: %s; retrying in %.0f s", exc, self.settings.renew_seconds)
+        self.last_error = str(exc)
+        self._next_resync = 0.0  # what failed may have been a change: make sure of everything next time
+
+    def _end_turn(self) -> None:
+        """The pass went through: the namespaces of objects still failing are tried again next turn (not
+        at once: the loop's next wake-up); the stamp moves only when nothing is failing."""
+        failing = self._failing_keys()
+        self._failing.set(len(failing))
+        with self._dirty_lock:
+            self._dirty.update(key.split("/", 1)[0] for key in failing)
+        self.last_error = failing[min(failing)] if failing else None
+        if not failing:
+            self._success.set(time.time())
+
+    def _failing_keys(self) -> dict[str, str]:
+        failing = dict(self.failures.errors)
+        if self.templates is not None:
+            failing.update(self.templates.failures.errors)
+        return failing
 
     def _took_lead(self) -> None:
         log.info("quota mirror: this replica now keeps the namespaces' ResourceQuotas")
@@ -151,6 +200,10 @@ class QuotaMirror(LeaderLoop):
     def _not_leading(self) -> None:
         with self._dirty_lock:
             self._dirty.clear()  # the leader sees the same events
+        self.failures.forget(set(self.failures.errors))  # the leader writes them now
+        if self.templates is not None:
+            self.templates.failures.forget(set(self.templates.failures.errors))
+        self._failing.set(0)
 
     # -- the work ------------------------------------------------------------------------------
     def _wanted(self, name: str) -> tuple[bool, dict[str, str] | None, str]:
@@ -186,28 +239,52 @@ class QuotaMirror(LeaderLoop):
         return changed
 
     def reconcile(self, name: str) -> None:
+        record = self.view.namespaces.get(name)
+        if record is not None and record.terminating:
+            self._leave(name)
+            return
         known, wanted, uid = self._wanted(name)
         if self.templates is not None:
-            record = self.view.namespaces.get(name)
             if record is not None:
                 self.templates.reconcile(name, self._template_policy(name, record), record.uid)
+            else:
+                self.templates.leave(name)  # gone: its templates went with it
         if not known:
+            self.failures.forget([f"{name}/{MIRROR_NAME}"])
             return
-        self._apply(name, self._get(name), wanted, uid)
+        with self.failures.unit(f"{name}/{MIRROR_NAME}"):
+            self._apply(name, self._get(name), wanted, uid)
 
     def resync(self) -> None:
         """Every namespace the view has, against every ResourceQuota we own (one list call)."""
         owned = {(quota.get("metadata") or {}).get("namespace"): quota for quota in self._list_owned()}
-        for name in sorted(set(self.view.namespaces) | {ns for ns in owned if ns}):
+        names = sorted(set(self.view.namespaces) | {ns for ns in owned if ns})
+        self.failures.forget(key for key in list(self.failures.errors) if key.split("/", 1)[0] not in names)
+        for name in names:
+            self._still_leading()
+            record = self.view.namespaces.get(name)
+            if record is not None and record.terminating:
+                self._leave(name)
+                continue
             known, wanted, uid = self._wanted(name)
-            if known:
+            if not known:
+                self.failures.forget([f"{name}/{MIRROR_NAME}"])
+                continue
+            with self.failures.unit(f"{name}/{MIRROR_NAME}"):
                 self._apply(name, owned.get(name) if wanted is None or name in owned else self._get(name),
                             wanted, uid)
         if self.templates is not None:
             policies = {}
             for name, record in list(self.view.namespaces.items()):
-                policies[name] = (self._template_policy(name, record), record.uid)
-            self.templates.resync(policies)
+                if not record.terminating:
+                    policies[name] = (self._template_policy(name, record), record.uid)
+            self.templates.resync(policies, self._still_leading)
+
+    def _leave(self, name: str) -> None:
+        """A namespace being deleted wants nothing written: its content goes with it."""
+        self.failures.forget([f"{name}/{MIRROR_NAME}"])
+        if self.templates is not None:
+            self.templates.leave(name)
 
     def _template_policy(self, name: str, record: NamespaceRecord) -> NamespacePolicy:
         """The policy the namespace's templates follow: none wanted where gpu-placement enforces nothing
@@ -231,7 +308,14 @@ class QuotaMirror(LeaderLoop):
         if self._owner is not None and self._owner.ref is None:
             return  # no owner to give it (said once by Owner.read): write nothing the uninstall would miss
         if current is None:
-            self._write("POST", name, self._body(name, wanted, uid, None))
+            try:
+                self._write("POST", name, self._body(name, wanted, uid, None))
+            except ApiError as exc:
+                if not namespace_terminating(exc):
+                    raise
+                log.info("quota mirror: namespace %s is being deleted, so no ResourceQuota is written there (%s)",
+                         name, exc.message)
+                return
             log.info("quota mirror: created ResourceQuota %s/%s with %s", name, MIRROR_NAME, _text(wanted))
         elif ((current.get("spec") or {}).get("hard") or {}) != wanted or (
                 ((current.get("metadata") or {}).get("ownerReferences") or []) != self._owner_refs(name, uid)):

@@ -119,11 +119,18 @@ class CertificateManager:
     def reconcile(self) -> bool:
         """One pass: lead if we can, make the Secret right, write our files. True when files exist."""
         try:
-            if self._lead():
+            lease_error: ApiError | None = None
+            try:
+                leading = self._lead()
+            except ApiError as exc:  # the Lease refused (RBAC, its namespace): still serve what the Secret has
+                leading, lease_error = False, exc
+            if leading:
                 self._write_secret_state()
             material = self._read_secret()
             if material is not None:
                 self._write_files(material)
+            if lease_error is not None:
+                raise lease_error
             self.last_error = None
         except (ApiError, OSError) as exc:
             if str(exc) != self.last_error:

@@ -24,23 +24,14 @@ DEVICE_HEADER = ["NODE", "DEVICE", "TYPE", "PRODUCT", "DRIVER", "MEM MiB", "HELD
 CANDIDATE_HEADER = ["NODE", "COULD TAKE", "WHY NOT THE OTHERS"]
 
 
-def _waiting(view: ClusterView) -> dict[str, int]:
-    waiting: dict[str, int] = {}
-    for pod in view.pods.values():
-        if pod.waits_for and pod.validator_ready is not None:
-            waiting[pod.waits_for] = waiting.get(pod.waits_for, 0) + 1
-    return waiting
-
-
 def device_rows(view: ClusterView, config: Config) -> list[list[str]]:
     """One row per device of the configured driver; TAINTS: the driver's own, then gpu-placement's
     (what its controller keeps for the node now)."""
     rows = []
     with view.lock:
-        waiting = _waiting(view)
         for node in view.dra.nodes():
             ours: dict[str | None, Taint] = {}
-            rules, held = desired_rules(view, config, waiting, node)
+            rules, held = desired_rules(view, config, node)
             for rule in rules:
                 ours[rule.device] = Taint(TAINT_KEY, rule.reason, rule.effect)
             used = view.dra.used_on(node)
@@ -92,9 +83,8 @@ def candidate_rows(view: ClusterView, config: Config, req: Requirements, namespa
         types = {view.dra.classes[name].device_type for name in req.claims if name in view.dra.classes}
         types.discard(None)
         selectors = sum(c.selectors for c in claims)
-        waiting = _waiting(view)
         for node in nodes:
-            rules, _ = desired_rules(view, config, waiting, node)
+            rules, _ = desired_rules(view, config, node)
             ours = {rule.device: Taint(TAINT_KEY, rule.reason, rule.effect) for rule in rules}
             used = view.dra.used_on(node)
             could, reasons = [], []

@@ -185,6 +185,10 @@ class DraState:
     def label_facts(self, node: str) -> NodeFacts | None:
         return self._label_facts.get(node)
 
+    def forget_node(self, node: str) -> None:
+        """The Node is gone: its label facts with it (its slices, deleted after it, are the slices' events)."""
+        self._label_facts.pop(node, None)
+
     # -- slices --------------------------------------------------------------------------------
     def upsert_slice(self, obj: Mapping[str, Any]) -> None:
         record = slice_from_json(obj)

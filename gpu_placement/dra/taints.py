@@ -10,7 +10,8 @@ configured driver whose node-level verdict is NotValidated, DriverUpgrade or MIG
 (rules.dra_readiness), one rule:
 
     name      gpu-placement-<pool>        (NVIDIA's driver names each pool after its node)
-    labels    app.kubernetes.io/managed-by: gpu-placement, gpu-placement.io/node: <node>
+    labels    app.kubernetes.io/managed-by: gpu-placement, gpu-placement.io/node: node_label_value(<node>)
+    annotations  gpu-placement.io/node: <node>, gpu-placement.io/reason: <sentence>
     selector  {driver: <dra.driver>, pool: <pool>}
     taint     {key: gpu-placement.io/unverified, value: <reason code>, effect: <dra.taintEffect>}
 
@@ -26,6 +27,19 @@ the node unverified for ever, so while a validator pod made for the node is not 
 node's rule is held back (gpu_placement_dra_taint_holds); it comes back once the validator runs and
 has its device (NoSchedule does not touch an allocation made). For the same reason `NoExecute`
 becomes `NoSchedule` on a node whose validator holds a device through a claim: it would be evicted.
+Which validators wait is the view's own index (`ClusterView.waiting_validators`), so a validator pod
+already pending when this process started counts as much as one that arrives later.
+
+A node's name goes into the annotation `gpu-placement.io/node` whole; the label of that key holds it
+where it is a valid label value (at most 63 characters: a node name may have 253), else a 63-character
+stand-in with a hash (`node_label_value`), so that `-l gpu-placement.io/node=...` still selects.
+
+Each rule is its own unit of work (gpu_placement/leader.py `Failures`): a write refused for one rule is
+logged, counted, retried on the next turns (its node stays dirty), and the pass goes on with the
+others (gpu_placement_dra_taint_failing_objects). kube-controller-manager writes every rule's status
+as soon as it appears or changes (device_taint_eviction.go `maybeUpdateRuleStatus`, v1.37.2), so the
+resourceVersion this controller was answered with is soon stale: deletes carry only the uid as a
+precondition, and an update answered 409 is made again once on the rule as it is now.
 
 In audit mode the rules only report (effect None): audit changes nothing a pod runs with. Each rule
 is owned by the release's ValidatingWebhookConfiguration (`owner`, gpu_placement.owner), so `helm
@@ -41,6 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -55,10 +70,11 @@ from kubernetes.client import ApiClient
 from gpu_placement.config import Config
 from gpu_placement.dra.discovery import GROUP, discover
 from gpu_placement.kube import ApiError, api_error, request
-from gpu_placement.leader import LeaderLoop
+from gpu_placement.leader import Failures, LeaderLoop, PassInterrupted
 from gpu_placement.lease import Lease, drain
 from gpu_placement.metrics import (
     API_OUTCOMES,
+    DRA_TAINT_FAILING,
     DRA_TAINT_HOLDS,
     DRA_TAINT_LEADING,
     DRA_TAINT_RULES,
@@ -68,9 +84,7 @@ from gpu_placement.metrics import (
     DRA_TAINTED_DEVICES,
     api_outcome,
 )
-from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.owner import Owner
-from gpu_placement.pods import PodRecord
 from gpu_placement.rules import DRIVER_UPGRADE, MIG_RECONFIGURING, NOT_VALIDATED, dra_readiness
 from gpu_placement.view import ClusterView
 
@@ -84,6 +98,8 @@ __all__ = [
     "TaintController",
     "TaintSettings",
     "desired_rules",
+    "node_label_value",
+    "rule_node",
 ]
 
 log = logging.getLogger("gpu_placement.dra")
@@ -98,6 +114,8 @@ _SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
 _TIMEOUT = (5.0, 15.0)
 _ACTIONS = {"POST": "create", "PUT": "update", "DELETE": "delete"}
 _NAME_LIMIT = 253
+_LABEL_VALUE_LIMIT = 63
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")  # apimachinery IsLabelValue
 
 
 @dataclass(slots=True, frozen=True)
@@ -131,9 +149,27 @@ def _rule_name(*parts: str) -> str:
     return f"gpu-placement-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
 
 
-def desired_rules(view: ClusterView, config: Config, waiting: dict[str, int], node: str) -> tuple[list[Rule], bool]:
-    """The rules one node should have now, and whether its rule is held back for a waiting validator.
-    Call under the view's lock."""
+def node_label_value(node: str) -> str:
+    """The `gpu-placement.io/node` label of a node's rules: its name where that is a valid label value
+    (apimachinery IsLabelValue: at most 63 characters), else the name's first 46 characters, a dash and
+    16 hex digits of its SHA-256 (a node name may have 253 characters: a DNS subdomain)."""
+    if len(node) <= _LABEL_VALUE_LIMIT and _LABEL_VALUE.match(node):
+        return node
+    digest = hashlib.sha256(node.encode()).hexdigest()[:16]
+    head = re.sub(r"[^-A-Za-z0-9_.]", "-", node[:46]).strip("-_.") or "node"
+    return f"{head}-{digest}"
+
+
+def rule_node(rule: dict[str, Any]) -> str | None:
+    """The node a rule of ours is for: its annotation, or (rules written before it) its label."""
+    meta = rule.get("metadata") or {}
+    node = (meta.get("annotations") or {}).get(NODE_LABEL) or (meta.get("labels") or {}).get(NODE_LABEL)
+    return str(node) if node else None
+
+
+def desired_rules(view: ClusterView, config: Config, node: str) -> tuple[list[Rule], bool]:
+    """The rules one node should have now, and whether its rule is held back for a waiting validator
+    (one made for the node and not bound yet: the view's `waiting_validators`). Call under the view's lock."""
     dra, facts = view.dra, view.nodes.get(node)
     devices = dra.devices_on(node)
     if facts is None or not devices:
@@ -141,7 +177,7 @@ def desired_rules(view: ClusterView, config: Config, waiting: dict[str, int], no
     pools = sorted({s.pool for s in dra.slices_of(node)})
     rejection = dra_readiness(facts, view.validator_state(node), config)
     if rejection is not None and rejection.code in TAINTED:
-        if waiting.get(node):
+        if view.waiting_validators.get(node):
             return [], True
         effect = _effect(config)
         if effect == "NoExecute" and any(p.claims for k in view.validators.get(node, ()) if (p := view.pods.get(k))):
@@ -178,12 +214,12 @@ class TaintController(LeaderLoop):
             for outcome in API_OUTCOMES:
                 DRA_TAINT_WRITES.labels(action, outcome)
         self.version: str | None = None  # the DeviceTaintRule API version served; None: not served
-        self.last_error: str | None = None
+        self.last_error: str | None = None  # the turn's error, or the first rule still failing
         self.writes = 0
         self.owned: dict[str, dict[str, Any]] = {}  # our rules as last read or written, by name
         self.holds: set[str] = set()
-        self._waiting: dict[str, int] = {}  # node -> validator pods made for it, not bound yet
-        self._waiting_of: dict[str, str] = {}  # validator pod key -> the node it waits for
+        self.failures = Failures("DRA taints", log, DRA_TAINT_FAILING.labels(self.settings.lease_name))
+        self._failed_on: dict[str, str] = {}  # rule name -> its node, while the rule is failing
         self._dirty: set[str] = set()
         self._everything = True
         self._dirty_lock = threading.Lock()
@@ -193,9 +229,8 @@ class TaintController(LeaderLoop):
         self._said_unserved = False
         self._published: set[tuple[str, str]] = set()
         self._owner = Owner(self.settings.owner, "DRA taints") if self.settings.owner else None
-        view.subscribe(self._node_changed, self._node_changed)
+        view.subscribe(self._node_changed, self._node_changed)  # validators waiting for a node too
         view.dra.subscribe(self._node_changed, lambda _node: None)
-        view.subscribe_records(self._pod_changed, self._namespace_changed)
 
     # -- events (under the view's lock: note and wake) -----------------------------------------
     def _node_changed(self, name: str | None) -> None:
@@ -206,36 +241,17 @@ class TaintController(LeaderLoop):
                 self._dirty.add(name)
         self._wake.set()
 
-    def _pod_changed(self, key: str, record: PodRecord | None) -> None:
-        """Validator pods made for a node and not bound yet: that node's rule waits for them."""
-        before = self._waiting_of.get(key)
-        after = record.waits_for if record is not None and record.validator_ready is not None else None
-        if before == after:
-            return
-        if before is not None:
-            self._waiting_of.pop(key, None)
-            self._waiting[before] -= 1
-            if not self._waiting[before]:
-                del self._waiting[before]
-            self._node_changed(before)
-        if after is not None:
-            self._waiting_of[key] = after
-            self._waiting[after] = self._waiting.get(after, 0) + 1
-            self._node_changed(after)
-
-    @staticmethod
-    def _namespace_changed(_name: str, _record: NamespaceRecord | None) -> None:
-        """Namespaces do not decide a node's devices."""
-
     # -- running -------------------------------------------------------------------------------
     def step(self) -> None:
         """One turn: the Lease; then, leading, a full pass when due, else the nodes that changed."""
         try:
             self._lead()
             if not self.leading:
+                self.last_error = None
                 self._success.set(time.time())
                 return
             if not {"nodes", "pods", "resourceslices"} <= self.view.listed:
+                self.last_error = None
                 return  # never act on a half-known view: a node not listed yet would look untainted
             if self._owner is not None and self._owner.read(self.api):
                 self._next_resync = 0.0  # a new owner (helm upgrade after it was deleted): relist, mend all
@@ -260,19 +276,38 @@ class TaintController(LeaderLoop):
                     self._everything = self._everything or everything
                     self._dirty |= names
                 raise
-            self.last_error = None
-            self._success.set(time.time())
-        except _Interrupted as exc:
-            log.info("DRA taints: pass interrupted: %s", exc)
+            self._end_turn()
+        except PassInterrupted as exc:
+            if exc.__cause__ is None:
+                log.info("DRA taints: pass interrupted: %s", exc)
+            else:
+                self._turn_failed(exc.__cause__)
         except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            if str(exc) != self.last_error:
-                log.error("DRA taints: %s; retrying in %.0f s", exc, self.settings.renew_seconds)
-            self.last_error = str(exc)
-            self._next_resync = 0.0
+            self._turn_failed(exc)
+
+    def _turn_failed(self, exc: BaseException) -> None:
+        if str(exc) != self.last_error:
+            log.error("DRA taints: %s; retrying in %.0f s", exc, self.settings.renew_seconds)
+        self.last_error = str(exc)
+        self._next_resync = 0.0
+
+    def _end_turn(self) -> None:
+        """The pass went through: the nodes of rules still failing are tried again next turn (the loop's
+        next wake-up, not at once); the stamp moves only when nothing is failing."""
+        failing = self.failures.errors
+        with self._dirty_lock:
+            self._dirty.update(self._failed_on[name] for name in failing if name in self._failed_on)
+        self.last_error = failing[min(failing)] if failing else None
+        if not failing:
+            self._success.set(time.time())
 
     def _took_lead(self) -> None:
         log.info("DRA taints: this replica now keeps the DeviceTaintRules of unverified nodes")
         self._next_resync = 0.0
+
+    def _not_leading(self) -> None:
+        self.failures.forget(list(self.failures.errors))  # the leader writes them now
+        self._failed_on.clear()
 
     def _discover(self) -> None:
         found = discover(self.api).taint_version
@@ -289,15 +324,15 @@ class TaintController(LeaderLoop):
 
     # -- the work ------------------------------------------------------------------------------
     def _reconcile(self, nodes: set[str] | None) -> None:
-        """Make our rules of these nodes (None: of every node) what they should be."""
+        """Make our rules of these nodes (None: of every node) what they should be, each rule on its own:
+        one refused is kept in `failures` (its node retried next turn) and the others go on."""
         with self.view.lock:
             names = set(self.view.dra.nodes()) if nodes is None else set(nodes)
             if nodes is None:
-                names |= {str((r.get("metadata") or {}).get("labels", {}).get(NODE_LABEL) or "")
-                          for r in self.owned.values()}
+                names |= {rule_node(r) or "" for r in self.owned.values()}
             wanted: dict[str, Rule] = {}
             for node in sorted(names):
-                rules, held = desired_rules(self.view, self.config, self._waiting, node)
+                rules, held = desired_rules(self.view, self.config, node)
                 wanted.update((rule.name, rule) for rule in rules)
                 if held and node not in self.holds:
                     log.info("DRA taints: node %s is not verified, but a validator pod waits for one of its devices: "
@@ -306,19 +341,38 @@ class TaintController(LeaderLoop):
                 elif not held:
                     self.holds.discard(node)
         owners = self._owner_refs()
+        tried: set[str] = set()
         for name, rule in wanted.items():
             if owners is None:
                 break  # no owner to give it (said once by Owner.read): write nothing the uninstall would miss
             current = self.owned.get(name)
-            if current is None:
-                self._create(rule)
-            elif _differs(current, rule, self.config.dra.driver, owners):
-                self._update(current, rule)
+            if current is None or _differs(current, rule, self.config.dra.driver, owners):
+                tried.add(name)
+                with self._unit(name, rule.node):
+                    if current is None:
+                        self._create(rule)
+                    else:
+                        self._update(current, rule)
         for name, current in list(self.owned.items()):
-            node = ((current.get("metadata") or {}).get("labels") or {}).get(NODE_LABEL)
+            node = rule_node(current)
             if name not in wanted and (nodes is None or node in names):
-                self._delete(current)
+                tried.add(name)
+                with self._unit(name, node or ""):
+                    self._delete(current)
+        # A failing rule of these nodes that is no longer to be written (its node verified since): forgotten.
+        self.failures.forget(name for name in list(self.failures.errors)
+                             if name not in tried and (nodes is None or self._failed_on.get(name) in names))
         self._publish()
+
+    @contextmanager
+    def _unit(self, name: str, node: str) -> Iterator[None]:
+        """One rule's write: refused, it is kept failing with its node (retried next turn)."""
+        with self.failures.unit(name):
+            yield
+        if name in self.failures.errors:
+            self._failed_on[name] = node
+        else:
+            self._failed_on.pop(name, None)
 
     def _publish(self) -> None:
         DRA_TAINT_RULES.set(len(self.owned))
@@ -339,8 +393,9 @@ class TaintController(LeaderLoop):
         selector = {"driver": self.config.dra.driver, "pool": rule.pool}
         if rule.device is not None:
             selector["device"] = rule.device
-        meta: dict[str, Any] = {"name": rule.name, "labels": {MANAGED_BY[0]: MANAGED_BY[1], NODE_LABEL: rule.node},
-                                "annotations": {REASON_ANNOTATION: rule.sentence,
+        meta: dict[str, Any] = {"name": rule.name,
+                                "labels": {MANAGED_BY[0]: MANAGED_BY[1], NODE_LABEL: node_label_value(rule.node)},
+                                "annotations": {REASON_ANNOTATION: rule.sentence, NODE_LABEL: rule.node,
                                                 "gpu-placement.io/devices": str(rule.devices)}}
         if current is not None:  # keep what others added; a lost update is a 409
             old = current.get("metadata") or {}
@@ -375,15 +430,32 @@ class TaintController(LeaderLoop):
                  "every device", rule.node, TAINT_KEY, rule.reason, rule.effect, rule.sentence)
 
     def _update(self, current: dict[str, Any], rule: Rule) -> None:
-        updated = self._write("PUT", self._path(rule.name), self._body(rule, current))
+        try:
+            updated = self._write("PUT", self._path(rule.name), self._body(rule, current))
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            # Changed since we read it (kube-controller-manager writes its status): once more, on what it is now.
+            found = self._get(rule.name)
+            if found is None:
+                self.owned.pop(rule.name, None)
+                self._create(rule)
+                return
+            if not _ours(found):
+                self.owned.pop(rule.name, None)
+                log.warning("DRA taints: DeviceTaintRule %s is no longer labelled as gpu-placement's; left alone",
+                            rule.name)
+                return
+            updated = self._write("PUT", self._path(rule.name), self._body(rule, found))
         self.owned[rule.name] = updated
         log.info("DRA taints: node %s now %s:%s (%s)", rule.node, rule.reason, rule.effect, rule.sentence)
 
     def _delete(self, current: dict[str, Any]) -> None:
         meta = current.get("metadata") or {}
         name = str(meta.get("name") or "")
-        options = {"kind": "DeleteOptions", "apiVersion": "v1",
-                   "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
+        # The uid alone: the resourceVersion we were answered with is stale as soon as kube-controller-manager
+        # writes the rule's status (device_taint_eviction.go maybeUpdateRuleStatus), which it does for every rule.
+        options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": meta.get("uid")}}
         with self._counted("DELETE"):
             response = request(self.api, "DELETE", self._path(name), body=options, timeout=_TIMEOUT)
             if response.status >= 300 and response.status != 404:
@@ -391,7 +463,7 @@ class TaintController(LeaderLoop):
             drain(response)
         self.owned.pop(name, None)
         self.writes += 1
-        log.info("DRA taints: removed %s: node %s is verified again", name, (meta.get("labels") or {}).get(NODE_LABEL))
+        log.info("DRA taints: removed %s: node %s is verified again", name, rule_node(current))
 
     def _owner_refs(self) -> list[dict[str, Any]] | None:
         """The rules' ownerReferences: [] without a configured owner; None while it is missing."""
@@ -453,14 +525,8 @@ class TaintController(LeaderLoop):
                 self._tokens -= 1
                 return
             if self._stop.wait((1 - self._tokens) / self.settings.writes_per_second):
-                raise _Interrupted("stopping")
-            self._lead()  # a long paced pass must not lose the Lease under it
-            if not self.leading:
-                raise _Interrupted("another replica took the lease in the middle of a pass")
-
-
-class _Interrupted(Exception):
-    """A paced pass ends early: the process stops, or the Lease went to another replica."""
+                raise PassInterrupted("stopping")
+            self._still_leading()  # a long paced pass must not lose the Lease under it
 
 
 def _ours(rule: dict[str, Any]) -> bool:
@@ -479,7 +545,9 @@ def _differs(current: dict[str, Any], rule: Rule, driver: str, owners: list[dict
     taint = spec.get("taint") or {}
     meta = current.get("metadata") or {}
     annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
     return (selector.get("driver"), selector.get("pool"), selector.get("device"), taint.get("key"),
-            taint.get("value"), taint.get("effect"), annotations.get(REASON_ANNOTATION),
-            meta.get("ownerReferences") or []) != (
-        driver, rule.pool, rule.device, TAINT_KEY, rule.reason, rule.effect, rule.sentence, owners)
+            taint.get("value"), taint.get("effect"), annotations.get(REASON_ANNOTATION), annotations.get(NODE_LABEL),
+            labels.get(NODE_LABEL), meta.get("ownerReferences") or []) != (
+        driver, rule.pool, rule.device, TAINT_KEY, rule.reason, rule.effect, rule.sentence, rule.node,
+        node_label_value(rule.node), owners)
