@@ -18,6 +18,7 @@ from gpu_placement.dra.state import MadeForPod
 from gpu_placement.service import core_from_objects
 from tests.test_dra_policy_webhook import set_namespaces, templates_for
 from tests.test_webhook_helpers import Webhook, user_pod
+from webhook.dra_templates import TemplateKeeper
 from webhook.quota_mirror import QuotaMirror
 
 Obj = dict[str, Any]
@@ -157,7 +158,7 @@ def test_the_mirror_waits_for_the_device_classes(hook: Webhook) -> None:
     """Until the classes are listed it cannot know what claims are charged: the quota is left as it is."""
     with dra_namespace(hook, MIXED):
         mirror = QuotaMirror(None, hook.view, hook.config, "gpu-placement", "r")  # type: ignore[arg-type]
-        mirror.templates = object()  # the DRA kinds are watched
+        mirror.templates = TemplateKeeper(None, hook.view, hook.config, "v1")  # type: ignore[arg-type]  # DRA watched
         hook.view.listed.discard("deviceclasses")
         assert mirror._wanted("team")[:2] == (False, None)
         hook.view.listed.add("deviceclasses")
