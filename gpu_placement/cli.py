@@ -1,4 +1,4 @@
-"""The `gpu-placement` command: serve, demo, explain, nodes, rollout, certs.
+"""The `gpu-placement` command: serve, demo, explain, nodes, rollout, survey, migrate, certs.
 
 Exit status 0 on success, 2 on bad usage or bad input with a one-line message naming the problem.
 """
@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("-o", "--output", choices=["text", "json"], default="text")
     rollout.add_argument("--config", metavar="FILE")
 
+    survey = commands.add_parser("survey", help="inventory of the GPU fleet per pool and product, and findings with "
+                                 "stable codes and fixes (docs/survey.md); exit status 1 when there are findings")
+    _cluster_arguments(survey)
+    survey.add_argument("-o", "--output", choices=["text", "markdown", "json", "html"], default="text",
+                        help="html: one self-contained page drawing the fleet by pool and state")
+    _config_argument(survey)
+
     certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle")
     certs.add_argument("--out", metavar="DIR", required=True)
     certs.add_argument("--service", metavar="NAME", required=True)
@@ -204,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _nodes(args)
         if args.command == "rollout":
             return _rollout(args)
+        if args.command == "survey":
+            return _survey(args)
         if args.command == "certs":
             return _certs(args)
     except (UsageError, ConfigError, SnapshotError, *_extra_errors()) as exc:
@@ -253,6 +262,17 @@ def _rollout(args: argparse.Namespace) -> int:
     core, access, objects = _cluster(args)
     print(run_rollout(core, access, objects, args.prometheus, args.output))
     return 0
+
+
+def _survey(args: argparse.Namespace) -> int:
+    from gpu_placement.explain import admit
+    from gpu_placement.survey.command import render, survey_cluster
+
+    core, access, objects = _cluster(args)
+    webhook = core.webhook_app()  # workload templates become pods through the webhook, as the API server makes them
+    survey = survey_cluster(core, access, objects, lambda pod, namespace: admit(webhook, pod, namespace).pod)
+    print(render(survey, args.output))
+    return 1 if survey.findings else 0
 
 
 def _core(args: argparse.Namespace) -> tuple[Any, Any]:

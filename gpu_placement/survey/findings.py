@@ -84,6 +84,10 @@ def find_all(ctx: Context) -> list[Finding]:
     return found
 
 
+def _verb(items: tuple[str, ...] | list[str], one: str, many: str) -> str:
+    return one if len(items) == 1 else many
+
+
 def _names(items: Iterable[str]) -> str:
     items = list(items)
     shown = ", ".join(items[:_SHOWN])
@@ -138,15 +142,15 @@ def _not_published(ctx: Context) -> list[Finding]:
     for management, nodes in sorted(by_management.items()):
         names = tuple(node.name for node in nodes)
         if management == UNMANAGED:
-            fix = ("No device plugin publishes them: migrate the node to the GPU Operator (gpu-placement migrate NODE), "
-                   "which runs its device plugin there once the driver validates.")
+            fix = ("No device plugin publishes them: migrate the node to the GPU Operator (gpu-placement migrate "
+                   "NODE), which runs its device plugin there once the driver validates.")
         else:
             fix = (f"The operator's device plugin has not registered them: kubectl -n {ctx.config.validator.namespace} "
                    "get pods -o wide --field-selector spec.nodeName=NODE shows which operand is not Ready, and the "
                    "validator's failing init container says why (driver, toolkit or CUDA validation).")
-        found.append(Finding(GPUS_NOT_PUBLISHED, f"GPUs are present (nvidia.com/gpu.present or NFD's NVIDIA PCI label) "
-                             f"but no GPU resource is allocatable and no DRA driver publishes devices on {_names(names)} "
-                             f"({management})", fix, names))
+        found.append(Finding(GPUS_NOT_PUBLISHED, "GPUs are present (nvidia.com/gpu.present or NFD's NVIDIA PCI "
+                             "label) but no GPU resource is allocatable and no DRA driver publishes devices on "
+                             f"{_names(names)} ({management})", fix, names))
     return found
 
 
@@ -182,6 +186,7 @@ def _driver_too_old(ctx: Context) -> list[Finding]:
     """Nodes a GPU workload can be placed on (its selection, its GPU resources) whose driver cannot run
     what the workload's images and annotations need, as the placement rules read them."""
     by_nodes: dict[tuple[tuple[str, ...], str], list[str]] = {}
+    by_running: dict[str, list[str]] = {}  # workload -> too-old nodes its pods run on now
     for workload in ctx.workloads:
         pod = workload.pod or {}
         req = ctx.requirements(pod)
@@ -193,6 +198,10 @@ def _driver_too_old(ctx: Context) -> list[Finding]:
             if rejection is not None and rejection.code == DRIVER_TOO_OLD:
                 too_old.append(name)
         if too_old:
+            running = sorted({str((p.get("spec") or {}).get("nodeName")) for p in workload.pods
+                              if (p.get("spec") or {}).get("nodeName") in too_old})
+            for name in running:
+                by_running.setdefault(workload.ref, []).append(name)
             need = req.image_cuda.describe() if req.image_cuda else (
                 f"CUDA >= {format_version(req.cuda)} ({req.cuda_source})" if req.cuda else
                 f"driver >= {format_version(req.min_driver)} ({n.ANN_MIN_DRIVER})" if req.min_driver else "")
@@ -202,11 +211,16 @@ def _driver_too_old(ctx: Context) -> list[Finding]:
         drivers = sorted({f"{ctx.nodes[name].driver or 'unknown'} (CUDA {ctx.nodes[name].max_cuda or '?'})"
                           for name in nodes})
         wanted = _driver_for(need)
+        running = [f"{ref} runs on {', '.join(by_running[ref])} now" for ref in workloads if ref in by_running]
+        now = f"; {'; '.join(running)} (placed before gpu-placement judged it: its CUDA calls may fail)" \
+            if running else ""
         found.append(Finding(
             DRIVER_TOO_OLD_FOR_WORKLOADS,
-            f"{_names(workloads)} need {need}; {_names(nodes)} can take them by their selection and GPU resources, "
-            f"but run driver {', '.join(drivers)}: gpu-placement keeps the pods off them (DriverTooOld), so that "
-            "capacity is lost to these workloads",
+            f"{_names(workloads)} {_verb(workloads, 'needs', 'need')} {need}; {_names(nodes)} "
+            f"{_verb(nodes, 'is', 'are')} in their node selection and {_verb(nodes, 'offers', 'offer')} their GPU "
+            f"resources, but {_verb(nodes, 'runs', 'run')} driver "
+            f"{', '.join(drivers)}: gpu-placement keeps their pods off (DriverTooOld), so that capacity is lost to "
+            f"them{now}",
             f"Upgrade the driver on these nodes{wanted}, or select them out of these workloads' node selection.",
             nodes, tuple(workloads)))
     return found
@@ -311,11 +325,12 @@ def _untainted(ctx: Context) -> list[Finding]:
     effect = toleration.get("effect") or "NoSchedule"
     value = "" if toleration.get("operator") == "Exists" or not toleration.get("value") else toleration["value"]
     taint = f"{key}={value}:{effect}" if value else f"{key}:{effect}"
-    running = f"; {len(cpu)} CPU workloads run there now: {_names(cpu)}" if cpu else ""
-    return [Finding(UNTAINTED_GPU_NODE, f"{_names(nodes)} publish GPUs but carry no NoSchedule or NoExecute taint, so "
-                    f"any CPU pod may take their CPU and memory and leave the GPUs idle{running}",
-                    f"Taint them (kubectl taint node NODE {taint}): gpu-placement gives GPU pods the matching toleration "
-                    "(gpuTolerations), and CPU pods already there stay until they are moved.",
+    running = f"; CPU workloads there now: {_names(cpu)}" if cpu else ""
+    return [Finding(UNTAINTED_GPU_NODE, f"{_names(nodes)} {_verb(nodes, 'publishes', 'publish')} GPUs but "
+                    f"{_verb(nodes, 'carries', 'carry')} no NoSchedule or NoExecute taint, so any CPU pod may take the "
+                    f"CPU and memory the GPUs' pods need{running}",
+                    f"Taint them (kubectl taint node NODE {taint}): gpu-placement gives GPU pods the matching "
+                    "toleration (gpuTolerations); CPU pods already there stay until they are moved.",
                     tuple(nodes), tuple(cpu))]
 
 
@@ -371,8 +386,9 @@ def _selection(spec: Mapping[str, Any]) -> str:
 
 
 def _values(spec: Mapping[str, Any], nodes: list[KubeNode]) -> str:
-    """What the GPU nodes have for the selector's keys: the mismatch at a glance."""
-    keys = sorted(spec.get("nodeSelector") or {})
+    """What the GPU nodes have for the selector's keys that no GPU node matches: the mismatch at a glance."""
+    selector = spec.get("nodeSelector") or {}
+    keys = sorted(k for k, v in selector.items() if not any(node.labels.get(k) == v for node in nodes))
     shown = []
     for key in keys[:3]:
         values = sorted({node.labels[key] for node in nodes if key in node.labels})

@@ -12,7 +12,8 @@ from gpu_placement.survey.run import Survey
 
 __all__ = ["survey_json", "survey_markdown", "survey_text"]
 
-_GROUP_HEADER = ["POOL", "PRODUCT", "NODES", "GPUS", "DRIVERS", "MAX CUDA", "MIG", "SHARING", "ALLOCATION", "MANAGED BY"]
+_GROUP_HEADER = ["POOL", "PRODUCT", "NODES", "GPUS", "DRIVERS", "MAX CUDA", "MIG", "SHARING", "ALLOCATION",
+                 "MANAGED BY"]
 _NODE_HEADER = ["NODE", "POOL", "PRODUCT", "GPUS", "DRIVER", "CUDA", "MANAGED BY", "STATE", "HAND-SET LABELS"]
 
 
@@ -34,7 +35,9 @@ def _group_rows(survey: Survey) -> list[list[str]]:
 
 
 def _node_row(node: NodeSurvey) -> list[str]:
-    hand = ", ".join(sorted(node.hand_labels)) if node.hand_labels else ("-" if node.writers_known else "unknown")
+    hand = ("-" if node.writers_known else "unknown") if not node.hand_labels else (
+        ", ".join(sorted(node.hand_labels)) if len(node.hand_labels) <= 3 else
+        f"{len(node.hand_labels)} by {', '.join(sorted(set(node.hand_labels.values())))}")
     state = node.state + (" (cordoned)" if node.cordoned and node.state != "NodeNotReady" else "")
     return [node.name, node.pool, node.product, str(node.gpus), node.driver or "-", node.max_cuda or "-",
             node.management, state, hand]
