@@ -15,7 +15,7 @@ The steps, in order (`save` comes first so that nothing changes without a way ba
              PodDisruptionBudget allows no disruption (pkg/registry/core/pod/storage/eviction.go);
              DaemonSet pods stay, pods without a controller are refused (kubectl pkg/drain/filters.go)
 4. labels    remove the GPU labels people wrote (managedFields: gpu_placement/survey/labels.py)
-5. plugin    (only when one runs there) keep the hand-installed device plugin off the node
+5. plugin    keep a hand-installed device plugin off the node (a person's step, when one runs there)
 6. operator  remove nvidia.com/gpu.deploy.operands=false; the operator then sets
              nvidia.com/gpu.present=true from NFD's PCI label and its gpu.deploy.* labels, and its
              DaemonSets start there (NVIDIA/gpu-operator controllers/state_manager.go)
@@ -223,14 +223,15 @@ def plan(state: NodeState) -> list[Step]:
              f"{len(hand)} labels last written by {', '.join(sorted(set(hand.values())))}: {', '.join(sorted(hand))}"
              if hand else "no GPU label on the node was written by hand"),
     ]
-    if foreign:
-        owner = state.plugin_owner()
-        steps.append(Step("plugin", "keep the hand-installed device plugin off the node",
-                          f"kubectl -n {owner[0]} patch daemonset {owner[1]} --type json -p '{_NOT_WITH_OPERATOR}'",
-                          PENDING, f"{', '.join(foreign)} runs there: with the operator's device plugin beside it, "
-                          "two plugins register the same GPUs. Give its DaemonSet an affinity that leaves out nodes "
-                          "where the operator deploys its own (this one for all nodes, once; check the DaemonSet has "
-                          "no affinity it would replace), then rerun", automatic=False))
+    owner = state.plugin_owner()
+    steps.append(Step("plugin", "keep a hand-installed device plugin off the node",
+                      f"kubectl -n {owner[0]} patch daemonset {owner[1]} --type json -p '{_NOT_WITH_OPERATOR}'"
+                      if foreign else "(none runs there)", PENDING if foreign else DONE,
+                      f"{', '.join(foreign)} runs there: with the operator's device plugin beside it, two plugins "
+                      "register the same GPUs. Give its DaemonSet an affinity that leaves out nodes where the "
+                      "operator deploys its own (this one for all nodes, once; check the DaemonSet has no affinity it "
+                      "would replace), then rerun" if foreign else "no device plugin but the operator's runs there",
+                      automatic=False))
     steps += [
         Step("operator", "let the GPU Operator take the node",
              f"kubectl label node {name} {OPERANDS_LABEL}-" if disabled else
