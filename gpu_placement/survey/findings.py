@@ -319,7 +319,8 @@ def _untainted(ctx: Context) -> list[Finding]:
     if not nodes:
         return []
     cpu = sorted({_ref(pod) for pod in ctx.pods if (pod.get("spec") or {}).get("nodeName") in nodes
-                  and _runs(pod) and not ctx.requirements(pod).wants_gpu and not _daemon(pod)})
+                  and _runs(pod) and not ctx.requirements(pod).wants_gpu and not _daemon(pod)
+                  and (pod.get("metadata") or {}).get("namespace") != ctx.config.validator.namespace})
     toleration = ctx.config.gpu_tolerations[0] if ctx.config.gpu_tolerations else {"key": n.GPU_RESOURCE}
     key = toleration.get("key") or n.GPU_RESOURCE
     effect = toleration.get("effect") or "NoSchedule"
