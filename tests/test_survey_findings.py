@@ -59,8 +59,8 @@ def quota_ns(name: str) -> Obj:
 
 
 def test_unmanaged_node() -> None:
-    hand = make_node("hand-1", None, labels={"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.operands": "false",
-                                             "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    hand = make_node("hand-1", None, labels={"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product":
+                                             "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.deploy.operands": "false"},
                      allocatable={"nvidia.com/gpu": "8"})
     result = survey([*managed("gpu-1"), with_label_writers(hand, by_hand=("nvidia.com/gpu.present",
                                                                           "nvidia.com/gpu.product"))])

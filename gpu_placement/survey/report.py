@@ -86,7 +86,7 @@ def survey_markdown(survey: Survey) -> str:
     pools: dict[str, list[NodeSurvey]] = {}
     for node in survey.nodes:
         pools.setdefault(node.pool, []).append(node)
-    for pool, nodes in pools.items():
+    for pool, nodes in sorted(pools.items(), key=lambda item: (item[0] == "-", item[0])):
         lines += [f"## Pool {pool}" if pool != "-" else "## Nodes without a pool", "",
                   _md_table(_NODE_HEADER, [_node_row(node) for node in nodes]), ""]
     lines += [f"## Findings ({len(survey.findings)})", ""]
