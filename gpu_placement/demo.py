@@ -23,7 +23,14 @@ import yaml
 
 from gpu_placement.alerting import evaluate
 from gpu_placement.config import Config, parse_config
-from gpu_placement.demo_cluster import demo_objects, demo_pods, survey_objects, wave_objects, with_label_writers
+from gpu_placement.demo_cluster import (
+    HAND_INSTALLED,
+    demo_objects,
+    demo_pods,
+    survey_objects,
+    wave_objects,
+    with_label_writers,
+)
 from gpu_placement.deployed import CONFIG_KEY
 from gpu_placement.explain import admission_review, admit
 from gpu_placement.patching import apply_patch
@@ -104,7 +111,7 @@ def run_demo(config: Config | None = None, out: Any = None) -> int:
     _print(outcomes, out)
     _print_rollout(core, objects, out)
     _print_alerts(scraped, out)
-    _print_survey(survey, out)
+    _print_survey(survey, out, core, objects)
     return 0
 
 
@@ -124,10 +131,20 @@ def _survey(core: Core, objects: list[dict[str, Any]]) -> Survey:
     return survey
 
 
-def _print_survey(survey: Survey, out: Any) -> None:
+def _print_survey(survey: Survey, out: Any, core: Core, objects: list[dict[str, Any]]) -> None:
     print("\nSURVEY (gpu-placement survey: the fleet and what to fix, before anything changes; -o html draws it; "
           "docs/survey.md)", file=out)
     print(survey_text(survey), file=out)
+    from pathlib import Path
+
+    from gpu_placement.survey.migrate import plan
+    from gpu_placement.survey.migrate_command import read_snapshot, render_plan
+
+    state = read_snapshot(objects, HAND_INSTALLED, core.config, Path("gpu-placement-migrate", f"{HAND_INSTALLED}.json"),
+                          saved=False)
+    print(f"\nMIGRATION PLAN (gpu-placement migrate {HAND_INSTALLED}: rerun it to see where the node stands; "
+          "--apply runs the steps, saving the way back first)", file=out)
+    print(render_plan(state, plan(state)), file=out)
 
 
 def _print_rollout(core: Core, objects: list[dict[str, Any]], out: Any) -> None:

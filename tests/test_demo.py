@@ -118,3 +118,9 @@ def test_demo_surveys_its_cluster() -> None:
            "535.104.05 on h100-train-hand" in text
     assert "taint maintenance=bios-update:NoSchedule on l40s-relabelled" in text
     assert "research/CronJob/nightly-eval asks for a GPU, but its node selection" in text
+    plan = out.getvalue().split("\nMIGRATION PLAN (gpu-placement migrate h100-train-hand", 1)[1]
+    steps = re.findall(r"^(\d)\. \[(\w+)\] (\w+):", plan, re.MULTILINE)
+    assert steps == [("1", "next", "save"), ("2", "pending", "cordon"), ("3", "pending", "drain"),
+                     ("4", "pending", "labels"), ("5", "pending", "plugin"), ("6", "pending", "operator"),
+                     ("7", "pending", "validator"), ("8", "pending", "uncordon")]
+    assert "$ kubectl drain h100-train-hand --ignore-daemonsets --delete-emptydir-data" in plan

@@ -71,7 +71,9 @@ def read_live(access: ClusterAccess, name: str, config: Config, path: Path) -> N
     return NodeState(answer.body, pods, budgets, installed, read_backup(path), config, path)
 
 
-def read_snapshot(objects: Iterable[dict[str, Any]], name: str, config: Config, path: Path) -> NodeState:
+def read_snapshot(objects: Iterable[dict[str, Any]], name: str, config: Config, path: Path,
+                  saved: bool = True) -> NodeState:
+    """The node's state in a snapshot; `saved`: read its way back from `path` (the demo shows a fresh plan)."""
     objects = list(objects)
     node = next((o for o in objects if o.get("kind") == "Node" and (o.get("metadata") or {}).get("name") == name),
                 None)
@@ -80,7 +82,7 @@ def read_snapshot(objects: Iterable[dict[str, Any]], name: str, config: Config, 
     pods = [o for o in objects if o.get("kind") == "Pod" and (o.get("spec") or {}).get("nodeName") == name]
     budgets = [o for o in objects if o.get("kind") == "PodDisruptionBudget"]
     installed = True if any(o.get("kind") == "ClusterPolicy" for o in objects) else None
-    return NodeState(node, pods, budgets, installed, read_backup(path), config, path)
+    return NodeState(node, pods, budgets, installed, read_backup(path) if saved else None, config, path)
 
 
 # -- printing ------------------------------------------------------------------------------------
