@@ -167,6 +167,8 @@ def test_selector_matches_no_gpu_node() -> None:
     assert "(GPU nodes have nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3)" in finding.what
     objects[-1]["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] = "NVIDIA-H100-80GB-HBM3"
     assert not found(survey(objects), "SelectorMatchesNoGpuNode")
+    objects[-1]["spec"]["template"]["spec"]["nodeSelector"] = {"team": "render"}
+    assert "(no GPU node has team)" in found(survey(objects), "SelectorMatchesNoGpuNode")[0].what
 
 
 def test_bypassed_gpu_placement() -> None:
@@ -191,6 +193,37 @@ def test_gpu_use_without_quota() -> None:
     quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpus", "namespace": "lab"},
              "spec": {"hard": {"requests.nvidia.com/gpu": "4"}}}
     assert not found(survey([*objects, quota]), "GpuUseWithoutQuota")
+
+
+def test_odd_objects_are_surveyed_without_a_crash() -> None:
+    """What anyone can write into a snapshot (or an API server that stores what it is given): nulls and
+    wrong types where objects are expected. The survey reads around them and renders every form."""
+    from gpu_placement.survey.page import survey_html
+    from gpu_placement.survey.report import survey_json, survey_markdown, survey_text
+
+    odd: list[Obj] = [
+        *managed("gpu-1"),
+        {"kind": "Node", "metadata": {"name": "n2", "labels": None, "managedFields": [
+            None, {"manager": 5}, {"manager": "x", "fieldsV1": {"f:metadata": {"f:labels": ["a"]}}}]},
+         "spec": {"taints": [None, "x", {"key": "k", "effect": "NoSchedule"}]},
+         "status": {"capacity": {"nvidia.com/gpu": "abc"}}},
+        {"kind": "Pod", "metadata": {"name": "p", "namespace": "ns", "ownerReferences": "nope"}, "spec": None,
+         "status": None},
+        {"kind": "Pod", "metadata": {"name": "q", "namespace": "ns", "ownerReferences": [{"controller": True}]},
+         "spec": {"nodeName": "gpu-1", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+         "status": {"containerStatuses": [None, {"restartCount": "x"}]}},
+        {"kind": "CronJob", "metadata": {"name": "c", "namespace": "ns"}, "spec": {"jobTemplate": "x"}},
+        {"kind": "Deployment", "metadata": {"name": "d"}, "spec": {"template": {"spec": {"containers": [
+            {"image": 5, "resources": {"limits": {"nvidia.com/gpu": "1"}}}], "tolerations": [None]}}}},
+        {"kind": "ResourceQuota", "metadata": {"namespace": "ns"}, "spec": {"hard": ["x"]}},
+        {"kind": "Namespace", "metadata": {"name": "ns", "annotations": None}},
+        {"kind": "MutatingWebhookConfiguration", "metadata": {"labels": {"app.kubernetes.io/part-of": "gpu-placement"}},
+         "webhooks": None}]
+    result = run_survey(core_from_objects(Config(), odd), odd, deployed=True)
+    assert [node.name for node in result.nodes] == ["gpu-1"]
+    assert found(result, "GpuUseWithoutQuota")[0].workloads == ("ns/Pod/q",)
+    for render in (survey_text, survey_markdown, survey_json, survey_html):
+        assert render(result)
 
 
 def test_every_code_has_a_test_and_a_doc() -> None:

@@ -393,9 +393,9 @@ def _values(spec: Mapping[str, Any], nodes: list[KubeNode]) -> str:
     shown = []
     for key in keys[:3]:
         values = sorted({node.labels[key] for node in nodes if key in node.labels})
-        shown.append(f"{key}: {', '.join(values[:5]) + (' ...' if len(values) > 5 else '')}" if values
-                     else f"no GPU node has {key}")
-    return f" (GPU nodes have {'; '.join(shown)})" if shown else ""
+        shown.append(f"GPU nodes have {key}: {', '.join(values[:5]) + (' ...' if len(values) > 5 else '')}"
+                     if values else f"no GPU node has {key}")
+    return f" ({'; '.join(shown)})" if shown else ""
 
 
 # -- gpu-placement's own reach ---------------------------------------------------------------------

@@ -78,7 +78,8 @@ def run_survey(core: Any, objects: list[dict[str, Any]], *, deployed: bool, admi
     notes = list(notes)
     unknown = [node.name for node in nodes if not node.writers_known]
     if unknown:
-        notes.append(f"{len(unknown)} GPU nodes carry no managedFields, so who wrote their labels is unknown and "
+        notes.append(f"{len(unknown)} GPU {'node carries' if len(unknown) == 1 else 'nodes carry'} no managedFields, "
+                     "so who wrote their labels is unknown and "
                      "HandSetLabels was not checked for them (a snapshot needs kubectl get nodes -o json "
                      "--show-managed-fields)")
     if not deployed:

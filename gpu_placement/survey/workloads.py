@@ -46,7 +46,9 @@ class Workload:
 def workload_of(pod: Mapping[str, Any], job_owners: Mapping[str, str] | None = None) -> tuple[str, str]:
     """(kind, name) of what made the pod: Deployment, StatefulSet, DaemonSet, Job, CronJob, ..., or Pod."""
     meta = pod.get("metadata") or {}
-    owner = next((o for o in meta.get("ownerReferences") or () if isinstance(o, dict) and o.get("controller")), None)
+    owners = meta.get("ownerReferences")
+    owner = next((o for o in owners if isinstance(o, dict) and o.get("controller") and o.get("kind") and o.get("name")),
+                 None) if isinstance(owners, list) else None
     if owner is None:
         return "Pod", str(meta.get("name") or "")
     kind, name = str(owner.get("kind") or "?"), str(owner.get("name") or "")
