@@ -188,6 +188,19 @@ def test_apply_changes_nothing_without_its_own_way_back(fake_api: FakeApiServer,
     assert orjson.loads((backups / f"{NODE}.json").read_bytes())[0]["value"] == "an-older-node"
 
 
+def test_no_way_back_no_change(fake_api: FakeApiServer, tmp_path: Path, capsys: Capture) -> None:
+    """Where the way back cannot be written, nothing happens to the node."""
+    _cluster(fake_api)
+    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code, out = _run(capsys, "--kubeconfig", str(kubeconfig), "--backup-dir", str(blocker / "migrate"), "--apply")
+    assert code == 3
+    assert f"cannot save the way back in {blocker / 'migrate' / (NODE + '.json')}" in out
+    assert "nothing was changed" in out
+    assert not fake_api.get("Node", NODE)["spec"].get("unschedulable")
+
+
 def test_one_node_at_a_time(fake_api: FakeApiServer, tmp_path: Path, capsys: Capture) -> None:
     """A node whose migration is under way (cordoned since its way back was saved) holds the others back."""
     _cluster(fake_api)

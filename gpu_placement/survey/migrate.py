@@ -178,7 +178,7 @@ def read_backup(path: Path) -> Backup | None:
     """The saved way back, or None when there is none; MigrateError when the file is not one of ours."""
     try:
         ops = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except (OSError, orjson.JSONDecodeError) as exc:
         raise MigrateError(f"{path}: not a saved way back ({exc}); move it away and run the command again") from None

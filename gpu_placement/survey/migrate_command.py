@@ -245,6 +245,9 @@ def _save(state: NodeState) -> None:
     created = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MigrateError(f"cannot save the way back in {path}: {exc.strerror}; nothing was changed") from None
+    try:
         with open(temporary, "xb") as handle:  # exclusive: two runs at once cannot both write
             created = True
             handle.write(orjson.dumps(backup_patch(state.node), option=orjson.OPT_INDENT_2))
