@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from gpu_placement import names as n
 from gpu_placement.bypass import Webhook, bypass_reasons
 from gpu_placement.config import Config
@@ -187,16 +189,18 @@ def _driver_too_old(ctx: Context) -> list[Finding]:
     what the workload's images and annotations need, as the placement rules read them."""
     by_nodes: dict[tuple[tuple[str, ...], str], list[str]] = {}
     by_running: dict[str, list[str]] = {}  # workload -> too-old nodes its pods run on now
+    # Workloads repeat a few selections and needs, nodes a few drivers: each verdict is worked out once.
+    too_old_for: dict[tuple[bytes, Requirements], list[str]] = {}
     for workload in ctx.workloads:
         pod = workload.pod or {}
         req = ctx.requirements(pod)
         if req.error is not None or not (req.image_cuda or req.cuda or req.min_driver):
             continue
-        too_old = []
-        for name in _candidates(ctx, pod, req):
-            rejection = driver_fit(ctx.facts[name], req)
-            if rejection is not None and rejection.code == DRIVER_TOO_OLD:
-                too_old.append(name)
+        spec = pod.get("spec") or {}
+        selection = orjson.dumps([spec.get("nodeSelector"), spec.get("affinity")], option=orjson.OPT_SORT_KEYS)
+        too_old = too_old_for.get((selection, req))
+        if too_old is None:
+            too_old = too_old_for[(selection, req)] = _too_old(ctx, _candidates(ctx, pod, req), req)
         if too_old:
             running = sorted({str((p.get("spec") or {}).get("nodeName")) for p in workload.pods
                               if (p.get("spec") or {}).get("nodeName") in too_old})
@@ -223,6 +227,21 @@ def _driver_too_old(ctx: Context) -> list[Finding]:
             f"them{now}",
             f"Upgrade the driver on these nodes{wanted}, or select them out of these workloads' node selection.",
             nodes, tuple(workloads)))
+    return found
+
+
+def _too_old(ctx: Context, names: list[str], req: Requirements) -> list[str]:
+    """Of these nodes, those whose driver cannot give what `req` needs (one verdict per kind of driver)."""
+    verdicts: dict[tuple[Any, ...], bool] = {}
+    found = []
+    for name in names:
+        facts = ctx.facts[name]
+        key = (facts.driver, facts.max_cuda, facts.compute, facts.product)
+        if key not in verdicts:
+            rejection = driver_fit(facts, req)
+            verdicts[key] = rejection is not None and rejection.code == DRIVER_TOO_OLD
+        if verdicts[key]:
+            found.append(name)
     return found
 
 
@@ -318,7 +337,8 @@ def _untainted(ctx: Context) -> list[Finding]:
              and not _blocking_taints(ctx.kube_nodes[name])]
     if not nodes:
         return []
-    cpu = sorted({_ref(pod) for pod in ctx.pods if (pod.get("spec") or {}).get("nodeName") in nodes
+    untainted = set(nodes)
+    cpu = sorted({_ref(pod) for pod in ctx.pods if (pod.get("spec") or {}).get("nodeName") in untainted
                   and _runs(pod) and not ctx.requirements(pod).wants_gpu and not _daemon(pod)
                   and (pod.get("metadata") or {}).get("namespace") != ctx.config.validator.namespace})
     toleration = ctx.config.gpu_tolerations[0] if ctx.config.gpu_tolerations else {"key": n.GPU_RESOURCE}
