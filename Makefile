@@ -10,6 +10,9 @@ STAMP  := $(VENV)/.installed
 # `prometheus` package, unpacked into .venv/bin without installing the package (whose scripts
 # would start a Prometheus server).
 PROM_TOOLS := $(BIN)/prometheus $(BIN)/promtool
+# Chromium: tests/test_survey_page.py renders the survey's HTML page in a real headless browser. The one on
+# PATH if there is one, else Debian's package (as root, as CI runs): linked into .venv/bin either way.
+CHROMIUM := $(BIN)/chromium
 
 .PHONY: demo test fuzz e2e e2e-scale soak image image-test bench lint install clean
 
@@ -30,12 +33,22 @@ $(PROM_TOOLS): | $(BIN)/python
 	  dpkg-deb -x prometheus_*.deb root && cp root/usr/bin/$$tool $(CURDIR)/$@; fi
 	@$@ --version 2>&1 | head -1
 
-install: $(STAMP) $(PROM_TOOLS)
+$(CHROMIUM): | $(BIN)/python
+	@found=$$(command -v chromium 2>/dev/null); \
+	if [ -z "$$found" ]; then \
+	  echo "chromium: installing Debian's package for the survey page's browser test"; \
+	  { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }; } && \
+	  found=$$(command -v chromium); fi; \
+	ln -sf "$$found" $@
+	@$@ --version 2>/dev/null | head -1
+
+install: $(STAMP) $(PROM_TOOLS) $(CHROMIUM)
 
 demo: $(STAMP)
 	$(BIN)/gpu-placement demo
 
-test: $(STAMP) $(PROM_TOOLS)
+test: $(STAMP) $(PROM_TOOLS) $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

@@ -1,4 +1,4 @@
-"""The `gpu-placement` command: serve, demo, explain, nodes, rollout, certs.
+"""The `gpu-placement` command: serve, demo, explain, nodes, rollout, survey, migrate, certs.
 
 Exit status 0 on success, 2 on bad usage or bad input with a one-line message naming the problem.
 """
@@ -162,6 +162,30 @@ def build_parser() -> argparse.ArgumentParser:
     rollout.add_argument("-o", "--output", choices=["text", "json"], default="text")
     rollout.add_argument("--config", metavar="FILE")
 
+    survey = commands.add_parser("survey", help="inventory of the GPU fleet per pool and product, and findings with "
+                                 "stable codes and fixes (docs/survey.md); exit status 1 when there are findings")
+    _cluster_arguments(survey)
+    survey.add_argument("-o", "--output", choices=["text", "markdown", "json", "html"], default="text",
+                        help="html: one self-contained page drawing the fleet by pool and state")
+    _config_argument(survey)
+
+    migrate = commands.add_parser("migrate", help="move one node from hand-installed drivers or hand-set labels to "
+                                  "the GPU Operator: the steps, which are done, what the next waits for; --apply runs "
+                                  "them (docs/survey.md)")
+    migrate.add_argument("node", metavar="NODE")
+    _cluster_arguments(migrate)
+    action = migrate.add_mutually_exclusive_group()
+    action.add_argument("--apply", action="store_true", help="run the steps in order, saving the way back first; "
+                        "stop at the first failure, at a step for a person, or at a wait longer than --timeout")
+    action.add_argument("--undo", action="store_true", help="put the node's labels, taints and schedulable state "
+                        "back from the saved way back (one JSON patch)")
+    migrate.add_argument("--backup-dir", metavar="DIR", default="gpu-placement-migrate",
+                         help="where the way back of each node is saved, NODE.json (default ./gpu-placement-migrate)")
+    migrate.add_argument("--timeout", type=_duration, default=600.0, metavar="DURATION",
+                         help="--apply: how long to wait for pods to go, the operator and the validator (default 10m)")
+    migrate.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    _config_argument(migrate)
+
     certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle")
     certs.add_argument("--out", metavar="DIR", required=True)
     certs.add_argument("--service", metavar="NAME", required=True)
@@ -204,6 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _nodes(args)
         if args.command == "rollout":
             return _rollout(args)
+        if args.command == "survey":
+            return _survey(args)
+        if args.command == "migrate":
+            return _migrate(args)
         if args.command == "certs":
             return _certs(args)
     except (UsageError, ConfigError, SnapshotError, *_extra_errors()) as exc:
@@ -253,6 +281,59 @@ def _rollout(args: argparse.Namespace) -> int:
     core, access, objects = _cluster(args)
     print(run_rollout(core, access, objects, args.prometheus, args.output))
     return 0
+
+
+def _survey(args: argparse.Namespace) -> int:
+    from gpu_placement.explain import admit
+    from gpu_placement.survey.command import render, survey_cluster
+
+    core, access, objects = _cluster(args)
+    webhook = core.webhook_app()  # workload templates become pods through the webhook, as the API server makes them
+    survey = survey_cluster(core, access, objects, lambda pod, namespace: admit(webhook, pod, namespace).pod)
+    print(render(survey, args.output))
+    return 1 if survey.findings else 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gpu_placement.survey.migrate import DONE, MigrateError, needed, plan
+    from gpu_placement.survey.migrate_command import FAILED, apply, backup_file, read_live, read_snapshot, render_plan
+    from gpu_placement.survey.migrate_command import undo as undo_node
+
+    directory = Path(args.backup_dir)
+    path = backup_file(directory, args.node)
+    if args.snapshot:
+        if args.apply or args.undo:
+            raise UsageError("--apply and --undo change a live cluster: use --kubeconfig (or the current context), "
+                             "not --snapshot")
+        if args.kubeconfig or args.context:
+            raise UsageError("--snapshot and --kubeconfig/--context exclude each other: one cluster at a time")
+        from gpu_placement.snapshot import read_objects
+
+        objects, access = read_objects(args.snapshot), None
+    else:
+        from gpu_placement.fetch import connect
+
+        access, objects = connect(args.kubeconfig, args.context), []
+    config = deployed_config(args, access, objects).config
+    try:
+        if args.apply:
+            return apply(access, args.node, config, directory, args.timeout, sys.stdout)
+        if args.undo:
+            return undo_node(access, args.node, directory, sys.stdout)
+        state = read_snapshot(objects, args.node, config, path) if access is None else \
+            read_live(access, args.node, config, path)
+    except MigrateError as exc:
+        print(f"gpu-placement migrate: {exc}", file=sys.stderr)
+        return FAILED if args.apply or args.undo else 2
+    why = needed(state)
+    if why:
+        print(why)
+        return 0
+    steps = plan(state)
+    print(render_plan(state, steps, args.output))
+    return 0 if all(step.state == DONE for step in steps) else 1
 
 
 def _core(args: argparse.Namespace) -> tuple[Any, Any]:

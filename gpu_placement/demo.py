@@ -23,13 +23,22 @@ import yaml
 
 from gpu_placement.alerting import evaluate
 from gpu_placement.config import Config, parse_config
-from gpu_placement.demo_cluster import demo_objects, demo_pods, wave_objects
+from gpu_placement.demo_cluster import (
+    HAND_INSTALLED,
+    demo_objects,
+    demo_pods,
+    survey_objects,
+    wave_objects,
+    with_label_writers,
+)
 from gpu_placement.deployed import CONFIG_KEY
-from gpu_placement.explain import admission_review
+from gpu_placement.explain import admission_review, admit
 from gpu_placement.patching import apply_patch
 from gpu_placement.report import NODE_HEADER, node_rows, table
 from gpu_placement.rollout_report import policy_from_objects, rollout_json, rollout_text
 from gpu_placement.service import Core, core_from_objects
+from gpu_placement.survey.report import survey_text
+from gpu_placement.survey.run import Survey, run_survey
 
 __all__ = ["DEMO_CONFIG", "demo_config_map", "run_demo", "write_snapshot"]
 
@@ -67,7 +76,7 @@ def run_demo(config: Config | None = None, out: Any = None) -> int:
 
     out = out or sys.stdout
     config = config or parse_config(DEMO_CONFIG)
-    objects = demo_objects() + wave_objects()
+    objects = cluster_objects()
     core = core_from_objects(config, objects)
     labels = {o["metadata"]["name"]: o["metadata"].get("labels") or {} for o in objects if o["kind"] == "Node"}
     with tempfile.TemporaryDirectory(prefix="gpu-placement-demo-") as certs:
@@ -98,10 +107,44 @@ def run_demo(config: Config | None = None, out: Any = None) -> int:
             print(table(NODE_HEADER, node_rows(core.view)), file=out)
             outcomes = [_one(core, post, labels, story, pod) for story, pod in demo_pods()]
             scraped = _get(f"http://127.0.0.1:{extender.port}/metrics")
+        survey = _survey(core, objects)
     _print(outcomes, out)
     _print_rollout(core, objects, out)
     _print_alerts(scraped, out)
+    _print_survey(survey, out, core, objects)
     return 0
+
+
+def cluster_objects() -> list[dict[str, Any]]:
+    """The demo cluster as its API server would hold it: every node with the managedFields its labels'
+    writers leave (the survey reads who set them)."""
+    objects = demo_objects() + wave_objects() + survey_objects()
+    return [with_label_writers(o) if o["kind"] == "Node" and "managedFields" not in o["metadata"] else o
+            for o in objects]
+
+
+def _survey(core: Core, objects: list[dict[str, Any]]) -> Survey:
+    """The survey of the cluster as it stood before the demo's pods came (gpu-placement is deployed)."""
+    webhook = core.webhook_app()
+    survey = run_survey(core, objects, deployed=True, admit=lambda pod, namespace: admit(webhook, pod, namespace).pod)
+    survey.configuration = "the demo's (gpu-placement demo --write-snapshot writes it as the chart's ConfigMap)"
+    return survey
+
+
+def _print_survey(survey: Survey, out: Any, core: Core, objects: list[dict[str, Any]]) -> None:
+    print("\nSURVEY (gpu-placement survey: the fleet and what to fix, before anything changes; -o html draws it; "
+          "docs/survey.md)", file=out)
+    print(survey_text(survey), file=out)
+    from pathlib import Path
+
+    from gpu_placement.survey.migrate import plan
+    from gpu_placement.survey.migrate_command import read_snapshot, render_plan
+
+    state = read_snapshot(objects, HAND_INSTALLED, core.config, Path("gpu-placement-migrate", f"{HAND_INSTALLED}.json"),
+                          saved=False)
+    print(f"\nMIGRATION PLAN (gpu-placement migrate {HAND_INSTALLED}: rerun it to see where the node stands; "
+          "--apply runs the steps, saving the way back first)", file=out)
+    print(render_plan(state, plan(state)), file=out)
 
 
 def _print_rollout(core: Core, objects: list[dict[str, Any]], out: Any) -> None:
@@ -142,7 +185,7 @@ def write_snapshot(path: str) -> int:
     with the demo's configuration as the chart's ConfigMap, so `explain` and `nodes` judge with it."""
     with open(path, "wb") as out:
         out.write(orjson.dumps({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
-                                "items": [*demo_objects(), *wave_objects(), demo_config_map()]},
+                                "items": [*cluster_objects(), demo_config_map()]},
                                option=orjson.OPT_INDENT_2))
     print(f"wrote the demo cluster to {path}", file=sys.stderr)
     return 0

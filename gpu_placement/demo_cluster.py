@@ -15,8 +15,9 @@ from typing import Any
 
 from gpu_placement.timestamps import format_time
 
-__all__ = ["BASES", "NEW_DRIVER", "OLD_DRIVER", "cluster_policy", "demo_objects", "demo_pods", "driver_labels",
-           "driver_pod", "make_node", "make_pod", "namespace", "validator_pod", "wave_objects"]
+__all__ = ["BASES", "HAND_INSTALLED", "HAND_LABELLED", "NEW_DRIVER", "OLD_DRIVER", "cluster_policy", "demo_objects",
+           "demo_pods", "driver_labels", "driver_pod", "make_node", "make_pod", "namespace", "survey_objects",
+           "validator_pod", "wave_objects", "with_label_writers"]
 
 Obj = dict[str, Any]
 
@@ -296,3 +297,77 @@ def demo_pods() -> list[tuple[str, Obj]]:
          job("batch-canary", "smoke-test", {"nvidia.com/gpu": 1})),
         ("driver rollout: an ordinary job is kept on the old driver", job("batch", "train", {"nvidia.com/gpu": 1})),
     ]
+
+
+# -- the survey's stories ------------------------------------------------------------------------
+# Who writes which label, as the API server records it in managedFields (gpu_placement/survey/labels.py
+# names the writers and where that was checked): the kubelet its own, nfd-master what NFD and GPU
+# Feature Discovery publish, the GPU Operator gpu.present and the deploy labels, people the rest.
+HAND_INSTALLED, HAND_LABELLED = "h100-train-hand", "l40s-relabelled"
+_OPERATOR_LABELS = ("nvidia.com/gpu.present", "nvidia.com/gpu-driver-upgrade-state")
+_PEOPLE_LABELS = ("nvidia.com/mig.config", "nvidia.com/device-plugin.config", "nvidia.com/gpu.deploy.operands")
+
+
+def _writer(key: str, value: str) -> str:
+    if key.startswith(("kubernetes.io/", "beta.kubernetes.io/", "node.kubernetes.io/", "node-role.")):
+        return "kubelet"
+    if key in _PEOPLE_LABELS or not key.startswith(("nvidia.com/", "feature.node.kubernetes.io/")):
+        return "kubectl-label"
+    if key == "nvidia.com/mig.config.state":
+        return "nvidia-mig-manager"
+    if (key == "nvidia.com/gpu.deploy.driver" and value == "pre-installed") or value.startswith("paused-"):
+        return "driver-manager"
+    if key in _OPERATOR_LABELS or key.startswith("nvidia.com/gpu.deploy."):
+        return "gpu-operator"
+    return "nfd-master"
+
+
+def with_label_writers(node: Obj, by_hand: tuple[str, ...] = (), at: str = "2026-01-05T09:00:00Z") -> Obj:
+    """The node with the managedFields its labels' writers leave: `by_hand` keys last written by kubectl label."""
+    node = copy.deepcopy(node)
+    owners: dict[str, list[str]] = {}
+    for key, value in (node["metadata"].get("labels") or {}).items():
+        owners.setdefault("kubectl-label" if key in by_hand else _writer(key, str(value)), []).append(key)
+    node["metadata"]["managedFields"] = [
+        {"manager": manager, "operation": "Update", "apiVersion": "v1", "time": at, "fieldsType": "FieldsV1",
+         "fieldsV1": {"f:metadata": {"f:labels": {f"f:{key}": {} for key in sorted(keys)}}}}
+        for manager, keys in sorted(owners.items())]
+    return node
+
+
+def survey_objects() -> list[Obj]:
+    """What the survey finds in the demo: a node whose driver came from packages and whose labels were set
+    by hand, an operator node with labels left over from before and a forgotten maintenance taint, and a
+    CronJob whose selector names a GPU no node has."""
+    driver = driver_labels("535.104.05", "12.2")  # from the distribution's packages, older than the pool's
+    hand_keys = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                 "nvidia.com/gpu.count": "8", "nvidia.com/gpu.memory": "81559", **driver}
+    hand = make_node(HAND_INSTALLED, None, labels={"pool": "training", "nvidia.com/gpu.deploy.operands": "false",
+                                                   "feature.node.kubernetes.io/pci-10de.present": "true",
+                                                   **hand_keys}, allocatable={"nvidia.com/gpu": "8"})
+    hand["spec"] = {}  # installed by hand: nobody tainted it
+    relabelled = make_node(HAND_LABELLED, "h100", labels={
+        "nvidia.com/gpu.product": "NVIDIA-L40S", "nvidia.com/gpu.memory": "46068", "nvidia.com/gpu.count": "4",
+        "nvidia.com/gpu.family": "ada-lovelace", "nvidia.com/gpu.compute.major": "8",
+        "nvidia.com/gpu.compute.minor": "9"}, allocatable={"nvidia.com/gpu": "4"})
+    relabelled["spec"]["taints"].append({"key": "maintenance", "value": "bios-update", "effect": "NoSchedule"})
+    plugin = make_pod("kube-system", f"nvidia-device-plugin-daemonset-{HAND_INSTALLED}", node=HAND_INSTALLED,
+                      image="nvcr.io/nvidia/k8s-device-plugin:v0.17.1", labels={"name": "nvidia-device-plugin-ds"})
+    plugin["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "controller": True,
+                                              "name": "nvidia-device-plugin-daemonset"}]
+    cache = make_pod("web", "cache-5d8f7b9c4-x2x7q", node=HAND_INSTALLED, image="redis:7.4",
+                     labels={"app": "cache", "pod-template-hash": "5d8f7b9c4"})
+    cache["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": True,
+                                             "name": "cache-5d8f7b9c4"}]
+    eval_pod = make_pod("research", "nightly-eval", gpus={"nvidia.com/gpu": 1},
+                        image="nvcr.io/nvidia/pytorch:24.05-py3")
+    nightly = {"apiVersion": "batch/v1", "kind": "CronJob",
+               "metadata": {"name": "nightly-eval", "namespace": "research"},
+               "spec": {"schedule": "0 2 * * *", "jobTemplate": {"spec": {"template": {
+                   "metadata": {"labels": {"app": "nightly-eval"}},
+                   "spec": {**eval_pod["spec"], "restartPolicy": "OnFailure",
+                            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}}}}}}}
+    return [with_label_writers(hand, by_hand=tuple(hand_keys)),
+            with_label_writers(relabelled, by_hand=("nvidia.com/gpu.present", "nvidia.com/gpu.product",
+                                                    "nvidia.com/gpu.memory")),
+            validator_pod(HAND_LABELLED), plugin, cache, nightly]

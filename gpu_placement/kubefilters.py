@@ -34,7 +34,8 @@ from typing import Any
 
 from gpu_placement.quantity import QuantityError, parse_quantity
 
-__all__ = ["Filtered", "KubeNode", "KubeNodes", "Verdict", "fit_error", "pod_requests", "unmodelled"]
+__all__ = ["Filtered", "KubeNode", "KubeNodes", "Verdict", "affinity_matches", "fit_error", "pod_requests", "tolerates",
+           "unmodelled"]
 
 NODE_NAME = "node(s) didn't match the requested node name"
 UNSCHEDULABLE = "node(s) were unschedulable"
@@ -278,6 +279,16 @@ def _affinity_miss(spec: Mapping[str, Any], node: KubeNode) -> str:
             has = f"{key}={node.labels[key]}" if key in node.labels else f"no {key} label"
             return f"nodeSelector {key}={value}; the node has {has}"
     return "no term of the required node affinity matches the node's labels"
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """Whether one toleration tolerates one taint (the survey weighs taints against workloads)."""
+    return _tolerates(toleration, taint)
+
+
+def affinity_matches(spec: Mapping[str, Any], node: KubeNode) -> bool:
+    """NodeAffinity's Filter alone: the pod's nodeSelector and required node affinity against the node."""
+    return _affinity_matches(spec, node)
 
 
 def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:

@@ -33,6 +33,7 @@ __all__ = [
     "check_node",
     "cuda_rule",
     "dra_readiness",
+    "driver_fit",
     "insufficient_memory",
     "insufficient_units",
     "node_readiness",
@@ -312,6 +313,13 @@ def _image_cuda_fit(node: NodeFacts, req: Requirements) -> Rejection | None:
     images' CUDA compatibility package (forward compatibility) on the driver branches it serves, on
     data-center GPUs only."""
     return _image_cuda(node, req)[1]
+
+
+def driver_fit(node: NodeFacts, req: Requirements) -> Rejection | None:
+    """Whether the node's driver gives what the pod needs, readiness and fit aside: what the images
+    need, then the pod's CUDA, driver, compute and product requirements (the survey asks this of every
+    GPU workload against every node it selects)."""
+    return _image_cuda_fit(node, req) or _compatibility(node, req)
 
 
 def cuda_rule(node: NodeFacts, req: Requirements) -> str | None:

@@ -16,8 +16,13 @@ client (generated models or `_preload_content=False`) and our own list+watch loo
           object starts or stops matching, as the watch cache does)
     POST (409 AlreadyExists), PUT (409 Conflict on a stale metadata.resourceVersion), PATCH (merge,
     strategic merge treated as merge, JSON patch), DELETE (finalizers honoured), deletecollection,
-    pods/binding and the legacy namespaces/{ns}/bindings, the status subresource of pods, nodes and
-    namespaces, discovery, /version, /healthz.
+    pods/binding and the legacy namespaces/{ns}/bindings, pods/eviction (PodDisruptionBudgets checked
+    and decremented as kube-apiserver's EvictionREST does: 429 when a budget allows no disruption), the
+    status subresource of pods, nodes and namespaces, discovery, /version, /healthz.
+    managedFields: label ownership only, on objects stored with managedFields, for Update operations
+    (PUT, PATCH, and the test controls given a `manager`): the writer is `?fieldManager`, else the
+    User-Agent up to its first `/`; it takes the labels it adds or changes, and removed labels leave
+    every manager (structured-merge-diff merge/update.go `Updater.Update`).
 
 Every write bumps one global resourceVersion; errors are `Status` objects with the real reasons and
 messages. Writes are checked as kube-apiserver checks them where clients notice: names, label keys and
@@ -31,7 +36,8 @@ Test code drives it from its own thread: `add`/`update`/`upsert`/`patch`/`patch_
 Not modelled: defaulting beyond a pod's Pending phase and a namespace's Active phase and name
 label, admission beyond NamespaceLifecycle (so no quota admission; and no quota controller: a
 ResourceQuota's status stays as written), garbage collection by ownerReferences, RBAC, managedFields
-and server-side apply,
+beyond labels, server-side apply, the disruption controller (a budget's status stays as written, but
+for what an eviction takes from it),
 graceful pod deletion (pods go at once), namespace cleanup of the objects inside, protobuf/CBOR
 and gzip (always plain JSON), strategic-merge list semantics (merge keys), LIST
 resourceVersionMatch=Exact (served as the current state), and the watch cache's 3 s wait and 504
@@ -139,6 +145,77 @@ RESOURCES: tuple[Resource, ...] = (
 _BY_NAME = {name.lower(): r for r in RESOURCES for name in (r.plural, r.singular, r.kind, *r.short_names)}
 _POD = _BY_NAME["pods"]
 _NAMESPACE = _BY_NAME["namespaces"]
+_PDB = _BY_NAME["poddisruptionbudgets"]
+_SUCCESS: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+
+
+def _too_many(cause: str, retry_after: int) -> ApiStatusError:
+    """errors.NewTooManyRequests with the budget's cause, as checkAndDecrement builds it."""
+    return ApiStatusError(429, "Cannot evict pod as it would violate the pod's disruption budget.",
+                          details={"causes": [{"reason": "DisruptionBudget", "message": cause}]},
+                          retry_after=retry_after)
+
+
+def _pdb_selects(budget: Obj, labels: dict[str, str]) -> bool:
+    """metav1.LabelSelectorAsSelector: a nil selector selects nothing, an empty one everything."""
+    selector = (budget.get("spec") or {}).get("selector")
+    if selector is None:
+        return False
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or ():
+        key, op, values = expression.get("key"), expression.get("operator"), expression.get("values") or []
+        present = key in labels
+        if not {"In": present and labels.get(key) in values, "NotIn": not present or labels.get(key) not in values,
+                "Exists": present, "DoesNotExist": not present}.get(op, False):
+            return False
+    return True
+
+
+def _pod_ready(pod: Obj) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or ())
+
+
+def _own_labels(new: Obj, old: Obj, manager: str) -> None:
+    """Label ownership after an Update by `manager` (see the module docstring); objects stored without
+    managedFields are left without them."""
+    entries = old["metadata"].get("managedFields")
+    if not manager or not isinstance(entries, list):
+        return
+    before, after = old["metadata"].get("labels") or {}, new["metadata"].get("labels") or {}
+    changed = {k for k, v in after.items() if before.get(k) != v}
+    removed = set(before) - set(after)
+    kept = []
+    mine = None
+    for entry in _copy(entries):
+        meta = (entry.get("fieldsV1") or {}).get("f:metadata") or {}
+        labels = meta.get("f:labels")
+        if isinstance(labels, dict):
+            for key in changed | removed if entry.get("manager") != manager else removed:
+                labels.pop(f"f:{key}", None)
+            if not labels:  # an empty map would read as owning the whole of metadata.labels
+                del meta["f:labels"]
+                if not meta:
+                    del entry["fieldsV1"]["f:metadata"]
+        if entry.get("manager") == manager and entry.get("operation") == "Update" and not entry.get("subresource"):
+            mine = entry
+        if _has_fields(entry.get("fieldsV1")) or entry is mine:
+            kept.append(entry)
+    if mine is None:
+        mine = {"manager": manager, "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+                "fieldsV1": {}}
+        kept.append(mine)
+    if changed:
+        labels = mine.setdefault("fieldsV1", {}).setdefault("f:metadata", {}).setdefault("f:labels", {})
+        labels.update({f"f:{key}": {} for key in changed})
+    mine["time"] = _now()
+    new["metadata"]["managedFields"] = [e for e in kept if _has_fields(e.get("fieldsV1"))]
+
+
+def _has_fields(fields: Any) -> bool:
+    """Whether a fieldsV1 tree still owns a field (an entry that owns nothing is dropped)."""
+    return isinstance(fields, dict) and any(not value or _has_fields(value) for value in fields.values())
 _DRA = "resource.k8s.io"
 
 
@@ -789,18 +866,21 @@ class FakeApiServer:
         with self._lock:
             return self.update(obj) if key in self._objects[res] else self.add(obj)
 
-    def patch(self, kind: str, name: str, patch: Obj, namespace: str | None = None) -> Obj:
-        """JSON merge patch (RFC 7386) of a stored object; MODIFIED unless nothing changes."""
+    def patch(self, kind: str, name: str, patch: Obj, namespace: str | None = None, manager: str = "") -> Obj:
+        """JSON merge patch (RFC 7386) of a stored object; MODIFIED unless nothing changes. `manager`: the
+        writer its label changes are recorded for (see managedFields above)."""
         res = self._resource(kind)
         with self._lock:
             old = self._stored(res, namespace, name)
             new = _without_kind(_merge_patch(_copy(old), _copy(patch)))
             self._keep_identity(new, old)
+            _own_labels(new, old, manager)
             return _with_kind(res, _copy(self._commit(res, self._key(res, namespace, name), new, "MODIFIED")))
 
-    def patch_labels(self, kind: str, name: str, labels: dict[str, str | None], namespace: str | None = None) -> Obj:
+    def patch_labels(self, kind: str, name: str, labels: dict[str, str | None], namespace: str | None = None,
+                     manager: str = "") -> Obj:
         """Set labels; a None value removes that label."""
-        return self.patch(kind, name, {"metadata": {"labels": labels}}, namespace)
+        return self.patch(kind, name, {"metadata": {"labels": labels}}, namespace, manager)
 
     def set_annotations(self, kind: str, name: str, annotations: dict[str, str | None],
                         namespace: str | None = None) -> Obj:
@@ -1134,7 +1214,8 @@ class FakeApiServer:
         sub = rest[2] if len(rest) > 2 else None
         if res.namespaced and namespace is None and name is not None:
             return None
-        if sub is not None and not ((sub == "status" and res.has_status) or (sub == "binding" and res is _POD)):
+        if sub is not None and not ((sub == "status" and res.has_status) or (sub in ("binding", "eviction")
+                                                                            and res is _POD)):
             return None
         return _Target(res, namespace, name, sub, watch_path)
 
@@ -1153,23 +1234,28 @@ class FakeApiServer:
                 raise ApiStatusError(405)
             return self._watch(res, ns, name, query)
         if method == "GET":
-            if sub == "binding":
+            if sub in ("binding", "eviction"):
                 raise ApiStatusError(405)
             return self._json(self._list(res, ns, query)) if name is None else self._json(self._get(res, ns, name))
         if sub == "binding":
             if method != "POST":
                 raise ApiStatusError(405)
             return self._create_binding(ns or "", name, await self._body(request))
+        if sub == "eviction":
+            if method != "POST":
+                raise ApiStatusError(405)
+            return self._json(self._evict(ns or "default", name or "", await self._body(request)), 201)
         dry_run = bool(query.get("dryRun"))
         if method == "POST" and name is None:
             if res.namespaced and ns is None:
                 raise ApiStatusError(405)
             return self._json(self._create(res, ns, await self._body(request), dry_run), 201)
+        manager = query.get("fieldManager") or request.headers.get("user-agent", "").split("/", 1)[0]
         if method == "PUT" and name is not None:
-            return self._json(self._replace(res, ns, name, sub, await self._body(request), dry_run))
+            return self._json(self._replace(res, ns, name, sub, await self._body(request), dry_run, manager))
         if method == "PATCH" and name is not None:
             patched = self._patch(res, ns, name, sub, request.headers.get("content-type", ""),
-                                  await request.body(), dry_run)
+                                  await request.body(), dry_run, manager)
             return self._json(patched)
         if method == "DELETE" and sub is None:
             raw = await request.body()
@@ -1533,7 +1619,8 @@ class FakeApiServer:
         elif res.kind == "ResourceQuota":
             _check_quota(res, obj)
 
-    def _replace(self, res: Resource, ns: str | None, name: str, sub: str | None, body: Obj, dry_run: bool) -> Obj:
+    def _replace(self, res: Resource, ns: str | None, name: str, sub: str | None, body: Obj, dry_run: bool,
+                 manager: str = "") -> Obj:
         obj = self._check_body(res, body)
         meta = obj["metadata"]
         if meta.get("name") not in (None, "", name):
@@ -1543,10 +1630,10 @@ class FakeApiServer:
             raise ApiStatusError(400, "the namespace of the provided object does not match the namespace sent on "
                                       "the request")
         with self._lock:
-            return self._update_locked(res, ns, name, sub, obj, dry_run)
+            return self._update_locked(res, ns, name, sub, obj, dry_run, manager)
 
     def _update_locked(self, res: Resource, ns: str | None, name: str, sub: str | None, obj: Obj,
-                       dry_run: bool) -> Obj:
+                       dry_run: bool, manager: str = "") -> Obj:
         old = self._stored(res, ns, name)
         meta, old_meta = obj["metadata"], old["metadata"]
         if meta.get("resourceVersion") and meta["resourceVersion"] != old_meta["resourceVersion"]:
@@ -1568,6 +1655,8 @@ class FakeApiServer:
         if sub is None:
             _check_labels(res, obj)
         self._keep_identity(obj, old)
+        if sub is None:
+            _own_labels(obj, old, manager)
         if dry_run:
             return _with_kind(res, obj)
         key = self._key(res, ns, name)
@@ -1616,7 +1705,7 @@ class FakeApiServer:
         return count
 
     def _patch(self, res: Resource, ns: str | None, name: str, sub: str | None, content_type: str, raw: bytes,
-               dry_run: bool) -> Obj:
+               dry_run: bool, manager: str = "") -> Obj:
         media = content_type.split(";")[0].strip().lower()
         if media not in _PATCH_TYPES:
             raise ApiStatusError(415, f"the body of the request was in an unknown format - accepted media types "
@@ -1641,7 +1730,7 @@ class FakeApiServer:
             obj = self._check_body(res, patched)
             if obj["metadata"].get("name") != name:
                 raise ApiStatusError(422, "metadata.name: Invalid value: the name cannot be changed", "Invalid")
-            return self._update_locked(res, ns, name, sub, obj, dry_run)
+            return self._update_locked(res, ns, name, sub, obj, dry_run, manager)
 
     def _delete(self, res: Resource, ns: str | None, name: str, options: Any, dry_run: bool) -> tuple[Obj, int]:
         with self._lock:
@@ -1678,6 +1767,59 @@ class FakeApiServer:
             rv = self._rv
         return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": {"resourceVersion": str(rv)},
                 "items": deleted}
+
+    # -- HTTP: eviction ----------------------------------------------------------------------------
+    def _evict(self, ns: str, name: str, body: Obj) -> Obj:
+        """EvictionREST.Create (pkg/registry/core/pod/storage/eviction.go): a terminal, Pending or deleting
+        pod goes without a budget check (canIgnorePDB); otherwise the one PodDisruptionBudget of its
+        namespace whose selector matches it (two: 500) must allow a disruption (checkAndDecrement: 429
+        while status.observedGeneration < metadata.generation or disruptionsAllowed is 0, 403 below 0),
+        and gives one up, the pod named in status.disruptedPods; an unready pod is let go when the
+        budget's unhealthyPodEvictionPolicy is AlwaysAllow or currentHealthy >= desiredHealthy > 0."""
+        if body.get("kind") not in (None, "", "Eviction"):
+            raise ApiStatusError(400, f"not a Eviction object: {body.get('kind')}")
+        if (body.get("metadata") or {}).get("name") != name:
+            raise ApiStatusError(400, "name in URL does not match name in Eviction object")
+        with self._lock:
+            pod = self._stored(_POD, ns, name)
+            phase = (pod.get("status") or {}).get("phase")
+            if phase in ("Succeeded", "Failed", "Pending") or pod["metadata"].get("deletionTimestamp"):
+                self._commit(_POD, self._key(_POD, ns, name), None, "DELETED")
+                return _SUCCESS
+            labels = pod["metadata"].get("labels") or {}
+            budgets = [b for key, b in self._scope(_PDB, ns) if _pdb_selects(b, labels)]
+            if len(budgets) > 1:
+                raise ApiStatusError(500, "This pod has more than one PodDisruptionBudget, which the eviction "
+                                          "subresource does not support.")
+            if budgets:
+                self._disrupt(budgets[0], name, _pod_ready(pod))
+            self._commit(_POD, self._key(_POD, ns, name), None, "DELETED")
+        return _SUCCESS
+
+    def _disrupt(self, budget: Obj, pod: str, ready: bool) -> None:
+        meta, spec, status = budget["metadata"], budget.get("spec") or {}, budget.get("status") or {}
+        if not ready and (spec.get("unhealthyPodEvictionPolicy") == "AlwaysAllow" or (
+                status.get("currentHealthy", 0) >= status.get("desiredHealthy", 0) > 0)):
+            return  # an unready pod that does not count towards the budget
+        pdb = meta["name"]
+        if status.get("observedGeneration", 0) < meta.get("generation", 0):
+            raise _too_many(f"The disruption budget {pdb} is still being processed by the server.", 10)
+        allowed = status.get("disruptionsAllowed", 0)
+        if allowed < 0:
+            raise ApiStatusError(403, f'poddisruptionbudgets.policy "{pdb}" is forbidden: pdb disruptions allowed is '
+                                      "negative", details={"causes": [{"reason": "DisruptionBudget", "message": (
+                                          f"The disruption budget {pdb} does not allow evicting pods currently: pdb "
+                                          "disruptions allowed is negative")}]})
+        if allowed == 0:
+            healthy, desired = status.get("currentHealthy", 0), status.get("desiredHealthy", 0)
+            why = (f"The disruption budget {pdb} needs {desired} healthy pods and has {healthy} currently"
+                   if healthy <= desired else f"The disruption budget {pdb} does not allow evicting pods currently")
+            raise _too_many(why, 0)
+        new = _copy(budget)
+        new_status = new.setdefault("status", {})
+        new_status["disruptionsAllowed"] = allowed - 1
+        new_status.setdefault("disruptedPods", {})[pod] = _now()
+        self._commit(_PDB, (meta["namespace"], pdb), new, "MODIFIED")
 
     # -- HTTP: binding -----------------------------------------------------------------------------
     def _create_binding(self, ns: str, name: str | None, body: Obj) -> Response:

@@ -32,7 +32,8 @@ def test_nodes_prints_one_line_per_node_with_verdicts(snapshot: Path, capsys: py
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["NODE", "VERDICT", "PRODUCT"]
     rows = {line.split()[0]: line for line in lines[1:]}
-    assert len(rows) == 20
+    assert len(rows) == 22  # the demo's 20 and the survey's two (demo_cluster.survey_objects)
+    assert rows["h100-train-hand"].split()[1] == "NotValidated"  # installed by hand: no operator validator
     assert rows["h100-upgrading"].split()[1] == "DriverUpgrade"
     assert rows["h100-not-validated"].split()[1] == "NotValidated"
     assert rows["h100-bad-label"].split()[1] == "BadLabel"
@@ -98,4 +99,4 @@ def test_explain_shows_webhook_change_and_every_node(tmp_path: Path, snapshot: P
     assert rows["a100-vgpu"] == "pass"
     assert rows["h100-single"] == "DriverTooOld"
     assert rows["v100-legacy"] == "ComputeCapability"  # CUDA 13 on Volta: no driver fixes that
-    assert len(rows) == 20
+    assert len(rows) == 22

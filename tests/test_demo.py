@@ -46,8 +46,9 @@ def test_demo_admits_places_and_explains() -> None:
     assert re.search(r"inference/chat-big waits: InsufficientGPUMemory: the pod needs 4096 MiB of "
                      r"nvidia.com/gpu.shared memory free and the node has less .*\(FailedNodes", text)
     assert "research/huge-model waits: InsufficientGPUMemory: the pod asks 122880 MiB per device" in text
-    # an exclusive pod whose only candidates are time-sliced: told what would let it take a replica
-    assert placed["media/transcode"].split()[1:] == ["Pending", "-", "1", "NoGPU,", "1", "SharingMismatch,", "18",
+    # an exclusive pod whose only candidates are time-sliced: told what would let it take a replica (the other
+    # 20 nodes, the survey's two among them, are not Turing)
+    assert placed["media/transcode"].split()[1:] == ["Pending", "-", "1", "NoGPU,", "1", "SharingMismatch,", "20",
                                                      "outside", "its", "node", "selector"]
     assert ("media/transcode waits: SharingMismatch: the pod's sharing level is exclusive (whole GPUs), but "
             "nvidia.com/gpu here is a replica of a shared GPU") in text
@@ -96,3 +97,30 @@ def test_demo_shows_the_driver_wave() -> None:
     assert 'Canary namespaces (gpu-placement.io/canary="true"): batch-canary' in wave
     assert "Next wave: 0 of 2 waiting, to driver 580.126.09 (ClusterPolicy cluster-policy: maxParallelUpgrades 1 " \
            "with 1 in flight" in wave
+
+
+def test_demo_surveys_its_cluster() -> None:
+    """The demo ends with the survey of its cluster: the hand-installed node and the hand-labelled one
+    are each found, with their codes and fixes, beside what the demo's other nodes show."""
+    out = io.StringIO()
+    run_demo(out=out)
+    text = out.getvalue().split("\nSURVEY (gpu-placement survey", 1)[1]
+    nodes = {line.split()[0]: line for line in text.split("\nNODES\n", 1)[1].split("\n\n", 1)[0].splitlines()[1:]}
+    assert nodes["h100-train-hand"].split()[6:9] == ["not", "managed", "NotValidated"]
+    assert "16 by kubectl-label" in nodes["h100-train-hand"]
+    assert "nvidia.com/gpu.memory, nvidia.com/gpu.present, nvidia.com/gpu.product" in nodes["l40s-relabelled"]
+    codes = re.findall(r"^- (\w+): ", text, re.MULTILINE)
+    assert codes == ["UnmanagedNode", "HandSetLabels", "GpusNotPublished", "DriverSkew", "DriverTooOldForWorkloads",
+                     "DriverTooOldForWorkloads", "UntaintedGpuNode", "UntoleratedTaint", "SelectorMatchesNoGpuNode",
+                     "BypassedGpuPlacement"]
+    assert "fix: Move them to the managed stack one node at a time: gpu-placement migrate NODE" in text
+    assert "pool training runs 2 driver versions with no rollout under way: 535.129.03 on h100-train-1; " \
+           "535.104.05 on h100-train-hand" in text
+    assert "taint maintenance=bios-update:NoSchedule on l40s-relabelled" in text
+    assert "research/CronJob/nightly-eval asks for a GPU, but its node selection" in text
+    plan = out.getvalue().split("\nMIGRATION PLAN (gpu-placement migrate h100-train-hand", 1)[1]
+    steps = re.findall(r"^(\d)\. \[(\w+)\] (\w+):", plan, re.MULTILINE)
+    assert steps == [("1", "next", "save"), ("2", "pending", "cordon"), ("3", "pending", "drain"),
+                     ("4", "pending", "labels"), ("5", "pending", "plugin"), ("6", "pending", "operator"),
+                     ("7", "pending", "validator"), ("8", "pending", "uncordon")]
+    assert "$ kubectl drain h100-train-hand --ignore-daemonsets --delete-emptydir-data" in plan

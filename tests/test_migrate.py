@@ -1,0 +1,244 @@
+"""`gpu-placement migrate NODE`: the demo's hand-installed node moved to the GPU Operator step by step
+against the fake API server, which evicts as kube-apiserver does (429 while a PodDisruptionBudget allows
+no disruption) and records who wrote each label (managedFields). The test plays the parts no command
+plays: the disruption controller, a person, and the GPU Operator."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from gpu_placement.cli import main
+from gpu_placement.demo_cluster import (
+    HAND_INSTALLED,
+    cluster_policy,
+    make_node,
+    make_pod,
+    namespace,
+    survey_objects,
+    with_label_writers,
+)
+from gpu_placement.survey.labels import label_writers
+from tests.fakeapi import FakeApiServer
+
+NODE = HAND_INSTALLED
+Capture = pytest.CaptureFixture[str]
+
+
+def _owned(pod: dict[str, Any], kind: str, owner: str) -> dict[str, Any]:
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": kind, "name": owner, "controller": True}]
+    return pod
+
+
+def _budget(name: str, ns: str, app: str, allowed: int) -> dict[str, Any]:
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name, "namespace": ns},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}},
+            "status": {"disruptionsAllowed": allowed, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}}
+
+
+def _cluster(fake: FakeApiServer) -> dict[str, Any]:
+    """The hand-installed node with its device plugin, a web cache behind a budget that allows no
+    disruption, and a notebook without one; the GPU Operator installed (a ClusterPolicy)."""
+    fake.load([namespace("gpu-operator"), namespace("web"), namespace("team-a"), cluster_policy()])
+    objects = [o for o in survey_objects() if o["kind"] in ("Node", "Pod")]
+    node = next(o for o in objects if o["metadata"]["name"] == NODE)
+    fake.load([o for o in objects if o["kind"] == "Pod" and o["spec"].get("nodeName") == NODE])
+    stored = fake.add(node)
+    fake.add(_owned(make_pod("team-a", "notebook-0", node=NODE, labels={"app": "notebook"}), "StatefulSet",
+                    "notebook"))
+    fake.add(_budget("cache", "web", "cache", 0))
+    return stored
+
+
+def _run(capsys: Capture, *args: str) -> tuple[int, str]:
+    code = main(["migrate", NODE, *args])
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def _states(capsys: Capture, kubeconfig: Path, backups: Path) -> dict[str, str]:
+    code, out = _run(capsys, "--kubeconfig", str(kubeconfig), "--backup-dir", str(backups), "-o", "json")
+    plan = orjson.loads(out)
+    assert code == (0 if plan["complete"] else 1)
+    return {step["step"]: step["state"] for step in plan["steps"]}
+
+
+def test_the_hand_installed_node_step_by_step(fake_api: FakeApiServer, tmp_path: Path, capsys: Capture) -> None:
+    original = _cluster(fake_api)
+    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    backups = tmp_path / "migrate"
+    live = ["--kubeconfig", str(kubeconfig), "--backup-dir", str(backups)]
+
+    # The plan, before anything: every step, the first one next, nothing changed.
+    code, out = _run(capsys, *live)
+    assert code == 1
+    assert "1. [next] save:" in out and "way back: not saved yet" in out
+    assert f"$ kubectl cordon {NODE}" in out and f"$ kubectl drain {NODE} --ignore-daemonsets" in out
+    assert "16 labels last written by kubectl-label" in out
+    assert "(PodDisruptionBudget web/cache: 0 disruptions allowed now)" in out
+    assert f"$ kubectl label node {NODE} nvidia.com/gpu.deploy.operands-" in out
+    assert _states(capsys, kubeconfig, backups) == {
+        "save": "next", "cordon": "pending", "drain": "pending", "labels": "pending", "plugin": "pending",
+        "operator": "pending", "validator": "pending", "uncordon": "pending"}
+    assert not backups.exists() and not fake_api.get("Node", NODE)["spec"].get("unschedulable")
+
+    # --apply: the way back is saved first, the node cordoned, the notebook evicted; the cache's budget
+    # allows no disruption, so the API server answers 429 and the command stops there.
+    code, out = _run(capsys, *live, "--apply", "--timeout", "1s")
+    assert code == 3, out
+    assert "save: the way back is in" in out and f"cordon: {NODE} cordoned" in out
+    assert "drain: evicted team-a/notebook-0" in out
+    assert ("the eviction of web/cache-5d8f7b9c4-x2x7q was refused: Cannot evict pod as it would violate the pod's "
+            "disruption budget. (The disruption budget cache needs 1 healthy pods and has 1 currently)") in out
+    node = fake_api.get("Node", NODE)
+    assert node["spec"]["unschedulable"] is True
+    assert fake_api.get("Pod", "notebook-0", "team-a") is None
+    assert fake_api.get("Pod", "cache-5d8f7b9c4-x2x7q", "web") is not None
+    saved = orjson.loads((backups / f"{NODE}.json").read_bytes())
+    assert saved == [{"op": "test", "path": "/metadata/uid", "value": original["metadata"]["uid"]},
+                     {"op": "add", "path": "/metadata/labels", "value": original["metadata"]["labels"]},
+                     {"op": "add", "path": "/spec/taints", "value": []},
+                     {"op": "add", "path": "/spec/unschedulable", "value": False}]
+    states = _states(capsys, kubeconfig, backups)
+    assert (states["save"], states["cordon"], states["drain"]) == ("done", "done", "next")
+
+    # The disruption controller sees the notebook's replacement ready elsewhere: one disruption allowed.
+    fake_api.patch("PodDisruptionBudget", "cache", {"status": {"disruptionsAllowed": 1}}, "web")
+    code, out = _run(capsys, *live, "--apply", "--timeout", "1s")
+    assert code == 1, out
+    assert "drain: evicted web/cache-5d8f7b9c4-x2x7q" in out
+    assert "labels: removed nvidia.com/cuda.driver-version.full, " in out
+    assert "plugin: a step for a person: kube-system/nvidia-device-plugin-daemonset-h100-train-hand runs there" in out
+    assert fake_api.get("PodDisruptionBudget", "cache", "web")["status"]["disruptionsAllowed"] == 0
+    labels = fake_api.get("Node", NODE)["metadata"]["labels"]
+    assert not any(key.startswith(("nvidia.com/cuda.", "nvidia.com/gpu.p", "nvidia.com/gpu.c", "nvidia.com/gpu.m"))
+                   for key in labels)
+    assert labels["nvidia.com/gpu.deploy.operands"] == "false" and labels["pool"] == "training"
+    assert labels["feature.node.kubernetes.io/pci-10de.present"] == "true"
+    assert label_writers(fake_api.get("Node", NODE)).by_hand(labels) == {}
+
+    # A person keeps the hand-installed device plugin off the node (its DaemonSet's affinity): its pod goes.
+    fake_api.delete("Pod", f"nvidia-device-plugin-daemonset-{NODE}", "kube-system")
+    code, out = _run(capsys, *live, "--apply", "--timeout", "1s")
+    assert code == 1, out
+    assert "operator: removed nvidia.com/gpu.deploy.operands=false" in out
+    assert "operator: waiting: the GPU Operator has not set nvidia.com/gpu.present=true yet" in out
+    assert "nvidia.com/gpu.deploy.operands" not in fake_api.get("Node", NODE)["metadata"]["labels"]
+
+    # The GPU Operator takes the node: gpu.present from NFD's PCI label, its deploy labels, its pods.
+    fake_api.patch_labels("Node", NODE, {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.deploy.driver": "true",
+                                         "nvidia.com/gpu.deploy.device-plugin": "true",
+                                         "nvidia.com/gpu.deploy.operator-validator": "true"}, manager="gpu-operator")
+    fake_api.patch_labels("Node", NODE, {"nvidia.com/gpu.deploy.driver": "pre-installed"}, manager="driver-manager")
+    validator = make_pod("gpu-operator", f"nvidia-operator-validator-{NODE}", node=NODE,
+                         labels={"app": "nvidia-operator-validator"})
+    validator["status"] = {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}]}
+    fake_api.add(_owned(validator, "DaemonSet", "nvidia-operator-validator"))
+    fake_api.add(_owned(make_pod("gpu-operator", f"nvidia-device-plugin-daemonset-{NODE}", node=NODE,
+                                 labels={"app": "nvidia-device-plugin-daemonset"}), "DaemonSet",
+                        "nvidia-device-plugin-daemonset"))
+    code, out = _run(capsys, *live)
+    assert code == 1
+    assert "7. [next] validator:" in out
+    assert f"gpu-operator/nvidia-operator-validator-{NODE} is not Ready yet" in out
+    assert "6. [done] operator:" in out
+
+    # The validator passes: --apply uncordons, and the migration is complete.
+    fake_api.patch("Pod", f"nvidia-operator-validator-{NODE}",
+                   {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+                   "gpu-operator")
+    code, out = _run(capsys, *live, "--apply", "--timeout", "1s")
+    assert code == 0, out
+    assert f"uncordon: {NODE} uncordoned" in out and "migration complete" in out
+    assert not fake_api.get("Node", NODE)["spec"]["unschedulable"]
+    assert set(_states(capsys, kubeconfig, backups).values()) == {"done"}
+    writers = label_writers(fake_api.get("Node", NODE))
+    assert writers.written_by("nvidia.com/gpu.present", "gpu-operator")
+    assert writers.written_by("nvidia.com/gpu.deploy.driver", "driver-manager")
+
+    # The way back is one command: labels, taints and schedulable state as they were before.
+    code, out = _run(capsys, *live, "--undo")
+    assert code == 0, out
+    node = fake_api.get("Node", NODE)
+    assert node["metadata"]["labels"] == original["metadata"]["labels"]
+    assert not node["spec"].get("taints") and node["spec"]["unschedulable"] is False
+
+
+def test_apply_changes_nothing_without_its_own_way_back(fake_api: FakeApiServer, tmp_path: Path,
+                                                       capsys: Capture) -> None:
+    """A saved file of another node object of that name (recreated since) is never overwritten, and
+    nothing is cordoned without a way back."""
+    _cluster(fake_api)
+    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    backups = tmp_path / "migrate"
+    backups.mkdir()
+    other = copy.deepcopy(fake_api.get("Node", NODE))
+    other["metadata"]["uid"] = "an-older-node"
+    (backups / f"{NODE}.json").write_bytes(orjson.dumps([{"op": "test", "path": "/metadata/uid",
+                                                          "value": "an-older-node"},
+                                                         {"op": "add", "path": "/metadata/labels", "value": {}}]))
+    code, out = _run(capsys, "--kubeconfig", str(kubeconfig), "--backup-dir", str(backups), "--apply")
+    assert code == 3
+    assert "holds the way back of another node object named h100-train-hand (uid an-older-node" in out
+    assert not fake_api.get("Node", NODE)["spec"].get("unschedulable")
+    assert orjson.loads((backups / f"{NODE}.json").read_bytes())[0]["value"] == "an-older-node"
+
+
+def test_no_way_back_no_change(fake_api: FakeApiServer, tmp_path: Path, capsys: Capture) -> None:
+    """Where the way back cannot be written, nothing happens to the node."""
+    _cluster(fake_api)
+    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    code, out = _run(capsys, "--kubeconfig", str(kubeconfig), "--backup-dir", str(blocker / "migrate"), "--apply")
+    assert code == 3
+    assert f"cannot save the way back in {blocker / 'migrate' / (NODE + '.json')}" in out
+    assert "nothing was changed" in out
+    assert not fake_api.get("Node", NODE)["spec"].get("unschedulable")
+
+
+def test_one_node_at_a_time(fake_api: FakeApiServer, tmp_path: Path, capsys: Capture) -> None:
+    """A node whose migration is under way (cordoned since its way back was saved) holds the others back."""
+    _cluster(fake_api)
+    busy = fake_api.add(with_label_writers(make_node("h100-other", "h100", unschedulable=True)))
+    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    backups = tmp_path / "migrate"
+    backups.mkdir()
+    uncordoned = {**busy, "spec": {**busy["spec"], "unschedulable": False}}
+    from gpu_placement.survey.migrate import backup_patch
+
+    (backups / "h100-other.json").write_bytes(orjson.dumps(backup_patch(uncordoned)))
+    code, out = _run(capsys, "--kubeconfig", str(kubeconfig), "--backup-dir", str(backups), "--apply")
+    assert code == 3
+    assert "the migration of h100-other is not finished" in out and "one node at a time" in out
+    assert not (backups / f"{NODE}.json").exists()
+
+
+def test_a_pod_without_a_controller_blocks_the_drain(fake_api: FakeApiServer, tmp_path: Path,
+                                                     capsys: Capture) -> None:
+    """kubectl drain refuses a pod no controller recreates (without --force): so does the migration,
+    after saving and cordoning, and says what to do."""
+    _cluster(fake_api)
+    fake_api.add(make_pod("team-a", "scratch", node=NODE))
+    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    code, out = _run(capsys, "--kubeconfig", str(kubeconfig), "--backup-dir", str(tmp_path / "m"), "--apply")
+    assert code == 3
+    assert "drain: team-a/scratch declares no controller: evicted, it is gone for good" in out
+    assert fake_api.get("Pod", "scratch", "team-a") is not None
+
+
+def test_the_plan_from_a_snapshot(tmp_path: Path, capsys: Capture) -> None:
+    """The plan reads a snapshot too (read-only: --apply needs a live cluster)."""
+    snapshot = tmp_path / "cluster.json"
+    assert main(["demo", "--write-snapshot", str(snapshot)]) == 0
+    capsys.readouterr()
+    code, out = _run(capsys, "--snapshot", str(snapshot), "--backup-dir", str(tmp_path / "m"))
+    assert code == 1 and "1. [next] save:" in out and "5. [pending] plugin:" in out
+    code, out = _run(capsys, "--snapshot", str(snapshot), "--apply")
+    assert code == 2 and "--apply and --undo change a live cluster" in out
+    assert main(["migrate", "h100-single", "--snapshot", str(snapshot)]) == 0
+    assert "nothing to migrate" in capsys.readouterr().out

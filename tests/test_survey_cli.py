@@ -1,0 +1,94 @@
+"""`gpu-placement survey` from the command line: on a snapshot with operator-managed nodes, a
+hand-installed node, a node with hand-set labels, driver skew, a forgotten taint and a workload whose
+selector matches nothing (the demo cluster), and live against the fake API server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpu_placement.cli import main
+from gpu_placement.demo import cluster_objects, demo_config_map, write_snapshot
+from tests.fakeapi import FakeApiServer
+
+Capture = pytest.CaptureFixture[str]
+
+
+def survey(capsys: Capture, *args: str) -> tuple[int, str]:
+    code = main(["survey", *args])
+    return code, capsys.readouterr().out
+
+
+@pytest.fixture
+def snapshot(tmp_path: Path, capsys: Capture) -> Path:
+    path = tmp_path / "cluster.json"
+    write_snapshot(str(path))
+    capsys.readouterr()
+    return path
+
+
+def test_the_survey_lists_each_problem_with_its_code_and_fix(snapshot: Path, capsys: Capture) -> None:
+    code, out = survey(capsys, "--snapshot", str(snapshot), "-o", "json")
+    assert code == 1  # findings: CI fails
+    report = orjson.loads(out)
+    assert set(report) >= {"inventory", "findings"}
+    for finding in report["findings"]:
+        assert set(finding) >= {"code", "nodes", "workloads", "fix"} and finding["fix"].endswith(".")
+        assert all(ref.count("/") == 2 for ref in finding["workloads"])  # NS/KIND/NAME
+    by_code = {f["code"]: f for f in report["findings"]}
+    assert by_code["UnmanagedNode"]["nodes"] == ["h100-train-hand"]
+    assert by_code["HandSetLabels"]["nodes"] == ["l40s-relabelled"]
+    assert by_code["DriverSkew"]["nodes"] == ["h100-train-1", "h100-train-hand"]
+    assert by_code["UntoleratedTaint"]["nodes"] == ["l40s-relabelled"]
+    assert by_code["SelectorMatchesNoGpuNode"]["workloads"] == ["research/CronJob/nightly-eval"]
+    training = next(g for g in report["inventory"] if g["pool"] == "training")
+    assert (training["nodes"], training["gpus"]) == (3, 24)
+    assert training["drivers"] == {"535.129.03": 2, "535.104.05": 1}
+    assert training["management"] == {"gpu-operator, pre-installed driver": 2, "not managed": 1}
+    operator = {n["node"]: n for g in report["inventory"] for n in g["nodeDetails"]}
+    assert operator["h100-batch-2"]["management"] == "gpu-operator"
+    assert operator["t4-shared"]["sharing"] == "time-slicing x8"
+    assert operator["h100-mig"]["mig"] == "mixed 2x1g.10gb+1x2g.20gb+1x3g.40gb"
+    assert report["configuration"].startswith("ConfigMap gpu-placement/gpu-placement-config")
+
+
+def test_text_and_markdown(snapshot: Path, capsys: Capture) -> None:
+    code, text = survey(capsys, "--snapshot", str(snapshot))
+    assert code == 1 and text.startswith("GPU CLUSTER SURVEY: 21 GPU nodes (45 GPUs) in 3 pools, 1 other nodes; "
+                                         "10 findings")
+    assert "- UnmanagedNode: GPUs allocatable with no GPU Operator component on the node: h100-train-hand" in text
+    code, markdown = survey(capsys, "--snapshot", str(snapshot), "-o", "markdown")
+    assert code == 1
+    assert [line for line in markdown.splitlines() if line.startswith("## ")] == [
+        "## Inventory", "## Pool batch", "## Pool training", "## Nodes without a pool", "## Findings (10)"]
+    assert "| `DriverSkew` | h100-train-1, h100-train-hand |" in markdown
+
+
+def test_no_findings_exit_0(tmp_path: Path, capsys: Capture) -> None:
+    objects = [o for o in cluster_objects() if o["kind"] == "Namespace" or (
+        o["kind"] in ("Node", "Pod") and "h100-batch-1" in str(o["metadata"].get("name")))]
+    path = tmp_path / "one.json"
+    path.write_bytes(orjson.dumps({"kind": "List", "items": [*objects, demo_config_map()]}))
+    code, out = survey(capsys, "--snapshot", str(path))
+    assert code == 0, out
+    assert "FINDINGS (0;" in out and "  none" in out
+
+
+def test_live_survey_reads_what_it_may_and_says_what_it_could_not(fake_api: FakeApiServer, tmp_path: Path,
+                                                                  capsys: Capture) -> None:
+    """Deployments, Jobs and CronJobs are not served by this API server: the survey says so, and surveys
+    the rest (the hand-installed node is found from its managedFields, as the API server keeps them)."""
+    fake_api.load([o for o in cluster_objects() if o["kind"] in ("Namespace", "Node", "Pod", "ClusterPolicy")])
+    fake_api.add(demo_config_map())
+    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    code, out = survey(capsys, "--kubeconfig", str(kubeconfig), "-o", "json")
+    assert code == 1
+    report = orjson.loads(out)
+    assert {"Deployments not read (not served): the checks that read them ran without them",
+            "CronJobs not read (not served): the checks that read them ran without them"} <= set(report["notes"])
+    codes = {f["code"] for f in report["findings"]}
+    assert {"UnmanagedNode", "HandSetLabels", "DriverSkew", "UntoleratedTaint"} <= codes
+    assert "SelectorMatchesNoGpuNode" not in codes  # the CronJob could not be read
+    assert report["configuration"].startswith("ConfigMap gpu-placement/gpu-placement-config in context")
