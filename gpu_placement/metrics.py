@@ -95,6 +95,8 @@ QUOTA_HOLD_LISTS = Counter("gpu_placement_quota_hold_lists",
 NAMESPACE_READS = Counter("gpu_placement_namespace_reads",
                           "GETs of a namespace the view lacked when one of its pods was admitted, by outcome.",
                           ["outcome"])
+CLAIM_READS = Counter("gpu_placement_claim_reads", "GETs of a ResourceClaim or ResourceClaimTemplate the view lacked "
+                      "when a pod naming it was admitted (webhook/claim_reader.py), by outcome.", ["outcome"])
 
 # The DRA taint controller (gpu_placement/dra/taints.py): DeviceTaintRules for unverified nodes' devices.
 DRA_TAINT_LEADING = Gauge("gpu_placement_dra_taint_leading",

@@ -37,12 +37,12 @@ _VERBS = ("mutate", "validate")
 
 
 def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool, str]], api: Any = None,
-               quota_gate: bool = False) -> Starlette:
+               quota_gate: bool = False, dra_version: str | None = None) -> Starlette:
     """POST /mutate, POST /validate, and the ops routes. Reads `view` (under its lock where it needs
     consistent figures) and never writes it; keeps its own policy cache and quota reservations.
     `api` (a kubernetes ApiClient, None with --snapshot): overdue holds are settled by listing pods
     (webhook/holds.py, a thread that runs while the app does). `quota_gate`: see webhook/quota_gate.py."""
-    admission = Admission(view, config, api, quota_gate)
+    admission = Admission(view, config, api, quota_gate, dra_version)
     checker = HoldChecker(admission.reservations, api) if api is not None else None
     timers = {verb: metrics.REQUEST_SECONDS.labels("webhook", verb) for verb in _VERBS}
     answered = {verb: metrics.REQUESTS.labels("webhook", verb, "200") for verb in _VERBS}
@@ -68,6 +68,9 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
         namespace = admission.namespace_to_read(review)
         if namespace is not None:  # the view has not seen it yet: one GET, off the event loop
             await admission.reader.read(namespace)  # type: ignore[union-attr]
+        claims = admission.claims_to_read(review) if verb == "mutate" else []
+        if claims:  # the claims or templates it names, likewise (webhook/claim_reader.py)
+            await admission.claim_reader.read(claims)  # type: ignore[union-attr]
         try:
             decision = decide(review)
             encoded = encode_review(decision.response)
