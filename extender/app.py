@@ -124,7 +124,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
             meta = pod.get("metadata") or {}
             key, uid, version = _key(pod), str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
             why = settle.why(key, uid, version, result)
-            if why is not None and await settle.wait(why, version):
+            if why is not None and await settle.wait(key, why, version):
                 decided = decide(pod, req, names, objects)
                 if isinstance(decided, ORJSONResponse):
                     return decided

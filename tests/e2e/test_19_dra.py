@@ -171,7 +171,10 @@ def test_nvidia_gpu_served_by_dra_still_goes_through_the_extender(e2e: E2E, plug
         cond = e2e.scheduled_condition(ns, "classic")
         assert "NotValidated" in cond["message"], cond  # the extender's reason, on a DRA-only node
         e2e.kubelets.set_pod_ready("gpu-operator", f"nvidia-operator-validator-{node}", True)
-        assert e2e.wait_bound(ns, "classic", timeout=60) == node
+        # kube-scheduler retries the pod at once on the validator's update, often before the extender's
+        # watch has it; answered NotValidated then, the pod would wait for the next event it listens to
+        # (one run of `make e2e` in two: over 60 s). The extender waits for its view (extender/settle.py).
+        assert e2e.wait_bound_once_verified(ns, "classic", node, timeout=15) == node
         [device] = allocation(e2e, ns, "classic")
         assert device["pool"] == node
     finally:
