@@ -40,6 +40,8 @@ from gpu_placement.view import ClusterView
 
 __all__ = ["LAGGING", "RETRIED", "SETTLE_BURST", "SETTLE_SECONDS", "SETTLE_SHARE", "Budget", "Settle", "newer"]
 
+log = logging.getLogger("gpu_placement.extender")
+
 # The longest one /filter waits. Our watch was 1-16 ms behind kube-scheduler's retry on `make e2e`
 # (scenarios 6 and 19, a CPU hog beside them); the wait ends as soon as the view has the change, and
 # waits that find nothing are what the budget bounds.
@@ -48,7 +50,6 @@ SETTLE_SHARE = 0.02  # of wall time that waits may take, on average
 SETTLE_BURST = 0.2  # seconds of waiting saved up (four whole waits) for a quiet cluster's rare races
 LAGGING, RETRIED = "lagging", "retried"
 _POLL = 0.001
-log = logging.getLogger("gpu_placement.extender")
 _REMEMBERED = 10_000  # pods rejected everywhere, for `retried`
 
 
@@ -145,7 +146,6 @@ class Settle:
         self._rejected.move_to_end(key)
         if len(self._rejected) > _REMEMBERED:
             self._rejected.popitem(last=False)
-
 
     def forget(self, key: str) -> None:
         self._rejected.pop(key, None)

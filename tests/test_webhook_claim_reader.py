@@ -167,3 +167,25 @@ def test_names_that_are_not_kubernetes_names_are_not_read(fake_api: FakeApiServe
             assert "patch" not in response, response  # allowed as is, or refused at the edge (BadPod)
             assert response["allowed"] is False or "was not read from the API server" in response["warnings"][0]
         assert fake_api.requests_log == []
+
+
+def test_a_new_namespace_and_a_new_template_are_read_at_the_same_time(fake_api: FakeApiServer,
+                                                                      bundle: CertBundle) -> None:
+    """A Namespace, a template and a pod in one apply, the API server slow: the two reads run side by
+    side, so the pod waits for one read's timeout, within the API server's timeoutSeconds (5 s), not
+    for their sum."""
+    fake_api.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "fresh"}})
+    fake_api.add(template("fresh", "one-gpu", "gpu.nvidia.com"))
+    with webhook(fake_api, bundle) as hook:
+        admission = hook.app.state.admission
+        admission.reader.timeout = admission.claim_reader.timeout = (1.0, 1.0)  # 2 s each, 4 s one after another
+        fake_api.delay = 6.0
+        start = time.monotonic()
+        try:
+            response = hook.answer("/mutate", review(bare(claim_pod("fresh", "train", "one-gpu")), "fresh"))
+        finally:
+            fake_api.delay = 0.0
+        took = time.monotonic() - start
+        assert response["allowed"] is True and "did not answer within 2 s" in response["warnings"][0], response
+        assert admission.reader.reads == 1 and admission.claim_reader.reads == 1
+        assert took < 3.5, took  # one timeout (2 s) and the answer; the two in a row would be 4 s
