@@ -134,7 +134,7 @@ class Settle:
             self.budget.give_back(self.seconds - waited)
         self._waited[why, "changed" if changed else "unchanged"].observe(waited)
         log.debug("filter pod=%s waited %.1f ms for the view (%s): %s", key, waited * 1000, why,
-                  "it changed, judged again" if changed else "nothing came")
+                  "it changed, judged again" if changed else "no change")
         return changed
 
     def answered(self, key: str, uid: str, version: str, result: FilterResult) -> None:
