@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -19,6 +18,7 @@ from starlette.routing import Route
 from extender.args import ParsedArgs, WireError, json_object, parse_extender_args, pod_label
 from extender.binding import Binder, BindError
 from extender.preempt import preempt_endpoint
+from extender.settle import Settle
 from extender.wire import ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement import metrics, shape
 from gpu_placement.cluster_metrics import tracker_for
@@ -35,9 +35,6 @@ __all__ = ["DEFAULT_MAX_BODY", "create_app"]
 
 log = logging.getLogger("gpu_placement.extender")
 DEFAULT_MAX_BODY = 64 * 2**20
-# How long a /filter that fits nowhere for want of room waits for a view change already on its way
-# (see filter_). Short: kube-scheduler schedules one pod at a time.
-SETTLE_SECONDS = 0.025
 _RECENT_PODS = 10_000  # pods seen in /filter, so /bind knows their ask before the watch shows them
 
 
@@ -46,6 +43,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
     recent: OrderedDict[str, tuple[str, Requirements]] = OrderedDict()  # pod -> (UID, what /filter judged)
     tracker = tracker_for(view)  # pods rejected on every node, for gpu_placement_pods_waiting
     decisions: dict[str, Any] = {}  # reason code -> its gpu_placement_decisions child, looked up once
+    settle = Settle(view)  # when an answer that passes no node waits for the view (extender/settle.py)
 
     def refuse(verb: str, status: int, problem: str, message: str) -> ORJSONResponse:
         log.warning("extender %s refused (%d): %s", verb, status, message)
@@ -117,16 +115,23 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         if isinstance(decided, ORJSONResponse):
             return decided
         result, encoded = decided
-        if not result.passed and len(result.failed_json) > 2 and await _view_changes(view, SETTLE_SECONDS):
-            # The pod fits nowhere, and room is what it lacks. kube-scheduler retries such a pod on the
-            # event that frees room (a pod deleted), often within a millisecond of the event reaching
-            # its informer, while our own watch may still be a few milliseconds behind; answered from
-            # that view, the pod would wait for the next event or kube-scheduler's 5-minute flush. So
-            # the view gets a moment to take a change already on its way, and the pod is judged again.
-            decided = decide(pod, req, names, objects)
-            if isinstance(decided, ORJSONResponse):
-                return decided
-            result, encoded = decided
+        if not result.passed and req.error is None and (len(result.failed_json) > 2 or
+                                                          len(result.unresolvable_json) > 2):
+            # The pod fits nowhere. kube-scheduler may have moved it on an event our watch has not
+            # applied yet (a validator turned Ready, a pod deleted): answered from that view, it would
+            # wait for the next event or kube-scheduler's 5-minute flush. Where the view is plausibly
+            # behind, it gets a moment (budgeted) to take the change, and the pod is judged again.
+            meta = pod.get("metadata") or {}
+            key, uid, version = _key(pod), str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+            why = settle.why(key, uid, version, result)
+            if why is not None and await settle.wait(key, why, version):
+                decided = decide(pod, req, names, objects)
+                if isinstance(decided, ORJSONResponse):
+                    return decided
+                result, encoded = decided
+            settle.answered(key, uid, version, result)
+        elif result.passed:
+            settle.forget(_key(pod))
         for code, count in result.reasons.items():
             (decisions.get(code) or decisions.setdefault(code, metrics.DECISIONS.labels("extender", code))).inc(count)
         if tracker is not None and req.gpus:
@@ -264,16 +269,10 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         finally:
             await binder.aclose()  # its connections belong to this loop
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed},
-                     lifespan=lifespan)
-
-
-async def _view_changes(view: ClusterView, seconds: float) -> bool:
-    """Whether the view changes within `seconds` (polled: the event loop stays free meanwhile)."""
-    generation, deadline = view.generation, time.monotonic() + seconds
-    while view.generation == generation and time.monotonic() < deadline:
-        await asyncio.sleep(seconds / 10)
-    return view.generation != generation
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed},
+                    lifespan=lifespan)
+    app.state.settle = settle  # its budget and memory of rejected pods, for tests
+    return app
 
 
 _NOT_DECIDED = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}}

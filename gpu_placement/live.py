@@ -238,6 +238,7 @@ class LiveSource:
         start = time.monotonic()
         self.ingest.relist(self.view, state.kind, self._pages(state, version))
         state.version = version[0] or "0"
+        self.view.versions[state.kind] = state.version
         state.progressed = True
         log.info("%s listed: %d in the view at resourceVersion %s in %.2f s", state.kind, self._count(state.kind),
                  state.version, time.monotonic() - start)
@@ -363,6 +364,7 @@ class LiveSource:
             log.debug("%s watch: ignored event of type %s", state.kind, kind)
             return
         state.version = (obj.get("metadata") or {}).get("resourceVersion") or state.version
+        self.view.versions[state.kind] = state.version or ""  # applied up to here (extender/settle.py)
         state.progressed = True
         state.counters[kind].inc()
         metrics.heard_from_source()

@@ -55,6 +55,15 @@ SOURCE_UP = Gauge("gpu_placement_source_up", "1 while the cluster source (API se
 SNAPSHOT_RELOADS = Counter("gpu_placement_snapshot_reloads", "Snapshot reloads, by result.", ["result"])
 PREEMPTION_NODES = Counter("gpu_placement_preemption_nodes", "Nodes kube-scheduler proposed for preemption, by "
                            "outcome: kept, victims_added, dropped.", ["outcome"])
+# The extender's wait for a view change on its way (extender/settle.py), by why it waited (`lagging`: the
+# pod is newer than the view's pods; `retried`: kube-scheduler sent the same pod again for the same answer)
+# and whether the view changed meanwhile (the pod was judged again) or not.
+FILTER_SETTLE_SECONDS = Histogram("gpu_placement_filter_settle_seconds",
+                                  "Time a /filter that passed no node waited for the view, by why and outcome.",
+                                  ["why", "outcome"],
+                                  buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25))
+FILTER_SETTLE_DENIED = Counter("gpu_placement_filter_settle_denied",
+                               "Waits for the view that /filter did not make: the settle budget was spent.", ["why"])
 BINDINGS = Counter("gpu_placement_bindings", "Bind calls, by result.", ["result"])
 BIND_POST_SECONDS = Histogram("gpu_placement_bind_post_seconds",
                               "The Binding POST of a /bind as the extender sees it: from sending to the answer read.",
@@ -89,6 +98,8 @@ QUOTA_HOLD_LISTS = Counter("gpu_placement_quota_hold_lists",
 NAMESPACE_READS = Counter("gpu_placement_namespace_reads",
                           "GETs of a namespace the view lacked when one of its pods was admitted, by outcome.",
                           ["outcome"])
+CLAIM_READS = Counter("gpu_placement_claim_reads", "GETs of a ResourceClaim or ResourceClaimTemplate the view lacked "
+                      "when a pod naming it was admitted (webhook/claim_reader.py), by outcome.", ["outcome"])
 
 # The DRA taint controller (gpu_placement/dra/taints.py): DeviceTaintRules for unverified nodes' devices.
 DRA_TAINT_LEADING = Gauge("gpu_placement_dra_taint_leading",

@@ -57,7 +57,7 @@ class Core:
         # The mirrored ResourceQuotas in the view: /validate admits a quota namespace's GPU pods only once
         # the API server enforces its quota (webhook/quota_gate.py).
         return create_webhook_app(self.view, self.config, self.readiness, self.api,
-                                  quota_gate="resourcequotas" in self.kinds)
+                                  quota_gate="resourcequotas" in self.kinds, dra_version=self.dra.version)
 
     def stop(self) -> None:
         for stop in reversed(self.stoppers):

@@ -111,6 +111,9 @@ class ClusterView:
         self.reservations: dict[str, Reservation] = {}
         self.generation = 0  # bumped on every change: cheap "has anything changed" for callers
         self.listed: set[str] = set()  # kinds whose first full list is in
+        # kind -> resourceVersion of the newest event or list the live source applied: how far behind
+        # kube-scheduler's informers the view may be (extender/settle.py). Empty for a snapshot.
+        self.versions: dict[str, str] = {}
         self.last_change = 0.0
         self._node_pods: dict[str, set[str]] = {}
         self._charges: dict[str, _Charge] = {}

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from extender import app as app_module
+from extender import settle as settle_module
 from gpu_placement.demo_cluster import make_node, make_pod, validator_pod
 from tests.test_extender_http import Extender
 
@@ -118,21 +118,21 @@ def test_a_pod_that_fits_nowhere_takes_the_room_freed_while_its_filter_runs(t4: 
     # missed the 25 ms wait when a loaded machine ran it late): a task of the server's loop, which runs
     # at the wait's first poll, once the wait has read the view's generation.
     waits: list[float] = []
-    settle = app_module._view_changes
+    settle = settle_module._view_changes
 
     async def delete() -> None:
         view.delete_pod("inference/holder")
 
-    async def deletion_during_the_wait(waited: Any, seconds: float) -> bool:
+    async def deletion_during_the_wait(waited: Any, seconds: float, until: str | None = None) -> bool:
         waits.append(seconds)
         deletion = asyncio.get_running_loop().create_task(delete())
         try:
-            return await settle(waited, seconds)
+            return await settle(waited, seconds, until)
         finally:
             await deletion
 
-    monkeypatch.setattr(app_module, "_view_changes", deletion_during_the_wait)
+    monkeypatch.setattr(settle_module, "_view_changes", deletion_during_the_wait)
     answer = t4.filter(_pod("late"), [T4])
-    assert waits == [app_module.SETTLE_SECONDS]  # it waited, once
+    assert waits == [settle_module.SETTLE_SECONDS]  # it waited, once
     assert answer["NodeNames"] == [T4] and not answer["FailedNodes"], answer
     assert t4.filter(_pod("late"), [T4])["NodeNames"] == [T4]

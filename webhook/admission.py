@@ -1,7 +1,8 @@
 """The two admission decisions: what /mutate changes on a pod, and whether /validate lets it in.
 
 Pure over the request, the cluster view and the configuration: no I/O (a namespace the view lacks
-is read beforehand by the app, webhook/namespace_reader.py). Each outcome carries one
+is read beforehand by the app, webhook/namespace_reader.py; so are claims and templates a pod names,
+webhook/claim_reader.py). Each outcome carries one
 reason code (for metrics and the debug log); the sentences the user reads name the namespace, the
 resource, the figures and the annotation to change.
 
@@ -26,6 +27,7 @@ from gpu_placement.pods import GpuRequests
 from gpu_placement.sharing import effective_sharing
 from gpu_placement.view import ClusterView
 from webhook.audit import would_do
+from webhook.claim_reader import ClaimReader, Ref
 from webhook.dra_claims import TEMPLATE_PENDING, Conversion, convert, missing_sentence, template_claims
 from webhook.dra_quota import ClaimCharge, by_kind, claim_charge, claim_hard, claim_names, claim_usage, pod_standins
 from webhook.dra_validate import CLAIM_KINDS, CLAIM_OUTSIDE_POLICY, claim_problems
@@ -84,11 +86,13 @@ class Decision:
 
 
 class Admission:
-    def __init__(self, view: ClusterView, config: Config, api: Any = None, quota_gate: bool = False) -> None:
+    def __init__(self, view: ClusterView, config: Config, api: Any = None, quota_gate: bool = False,
+                 dra_version: str | None = None) -> None:
         """`api`: the kubernetes ApiClient when there is an API server (holds are then settled by lists
         of pods, see webhook/holds.py); None with --snapshot. `quota_gate`: the view watches the mirrored
         ResourceQuotas, and GPU pods are admitted only while the API server enforces the quota
-        (webhook/quota_gate.py)."""
+        (webhook/quota_gate.py). `dra_version`: where the API server serves ResourceClaims and their
+        templates (None: not served), for the ones a pod names that the view lacks."""
         self.view = view
         self.config = config
         self.api = api
@@ -99,6 +103,7 @@ class Admission:
         due = min(config.reservation_ttl_seconds, GATED_HOLD_SECONDS) if quota_gate else config.reservation_ttl_seconds
         self.reservations = Reservations(view, due, listed=api is not None)
         self.reader = NamespaceReader(view, api) if api is not None else None
+        self.claim_reader = ClaimReader(view, api, dra_version) if api is not None and dra_version else None
 
     def policy(self, namespace: str) -> NamespacePolicy:
         # One dict read (atomic under the GIL); the cache reparses only when the record changed.
@@ -118,6 +123,20 @@ class Admission:
                 resource.get("resource", "pods") != "pods"):
             return None
         return namespace
+
+    def claims_to_read(self, request: AdmissionRequest) -> list[Ref]:
+        """The ResourceClaims and templates a pod CREATE names that the view does not have (yet): read
+        them from the API server before /mutate routes the pod. Empty in the common case."""
+        if self.claim_reader is None or request.get("operation", "CREATE") != "CREATE" or request.get("subResource"):
+            return []
+        resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
+        namespace = request.get("namespace") or ""
+        pod: Any = request.get("object")
+        spec = pod.get("spec") if isinstance(pod, dict) else None
+        if (resource.get("resource", "pods") != "pods" or namespace in self.config.exempt_namespaces
+                or not isinstance(spec, dict) or not spec.get("resourceClaims")):
+            return []
+        return self.claim_reader.wanted(namespace, spec)
 
     def _unknown_namespace(self, namespace: str) -> str | None:
         """The sentence for a namespace the view lacks and the API server did not give us; else None.
@@ -213,10 +232,14 @@ class Admission:
         with the namespace's pools; None when its claims ask for no GPU (then it is any other pod)."""
         with self.view.lock:
             found = self.view.dra.pod_claims(subject.namespace, subject.pod["spec"])
+            if found.missing is not None and self.claim_reader is not None:  # read from the API server (the app)
+                found = self.claim_reader.pod_claims(subject.namespace, subject.pod["spec"])
         if found.missing is not None and not found.classes:
-            text = (f"pod {subject.namespace}/{subject.name} uses {found.missing}, which gpu-placement does not know "
-                    "yet: if it asks for a GPU, the pod is not routed to the gpu-placement scheduler (create the "
-                    "claim or template before the pod)")
+            unknown = found.missing if self.claim_reader is not None else f"{found.missing}, which gpu-placement " \
+                "does not know yet"
+            text = (f"pod {subject.namespace}/{subject.name} uses {unknown}: if it asks for a GPU, the pod is not "
+                    "routed to the gpu-placement scheduler and its GPUs are not checked by gpu-placement's node rules "
+                    "(create the claim or template before the pod, or create the pod again)")
             return self._decision(allowed(uid, warnings=[text]), UNCHANGED, subject, [text])
         if not found.classes:
             return None

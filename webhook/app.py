@@ -10,10 +10,11 @@ Query strings (`?timeout=10s`, which the API server appends) are ignored by the 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -37,12 +38,13 @@ _VERBS = ("mutate", "validate")
 
 
 def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool, str]], api: Any = None,
-               quota_gate: bool = False) -> Starlette:
+               quota_gate: bool = False, dra_version: str | None = None) -> Starlette:
     """POST /mutate, POST /validate, and the ops routes. Reads `view` (under its lock where it needs
     consistent figures) and never writes it; keeps its own policy cache and quota reservations.
     `api` (a kubernetes ApiClient, None with --snapshot): overdue holds are settled by listing pods
-    (webhook/holds.py, a thread that runs while the app does). `quota_gate`: see webhook/quota_gate.py."""
-    admission = Admission(view, config, api, quota_gate)
+    (webhook/holds.py, a thread that runs while the app does). `quota_gate`: see webhook/quota_gate.py.
+    `dra_version`: the resource.k8s.io version the API server serves claims at (webhook/claim_reader.py)."""
+    admission = Admission(view, config, api, quota_gate, dra_version)
     checker = HoldChecker(admission.reservations, api) if api is not None else None
     timers = {verb: metrics.REQUEST_SECONDS.labels("webhook", verb) for verb in _VERBS}
     answered = {verb: metrics.REQUESTS.labels("webhook", verb, "200") for verb in _VERBS}
@@ -65,9 +67,15 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
             review = parse_review(body)
         except ReviewError as exc:
             return refuse(verb, 400, "BadRequest", exc.problem, str(exc))
+        reads: list[Awaitable[None]] = []
         namespace = admission.namespace_to_read(review)
         if namespace is not None:  # the view has not seen it yet: one GET, off the event loop
-            await admission.reader.read(namespace)  # type: ignore[union-attr]
+            reads.append(admission.reader.read(namespace))  # type: ignore[union-attr]
+        claims = admission.claims_to_read(review) if verb == "mutate" else []
+        if claims:  # the claims or templates it names, likewise (webhook/claim_reader.py), at the same time
+            reads.append(admission.claim_reader.read(claims))  # type: ignore[union-attr]
+        if reads:
+            await asyncio.gather(*reads)
         try:
             decision = decide(review)
             encoded = encode_review(decision.response)

@@ -233,6 +233,51 @@ class E2E:
             status = self.pod(namespace, name).get("status", {})
             raise TimeoutError(f"{exc}; conditions {status.get('conditions')}") from None
 
+    def wait_bound_once_verified(self, namespace: str, name: str, node: str, timeout: float = 15.0) -> str:
+        """wait_bound for a pod whose only fitting node was just verified; when it times out, the
+        message says whose the delay is (`scheduling_story`)."""
+        try:
+            return self.wait_bound(namespace, name, timeout=timeout)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n{self.scheduling_story(namespace, name, node)}") from None
+
+    def scheduling_story(self, namespace: str, name: str, node: str) -> str:
+        """Why a pod is not bound to `node`: kube-scheduler's attempts at it (its log at verbosity 2 has
+        a line for each), the validator as the API server has it, the extender's waits for its view and
+        what it answers for the pod now; then the verdict: the node is not verified; or the extender
+        passes it now, so kube-scheduler parked the pod after an answer from a lagging view (nothing it
+        listens to happened since); or the extender's view never took the validator's Ready."""
+        assert self.scheduler is not None
+        pod = self.pod(namespace, name)
+        lines: list[str] = []
+        log = self.scheduler.procs["kube-scheduler"].log_path.read_text(errors="replace").splitlines()
+        tried = [line for line in log if f'pod="{namespace}/{name}"' in line and (
+            "Unable to schedule pod" in line or "Successfully bound" in line or "Error scheduling" in line)]
+        lines.append(f"kube-scheduler: {len(tried)} attempts logged; the last: "
+                     f"{tried[-1][:300] if tried else 'none'}")
+        validator = self.api.http.get(f"/api/v1/namespaces/gpu-operator/pods/nvidia-operator-validator-{node}")
+        ready = [c for c in validator.json().get("status", {}).get("conditions", []) if c["type"] == "Ready"] \
+            if validator.status_code == 200 else []
+        lines.append(f"the validator in the API server: {ready or validator.status_code}")
+        metrics = httpx.get(f"{self.extender_url()}/metrics", timeout=5).text  # before the probe below waits
+        settle = ("gpu_placement_filter_settle_seconds_count", "gpu_placement_filter_settle_denied_total")
+        lines += ["the extender's waits for its view:", *(f"  {line}" for line in metrics.splitlines()
+                                                         if line.startswith(settle))]
+        answer = httpx.post(f"{self.extender_url()}/filter", timeout=10,
+                            content=json.dumps({"Pod": pod, "Nodes": None, "NodeNames": [node]})).json()
+        passes = node in (answer.get("NodeNames") or [])
+        lines.append("the extender now: " + ("passes the node" if passes else json.dumps(
+            {k: answer.get(k) for k in ("FailedNodes", "FailedAndUnresolvableNodes", "Error")})))
+        if not any(c.get("status") == "True" for c in ready):
+            verdict = "the node is not verified in the API server: its validator is not Ready"
+        elif passes:
+            verdict = ("kube-scheduler parked the pod: its last attempt was answered from a view that had not "
+                       "applied the validator's Ready yet, and no event it listens to followed")
+        else:
+            verdict = "the extender's view never took the validator's Ready"
+        lines.append(f"=> {verdict}")
+        return "\n".join(lines)
+
     def scheduled_condition(self, namespace: str, name: str, timeout: float = 30.0) -> Obj:
         def unschedulable() -> Obj | None:
             for cond in self.pod(namespace, name).get("status", {}).get("conditions", []):

@@ -7,13 +7,20 @@ scheduler's allocator gives out an unverified node's devices.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from gpu_placement.config import Config
+from gpu_placement.dra.published import device_classes
+from gpu_placement.ingest import Ingest
+from gpu_placement.kube import load_api_client
+from gpu_placement.view import ClusterView
 from tests.e2e.cluster import DraPlugin, wait_for
 from tests.e2e.conftest import E2E
+from webhook.claim_reader import ClaimReader
 
 Obj = dict[str, Any]
 RESOURCE = "/apis/resource.k8s.io/v1"
@@ -120,6 +127,33 @@ def test_a_dra_pod_gets_no_device_of_an_unverified_node_and_lands_once_it_is_ver
                     lambda: e2e.pod(ns, "train")["status"].get("phase") == "Running")
 
 
+def test_the_webhook_reads_a_template_its_view_lacks_with_its_own_credentials(e2e: E2E, plugin: DraPlugin) -> None:
+    """A template applied together with its pod may reach the webhook's watch after the pod's admission
+    (tests/test_webhook_claim_reader.py plays that race); the reader that then GETs it works against the
+    real API server with the chart's ServiceAccount (RBAC `get`, the served version's path), and a name
+    the API server does not have is told with its answer."""
+    ns = e2e.namespace("dra-reader")
+    template(e2e, ns, "one-gpu")
+    view = ClusterView(Config())
+    Ingest(view.config).replace(view, "deviceclasses", device_classes())  # DRA served; no template in the view
+    api = load_api_client(str(e2e.webhooks[0].kubeconfig))
+    try:
+        reader = ClaimReader(view, api, "v1")
+        spec = {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"},
+                                   {"name": "other", "resourceClaimTemplateName": "not-there"}]}
+        wanted = reader.wanted(ns, spec)
+        assert [name for _, _, name in wanted] == ["one-gpu", "not-there"]
+        asyncio.run(reader.read(wanted))
+        found = reader.pod_claims(ns, spec)
+        assert found.classes == ("gpu.nvidia.com",)
+        assert found.missing == (
+            f"ResourceClaimTemplate {ns}/not-there, which is not in gpu-placement's view yet and could not be read "
+            f"from the API server (the API server answered HTTP 404 NotFound: resourceclaimtemplates.resource.k8s.io "
+            f'"not-there" not found)')
+    finally:
+        api.close()
+
+
 def test_the_extender_judges_dra_pods_where_the_taint_only_reports(e2e: E2E, plugin: DraPlugin) -> None:
     """taintEffect None, a dry run: the rule is written but the allocator ignores it; the extender still
     keeps the gpu-placement pod off the unverified node, while the other scheduler's pod lands there."""
@@ -171,7 +205,10 @@ def test_nvidia_gpu_served_by_dra_still_goes_through_the_extender(e2e: E2E, plug
         cond = e2e.scheduled_condition(ns, "classic")
         assert "NotValidated" in cond["message"], cond  # the extender's reason, on a DRA-only node
         e2e.kubelets.set_pod_ready("gpu-operator", f"nvidia-operator-validator-{node}", True)
-        assert e2e.wait_bound(ns, "classic", timeout=60) == node
+        # kube-scheduler retries the pod at once on the validator's update, often before the extender's
+        # watch has it; answered NotValidated then, the pod would wait for the next event it listens to
+        # (one run of `make e2e` in two: over 60 s). The extender waits for its view (extender/settle.py).
+        assert e2e.wait_bound_once_verified(ns, "classic", node, timeout=15) == node
         [device] = allocation(e2e, ns, "classic")
         assert device["pool"] == node
     finally:

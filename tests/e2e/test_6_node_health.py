@@ -63,3 +63,16 @@ def test_a_deleted_pod_frees_its_memory_and_a_waiting_pod_lands(e2e: E2E) -> Non
     assert "InsufficientGPUMemory" in cond["message"], cond
     assert e2e.api.delete(f"/api/v1/namespaces/{ns}/pods/first").status_code == 200
     assert e2e.wait_bound(ns, "second", timeout=30) == t4
+
+
+def test_a_pod_waiting_for_its_only_node_binds_once_the_validator_is_ready(e2e: E2E) -> None:
+    """The device plugin's side of scenario 19's extended-resource test: kube-scheduler retries the pod
+    on the validator's update within a millisecond or two, maybe before the extender's watch has it."""
+    group = "s6-verify"
+    [node] = e2e.nodes(group, [("a", "h100", {"validator_ready": False})])
+    ns = e2e.namespace("verify")
+    assert e2e.gpu_pod(ns, "waits", group).status_code == 201
+    cond = e2e.scheduled_condition(ns, "waits")
+    assert "NotValidated" in cond["message"], cond
+    e2e.kubelets.set_pod_ready("gpu-operator", f"nvidia-operator-validator-{node}", True)
+    assert e2e.wait_bound_once_verified(ns, "waits", node, timeout=15) == node
