@@ -107,6 +107,7 @@ class LeaderLoop:
         self._settle_seconds = settle_seconds  # after a wake, let a burst of events arrive before a pass
         self.leading = False
         self._renewed = float("-inf")
+        self._lead_lock = threading.RLock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -172,21 +173,24 @@ class LeaderLoop:
             raise PassInterrupted("another replica took the lease in the middle of a pass")
 
     def _lead(self) -> None:
-        """Take or renew the Lease when due; raises what the API server answered (then not leading)."""
-        now = self.clock()
-        if self.leading and now - self._renewed < self._renew_seconds:
-            return
-        try:
-            leading = self.lease.acquire()
-        except BaseException:
-            self.leading = False
-            raise
-        if leading and not self.leading:
-            self._took_lead()
-        elif self.leading and not leading:
-            self.log.info("%s: another replica holds the lease now", self.what)
-        self.leading = leading
-        if leading:
-            self._renewed = now
-        else:
-            self._not_leading()
+        """Take or renew the Lease when due; raises what the API server answered (then not leading).
+        One caller at a time: two renewals of our own at once would conflict (a 409 on the second PUT)
+        and read as the Lease lost (a pass run by hand beside the loop's own, as tests do)."""
+        with self._lead_lock:
+            now = self.clock()
+            if self.leading and now - self._renewed < self._renew_seconds:
+                return
+            try:
+                leading = self.lease.acquire()
+            except BaseException:
+                self.leading = False
+                raise
+            if leading and not self.leading:
+                self._took_lead()
+            elif self.leading and not leading:
+                self.log.info("%s: another replica holds the lease now", self.what)
+            self.leading = leading
+            if leading:
+                self._renewed = now
+            else:
+                self._not_leading()

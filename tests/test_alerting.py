@@ -63,7 +63,8 @@ def test_demo_prints_where_the_metrics_are_and_what_would_fire() -> None:
     assert "metrics at /metrics on both" in text.splitlines()[0]
     section = text[text.index("ALERTS"):]
     lines = {line.split()[0]: line for line in section.splitlines()[2:] if line.startswith("Gpu")}
-    assert lines["GpuNodeNotValidated"].split()[1:3] == ["h100-not-validated", "unusable"]
+    not_validated = [line.split()[1:3] for line in section.splitlines() if line.startswith("GpuNodeNotValidated ")]
+    assert not_validated == [["h100-not-validated", "unusable"], ["h100-train-hand", "unusable"]]  # no validator
     assert "h100-upgrading" in lines["GpuNodeDriverUpgradeStuck"]
     assert "h100-mig-pending" in lines["GpuNodeMIGReconfiguringStuck"]
     waiting = [line.split()[1] for line in section.splitlines() if line.startswith("GpuPodsWaiting")]

@@ -81,7 +81,7 @@ def test_label_writers_are_recorded(fake_api: FakeApiServer) -> None:
         response = kube.request(api, "PATCH", path, query=[("fieldManager", manager)], body=body, timeout=(5, 10),
                                 content_type="application/merge-patch+json")
         assert response.status == 200
-        response.release_conn()
+        kube.drain(response)  # read to the end: a connection handed back unread breaks the next request on it
     owners: dict[str, set[str]] = {}
     for entry in fake_api.get("Node", "n1")["metadata"]["managedFields"]:
         for field in entry["fieldsV1"].get("f:metadata", {}).get("f:labels", {}):
