@@ -272,17 +272,9 @@ def _config(path: str | None) -> Config:
 
 
 def _nodes(args: argparse.Namespace) -> int:
-    from gpu_placement.report import NODE_HEADER, node_rows, table
+    from gpu_placement.nodes_view import run_nodes
 
-    core, _ = _core(args)
-    print(f"configuration: {core.config_source}", file=sys.stderr)
-    print(table(NODE_HEADER, node_rows(core.view)))
-    if core.view.dra.nodes():
-        from gpu_placement.dra.devices import DEVICE_HEADER, device_rows
-
-        print(f"\nDRA devices ({core.config.dra.driver}), with their taints: the driver's own and gpu-placement's")
-        print(table(DEVICE_HEADER, device_rows(core.view, core.config)))
-    return 0
+    return run_nodes(args, _cluster)
 
 
 def _rollout(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSEMBLY = {"gpu_placement/cli.py", "gpu_placement/serve.py", "gpu_placement/service.py",
+            "gpu_placement/workload_summary.py", "gpu_placement/namespaces_view.py", "gpu_placement/cli_explain.py",
             "gpu_placement/demo.py", "gpu_placement/explain.py"}
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_placement import names as n
+from gpu_placement.annotation_keys import unread_pod_keys
 from gpu_placement.config import Config
 from gpu_placement.dra.claims import devices_quota_key
 from gpu_placement.pods import GpuRequests
@@ -323,7 +324,7 @@ class Admission:
                 over = quota_problems(namespace, policy.quota, used, pending, gpus)
                 problems += over or (quota_pending(namespace, policy.quota, enforced, gpus) if self.quota_gate else [])
         texts = [text for _, text in problems]
-        warnings = list(policy.warnings)
+        warnings = [*policy.warnings, *unread_pod_keys((pod.get("metadata") or {}).get("annotations") or {}, where)]
         if problems and not audit:
             message = _joined(texts)
             # 503 for the one refusal that passes by itself (the quota not in force yet): nothing is wrong with the pod.
