@@ -21,7 +21,15 @@ from gpu_placement.enforcement import quota_enforced, selection_state
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.report import table
 
-__all__ = ["namespace_record", "run_namespaces"]
+__all__ = ["PROBLEM_KINDS", "namespace_record", "policy_problems", "run_namespaces"]
+
+# The `problem` label of gpu_placement_namespace_policy_problems, and what each counts.
+PROBLEM_KINDS = {
+    "unread_annotation": "gpu-placement.io/* annotations nothing reads (a misspelt key)",
+    "bad_value": "annotations whose value does not parse",
+    "not_opted_in": "namespaces with a GPU policy that the webhook never sees (not opted in, or opted out)",
+    "label_value": "a gpu-placement.io/enabled label other than true or false",
+}
 
 HEADER = ["NAMESPACE", "SELECTION", "POLICY", "QUOTA used/limit", "ENFORCED", "PROBLEMS"]
 
@@ -83,3 +91,28 @@ def _enforced(row: dict[str, Any]) -> str:
     if not row["quota"]:
         return "-"
     return "yes" if row["enforced"] else f"no: {row['not_enforced_because']}"
+
+
+def policy_problems(record: NamespaceRecord, config: Config) -> dict[str, list[str]]:
+    """The namespace's problems by kind (PROBLEM_KINDS), each a list of sentences; empty when none. Cheap
+    enough for every namespace change (the metric and the Namespace Events follow it)."""
+    from gpu_placement.annotation_keys import unread_namespace_keys
+    from gpu_placement.bypass import label_problem
+    from webhook.policy import parse_policy
+
+    found: dict[str, list[str]] = {}
+    unread = unread_namespace_keys(record.annotations, record.name)
+    if unread:
+        found["unread_annotation"] = unread
+    selection = selection_state(record.name, record.labels, config)
+    policy = parse_policy(record, record.name, config) if record.annotations else None
+    if policy is not None and policy.errors and selection == "opted-in":
+        found["bad_value"] = list(policy.errors.values())
+    if selection in ("not-opted-in", "opted-out") and ((policy is not None and policy.annotated) or unread):
+        _, why = quota_enforced(record, config)
+        found["not_opted_in"] = [f"namespace {record.name} has gpu-placement.io/* annotations but is {why}: the "
+                                 "webhook never sees its pods, so its GPU policy and quota change nothing"]
+    label = label_problem(record.name, record.labels, config)
+    if label is not None:
+        found["label_value"] = [label]
+    return found

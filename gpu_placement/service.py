@@ -90,10 +90,12 @@ def _with_telemetry(core: Core) -> Core:
 def _track(view: ClusterView, config: Config) -> None:
     """The view's own metrics, and the cluster's as the view sees it (namespace quotas parsed as the
     webhook parses them)."""
+    from gpu_placement.namespaces_view import policy_problems
     from webhook.policy import parse_policy
 
     metrics.track_view(view)
-    track_cluster(view, config, lambda record: parse_policy(record, record.name, config).quota)
+    track_cluster(view, config, lambda record: parse_policy(record, record.name, config).quota,
+                  lambda record: policy_problems(record, config))
 
 
 def _placement(view: ClusterView, config: Config) -> Placement:
