@@ -198,7 +198,7 @@ def test_no_cuda_inferred_is_said_with_the_fix(snapshot: Path, tmp_path: Path, c
 
 def test_cu_variant_tags_and_a_new_ngc_release_are_inferred(snapshot: Path, tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
-    status, out = explain(tmp_path, capsys, gpu_pod("vision", gpus=1, image="vllm/vllm-openai:v0.11.0-cu130"),
+    _, out = explain(tmp_path, capsys, gpu_pod("vision", gpus=1, image="vllm/vllm-openai:v0.11.0-cu130"),
                           "--snapshot", str(snapshot))
     assert "CUDA >= 13.0 (image tag of container main (cu130), minor-version compatible)" in out
     assert "no CUDA requirement inferred" not in out
