@@ -107,7 +107,7 @@ def _what_may_be_read(access: ClusterAccess, kind: str, namespace: str, refused:
                       page_size: int) -> list[dict[str, Any]]:
     """A cluster-wide list was forbidden: the namespace-scoped read that a RoleBinding can grant, and a
     sentence in `access.unseen` saying what is missing and what it changes in the answer."""
-    why = refused.split(": ", 1)[-1]
+    why = refused.split("403 Forbidden: ", 1)[-1]  # the API server's own sentence, without our GET prefix
     path = f"/api/v1/namespaces/{quote(namespace, safe='')}"
     if kind == "Namespace":
         access.namespaces_seen = False
