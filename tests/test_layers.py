@@ -1,4 +1,4 @@
-"""The package layering of CONTRACT.md section 1, checked: the edges never import each other, and the
+"""The package layering of docs/architecture.md, checked: the edges never import each other, and the
 core never imports the edges (only the CLI and process assembly see both)."""
 
 from __future__ import annotations
