@@ -64,6 +64,8 @@ class Case:
 CASES = [
     Case("default", {}),
     Case("cert-manager", {"certManager": {"enabled": True}}),
+    Case("explain-role", {"explainRole": {"create": True, "podsClusterWide": True, "subjects": [
+        {"kind": "Group", "name": "ml-developers", "apiGroup": "rbac.authorization.k8s.io"}]}}),
     Case("audit-ignore", {"config": {"mode": "audit"},
                           "webhook": {"mutating": {"failurePolicy": "Ignore"},
                                       "validating": {"failurePolicy": "Ignore"}, "timeoutSeconds": 10}}),

@@ -99,3 +99,39 @@ def test_kind_slash_name_for_any_workload_in_the_cluster(cluster: FakeApiServer,
     assert missing == 2 and "team-a/nope not found (context fake)" in capsys.readouterr().err
     unknown = main(["explain", "widget/nope", "--kubeconfig", str(kubeconfig)])
     assert unknown == 2 and "no kind the API server serves is called widget" in capsys.readouterr().err
+
+
+def _explain_role(values: dict) -> list[dict]:
+    import helm_python
+    import yaml
+
+    from tests.test_chart import CHART, offline
+
+    with helm_python.Chart.load(CHART) as chart:
+        files = chart.render(offline(values), name="gpu-placement", namespace="gpu-placement")
+    return [doc for path, text in files.items() if path.endswith("explain-rbac.yaml")
+            for doc in yaml.safe_load_all(text) if doc]
+
+
+def test_the_charts_explain_role_is_what_explain_needs(cluster: FakeApiServer, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """explain.md named no permissions and the chart shipped no role (P9). Off by default; on, a user with
+    the rendered roles plus `view` in team-a gets every node judged with the deployed configuration."""
+    assert _explain_role({}) == []
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _explain_role({"explainRole": {"create": True}})}
+    role = docs[("ClusterRole", "gpu-placement-explain")]
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in role["rules"])  # read-only
+    cluster_wide = {r for rule in role["rules"] for r in rule["resources"]}
+    assert "pods" not in cluster_wide and {"nodes", "namespaces"} <= cluster_wide
+    assert docs[("Role", "gpu-placement-explain")]["rules"] == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]
+    cluster.add({"kind": "Namespace", "metadata": {"name": "gpu-placement"}})
+    cluster.add_user("carol-token", "carol", ["team-a", "gpu-placement"], cluster=cluster_wide)
+    kubeconfig = cluster.user_kubeconfig(tmp_path / "carol", "carol-token", "team-a")
+    main(["explain", "pod/train-waiting", "--kubeconfig", str(kubeconfig), "-o", "json"])
+    answer = orjson.loads(capsys.readouterr().out)
+    assert len(answer["nodes"]) == 16
+    assert answer["configuration"] == "ConfigMap gpu-placement/gpu-placement-config in context fake"
+    assert [line.split(" (", 1)[0] for line in answer["could_not_see"]] == ["pods outside namespace team-a"]
+    with_pods = _explain_role({"explainRole": {"create": True, "podsClusterWide": True}})
+    assert any("pods" in rule["resources"] for d in with_pods if d["kind"] == "ClusterRole" for rule in d["rules"])
