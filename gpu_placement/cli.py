@@ -132,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--dra-lease", metavar="NAME", default="gpu-placement-dra",
                        help="Lease (in --namespace) that elects the one webhook replica writing DeviceTaintRules "
                        "for unverified nodes' DRA devices (config dra.taints)")
+    serve.add_argument("--events", action=argparse.BooleanOptionalAction, default=True,
+                       help="write Kubernetes Events (webhook replicas, with an API server): on a Node when "
+                       "gpu-placement's verdict for it changes, on a Namespace whose gpu-placement settings do "
+                       "nothing, on a pod admitted with warnings (docs/operations.md, Events)")
+    serve.add_argument("--events-lease", metavar="NAME", default="gpu-placement-events",
+                       help="Lease (in --namespace) that elects the one webhook replica writing Node and Namespace "
+                       "Events")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")

@@ -51,13 +51,13 @@ class Core:
     def extender_app(self, max_body: int = DEFAULT_MAX_BODY) -> Starlette:
         return create_extender_app(self.view, self.placement, self.binder, self.readiness, max_body)
 
-    def webhook_app(self) -> Starlette:
+    def webhook_app(self, on_warned: Callable[[str, str, list[str]], None] | None = None) -> Starlette:
         from webhook.app import create_app as create_webhook_app
 
         # The mirrored ResourceQuotas in the view: /validate admits a quota namespace's GPU pods only once
         # the API server enforces its quota (webhook/quota_gate.py).
         return create_webhook_app(self.view, self.config, self.readiness, self.api,
-                                  quota_gate="resourcequotas" in self.kinds)
+                                  quota_gate="resourcequotas" in self.kinds, on_warned=on_warned)
 
     def stop(self) -> None:
         for stop in reversed(self.stoppers):
