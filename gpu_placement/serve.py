@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 
+from gpu_placement import events as _events  # noqa: F401 - registers gpu_placement_events_total on /metrics
 from gpu_placement import metrics
 from gpu_placement.config import load_config
 from gpu_placement.http import ops_routes
