@@ -73,12 +73,18 @@ def evaluate(exposition: str, thresholds: Thresholds = DEFAULTS, now: float | No
         firing.append(Firing("GpuPodsWaiting", reason, f"{pods} pod{'s' if pods != 1 else ''} rejected on every node",
                              after))
     limits = {(labels["namespace"], labels["resource"]): value
-              for labels, value in series("gpu_placement_namespace_quota_limit")}
+              for labels, value in series("gpu_placement_namespace_quota_limit") if labels.get("enforced") == "true"}
     for labels, used in series("gpu_placement_namespace_quota_used"):
         key = (labels["namespace"], labels["resource"])
+        if labels.get("enforced") != "true":
+            continue  # the webhook never denies there: nothing to warn about
         if limits.get(key, 0) > 0 and used / limits[key] >= thresholds.quota_ratio:
             firing.append(Firing("GpuNamespaceQuotaNearlyFull", key[0],
                                  f"{used:g} of {limits[key]:g} {key[1]} in use", thresholds.quota_for))
+    for labels, value in series("gpu_placement_namespace_policy_problems"):
+        if value > 0:
+            firing.append(Firing("GpuNamespacePolicyIgnored", labels["namespace"],
+                                 f"{labels['problem']}: gpu-placement namespaces says which", "15m"))
     for _, value in series("gpu_placement_source_up"):
         if value == 0:
             firing.append(Firing("GpuPlacementSourceDown", "source", "the API server (or snapshot) is not answering",

@@ -18,7 +18,8 @@ from typing import Any
 from gpu_placement import names as n
 from gpu_placement.config import Config
 
-__all__ = ["Webhook", "bypass_reasons"]
+__all__ = ["Route", "Webhook", "bypass_reasons", "label_problem", "new_pod_route", "node_name_lines",
+           "scheduler_route"]
 
 _DEFAULT_SCHEDULER = "default-scheduler"
 
@@ -51,7 +52,7 @@ def bypass_reasons(pod: Mapping[str, Any], config: Config, asks_gpu: bool, webho
     if namespace in config.exempt_namespaces:
         reasons.append(f"namespace {namespace} is exempt (exemptNamespaces): the webhook never sees its pods")
     elif not admitted and namespace_labels is not None and not config.selects(namespace_labels):
-        reasons.append(_not_selected(namespace, config))
+        reasons.append(_not_selected(namespace, config, namespace_labels))
     elif not admitted:
         reasons.append(_not_admitted(meta, webhook))
     if scheduler != config.scheduler_name:
@@ -66,12 +67,97 @@ def bypass_reasons(pod: Mapping[str, Any], config: Config, asks_gpu: bool, webho
     return reasons
 
 
-def _not_selected(namespace: str, config: Config) -> str:
+def _not_selected(namespace: str, config: Config, labels: Mapping[str, str] | None = None) -> str:
     if config.namespace_selection == "optIn":
-        return (f"namespace {namespace} is not opted in (namespaceSelection optIn: it has no label "
-                f"{n.LABEL_ENABLED}=true): the webhook never sees its pods; kubectl label namespace {namespace} "
-                f"{n.LABEL_ENABLED}=true opts it in, for pods created from then on")
+        value = (labels or {}).get(n.LABEL_ENABLED)
+        has = (f"it is labelled {n.LABEL_ENABLED}={value}, and only the exact value true opts in (label values are "
+               "case-sensitive)") if value is not None else f"it has no label {n.LABEL_ENABLED}=true"
+        fix = "--overwrite " if value is not None else ""
+        return (f"namespace {namespace} is not opted in (namespaceSelection optIn: {has}): the webhook never sees its "
+                f"pods; kubectl label {fix}namespace {namespace} {n.LABEL_ENABLED}=true opts it in, for pods created "
+                "from then on")
     return (f"namespace {namespace} is opted out ({n.LABEL_ENABLED}=false): the webhook never sees its pods")
+
+
+def label_problem(namespace: str, labels: Mapping[str, str], config: Config) -> str | None:
+    """The opt-in label set to a value the namespaceSelector does not take as meant (`True`, `yes`, `False`):
+    the sentence saying what it does instead; None when the label is absent, `true` or `false`."""
+    value = labels.get(n.LABEL_ENABLED)
+    if value is None or value in ("true", "false"):
+        return None
+    if config.namespace_selection == "optIn":
+        return _not_selected(namespace, config, labels)
+    return (f"namespace {namespace} is labelled {n.LABEL_ENABLED}={value}: only the exact value false opts a "
+            "namespace out (namespaceSelection optOut; label values are case-sensitive), so gpu-placement acts "
+            f"on its pods; write true, or false to opt it out")
+
+
+@dataclass(slots=True, frozen=True)
+class Route:
+    """How a pod about to be created goes through the cluster: whether the webhook sees its CREATE and
+    whether gpu-placement's scheduler profile (with the extender) places it; sentences when not."""
+
+    webhook: bool = True
+    extender: bool = True
+    notes: tuple[str, ...] = ()
+    node_name: str | None = None  # spec.nodeName: no scheduler at all
+    refused: str | None = None  # the API server refuses the create itself (its namespace does not exist)
+
+
+def new_pod_route(pod: Mapping[str, Any], config: Config, asks_gpu: bool, namespace: str,
+                  namespace_labels: Mapping[str, str] | None) -> Route:
+    """Before admission: does the webhook see this pod? `namespace_labels` None: the namespace is not
+    in the cluster (or the snapshot), so the API server's NamespaceLifecycle admission refuses the pod."""
+    if namespace_labels is None:
+        text = (f"namespace {namespace} does not exist (not in the cluster or the snapshot): the API server refuses "
+                f"the pod (namespaces \"{namespace}\" not found); create the namespace first, or check its spelling")
+        return Route(True, True, (text,), refused=text)
+    if not asks_gpu:
+        return Route()
+    if namespace in config.exempt_namespaces:
+        return Route(False, False, (f"namespace {namespace} is exempt (exemptNamespaces): the webhook never sees this "
+                                    "pod, so it is not shaped and gets no GPU checks",))
+    if not config.selects(namespace_labels):
+        return Route(False, False, (_not_selected(namespace, config, namespace_labels),))
+    return Route()
+
+
+def scheduler_route(before: Route, pod: Mapping[str, Any], config: Config, asks_gpu: bool) -> Route:
+    """After admission (`pod` as the webhook left it): which scheduler, if any, places it."""
+    spec = pod.get("spec") or {}
+    notes = list(before.notes)
+    node = spec.get("nodeName") or None
+    if node and asks_gpu:
+        notes.append(f"spec.nodeName is {node}: no scheduler ever sees this pod, gpu-placement's extender included; "
+                     f"the kubelet of {node} runs it if the node's own admission takes it (resource counts, node "
+                     "selector and affinity, host ports, NoExecute taints: pkg/kubelet/lifecycle generalFilter), "
+                     "without gpu-placement's checks")
+        return Route(before.webhook, False, tuple(notes), str(node), before.refused)
+    scheduler = spec.get("schedulerName") or _DEFAULT_SCHEDULER
+    if asks_gpu and scheduler != config.scheduler_name:
+        why = ("the webhook never saw it" if not before.webhook else
+               "audit mode changes no pod" if config.mode == "audit" else
+               "the webhook keeps a scheduler a pod names, other than default-scheduler")
+        notes.append(f"its schedulerName stays {scheduler}, not {config.scheduler_name} ({why}): gpu-placement's "
+                     "extender never sees it; its verdicts below are what it would decide")
+        return Route(before.webhook, False, tuple(notes), None, before.refused)
+    return Route(before.webhook, before.extender, tuple(notes), None, before.refused)
+
+
+def node_name_lines(node: str, exists: bool, verdict: str | None) -> list[str]:
+    """What happens to a pod created with spec.nodeName, from what the cluster holds about that node.
+    `verdict`: gpu-placement's word on the node ("ready" or the reason code and sentence)."""
+    if not exists:
+        return [f"no node named {node}: no kubelet runs the pod; it stays Pending until kube-controller-manager's "
+                "pod garbage collector deletes it, about 40 s later (PodGC: node no longer exists; "
+                "pkg/controller/podgc gcOrphaned), and a controller that owns it makes the same pod again",
+                "fix spec.nodeName (kubectl get nodes), or leave it out and let the scheduler choose"]
+    if verdict == "ready":
+        return [f"node {node} exists and gpu-placement would take GPU pods there (ready), but the pod skips its "
+                "per-pod checks (CUDA, driver, product, GPU memory, quota of free devices); leave spec.nodeName out "
+                "and use a nodeSelector to be checked"]
+    return [f"node {node} exists but gpu-placement keeps GPU pods off it ({verdict}): the kubelet runs this pod there "
+            "anyway, on a node gpu-placement has not verified; leave spec.nodeName out and use a nodeSelector"]
 
 
 def _not_admitted(meta: Mapping[str, Any], webhook: Webhook | None) -> str:

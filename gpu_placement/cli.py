@@ -1,28 +1,28 @@
-"""The `gpu-placement` command: serve, demo, explain, nodes, rollout, survey, migrate, certs.
+"""The `gpu-placement` command: serve, demo, explain, nodes, namespaces, rollout, survey, migrate, certs.
 
-Exit status 0 on success, 2 on bad usage or bad input with a one-line message naming the problem.
+Exit status 0 on success, 2 on bad usage or bad input with a one-line message naming the problem (never a
+traceback: an unexpected error is one line too, status 70, and GPU_PLACEMENT_DEBUG=1 shows its traceback);
+`explain` also 3 and 4 (gpu_placement/cli_explain.py). Output cut short by a closed pipe (`| head`) ends
+quietly with status 141, as a process killed by SIGPIPE reports in the shell.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-import yaml
-
+from gpu_placement.cli_input import UsageError
 from gpu_placement.config import Config, ConfigError, load_config
 from gpu_placement.snapshot import SnapshotError
 
 __all__ = ["UsageError", "build_parser", "main"]
 
 
-class UsageError(Exception):
-    """Bad usage or bad input: printed as one line, exit status 2."""
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -62,6 +62,7 @@ def _duration(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-placement", description="GPU placement for Kubernetes clusters that "
                                      "run the NVIDIA GPU Operator: scheduler extender and admission webhook.")
+    parser.add_argument("--version", action="version", version=f"gpu-placement {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the extender and/or the webhook")
@@ -131,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--dra-lease", metavar="NAME", default="gpu-placement-dra",
                        help="Lease (in --namespace) that elects the one webhook replica writing DeviceTaintRules "
                        "for unverified nodes' DRA devices (config dra.taints)")
+    serve.add_argument("--events", action=argparse.BooleanOptionalAction, default=True,
+                       help="write Kubernetes Events (webhook replicas, with an API server): on a Node when "
+                       "gpu-placement's verdict for it changes, on a Namespace whose gpu-placement settings do "
+                       "nothing, on a pod admitted with warnings (docs/operations.md, Events)")
+    serve.add_argument("--events-lease", metavar="NAME", default="gpu-placement-events",
+                       help="Lease (in --namespace) that elects the one webhook replica writing Node and Namespace "
+                       "Events")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")
@@ -138,10 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--write-snapshot", metavar="FILE", help="only write the demo cluster as a kubectl-style "
                       "List (JSON) to FILE, for `nodes` and `explain`")
 
-    explain = commands.add_parser("explain", help="what the webhook would change, and every node's verdict")
-    explain.add_argument("pod_file", metavar="FILE|pod/NAME", help="a Pod, or any workload with a pod template "
-                         "(Deployment, StatefulSet, DaemonSet, Job, CronJob, PyTorchJob, ...), as JSON or YAML; or "
-                         "pod/NAME: a pod that exists (in the cluster, or in --snapshot)")
+    explain = commands.add_parser("explain", help="what the webhook would change, and every node's verdict",
+                                  epilog=_explain_epilog())
+    explain.add_argument("pod_file", metavar="FILE|-|KIND/NAME", help="a Pod, or any workload with a pod template "
+                         "(Deployment, StatefulSet, DaemonSet, Job, CronJob, PyTorchJob, ...), as JSON or YAML, "
+                         "multi-document YAML or a List; - reads it from standard input; or KIND/NAME of one in the "
+                         "cluster or --snapshot: pod/NAME (a pod that exists), deploy/NAME, job/NAME, sts/NAME, "
+                         "cronjob/NAME, pytorchjob/NAME, ...")
     _cluster_arguments(explain)
     explain.add_argument("-n", "--namespace", metavar="NS", help="namespace of pod/NAME, or to admit the file's pod "
                          "into (default: the pod's own, else the context's)")
@@ -150,9 +161,21 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("-o", "--output", choices=["text", "json"], default="text")
     _config_argument(explain)
 
-    nodes = commands.add_parser("nodes", help="one line per node: readiness, product, GPUs, driver, CUDA, memory")
+    nodes = commands.add_parser("nodes", help="one line per node: what GPU pods get there, product, GPUs used and "
+                                "free, driver, CUDA, memory")
     _cluster_arguments(nodes)
     _config_argument(nodes)
+    nodes.add_argument("-o", "--output", choices=["text", "wide", "json"], default="text",
+                       help="wide adds driver, CUDA and GPU memory; json, everything for scripts")
+
+    namespaces = commands.add_parser("namespaces", help="one line per namespace with gpu-placement.io/* "
+                                     "annotations or labels: opted in or not, policy, quota used and limit, enforced "
+                                     "or not, and what is wrong")
+    _cluster_arguments(namespaces)
+    _config_argument(namespaces)
+    namespaces.add_argument("-A", "--all", action="store_true", dest="show_all",
+                            help="every namespace, also those without gpu-placement annotations or labels")
+    namespaces.add_argument("-o", "--output", choices=["text", "json"], default="text")
 
     rollout = commands.add_parser("rollout", help="driver versions and their nodes (done, pending, upgrading, "
                                   "soaking, failed), soak left, XID rate and failed GPU pods per version, next wave")
@@ -212,6 +235,24 @@ def _config_argument(parser: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        return _run(args)
+    except BrokenPipeError:
+        # The reader went away (`| head`): say nothing more, and keep Python from writing a second
+        # error when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except Exception as exc:
+        if os.environ.get("GPU_PLACEMENT_DEBUG"):
+            raise
+        detail = " ".join(str(exc).split())[:300]
+        print(f"gpu-placement {args.command}: unexpected error, a bug in gpu-placement ({type(exc).__name__}: "
+              f"{detail}); GPU_PLACEMENT_DEBUG=1 shows the traceback", file=sys.stderr)
+        return 70
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
         if args.command == "serve":
             from gpu_placement.serve import serve
 
@@ -220,12 +261,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gpu_placement.demo import run_demo, write_snapshot
 
             if args.write_snapshot:
-                return write_snapshot(args.write_snapshot)
+                return _write_snapshot(args.write_snapshot, write_snapshot)
             return run_demo(_config(args.config) if args.config else None)
         if args.command == "explain":
             return _explain(args)
         if args.command == "nodes":
             return _nodes(args)
+        if args.command == "namespaces":
+            from gpu_placement.namespaces_view import run_namespaces
+
+            return run_namespaces(args, _cluster)
         if args.command == "rollout":
             return _rollout(args)
         if args.command == "survey":
@@ -262,17 +307,9 @@ def _config(path: str | None) -> Config:
 
 
 def _nodes(args: argparse.Namespace) -> int:
-    from gpu_placement.report import NODE_HEADER, node_rows, table
+    from gpu_placement.nodes_view import run_nodes
 
-    core, _ = _core(args)
-    print(f"configuration: {core.config_source}", file=sys.stderr)
-    print(table(NODE_HEADER, node_rows(core.view)))
-    if core.view.dra.nodes():
-        from gpu_placement.dra.devices import DEVICE_HEADER, device_rows
-
-        print(f"\nDRA devices ({core.config.dra.driver}), with their taints: the driver's own and gpu-placement's")
-        print(table(DEVICE_HEADER, device_rows(core.view, core.config)))
-    return 0
+    return run_nodes(args, _cluster)
 
 
 def _rollout(args: argparse.Namespace) -> int:
@@ -343,8 +380,9 @@ def _core(args: argparse.Namespace) -> tuple[Any, Any]:
     return core, access
 
 
-def _cluster(args: argparse.Namespace) -> tuple[Any, Any, list[dict[str, Any]]]:
-    """`_core`, and the objects it was built from (explain runs kube-scheduler's filters on them)."""
+def _cluster(args: argparse.Namespace, given: Sequence[dict[str, Any]] = ()) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """`_core`, and the objects it was built from (explain runs kube-scheduler's filters on them).
+    `given`: objects from the user's file laid over the cluster's (a Namespace written beside a Job)."""
     from gpu_placement.service import core_from_objects
 
     if args.snapshot:
@@ -357,7 +395,11 @@ def _cluster(args: argparse.Namespace) -> tuple[Any, Any, list[dict[str, Any]]]:
         from gpu_placement.fetch import connect, fetch_objects
 
         access = connect(args.kubeconfig, args.context)
-        objects = fetch_objects(access)
+        objects = fetch_objects(access, getattr(args, "namespace", None))
+    if given:
+        replaced = {(o.get("kind"), (o.get("metadata") or {}).get("name")) for o in given}
+        objects = [o for o in objects if (o.get("kind"), (o.get("metadata") or {}).get("name")) not in replaced]
+        objects += list(given)
     deployed = deployed_config(args, access, objects)
     core = core_from_objects(deployed.config, objects)
     core.config_source = deployed.source
@@ -390,98 +432,36 @@ def deployed_config(args: argparse.Namespace, access: Any, objects: list[dict[st
                                     "--config FILE with the deployed configuration")
 
 
-def read_pod_file(path: str) -> dict[str, Any]:
-    """A Pod or a workload, as JSON or YAML (a file without `kind` is taken for a Pod)."""
-    try:
-        text = Path(path).read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror}") from exc
-    try:
-        obj = orjson.loads(text) if text.lstrip()[:1] == b"{" else yaml.safe_load(text)
-    except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
-        raise UsageError(f"{path}: not valid JSON or YAML: {str(exc).splitlines()[0]}") from exc
-    if not isinstance(obj, dict):
-        raise UsageError(f"{path}: expected a Kubernetes object, found {type(obj).__name__}")
-    return obj
-
-
 def _explain(args: argparse.Namespace) -> int:
-    from gpu_placement.explain import Context, explain_json, explain_pod
-    from gpu_placement.kubefilters import KubeNodes
-    from gpu_placement.workloads import PodTemplate, WorkloadError, pods_of
+    from gpu_placement.cli_explain import run_explain
 
-    core, access, objects = _cluster(args)
-    kind, _, name = args.pod_file.partition("/")
-    notes: tuple[str, ...] = ()
-    if kind in ("pod", "pods", "po") and name and not Path(args.pod_file).exists():
-        namespace = args.namespace or (access.namespace if access else "default")
-        pod = _existing_pod(args, access, namespace, name)
-        templates, existing, leave_out = [PodTemplate(f"Pod {namespace}/{name}", pod)], True, f"{namespace}/{name}"
-        notes = tuple(_bypassed(core, access, pod))
-    else:
-        obj = read_pod_file(args.pod_file)
-        try:
-            templates = pods_of(obj)
-        except WorkloadError as exc:
-            raise UsageError(f"{args.pod_file}: {exc}") from exc
-        namespace, existing, leave_out = args.namespace, False, None
-    answers = []
-    for template in templates:
-        workload = None if template.where.startswith("Pod ") else template.where + (
-            f", {template.replicas} replicas" if template.replicas is not None else "") + (
-            f"; {template.note}" if template.note else "")
-        context = Context(KubeNodes.from_objects(objects, leave_out), core.config_source, workload, notes)
-        if args.output == "json":
-            answers.append(explain_json(core, template.pod, namespace, existing, context))
-        else:
-            answers.append(explain_pod(core, template.pod, namespace, show_all=args.show_all, existing=existing,
-                                       context=context))
-    if args.output == "json":
-        answer = answers[0] if len(answers) == 1 else {"workload": templates[0].where.split(" (")[0], "pods": answers}
-        print(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())
-    else:
-        print(("\n\n" + "=" * 100 + "\n\n").join(answers))
-    return 0
+    return run_explain(args, _cluster)
 
 
-def _bypassed(core: Any, access: Any, pod: dict[str, Any]) -> list[str]:
-    """How a pod that exists went around gpu-placement, if it did."""
-    from gpu_placement.bypass import Webhook, bypass_reasons
-    from gpu_placement.names import REGISTERED_ANNOTATION
-
-    webhook = None
-    if access is not None:
-        from gpu_placement.fetch import FetchError, fetch_labelled
-
-        try:
-            found = fetch_labelled(access, "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-                                   "app.kubernetes.io/part-of=gpu-placement", "MutatingWebhookConfiguration")
-        except FetchError:
-            found = None  # not allowed to read them: the sentence says the reason is unknown
-        if found is not None:
-            first = found[0] if found else {}
-            meta = first.get("metadata") or {}
-            hooks = first.get("webhooks") or []
-            registered = str((meta.get("annotations") or {}).get(REGISTERED_ANNOTATION) or "").split(" ")[0] or None
-            webhook = Webhook(meta.get("name"), meta.get("creationTimestamp"), (hooks or [{}])[0].get("failurePolicy"),
-                              len(hooks) if found else None, registered)
-    asks_gpu = core.placement.requirements(pod).wants_gpu
-    record = core.view.namespaces.get((pod.get("metadata") or {}).get("namespace") or "default")
-    return bypass_reasons(pod, core.config, asks_gpu, webhook, record.labels if record is not None else None)
+def _write_snapshot(path: str, write: Any) -> int:
+    """`demo --write-snapshot FILE`: a folder gets the file inside it; a path that cannot be written, one line."""
+    target = Path(path)
+    if target.is_dir():
+        target = target / "demo-cluster.json"
+    try:
+        return int(write(str(target)))
+    except OSError as exc:
+        raise UsageError(f"--write-snapshot {path}: cannot write {target}: {exc.strerror or exc}") from None
 
 
-def _existing_pod(args: argparse.Namespace, access: Any, namespace: str, name: str) -> dict[str, Any]:
-    if access is not None:
-        from gpu_placement.fetch import fetch_pod
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
 
-        return fetch_pod(access, namespace, name)
-    from gpu_placement.snapshot import read_objects
+    try:
+        return version("gpu-placement")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
-    for obj in read_objects(args.snapshot):
-        meta = obj.get("metadata") or {}
-        if obj.get("kind") == "Pod" and meta.get("name") == name and (meta.get("namespace") or "default") == namespace:
-            return obj
-    raise UsageError(f"pod {namespace}/{name} is not in {args.snapshot}")
+
+def _explain_epilog() -> str:
+    from gpu_placement.cli_explain import EXIT_CODES
+
+    return EXIT_CODES
 
 
 def _certs(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from prometheus_client import Gauge
 from prometheus_client.metrics_core import GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gpu_placement.config import Config
+from gpu_placement.enforcement import quota_enforced
 from gpu_placement.metrics import LatestFamilies
 from gpu_placement.namespaces import NamespaceRecord
 from gpu_placement.nodes import NodeFacts
@@ -39,6 +40,7 @@ _MIB = 2**20
 _MAX_WAITING = 10_000  # pods remembered as waiting; beyond it the longest-remembered are forgotten
 
 QuotaOf = Callable[[NamespaceRecord], Mapping[str, int] | None]
+ProblemsOf = Callable[[NamespaceRecord], Mapping[str, list[str]]]  # kind -> sentences (namespaces_view)
 
 TELEMETRY_SUCCESS = Gauge("gpu_placement_telemetry_last_success_timestamp_seconds",
                           "Unix time of the last DCGM telemetry fetch that parsed (0: none yet or not configured).")
@@ -78,10 +80,13 @@ class ClusterMetrics:
     view: ClusterView
     config: Config
     quota_of: QuotaOf | None = None
+    problems_of: ProblemsOf | None = None
     nodes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (verdict, product) -> nodes
     capacity: dict[tuple[str, str], list[int]] = field(default_factory=dict)  # (resource, pool) -> figures
     unusable_since: dict[str, tuple[str, float]] = field(default_factory=dict)  # node -> (reason, Unix time)
     quotas: dict[str, Mapping[str, int]] = field(default_factory=dict)  # namespace -> resource -> limit
+    enforced: dict[str, bool] = field(default_factory=dict)  # namespace with a quota -> the webhook enforces it
+    problems: dict[str, dict[str, int]] = field(default_factory=dict)  # namespace -> problem kind -> count
     waiting: dict[str, _Waiting] = field(default_factory=dict)  # pod key -> why and since when
     waiting_by: dict[str, dict[str, float]] = field(default_factory=dict)  # reason -> pod key -> since
     _shares: dict[str, _NodeShare] = field(default_factory=dict)
@@ -168,10 +173,17 @@ class ClusterMetrics:
     # -- namespaces ----------------------------------------------------------------------------
     def _namespace_changed(self, name: str, record: NamespaceRecord | None) -> None:
         quota = self.quota_of(record) if record is not None and self.quota_of is not None else None
-        if quota:
+        if quota and record is not None:
             self.quotas[name] = dict(quota)
+            self.enforced[name] = quota_enforced(record, self.config)[0]
         else:
             self.quotas.pop(name, None)
+            self.enforced.pop(name, None)
+        found = self.problems_of(record) if record is not None and self.problems_of is not None else None
+        if found:
+            self.problems[name] = {kind: len(sentences) for kind, sentences in found.items()}
+        else:
+            self.problems.pop(name, None)
 
     # -- pods waiting --------------------------------------------------------------------------
     def filtered(self, key: str, passed: bool, reasons: Mapping[str, int]) -> None:
@@ -214,7 +226,9 @@ class ClusterMetrics:
             nodes = dict(self.nodes)
             capacity = {key: tuple(values) for key, values in self.capacity.items()}
             unusable = dict(self.unusable_since)
-            quotas = {ns: (dict(limit), dict(view.namespace_usage.get(ns, {}))) for ns, limit in self.quotas.items()}
+            quotas = {ns: (dict(limit), dict(view.namespace_usage.get(ns, {})), self.enforced.get(ns, False))
+                      for ns, limit in self.quotas.items()}
+            problems = {ns: dict(kinds) for ns, kinds in self.problems.items()}
             waiting = {reason: (len(pods), min(pods.values())) for reason, pods in self.waiting_by.items()}
             oldest = next(iter(view.reservations.values()), None)
             reservation_age = (max(0.0, view.clock() - (oldest.expires - self.config.reservation_ttl_seconds))
@@ -241,14 +255,27 @@ class ClusterMetrics:
                 family.add_metric([resource, pool], values[index])
             out.append(family)
         limits = GaugeMetricFamily("gpu_placement_namespace_quota_limit", "The namespace's gpu-placement.io/quota "
-                                   "for this resource.", labels=["namespace", "resource"])
+                                   "for this resource; enforced=\"false\" where the webhook never sees the "
+                                   "namespace's pods (not opted in, exempt) or only warns (audit mode).",
+                                   labels=["namespace", "resource", "enforced"])
         used = GaugeMetricFamily("gpu_placement_namespace_quota_used", "GPU units the namespace's non-terminal pods "
-                                 "request, for each resource in its quota.", labels=["namespace", "resource"])
-        for namespace, (limit, usage) in sorted(quotas.items()):
+                                 "request, for each resource in its quota (enforced as on the limit).",
+                                 labels=["namespace", "resource", "enforced"])
+        for namespace, (limit, usage, enforced) in sorted(quotas.items()):
+            flag = "true" if enforced else "false"
             for resource, value in sorted(limit.items()):
-                limits.add_metric([namespace, resource], value)
-                used.add_metric([namespace, resource], usage.get(resource, 0))
+                limits.add_metric([namespace, resource, flag], value)
+                used.add_metric([namespace, resource, flag], usage.get(resource, 0))
         out += [limits, used]
+        family = GaugeMetricFamily("gpu_placement_namespace_policy_problems", "gpu-placement settings on the namespace "
+                                   "that do nothing or do not parse, by kind: unread_annotation (a misspelt "
+                                   "gpu-placement.io/* key), bad_value, not_opted_in (a GPU policy the webhook never "
+                                   "sees), label_value (gpu-placement.io/enabled other than true or false); "
+                                   "gpu-placement namespaces says which.", labels=["namespace", "problem"])
+        for namespace, kinds in sorted(problems.items()):
+            for kind, count in sorted(kinds.items()):
+                family.add_metric([namespace, kind], count)
+        out.append(family)
         claimed = GaugeMetricFamily("gpu_placement_namespace_dra_devices", "Devices the namespace's ResourceClaims "
                                     "ask for, per device class, as ResourceQuota charges them "
                                     "(<class>.deviceclass.resource.k8s.io/devices).",
@@ -295,8 +322,9 @@ _exported = LatestFamilies()
 _by_view: weakref.WeakKeyDictionary[ClusterView, ClusterMetrics] = weakref.WeakKeyDictionary()
 
 
-def track_cluster(view: ClusterView, config: Config, quota_of: QuotaOf | None = None) -> ClusterMetrics:
-    tracker = ClusterMetrics(view, config, quota_of)
+def track_cluster(view: ClusterView, config: Config, quota_of: QuotaOf | None = None,
+                  problems_of: ProblemsOf | None = None) -> ClusterMetrics:
+    tracker = ClusterMetrics(view, config, quota_of, problems_of)
     tracker.start()
     _by_view[view] = tracker
     _exported.current = tracker

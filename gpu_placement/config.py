@@ -58,7 +58,7 @@ class Telemetry:
 
 @dataclass(slots=True, frozen=True)
 class Dra:
-    """Dynamic Resource Allocation (CONTRACT.md section 13); off where resource.k8s.io is not served."""
+    """Dynamic Resource Allocation (docs/dra.md); off where resource.k8s.io is not served."""
 
     driver: str = "gpu.nvidia.com"
     device_classes: tuple[str, ...] = ("gpu.nvidia.com", "mig.nvidia.com")

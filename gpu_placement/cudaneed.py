@@ -32,7 +32,7 @@ from gpu_placement.cuda import Version, VersionError, driver_table, parse_versio
 from gpu_placement.cuda import format_version as v
 
 __all__ = ["CudaNeed", "Factor", "Forward", "brand_of", "container_need", "is_data_center", "ngc_cuda",
-           "parse_require_cuda", "term_holds"]
+           "ngc_releases", "parse_require_cuda", "term_holds", "why_no_cuda"]
 
 Factor = tuple[str, str, str]  # (property, operator, value) as written: ("driver", ">=", "535")
 Term = tuple[Factor, ...]
@@ -41,6 +41,8 @@ _PROPERTIES = ("cuda", "driver", "arch", "brand")  # what the container runtime 
 _OPERATORS = ("!=", "<=", ">=", "=", "<", ">")  # the runtime's order: longest first
 _CUDA_IMAGE_TAG = re.compile(r"^(\d+\.\d+(?:\.\d+)?)(?:[-_.]|$)")
 _CUDA_IN_TAG = re.compile(r"(?:^|[-_.])cuda-?(\d+\.\d+(?:\.\d+)?)(?=[-_.]|$)")
+# PyTorch's wheel and image naming, which vLLM's CUDA variants follow (`v0.11.0-cu130`): cu128 is CUDA 12.8.
+_CU_IN_TAG = re.compile(r"(?:^|[-_.+])cu(1\d)(\d)(?=[-_.]|$)")
 _NGC_RELEASE = re.compile(r"^(\d{2}\.\d{2})(?:-|$)")
 
 
@@ -177,7 +179,11 @@ def container_need(container: Mapping[str, Any], compat: bool) -> CudaNeed | Non
     match = base or _CUDA_IN_TAG.search(tag)
     version = _version(match.group(1)) if match else None
     if version is None:
-        return None
+        short = _CU_IN_TAG.search(tag)
+        if short is None:
+            return None
+        return CudaNeed((int(short.group(1)), int(short.group(2))), f"image tag of container {name} "
+                        f"(cu{short.group(1)}{short.group(2)})", compat)
     forward = _forward_data()[1].get(match.group(1), ()) if base else ()  # only nvidia/cuda's own tags
     return CudaNeed(version, f"image tag of container {name}", compat, None, forward,
                     f"nvidia/cuda {match.group(1)}'s NVIDIA_REQUIRE_CUDA" if forward else "")
@@ -219,3 +225,52 @@ def ngc_cuda(release: str) -> Version | None:
 
 def compat_floor(major: int) -> Version | None:
     return driver_table().compat_floor.get(major)
+
+
+def ngc_releases() -> tuple[str, str]:
+    """The first and last NGC release the table lists, for sentences."""
+    releases = sorted(_ngc()[0])
+    return releases[0], releases[-1]
+
+
+def why_no_cuda(spec: Mapping[str, Any]) -> str:
+    """A pod asking for GPUs with no CUDA requirement from annotation, env or image: the sentence that says
+    why nothing was inferred from each image, and what to set. No requirement means the driver is not
+    checked against the images: a node with too old a driver is chosen, and the container fails there."""
+    reasons: list[str] = []
+    for container in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+        if not isinstance(container, dict):
+            continue
+        image = str(container.get("image") or "")
+        if image:
+            reasons.append(f"{image}: {_why_not(image)}")
+    what = "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "") if reasons else "no container names an image"
+    return (f"no CUDA requirement inferred ({what}), so no node's driver is checked against the images: set "
+            f"{_ANN_CUDA} on the pod (e.g. \"12.4\", the CUDA its image was built with) or NVIDIA_REQUIRE_CUDA in "
+            "the container's env")
+
+
+_ANN_CUDA = "gpu-placement.io/cuda"  # gpu_placement.names.ANN_CUDA; this module imports no names
+
+
+def _why_not(image: str) -> str:
+    if "@" in image and ":" not in image.split("@", 1)[0].rsplit("/", 1)[-1]:
+        return "pinned by digest only, and a digest names no version"
+    plain = image.split("@", 1)[0]
+    repository, _, tag = plain.rpartition(":") if ":" in plain.rsplit("/", 1)[-1] else (plain, "", "")
+    last = repository.rsplit("/", 1)[-1]
+    first, newest = ngc_releases()
+    if repository.startswith(_ngc()[1]) and last in _ngc()[2]:
+        release = _NGC_RELEASE.match(tag)
+        if release is None:
+            return f"an NGC {last} tag without a YY.MM release"
+        return (f"NGC release {release.group(1)} is not in gpu-placement's table of NGC releases ({first} to "
+                f"{newest}, data/ngc-framework-cuda.json)")
+    if repository.startswith("nvcr.io/nim/"):
+        return "NIM tags name the model's release, not its CUDA (the NIM's support matrix gives the driver it needs)"
+    if last in ("vllm-openai", "vllm"):
+        return ("vLLM tags name the vLLM release, not the CUDA it was built with (only a -cuNNN variant tag does, "
+                "e.g. -cu128)")
+    if not tag:
+        return "no tag (latest), which names no version"
+    return "its tag names no CUDA version (an nvidia/cuda tag, a -cudaX.Y part or a -cuNNN part would)"

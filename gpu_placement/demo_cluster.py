@@ -78,9 +78,9 @@ def make_node(name: str, base: str | None, *, labels: dict[str, str] | None = No
     return node
 
 
-def namespace(name: str, annotations: dict[str, str] | None = None) -> Obj:
+def namespace(name: str, annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None) -> Obj:
     return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name},
+            "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name, **(labels or {})},
                          "annotations": annotations or {}}}
 
 

@@ -19,17 +19,19 @@ import orjson
 from starlette.applications import Starlette
 
 from gpu_placement import asgi
+from gpu_placement.bypass import Route, new_pod_route, node_name_lines, scheduler_route
+from gpu_placement.cudaneed import why_no_cuda
 from gpu_placement.kubefilters import KubeNodes, Verdict, fit_error, unmodelled
 from gpu_placement.patching import apply_patch
 from gpu_placement.placement import NodeVerdict
 from gpu_placement.preemption import explain_preemption
 from gpu_placement.report import VERDICT_HEADER, table, verdict_rows
 from gpu_placement.requirements import Requirements
-from gpu_placement.rules import cuda_rule
+from gpu_placement.rules import cuda_rule, node_readiness
 from gpu_placement.service import Core
 
-__all__ = ["Admission", "Context", "Explanation", "admission_review", "admit", "explain", "explain_json",
-           "explain_pod"]
+__all__ = ["Admission", "Context", "Explanation", "admission_review", "admit", "as_json", "explain", "explain_json",
+           "explain_pod", "render"]
 
 
 @dataclass(slots=True)
@@ -39,6 +41,7 @@ class Admission:
     allowed: bool
     message: str
     warnings: list[str]
+    called: bool = True  # False: the webhook never sees this pod (exempt, or its namespace not selected)
 
 
 def admission_review(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
@@ -84,6 +87,8 @@ class Context:
     configuration: str | None = None
     workload: str | None = None  # "Deployment team-a/train (spec.template), 4 replicas"
     notes: tuple[str, ...] = ()
+    new: bool = False  # a pod about to be created (a file): its route through the cluster is worked out
+    namespaces_seen: bool = True  # False: the namespaces could not be listed (403), so a missing one may exist
 
 
 @dataclass(slots=True)
@@ -99,6 +104,14 @@ class Explanation:
     scheduler: dict[str, Verdict] = field(default_factory=dict)  # nodes kube-scheduler's own filters keep out
     unmodelled: list[str] = field(default_factory=list)  # what the pod asks of kube-scheduler not checked here
     message: str | None = None  # the PodScheduled message kube-scheduler would write when no node passes
+    route: Route | None = None  # a new pod: whether the webhook and the extender see it (None: an existing pod)
+    node_lines: list[str] = field(default_factory=list)  # spec.nodeName: what happens on that node
+    cuda_note: str | None = None  # why no CUDA requirement was inferred from the images, and what to set
+
+    @property
+    def hypothetical(self) -> bool:
+        """The extender never sees this pod: its verdicts are what it would decide if it did."""
+        return self.route is not None and not self.route.extender
 
     @property
     def best(self) -> NodeVerdict | None:
@@ -121,9 +134,15 @@ def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bo
     holds = _holds(core.view.held(key))
     if existing:
         core.view.delete_pod(key)
-    admission = admit(core.webhook_app(), pod, namespace)
+    route = _route_before(core, pod, namespace, context) if context.new else None
+    admission = admit(core.webhook_app(), pod, namespace) if route is None or route.webhook else _unseen(pod, namespace)
     req = core.placement.requirements(admission.pod)
-    created = _as_created(admission.pod, existing)
+    node_lines: list[str] = []
+    if route is not None:
+        route = scheduler_route(route, admission.pod, core.config, req.wants_gpu)
+        if route.node_name:
+            node_lines = _named_node(core, route.node_name)
+    created = _as_created(admission.pod, existing or (route is not None and route.node_name is not None))
     rejected: dict[str, Verdict] = {}
     prefilter = None
     if context.nodes is not None:
@@ -140,9 +159,38 @@ def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bo
     if not any(v.passed for v in verdicts):
         reasons = [rejected[v.node].reasons if v.node in rejected else (v.reason,) for v in verdicts]
         message = fit_error(len(verdicts), reasons, prefilter)
+    cuda_note = why_no_cuda(admission.pod.get("spec") or {}) if req.wants_gpu and req.cuda is None and \
+        req.image_cuda is None and req.error is None else None
     return Explanation(f"{namespace}/{name}", admission, req.describe(), verdicts, req, holds,
                        {node: rule for node, rule in sorted(rules.items()) if rule}, context, rejected,
-                       unmodelled(created.get("spec") or {}), message)
+                       unmodelled(created.get("spec") or {}), message, route, node_lines, cuda_note)
+
+
+def _route_before(core: Core, pod: dict[str, Any], namespace: str, context: Context) -> Route:
+    """Whether the webhook sees a pod about to be created in `namespace` (bypass.new_pod_route)."""
+    with core.view.lock:
+        record = core.view.namespaces.get(namespace)
+    # A snapshot without any Namespace (kubectl get nodes,pods -o json) says nothing about namespaces.
+    seen = context.namespaces_seen and bool(core.view.namespaces)
+    labels = record.labels if record is not None else (None if seen else {})
+    placed = copy.deepcopy(pod)
+    placed.setdefault("metadata", {})["namespace"] = namespace
+    return new_pod_route(placed, core.config, core.placement.requirements(placed).wants_gpu, namespace, labels)
+
+
+def _unseen(pod: dict[str, Any], namespace: str) -> Admission:
+    """The webhook never sees the pod: it is created as written."""
+    pod = copy.deepcopy(pod)
+    pod.setdefault("metadata", {})["namespace"] = namespace
+    return Admission([], pod, True, "", [], called=False)
+
+
+def _named_node(core: Core, node: str) -> list[str]:
+    with core.view.lock:
+        facts = core.view.nodes.get(node)
+        rejection = node_readiness(facts, core.view.validator_state(node), core.config) if facts else None
+    verdict = "ready" if rejection is None else rejection.message
+    return node_name_lines(node, facts is not None, verdict)
 
 
 def _as_created(pod: dict[str, Any], existing: bool) -> dict[str, Any]:
@@ -178,23 +226,35 @@ def explain_pod(core: Core, pod: dict[str, Any], namespace: str | None, show_all
                 examples: int = 3, existing: bool = False, context: Context | None = None) -> str:
     """For people: on a big cluster, counts by verdict, the best candidates, and a few examples per
     rejection with their own figures; every node with `show_all` (or on a small cluster)."""
-    found = explain(core, pod, namespace, existing, context)
+    return render(core, explain(core, pod, namespace, existing, context), show_all, examples)
+
+
+def render(core: Core, found: Explanation, show_all: bool = False, examples: int = 3) -> str:
+    """`explain_pod`'s text for an explanation already made."""
     admission = found.admission
-    lines = [f"pod {found.pod}", *_about(found.context), "", "webhook:"]
-    if admission.patch:
+    lines = [f"pod {found.pod}", *_about(found.context, found.route), "", "webhook:"]
+    if not admission.called:
+        lines.append("  never called: the pod is created as written (see above)")
+    elif admission.patch:
         for op in admission.patch:
             value = f" = {orjson.dumps(op['value']).decode()}" if "value" in op else ""
             lines.append(f"  {op['op']:<8} {op['path']}{value}")
     else:
         lines.append("  no change")
-    lines.append(f"  {'allowed' if admission.allowed else 'DENIED'}" +
-                 (f": {admission.message}" if admission.message else ""))
+    if admission.called:
+        lines.append(f"  {'allowed' if admission.allowed else 'DENIED'}" +
+                     (f": {admission.message}" if admission.message else ""))
     lines += [f"  warning: {w}" for w in admission.warnings]
-    lines += ["", *_scheduler_lines(found), "", f"extender: needs {found.needs}"]
+    head = "extender (hypothetical: it never sees this pod; what it would decide if it did)" if found.hypothetical \
+        else "extender"
+    lines += ["", *_scheduler_lines(found), "", f"{head}: needs {found.needs}"]
+    if found.cuda_note:
+        lines.append(f"  {found.cuda_note}")
     if found.holds:
         lines.append(f"  {found.holds}")
     best = found.best
-    lines.append(f"  would go to {best.node} (score {best.score})" if best else "  no node can take it")
+    lines.append(f"  would go to {best.node} (score {best.score}){_if_sent(found)}" if best
+                 else "  no node can take it")
     if found.message:
         lines.append(f"  kube-scheduler would report: {found.message}")
     counts = found.counts()
@@ -276,18 +336,36 @@ def _policy_claims(core: Core, namespace: str, pod: dict[str, Any], nodes: list[
     return [*lines, "", table(["TEMPLATE", "NODE", "DEVICES THAT MATCH", "WHY NOT THE OTHERS"], rows)]
 
 
-def _about(context: Context) -> list[str]:
+def _about(context: Context, route: Route | None) -> list[str]:
     lines = []
     if context.workload:
         lines.append(f"workload: {context.workload}")
     if context.configuration:
         lines.append(f"configuration: {context.configuration}")
     lines += [f"  bypassed gpu-placement: {note}" for note in context.notes]
+    if route is not None:
+        if route.refused:
+            lines.append(f"  refused: {route.refused}")
+        lines += [f"  bypasses gpu-placement: {note}" for note in route.notes if note != route.refused]
     return lines
+
+
+def _if_sent(found: Explanation) -> str:
+    if found.route is not None and found.route.node_name:
+        return ", were spec.nodeName left out"
+    return ", were the pod sent to gpu-placement" if found.hypothetical else ""
 
 
 def _scheduler_lines(found: Explanation) -> list[str]:
     """What kube-scheduler decides before it asks the extender."""
+    if found.route is not None and found.route.node_name:
+        return [f"kube-scheduler: never sees this pod (spec.nodeName is {found.route.node_name})",
+                *(f"  {line}" for line in found.node_lines),
+                "  below: what the schedulers would decide were spec.nodeName left out", *_filter_lines(found)]
+    return _filter_lines(found)
+
+
+def _filter_lines(found: Explanation) -> list[str]:
     refused = [] if found.admission.allowed else [
         "  the API server refuses the pod (DENIED above), so no scheduler ever sees it; below is what would happen "
         "once admitted as it stands"]
@@ -301,6 +379,12 @@ def _scheduler_lines(found: Explanation) -> list[str]:
     if kept:
         line += "; it keeps " + ", ".join(f"{n} for {plugin}" for plugin, n in kept.most_common())
     lines = [line, *refused]
+    if found.hypothetical and not (found.route and found.route.node_name):
+        scheduler = (found.admission.pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+        passing = total - len(found.scheduler)
+        lines.append(f"  {scheduler} asks no extender: it places the pod on " + (
+            f"one of these {passing} nodes, unchecked by gpu-placement" if passing else
+            "no node, so the pod stays Pending (the message below is real)"))
     if found.unmodelled:
         lines.append(f"  not checked here, also decided by kube-scheduler: {'; '.join(found.unmodelled)}")
     return lines
@@ -309,16 +393,24 @@ def _scheduler_lines(found: Explanation) -> list[str]:
 def explain_json(core: Core, pod: dict[str, Any], namespace: str | None, existing: bool = False,
                  context: Context | None = None) -> dict[str, Any]:
     """For scripts: everything, every node."""
-    found = explain(core, pod, namespace, existing, context)
+    return as_json(explain(core, pod, namespace, existing, context))
+
+
+def as_json(found: Explanation) -> dict[str, Any]:
+    """`explain_json`'s answer for an explanation already made."""
     admission = found.admission
     best = found.best
     return {"pod": found.pod, "workload": found.context.workload, "configuration": found.context.configuration,
             "bypassed": list(found.context.notes),
-            "webhook": {"patch": admission.patch, "allowed": admission.allowed, "message": admission.message,
-                        "warnings": admission.warnings},
+            "route": None if found.route is None else {
+                "webhook": found.route.webhook, "extender": found.route.extender, "node_name": found.route.node_name,
+                "refused": found.route.refused, "notes": list(found.route.notes), "node": found.node_lines},
+            "webhook": {"called": admission.called, "patch": admission.patch, "allowed": admission.allowed,
+                        "message": admission.message, "warnings": admission.warnings},
             "kube_scheduler": {"checked": found.context.nodes is not None, "message": found.message,
                                "not_checked": found.unmodelled},
-            "needs": found.needs, "holds": found.holds,
+            "needs": found.needs, "cuda_note": found.cuda_note, "holds": found.holds,
+            "hypothetical": found.hypothetical,
             "best": {"node": best.node, "score": best.score} if best else None,
             "counts": dict(found.counts()),
             "nodes": [{"node": v.node, "verdict": "pass" if v.passed else v.reason.split(":", 1)[0],

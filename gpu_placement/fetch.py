@@ -17,7 +17,7 @@ from gpu_placement import kube
 from gpu_placement.dra.discovery import discover
 from gpu_placement.dra.state import DRA_BY_KIND
 
-__all__ = ["ClusterAccess", "FetchError", "connect", "fetch_labelled", "fetch_objects", "fetch_pod"]
+__all__ = ["ClusterAccess", "FetchError", "connect", "fetch_labelled", "fetch_objects", "fetch_pod", "get_object"]
 
 _TIMEOUT = (5.0, 60.0)
 _LISTS = (("Namespace", "/api/v1/namespaces"), ("Node", "/api/v1/nodes"), ("Pod", "/api/v1/pods"))
@@ -37,6 +37,8 @@ class ClusterAccess:
         self.api = api
         self.context = context  # for messages: which cluster was asked
         self.namespace = namespace  # the context's namespace, as kubectl uses it when -n is not given
+        self.unseen: list[str] = []  # what a 403 kept from view, one sentence each (a namespace-scoped user)
+        self.namespaces_seen = True  # False: namespaces could not be listed; one missing from the view may exist
 
 
 def connect(kubeconfig: str | None, context: str | None) -> ClusterAccess:
@@ -55,31 +57,88 @@ def connect(kubeconfig: str | None, context: str | None) -> ClusterAccess:
     return ClusterAccess(api, str(chosen.get("name") or context or "?"), namespace)
 
 
-def fetch_objects(access: ClusterAccess, page_size: int = 500) -> list[dict[str, Any]]:
+def fetch_objects(access: ClusterAccess, namespace: str | None = None, page_size: int = 500) -> list[dict[str, Any]]:
     """Every namespace, node and pod (and the DRA objects where resource.k8s.io is served), each with its
-    `kind` set (list items carry none), paged as kubectl pages them."""
+    `kind` set (list items carry none), paged as kubectl pages them. A user who may not list something
+    cluster-wide (403: a developer bound to one namespace) gets what they may read instead: their own
+    namespace and its pods (`namespace`, else the context's); each thing left out is a sentence in
+    `access.unseen`, which explain prints, so the answer says what it could not see."""
     objects: list[dict[str, Any]] = []
     lists = list(_LISTS)
+    own = namespace or access.namespace
     try:
         dra = discover(access.api)
-    except (kube.ApiError, urllib3.exceptions.HTTPError) as exc:
+    except kube.ApiError as exc:
+        if exc.status != 403:
+            raise FetchError(f"discovery of resource.k8s.io (context {access.context}): {exc}") from None
+        dra = None
+        access.unseen.append(f"resource.k8s.io discovery ({exc.message}): DRA devices and claims are left out")
+    except urllib3.exceptions.HTTPError as exc:
         raise FetchError(f"discovery of resource.k8s.io (context {access.context}): {exc}") from None
-    if dra.served:  # DRA: the devices per node and the claims, as the service's view reads them
+    if dra is not None and dra.served:  # DRA: the devices per node and the claims, as the service's view reads them
         lists += [(kind, dra.path(plural)) for kind, plural in DRA_BY_KIND.items()]
     for kind, path in lists:
-        token = ""
-        while True:
-            query: list[tuple[str, str | int | bool]] = [("limit", page_size)]
-            if token:
-                query.append(("continue", token))
-            page = _get(access, path, query)
-            for item in page.get("items") or ():
-                item["kind"] = kind
-                objects.append(item)
-            token = (page.get("metadata") or {}).get("continue") or ""
-            if not token:
-                break
+        try:
+            objects += _list_all(access, kind, path, page_size)
+        except FetchError as exc:
+            if exc.status != 403:
+                raise
+            objects += _what_may_be_read(access, kind, own, str(exc), page_size)
     return objects
+
+
+def _list_all(access: ClusterAccess, kind: str, path: str, page_size: int) -> list[dict[str, Any]]:
+    objects: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        query: list[tuple[str, str | int | bool]] = [("limit", page_size)]
+        if token:
+            query.append(("continue", token))
+        page = _get(access, path, query)
+        for item in page.get("items") or ():
+            item["kind"] = kind
+            objects.append(item)
+        token = (page.get("metadata") or {}).get("continue") or ""
+        if not token:
+            return objects
+
+
+def _what_may_be_read(access: ClusterAccess, kind: str, namespace: str, refused: str,
+                      page_size: int) -> list[dict[str, Any]]:
+    """A cluster-wide list was forbidden: the namespace-scoped read that a RoleBinding can grant, and a
+    sentence in `access.unseen` saying what is missing and what it changes in the answer."""
+    why = refused.split("403 Forbidden: ", 1)[-1]  # the API server's own sentence, without our GET prefix
+    path = f"/api/v1/namespaces/{quote(namespace, safe='')}"
+    if kind == "Namespace":
+        access.namespaces_seen = False
+        try:  # a RoleBinding granting get on namespaces covers the namespace itself (RBAC's rule for them)
+            own = _get(access, path, [])
+        except FetchError:
+            access.unseen.append(f"namespaces ({why}), not even {namespace}: its gpu-placement.io/* policy and "
+                                 "opt-in label are unknown, so the webhook's answer assumes none")
+            return []
+        access.unseen.append(f"namespaces other than {namespace} ({why})")
+        return [{**own, "kind": "Namespace"}]
+    if kind == "Pod":
+        try:
+            pods = _list_all(access, "Pod", f"{path}/pods", page_size)
+        except FetchError as exc:
+            access.unseen.append(f"pods ({exc}): the GPUs in use on each node are unknown, so every node looks free")
+            return []
+        access.unseen.append(f"pods outside namespace {namespace} ({why}): their GPUs are not counted as used, so "
+                             "nodes may look freer than they are")
+        return pods
+    if kind == "Node":
+        access.unseen.append(f"nodes ({why}): no node can be judged; ask the platform team for the "
+                             "gpu-placement-explain ClusterRole (docs/explain.md, Permissions)")
+        return []
+    access.unseen.append(f"{kind} objects ({why}): left out of the answer")
+    return []
+
+
+def get_object(access: ClusterAccess, path: str, missing: str) -> dict[str, Any]:
+    """One GET; FetchError with `missing` (status 404) when there is no such object."""
+    return _get(access, path, [], missing=missing or None)
 
 
 def fetch_labelled(access: ClusterAccess, path: str, selector: str, kind: str) -> list[dict[str, Any]]:

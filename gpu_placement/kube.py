@@ -2,7 +2,7 @@
 
 The official client does configuration, authentication (kubeconfig, exec plugins, in-cluster
 service-account tokens that rotate) and connection pooling; its generated models and `Watch`
-helper are not used (CONTRACT.md section 10). Callers get the urllib3 response unread and parse
+helper are not used (docs/live.md). Callers get the urllib3 response unread and parse
 the bytes themselves with orjson.
 
 Errors, what to catch:

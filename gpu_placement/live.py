@@ -1,4 +1,4 @@
-"""List+watch of namespaces, nodes and pods into the cluster view (CONTRACT.md section 10).
+"""List+watch of namespaces, nodes and pods into the cluster view (docs/live.md).
 
 One daemon thread per kind runs the reflector loop client-go runs, written out because the
 `kubernetes` client's own `Watch` helper cannot be used (KeyError on ERROR events, a frozen

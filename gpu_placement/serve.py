@@ -13,6 +13,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 
+from gpu_placement import events as _events  # noqa: F401 - registers gpu_placement_events_total on /metrics
 from gpu_placement import metrics
 from gpu_placement.config import load_config
 from gpu_placement.http import ops_routes
@@ -94,7 +95,7 @@ def serve(args: argparse.Namespace) -> int:
         if "webhook" in args.components:
             tls = _webhook_tls(args, core)
             host, port = args.webhook_listen
-            server = make_server(core.webhook_app(), host, port, tls=tls)
+            server = make_server(core.webhook_app(_start_events(args, core)), host, port, tls=tls)
             servers.append(server)
             _track_expiry("webhook", tls)
             _start_quota_mirror(args, core)
@@ -180,6 +181,26 @@ def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:
         mirror.templates = TemplateKeeper(core.api, core.view, core.config, core.dra.version)
     mirror.start()
     core.stoppers.append(mirror.stop)
+
+
+def _start_events(args: argparse.Namespace, core: Core) -> Any:
+    """Kubernetes Events (gpu_placement/events.py) from the webhook replicas: Node and Namespace ones by the
+    holder of --events-lease, a pod's admission warnings by the replica that admitted it. Returns the
+    webhook's hook for those warnings (None: no API server, or --no-events)."""
+    if core.api is None or not getattr(args, "events", True):
+        return None
+    from gpu_placement.events import EventWriter, PodWarnings, watch_namespaces, watch_nodes
+    from gpu_placement.lease import Lease
+    from gpu_placement.namespaces_view import policy_problems
+
+    identity = _identity()
+    lease = Lease(core.api, _namespace(args), getattr(args, "events_lease", "gpu-placement-events"), identity, 30)
+    writer = EventWriter(core.api, identity, lease)
+    writer.start()
+    core.stoppers.append(writer.stop)
+    watch_nodes(core.view, core.config, writer)
+    watch_namespaces(core.view, writer, lambda record: policy_problems(record, core.config))
+    return PodWarnings(core.view, writer).admitted
 
 
 def _start_dra_taints(args: argparse.Namespace, core: Core) -> None:

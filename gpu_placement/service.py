@@ -51,13 +51,14 @@ class Core:
     def extender_app(self, max_body: int = DEFAULT_MAX_BODY) -> Starlette:
         return create_extender_app(self.view, self.placement, self.binder, self.readiness, max_body)
 
-    def webhook_app(self) -> Starlette:
+    def webhook_app(self, on_warned: Callable[[str, str, list[str]], None] | None = None) -> Starlette:
         from webhook.app import create_app as create_webhook_app
 
         # The mirrored ResourceQuotas in the view: /validate admits a quota namespace's GPU pods only once
         # the API server enforces its quota (webhook/quota_gate.py).
         return create_webhook_app(self.view, self.config, self.readiness, self.api,
-                                  quota_gate="resourcequotas" in self.kinds, dra_version=self.dra.version)
+                                  quota_gate="resourcequotas" in self.kinds, dra_version=self.dra.version,
+                                  on_warned=on_warned)
 
     def stop(self) -> None:
         for stop in reversed(self.stoppers):
@@ -90,10 +91,12 @@ def _with_telemetry(core: Core) -> Core:
 def _track(view: ClusterView, config: Config) -> None:
     """The view's own metrics, and the cluster's as the view sees it (namespace quotas parsed as the
     webhook parses them)."""
+    from gpu_placement.namespaces_view import policy_problems
     from webhook.policy import parse_policy
 
     metrics.track_view(view)
-    track_cluster(view, config, lambda record: parse_policy(record, record.name, config).quota)
+    track_cluster(view, config, lambda record: parse_policy(record, record.name, config).quota,
+                  lambda record: policy_problems(record, config))
 
 
 def _placement(view: ClusterView, config: Config) -> Placement:

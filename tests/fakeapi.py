@@ -33,11 +33,17 @@ Test code drives it from its own thread: `add`/`update`/`upsert`/`patch`/`patch_
 `delete`/`bind`, `load` (bulk, no events), `compact`, `cut_watches`, `down`/`up`, `delay`,
 `fail_next`/`stop_failing`, `requests_log`/`count`/`counts`, `open_watches`/`wait_for_watches`.
 
+RBAC, as far as tests need it: `add_user(token, name, namespaces)` makes a user bound by RoleBindings
+to those namespaces only (the `view` role's reads: get/list/watch); every other request of theirs is a
+403 with kube-apiserver's own message (apiserver endpoints/handlers/responsewriters forbiddenMessage),
+except discovery (system:discovery) and `get` of their own Namespace objects (RBAC reads a namespace's
+own name as its namespace). The main token may do everything.
+
 Not modelled: defaulting beyond a pod's Pending phase and a namespace's Active phase and name
 label, admission beyond NamespaceLifecycle (so no quota admission; and no quota controller: a
-ResourceQuota's status stays as written), garbage collection by ownerReferences, RBAC, managedFields
-beyond labels, server-side apply, the disruption controller (a budget's status stays as written, but
-for what an eviction takes from it),
+ResourceQuota's status stays as written), garbage collection by ownerReferences, RBAC beyond
+`add_user`, managedFields beyond labels, server-side apply, the disruption controller (a budget's
+status stays as written, but for what an eviction takes from it),
 graceful pod deletion (pods go at once), namespace cleanup of the objects inside, protobuf/CBOR
 and gzip (always plain JSON), strategic-merge list semantics (merge keys), LIST
 resourceVersionMatch=Exact (served as the current state), and the watch cache's 3 s wait and 504
@@ -141,6 +147,15 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice", True),
     # The GPU Operator's CRD, cluster-scoped with a status subresource (config/crd/bases of NVIDIA/gpu-operator).
     Resource("nvidia.com", "v1", "clusterpolicies", "clusterpolicy", "ClusterPolicy", False, has_status=True),
+    # Workloads, stored as given (no controllers): `explain KIND/NAME` reads them.
+    Resource("apps", "v1", "deployments", "deployment", "Deployment", True, has_status=True, short_names=("deploy",)),
+    Resource("apps", "v1", "statefulsets", "statefulset", "StatefulSet", True, has_status=True, short_names=("sts",)),
+    Resource("batch", "v1", "jobs", "job", "Job", True, has_status=True),
+    Resource("batch", "v1", "cronjobs", "cronjob", "CronJob", True, has_status=True, short_names=("cj",)),
+    # A CRD with pod templates (Kubeflow's training operator), found through discovery.
+    Resource("kubeflow.org", "v1", "pytorchjobs", "pytorchjob", "PyTorchJob", True, has_status=True),
+    # events.k8s.io/v1 Events (k8s.io/api events/v1), stored as written: gpu_placement/events.py writes them.
+    Resource("events.k8s.io", "v1", "events", "event", "Event", True, short_names=("ev",)),
 )
 _BY_NAME = {name.lower(): r for r in RESOURCES for name in (r.plural, r.singular, r.kind, *r.short_names)}
 _POD = _BY_NAME["pods"]
@@ -632,6 +647,8 @@ class FakeApiServer:
                  host: str = "127.0.0.1", port: int = 0, dra: str | None = None,
                  taint_rules: str | None = None, device_taint_eviction: bool = False) -> None:
         self.token = token or secrets.token_urlsafe(24)
+        # token -> (user name, namespaces it may read, resources it may read cluster-wide)
+        self.users: dict[str, tuple[str, frozenset[str], frozenset[str]]] = {}
         self.bookmark_interval = bookmark_interval
         self.history_limit = history_limit
         self.default_watch_timeout = default_watch_timeout
@@ -1142,12 +1159,48 @@ class FakeApiServer:
             # The scheme is case-insensitive, as kube-apiserver reads it (apiserver's bearertoken.go):
             # in-cluster configuration sends "bearer <token>".
             scheme, _, token = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or token != self.token:
+            if scheme.lower() != "bearer" or (token != self.token and token not in self.users):
                 raise ApiStatusError(401)
+            if token != self.token:
+                self._authorize(self.users[token], record.verb, target)
             self._injected(request.method, path)
             return await self._dispatch(request, target)
         except ApiStatusError as exc:
             return self._error(exc)
+
+    def add_user(self, token: str, name: str, namespaces: Iterable[str], cluster: Iterable[str] = ()) -> None:
+        """A user RoleBindings give read access (get, list, watch) in `namespaces`, and a ClusterRoleBinding
+        the same on the resources named in `cluster` (plural names, e.g. "nodes") everywhere."""
+        self.users[token] = (name, frozenset(namespaces), frozenset(cluster))
+
+    def user_kubeconfig(self, path: str | Path, token: str, namespace: str) -> Path:
+        """A kubeconfig for a user of `add_user`, its context in `namespace` (as a developer's is)."""
+        config = self.kubeconfig()
+        config["users"][0]["user"]["token"] = token
+        config["contexts"][0]["context"]["namespace"] = namespace
+        Path(path).write_text(yaml.safe_dump(config, sort_keys=False))
+        return Path(path)
+
+    @staticmethod
+    def _authorize(user: tuple[str, frozenset[str], frozenset[str]], verb: str, target: _Target | None) -> None:
+        """RBAC for a namespace-bound reader, with kube-apiserver's 403 Status (forbiddenMessage)."""
+        name, namespaces, cluster = user
+        if target is None or target.resource is None:
+            if target is None:
+                return  # discovery: system:discovery lets every authenticated user read it
+            raise ApiStatusError(403, f'User "{name}" cannot {verb} resource "bindings" in API group "" in the '
+                                      f'namespace "{target.namespace}"', details={"kind": "bindings"})
+        res = target.resource
+        namespace = target.namespace or (target.name if res is _NAMESPACE else None)
+        if verb in ("get", "list", "watch") and (res.plural in cluster or (
+                namespace in namespaces and (res.namespaced or res is _NAMESPACE))):
+            return
+        resource = f"{res.plural}/{target.subresource}" if target.subresource else res.plural
+        scope = f'in the namespace "{target.namespace}"' if target.namespace else "at the cluster scope"
+        what = f'{res.qualified} "{target.name}"' if target.name else res.qualified
+        raise ApiStatusError(403, f'{what} is forbidden: User "{name}" cannot {verb} resource "{resource}" in API '
+                                  f'group "{res.group}" {scope}',
+                             details={"name": target.name or "", "group": res.group, "kind": res.plural})
 
     def _error(self, exc: ApiStatusError) -> Response:
         headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after is not None else None

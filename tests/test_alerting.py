@@ -30,12 +30,15 @@ gpu_placement_gpu_node_unusable_since_timestamp_seconds{{node="gpu-1",reason="No
 gpu_placement_gpu_node_unusable_since_timestamp_seconds{{node="gpu-2",reason="NodeNotReady"}} {NOW - 60}
 gpu_placement_pods_waiting{{reason="InsufficientGPU"}} 3
 gpu_placement_pods_waiting_since_timestamp_seconds{{reason="InsufficientGPU"}} {NOW - 3600}
-gpu_placement_namespace_quota_limit{{namespace="a",resource="nvidia.com/gpu"}} 10
-gpu_placement_namespace_quota_used{{namespace="a",resource="nvidia.com/gpu"}} 9
-gpu_placement_namespace_quota_limit{{namespace="b",resource="nvidia.com/gpu"}} 10
-gpu_placement_namespace_quota_used{{namespace="b",resource="nvidia.com/gpu"}} 8
-gpu_placement_namespace_quota_limit{{namespace="c",resource="nvidia.com/gpu"}} 0
-gpu_placement_namespace_quota_used{{namespace="c",resource="nvidia.com/gpu"}} 0
+gpu_placement_namespace_quota_limit{{namespace="a",resource="nvidia.com/gpu",enforced="true"}} 10
+gpu_placement_namespace_quota_used{{namespace="a",resource="nvidia.com/gpu",enforced="true"}} 9
+gpu_placement_namespace_quota_limit{{namespace="b",resource="nvidia.com/gpu",enforced="true"}} 10
+gpu_placement_namespace_quota_used{{namespace="b",resource="nvidia.com/gpu",enforced="true"}} 8
+gpu_placement_namespace_quota_limit{{namespace="c",resource="nvidia.com/gpu",enforced="true"}} 0
+gpu_placement_namespace_quota_used{{namespace="c",resource="nvidia.com/gpu",enforced="true"}} 0
+gpu_placement_namespace_quota_limit{{namespace="d",resource="nvidia.com/gpu",enforced="false"}} 10
+gpu_placement_namespace_quota_used{{namespace="d",resource="nvidia.com/gpu",enforced="false"}} 10
+gpu_placement_namespace_policy_problems{{namespace="typo1",problem="unread_annotation"}} 1
 gpu_placement_source_up 1
 gpu_placement_cache_age_seconds 400
 gpu_placement_telemetry_last_success_timestamp_seconds 0
@@ -49,7 +52,8 @@ def test_conditions_as_the_rules_state_them() -> None:
     assert firing == [
         Firing("GpuNodeNotValidated", "gpu-1", "unusable (NotValidated)", "15m"),  # NodeNotReady: no rule
         Firing("GpuPodsWaiting", "InsufficientGPU", "3 pods rejected on every node", ""),  # waited 1h already
-        Firing("GpuNamespaceQuotaNearlyFull", "a", "9 of 10 nvidia.com/gpu in use", "15m"),
+        Firing("GpuNamespaceQuotaNearlyFull", "a", "9 of 10 nvidia.com/gpu in use", "15m"),  # d: not enforced
+        Firing("GpuNamespacePolicyIgnored", "typo1", "unread_annotation: gpu-placement namespaces says which", "15m"),
         Firing("GpuPlacementViewStale", "view", "nothing heard for 400 s", "5m"),
         Firing("GpuPlacementCertificateExpiring", "webhook", "expires in 3.0 days", "1h"),
     ]

@@ -135,6 +135,7 @@ class Case:
 
 
 UNUSABLE = "gpu_placement_gpu_node_unusable_since_timestamp_seconds"
+QUOTA_ON, QUOTA_OFF = 'resource="nvidia.com/gpu",enforced="true"', 'resource="nvidia.com/gpu",enforced="false"'
 # Two replicas export the same cluster figures: the alert must still fire once.
 NODE_SERIES = [(f'{UNUSABLE}{{node="gpu-07",reason="NotValidated",pod="{p}"}}', "60+0x120") for p in ("a", "b")] + [
     (f'{UNUSABLE}{{node="gpu-08",reason="DriverUpgrade",pod="a"}}', "60+0x120"),
@@ -170,17 +171,28 @@ CASES = [
         ('gpu_placement_pods_waiting_since_timestamp_seconds{reason="InsufficientGPU",pod="s"}', "0+0x10 stale"),
     ], "20m"),  # it stopped waiting at minute 10
     Case("GpuNamespaceQuotaNearlyFull", [
-        ('gpu_placement_namespace_quota_used{namespace="team-a",resource="nvidia.com/gpu",pod="a"}', "9+0x30"),
-        ('gpu_placement_namespace_quota_limit{namespace="team-a",resource="nvidia.com/gpu",pod="a"}', "10+0x30"),
-        ('gpu_placement_namespace_quota_used{namespace="team-b",resource="nvidia.com/gpu",pod="a"}', "8+0x30"),
-        ('gpu_placement_namespace_quota_limit{namespace="team-b",resource="nvidia.com/gpu",pod="a"}', "10+0x30"),
-        ('gpu_placement_namespace_quota_used{namespace="team-c",resource="nvidia.com/gpu",pod="a"}', "0+0x30"),
-        ('gpu_placement_namespace_quota_limit{namespace="team-c",resource="nvidia.com/gpu",pod="a"}', "0+0x30"),
+        (f'gpu_placement_namespace_quota_used{{namespace="team-a",{QUOTA_ON},pod="a"}}', "9+0x30"),
+        (f'gpu_placement_namespace_quota_limit{{namespace="team-a",{QUOTA_ON},pod="a"}}', "10+0x30"),
+        (f'gpu_placement_namespace_quota_used{{namespace="team-b",{QUOTA_ON},pod="a"}}', "8+0x30"),
+        (f'gpu_placement_namespace_quota_limit{{namespace="team-b",{QUOTA_ON},pod="a"}}', "10+0x30"),
+        (f'gpu_placement_namespace_quota_used{{namespace="team-c",{QUOTA_ON},pod="a"}}', "0+0x30"),
+        (f'gpu_placement_namespace_quota_limit{{namespace="team-c",{QUOTA_ON},pod="a"}}', "0+0x30"),
+        # A quota nothing enforces (the namespace is not opted in): full, but no one is denied.
+        (f'gpu_placement_namespace_quota_used{{namespace="team-d",{QUOTA_OFF},pod="a"}}', "10+0x30"),
+        (f'gpu_placement_namespace_quota_limit{{namespace="team-d",{QUOTA_OFF},pod="a"}}', "10+0x30"),
     ], "20m", [{"namespace": "team-a", "resource": "nvidia.com/gpu"}], value="90%"),
     Case("GpuNamespaceQuotaNearlyFull", [
-        ('gpu_placement_namespace_quota_used{namespace="team-a",resource="nvidia.com/gpu",pod="a"}', "9+0x30"),
-        ('gpu_placement_namespace_quota_limit{namespace="team-a",resource="nvidia.com/gpu",pod="a"}', "10+0x30"),
+        (f'gpu_placement_namespace_quota_used{{namespace="team-a",{QUOTA_ON},pod="a"}}', "9+0x30"),
+        (f'gpu_placement_namespace_quota_limit{{namespace="team-a",{QUOTA_ON},pod="a"}}', "10+0x30"),
     ], "10m"),
+    Case("GpuNamespacePolicyIgnored", [
+        ('gpu_placement_namespace_policy_problems{namespace="typo1",problem="unread_annotation",pod="a"}', "1+0x30"),
+        ('gpu_placement_namespace_policy_problems{namespace="typo1",problem="unread_annotation",pod="b"}', "1+0x30"),
+        ('gpu_placement_namespace_policy_problems{namespace="fixed",problem="not_opted_in",pod="a"}', "1+0x5 stale"),
+    ], "20m", [{"namespace": "typo1", "problem": "unread_annotation"}]),
+    Case("GpuNamespacePolicyIgnored", [
+        ('gpu_placement_namespace_policy_problems{namespace="typo1",problem="label_value",pod="a"}', "1+0x30"),
+    ], "10m"),  # not 15 minutes yet: a label being fixed
     Case("GpuPlacementSourceDown", [('gpu_placement_source_up{pod="a"}', "0+0x30"),
                                     ('gpu_placement_source_up{pod="b"}', "1+0x30")], "10m", [{"pod": "a"}]),
     Case("GpuPlacementSourceDown", [('gpu_placement_source_up{pod="a"}', "0+0x2 1+0x30")], "10m"),

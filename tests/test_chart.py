@@ -65,6 +65,8 @@ class Case:
 CASES = [
     Case("default", {}),
     Case("cert-manager", {"certManager": {"enabled": True}}),
+    Case("explain-role", {"explainRole": {"create": True, "podsClusterWide": True, "subjects": [
+        {"kind": "Group", "name": "ml-developers", "apiGroup": "rbac.authorization.k8s.io"}]}}),
     Case("audit-ignore", {"config": {"mode": "audit"},
                           "webhook": {"mutating": {"failurePolicy": "Ignore"},
                                       "validating": {"failurePolicy": "Ignore"}, "timeoutSeconds": 10}}),
@@ -674,8 +676,23 @@ def test_webhook_rbac_reads_the_view(rendered: Rendered) -> None:
                "verbs": ["get", "list", "create", "update", "delete"]}] if writes else []
     assert rendered.one("ClusterRole", f"{name}-webhook")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
-        DRA_READ, DRA_TEMPLATES, *taints]
+        DRA_READ, DRA_TEMPLATES, EVENTS, *taints]
     assert rendered.deployment("webhook")["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-webhook"
+
+
+# gpu_placement/events.py: create an Event, patch a series' count; and the writer's own Lease.
+EVENTS = {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
+
+
+def test_webhook_events_lease(rendered: Rendered) -> None:
+    from gpu_placement.cli import build_parser
+
+    name = fullname(rendered.case)
+    args = build_parser().parse_args(rendered.container("webhook")["args"])
+    assert args.events is True and args.events_lease == f"{name}-events"
+    assert rendered.one("Role", f"{name}-webhook-events-lease")["rules"][1] == {
+        "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [f"{name}-events"],
+        "verbs": ["get", "update"]}
 
 
 def test_webhook_quota_mirror_rbac_and_args(rendered: Rendered) -> None:

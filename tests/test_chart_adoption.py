@@ -207,7 +207,7 @@ def test_certificate_lifetimes_are_values(chart: helm_python.Chart) -> None:
 
 def test_offline_renders_must_set_the_kube_scheduler_tag(chart: helm_python.Chart) -> None:
     """Helm's built-in Kubernetes version is not the cluster's: `helm template` is told to set it."""
-    with pytest.raises(helm_python.HelmRenderError, match=r"set scheduler.image.tag to it, e.g. "):
+    with pytest.raises(helm_python.HelmRenderError, match=r"set scheduler.image.tag once to your control plane's "):
         chart.render({}, name="gpu-placement", namespace=NAMESPACE)
     rendered = render(chart, {"scheduler": {"image": {"tag": "v1.33.2"}}})
     assert rendered.container("kube-scheduler")["image"] == "registry.k8s.io/kube-scheduler:v1.33.2"

@@ -39,14 +39,14 @@ def tracked(core: Core) -> ClusterMetrics:
 def assert_matches_rebuild(core: Core) -> None:
     """What the listeners kept equals what a fresh tracker computes from the view as it is now."""
     live = tracked(core)
-    fresh = ClusterMetrics(core.view, core.config, live.quota_of)
+    fresh = ClusterMetrics(core.view, core.config, live.quota_of, live.problems_of)
     fresh._node_changed(None)
     for name, record in core.view.namespaces.items():
         fresh._namespace_changed(name, record)
     assert dict(live.nodes) == dict(fresh.nodes)
     assert {k: v for k, v in live.capacity.items() if any(v)} == {k: v for k, v in fresh.capacity.items() if any(v)}
     assert {n: r for n, (r, _) in live.unusable_since.items()} == {n: r for n, (r, _) in fresh.unusable_since.items()}
-    assert live.quotas == fresh.quotas
+    assert live.quotas == fresh.quotas and live.enforced == fresh.enforced and live.problems == fresh.problems
 
 
 def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -78,10 +78,12 @@ def test_demo_cluster_as_exported(core: Core) -> None:
     assert value("gpu_placement_gpu_memory_used_bytes", resource=GPU, pool="training") == 8 * 81559 * 2**20
     assert value("gpu_placement_gpu_memory_free_bytes", resource=GPU, pool="training") == 8 * 81559 * 2**20
     assert value("gpu_placement_gpu_allocatable", resource="nvidia.com/gpu.shared", pool=NO_POOL) == 8
-    assert value("gpu_placement_namespace_quota_limit", namespace="team-a", resource=GPU) == 16
-    assert value("gpu_placement_namespace_quota_used", namespace="team-a", resource=GPU) == 8
-    assert value("gpu_placement_namespace_quota_used", namespace="research", resource=GPU) == 0  # old-job finished
-    assert value("gpu_placement_namespace_quota_limit", namespace="web", resource=GPU) is None  # no quota
+    assert value("gpu_placement_namespace_quota_limit", namespace="team-a", resource=GPU, enforced="true") == 16
+    assert value("gpu_placement_namespace_quota_used", namespace="team-a", resource=GPU, enforced="true") == 8
+    assert value("gpu_placement_namespace_quota_used", namespace="research", resource=GPU,
+                 enforced="true") == 0  # old-job finished
+    assert value("gpu_placement_namespace_quota_limit", namespace="web", resource=GPU,
+                 enforced="true") is None  # no quota
     assert value("gpu_placement_config_info", mode="enforce", pools="batch,training", scheduler_name="gpu-placement",
                  strategy="binpack", validator_required="true") == 1
     assert_matches_rebuild(core)
@@ -106,7 +108,7 @@ def test_pods_reservations_telemetry_and_namespaces(core: Core) -> None:
     view, ingest = core.view, core.ingest
     ingest.event(view, "pods", "ADDED", make_pod("team-a", "more", gpus={GPU: 1}, node="h100-train-2"))
     assert value("gpu_placement_gpu_used", resource=GPU, pool="training") == 9
-    assert value("gpu_placement_namespace_quota_used", namespace="team-a", resource=GPU) == 9
+    assert value("gpu_placement_namespace_quota_used", namespace="team-a", resource=GPU, enforced="true") == 9
     view.reserve("team-a/next", "h100-train-2", ((GPU, 2),), None)
     assert value("gpu_placement_gpu_reserved", resource=GPU, pool="training") == 2
     assert value("gpu_placement_gpu_used", resource=GPU, pool="training") == 9  # reservations are not counted twice
@@ -123,9 +125,9 @@ def test_pods_reservations_telemetry_and_namespaces(core: Core) -> None:
     assert value("gpu_placement_gpu_reserved", resource=GPU, pool="training") == 0
     assert value("gpu_placement_reservation_oldest_age_seconds") == 0
     ingest.event(view, "namespaces", "MODIFIED", namespace("team-a", {"gpu-placement.io/quota": "nvidia.com/gpu=10"}))
-    assert value("gpu_placement_namespace_quota_limit", namespace="team-a", resource=GPU) == 10
+    assert value("gpu_placement_namespace_quota_limit", namespace="team-a", resource=GPU, enforced="true") == 10
     ingest.event(view, "namespaces", "MODIFIED", namespace("team-a"))
-    assert value("gpu_placement_namespace_quota_limit", namespace="team-a", resource=GPU) is None
+    assert value("gpu_placement_namespace_quota_limit", namespace="team-a", resource=GPU, enforced="true") is None
     ingest.event(view, "pods", "DELETED", make_pod("team-a", "more", gpus={GPU: 1}, node="h100-train-2"))
     assert_matches_rebuild(core)
 
@@ -189,3 +191,32 @@ def test_codes_are_listed_in_the_order_the_checks_run() -> None:
     positions = [[CODES.index(code) for code in stage] for stage in stages]
     for earlier, later in pairwise(positions):
         assert max(earlier) < min(later)
+
+
+def test_a_quota_nothing_enforces_says_so_and_unread_settings_are_counted() -> None:
+    """The trial's case: with namespaceSelection optIn and no namespace labelled, the quotas were exported
+    as if enforced (and GpuNamespaceQuotaNearlyFull would fire for them); a misspelt quota key, a label
+    `True` and a policy on a namespace nobody opted in were nowhere in the metrics."""
+    on, capital = {"gpu-placement.io/enabled": "true"}, {"gpu-placement.io/enabled": "True"}
+    objects = [*demo_objects(), namespace("typo1", {"gpu-placement.io/qouta": "nvidia.com/gpu=4"}, on),
+               namespace("capital", {"gpu-placement.io/quota": "nvidia.com/gpu=4"}, capital),
+               namespace("on", {"gpu-placement.io/quota": "nvidia.com/gpu=2"}, on)]
+    core = core_from_objects(parse_config({**DEMO_CONFIG, "namespaceSelection": "optIn"}), objects)
+    assert value("gpu_placement_namespace_quota_limit", namespace="team-a", resource=GPU, enforced="false") == 16
+    assert value("gpu_placement_namespace_quota_used", namespace="team-a", resource=GPU, enforced="false") == 8
+    assert value("gpu_placement_namespace_quota_limit", namespace="team-a", resource=GPU, enforced="true") is None
+    assert value("gpu_placement_namespace_quota_limit", namespace="on", resource=GPU, enforced="true") == 2
+    problems = {labels: v for (name, labels), v in scrape().items()
+                if name == "gpu_placement_namespace_policy_problems"}
+    assert problems[(("namespace", "typo1"), ("problem", "unread_annotation"))] == 1
+    assert problems[(("namespace", "capital"), ("problem", "label_value"))] == 1
+    assert problems[(("namespace", "capital"), ("problem", "not_opted_in"))] == 1
+    assert problems[(("namespace", "team-a"), ("problem", "not_opted_in"))] == 1
+    assert not any(dict(labels)["namespace"] == "on" for labels in problems)
+    # Fixed: the label written right opts the namespace in; its quota is enforced and its problems go.
+    core.ingest.event(core.view, "namespaces", "MODIFIED", namespace(
+        "capital", {"gpu-placement.io/quota": "nvidia.com/gpu=4"}, {"gpu-placement.io/enabled": "true"}))
+    assert value("gpu_placement_namespace_quota_limit", namespace="capital", resource=GPU, enforced="true") == 4
+    assert not any(name == "gpu_placement_namespace_policy_problems" and dict(labels)["namespace"] == "capital"
+                   for name, labels in scrape())
+    assert_matches_rebuild(core)

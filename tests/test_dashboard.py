@@ -31,8 +31,39 @@ def panels() -> list[dict[str, Any]]:
     return [p for p in dashboard()["panels"] if p["type"] != "row"]
 
 
+# What Grafana puts for a variable left at All (its allValue); a chosen value is a regex of the values.
+VARIABLES = {"$namespace": ".*", "$pool": ".*"}
+
+
 def expressions() -> list[tuple[str, str]]:
-    return [(p["title"], t["expr"]) for p in panels() for t in p["targets"]]
+    """Each panel's query as Prometheus receives it, the dashboard's variables at All."""
+    queries = []
+    for panel in panels():
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for name, value in VARIABLES.items():
+                expr = expr.replace(name, value)
+            queries.append((panel["title"], expr))
+    return queries
+
+
+def test_namespace_and_pool_variables_narrow_the_panels() -> None:
+    """The dashboard had only a datasource variable: no way to look at one team or one pool."""
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    for name, metric in (("namespace", "gpu_placement_namespace_quota_limit"),
+                         ("pool", "gpu_placement_gpu_allocatable")):
+        variable = variables[name]
+        assert variable["type"] == "query" and variable["multi"] and variable["includeAll"]
+        assert variable["allValue"] == VARIABLES[f"${name}"]
+        assert variable["query"]["query"] == f"label_values({metric}, {name})"
+    raw = [(p["title"], t["expr"]) for p in panels() for t in p["targets"]]
+    for title, expr in raw:
+        if "namespace" in expr and "gpu_placement_namespace" in expr:
+            assert 'namespace=~"$namespace"' in expr, title
+        if "by (pool" in expr:
+            assert expr.count('pool=~"$pool"') == expr.count("gpu_placement_"), title
+    quota = next(expr for title, expr in raw if title == "Quota use by namespace")
+    assert quota.count('enforced="true"') == 2  # a quota nothing enforces is not "in use"
 
 
 def test_dashboard_json_is_a_valid_dashboard() -> None:

@@ -1,4 +1,4 @@
-"""DRA pods through the extender (CONTRACT.md section 13): a pod whose claims ask for a GPU class, or
+"""DRA pods through the extender (docs/dra.md): a pod whose claims ask for a GPU class, or
 whose `nvidia.com/gpu` a DeviceClass serves where the device plugin does not, gets the node rules and
 scoring, never unit or memory fit; facts missing from labels come from the node's ResourceSlice."""
 

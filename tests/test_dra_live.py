@@ -1,5 +1,5 @@
 """DRA objects by list+watch from an API server that serves resource.k8s.io, and nothing of it from one
-that does not (CONTRACT.md section 13): discovery picks the version, the same reflector loop lists,
+that does not (docs/dra.md): discovery picks the version, the same reflector loop lists,
 watches, resumes and relists them, ResourceSlices of other drivers never reach the view."""
 
 from __future__ import annotations

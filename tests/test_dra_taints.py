@@ -1,4 +1,4 @@
-"""The DeviceTaintRule controller against the fake API server (CONTRACT.md section 13): the view fed by
+"""The DeviceTaintRule controller against the fake API server (docs/dra.md): the view fed by
 the real list+watch loop, rules written through the real client, one replica leading; rules appear
 for unverified nodes and go when they are verified; the validator's own way in; rules it does not own
 left alone; the version by discovery, and nothing written where none is served."""

@@ -40,7 +40,7 @@ def _plugin(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 def test_kubectl_plugin_explains_a_pending_pod(cluster: Path) -> None:
     result = _plugin("explain", "pod/train-waiting", "-n", "team-a", "--kubeconfig", str(cluster))
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 4, result.stderr  # no node can take it: the exit status a CI gate reads
     out = result.stdout
     assert out.startswith("pod team-a/train-waiting\n")
     assert "extender: needs 1x nvidia.com/gpu; CUDA >= 13.0.0 (image tag of container main" in out
@@ -64,7 +64,7 @@ def test_default_kubeconfig_and_context_as_kubectl(cluster: Path, tmp_path: Path
     (home / ".kube").mkdir(parents=True)
     (home / ".kube" / "config").write_text(cluster.read_text().replace("namespace: default", "namespace: team-a"))
     result = _plugin("explain", "pod/train-waiting", "-o", "json", env={"HOME": str(home), "KUBECONFIG": ""})
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 4, result.stderr
     answer = orjson.loads(result.stdout)
     assert answer["pod"] == "team-a/train-waiting" and answer["best"] is None
     assert len(answer["nodes"]) == DEMO_NODES and answer["counts"] == {"NodeAffinity": 14, "DriverTooOld": 2}
@@ -126,6 +126,6 @@ def test_an_existing_pod_does_not_count_against_its_own_quota(tmp_path: Path,
     waiting = make_pod("research", "sweep-0", gpus={"nvidia.com/gpu": 2})
     snapshot = tmp_path / "cluster.json"
     snapshot.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "List", "items": [*demo_objects(), waiting]}))
-    assert main(["explain", "pod/sweep-0", "-n", "research", "--snapshot", str(snapshot)]) == 0
+    assert main(["explain", "pod/sweep-0", "-n", "research", "--snapshot", str(snapshot)]) == 4  # admitted, no node
     out = capsys.readouterr().out
     assert "\n  allowed" in out and "DENIED" not in out

@@ -87,7 +87,7 @@ def test_explain_a_job_yaml(snapshot: Path, tmp_path: Path, capsys: pytest.Captu
     """`explain job.yaml` answered 'expected a Pod with a spec, found Job'."""
     file = tmp_path / "job.yaml"
     file.write_text(yaml.safe_dump(WORKLOADS["Job"]))
-    assert main(["explain", str(file), "--snapshot", str(snapshot)]) == 0
+    assert main(["explain", str(file), "--snapshot", str(snapshot)]) == 3  # research's quota of 2 takes 2 of the 4
     out = capsys.readouterr().out
     assert out.startswith("pod research/train-\nworkload: Job research/train (spec.template), 4 replicas\n")
     assert "\n  allowed" in out and "extender: needs 1x nvidia.com/gpu" in out
@@ -97,11 +97,11 @@ def test_explain_a_pytorchjob_explains_each_replica_type(snapshot: Path, tmp_pat
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     file = tmp_path / "pytorchjob.json"
     file.write_bytes(orjson.dumps(PYTORCHJOB))
-    assert main(["explain", str(file), "--snapshot", str(snapshot), "-o", "json"]) == 0
+    assert main(["explain", str(file), "--snapshot", str(snapshot), "-o", "json"]) == 3  # 33 GPUs, quota 2
     answer = orjson.loads(capsys.readouterr().out)
     assert answer["workload"] == "PyTorchJob research/train"
     master, worker = answer["pods"]
-    assert master["workload"] == "PyTorchJob research/train (spec.pytorchReplicaSpecs.Master.template), 1 replicas"
+    assert master["workload"] == "PyTorchJob research/train (spec.pytorchReplicaSpecs.Master.template), 1 replica"
     assert master["needs"].startswith("1x nvidia.com/gpu") and worker["needs"].startswith("8x nvidia.com/gpu")
 
 

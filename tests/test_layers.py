@@ -1,4 +1,4 @@
-"""The package layering of CONTRACT.md section 1, checked: the edges never import each other, and the
+"""The package layering of docs/architecture.md, checked: the edges never import each other, and the
 core never imports the edges (only the CLI and process assembly see both)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSEMBLY = {"gpu_placement/cli.py", "gpu_placement/serve.py", "gpu_placement/service.py",
+            "gpu_placement/workload_summary.py", "gpu_placement/namespaces_view.py", "gpu_placement/cli_explain.py",
             "gpu_placement/demo.py", "gpu_placement/explain.py"}
 
 

@@ -1,5 +1,5 @@
 """The live source against the fake API server, through the real `kubernetes` client and our own
-list+watch loop (CONTRACT.md section 10): paged lists, readiness, events, decisions following labels,
+list+watch loop (docs/live.md): paged lists, readiness, events, decisions following labels,
 cut streams, 410 Gone, an API server that goes away and comes back, slow answers, bookmarks."""
 
 from __future__ import annotations

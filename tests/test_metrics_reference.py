@@ -44,7 +44,8 @@ def test_cluster_metrics_are_in_the_scrape(scraped: str) -> None:
     # h100-not-validated, and the survey's hand-installed h100-train-hand (no operator validator there)
     assert 'gpu_placement_gpu_nodes{product="NVIDIA-H100-80GB-HBM3",verdict="NotValidated"} 2.0' in scraped
     assert 'gpu_placement_pods_waiting{reason="InsufficientGPUMemory"} 1.0' in scraped
-    assert 'gpu_placement_namespace_quota_limit{namespace="team-a",resource="nvidia.com/gpu"} 16.0' in scraped
+    assert 'gpu_placement_namespace_quota_limit{enforced="true",namespace="team-a",resource="nvidia.com/gpu"} 16.0' \
+        in scraped
 
 
 def test_names_follow_prometheus_conventions(scraped: str) -> None:

@@ -1,4 +1,4 @@
-"""Admission webhook: shapes and admits pods by namespace GPU policy (CONTRACT.md section 9).
+"""Admission webhook: shapes and admits pods by namespace GPU policy (docs/webhook.md).
 
 One job per module: `review` (the AdmissionReview wire format), `policy` (namespace and pod
 annotations), `patches` (the JSON Patch), `quota` (usage and reservations), `admission` (the two

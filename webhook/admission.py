@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_placement import names as n
+from gpu_placement.annotation_keys import unread_pod_keys
 from gpu_placement.config import Config
 from gpu_placement.pods import GpuRequests
 from gpu_placement.sharing import effective_sharing
@@ -356,7 +357,8 @@ class Admission:
                 if not problems:
                     held = held_warnings(namespace, policy.quota, used, pending, gpus)
         texts = [text for _, text in problems]
-        warnings = list(policy.warnings) + held
+        warnings = [*policy.warnings, *unread_pod_keys((pod.get("metadata") or {}).get("annotations") or {}, where),
+                    *held]
         if problems and not audit:
             message = _joined(texts)
             # 503 for the one refusal that passes by itself (the quota not in force yet): nothing is wrong with the pod.

@@ -38,12 +38,15 @@ _VERBS = ("mutate", "validate")
 
 
 def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool, str]], api: Any = None,
-               quota_gate: bool = False, dra_version: str | None = None) -> Starlette:
+               quota_gate: bool = False, dra_version: str | None = None,
+               on_warned: Callable[[str, str, list[str]], None] | None = None) -> Starlette:
     """POST /mutate, POST /validate, and the ops routes. Reads `view` (under its lock where it needs
     consistent figures) and never writes it; keeps its own policy cache and quota reservations.
     `api` (a kubernetes ApiClient, None with --snapshot): overdue holds are settled by listing pods
     (webhook/holds.py, a thread that runs while the app does). `quota_gate`: see webhook/quota_gate.py.
-    `dra_version`: the resource.k8s.io version the API server serves claims at (webhook/claim_reader.py)."""
+    `dra_version`: the resource.k8s.io version the API server serves claims at (webhook/claim_reader.py).
+    `on_warned(namespace, name, warnings)`: a pod CREATE /validate allowed with warnings, not a dry run
+    (gpu_placement/events.py PodWarnings puts them on the pod once it exists); a dict insert, no I/O."""
     admission = Admission(view, config, api, quota_gate, dra_version)
     checker = HoldChecker(admission.reservations, api) if api is not None else None
     timers = {verb: metrics.REQUEST_SECONDS.labels("webhook", verb) for verb in _VERBS}
@@ -90,6 +93,10 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
             counter = decided[decision.reason] = metrics.DECISIONS.labels("webhook", decision.reason)
         counter.inc()
         answered[verb].inc()
+        if on_warned is not None and verb == "validate" and decision.response.get("warnings") and \
+                decision.response["allowed"] and review.get("operation", "CREATE") == "CREATE" and \
+                not review.get("dryRun") and not (review.get("resource") or {}).get("group"):
+            on_warned(decision.namespace, decision.pod, list(decision.response["warnings"]))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("webhook decision %s", orjson.dumps(decision.log_entry(verb)).decode())
         timers[verb].observe(time.perf_counter() - start)

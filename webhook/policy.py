@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gpu_placement import names as n
+from gpu_placement.annotation_keys import NAMESPACE_KEYS, unread_namespace_keys
+from gpu_placement.bypass import label_problem
 from gpu_placement.config import Config
 from gpu_placement.cuda import Version, parse_version
 from gpu_placement.namespaces import NamespaceRecord
@@ -36,8 +38,7 @@ __all__ = [
     "sharing_of_resource",
 ]
 
-NAMESPACE_ANNOTATIONS = (n.ANN_SHARING, n.ANN_QUOTA, n.ANN_POOLS, n.ANN_GPU_MEMORY, n.ANN_PRODUCTS, n.ANN_CUDA,
-                         n.ANN_CANARY, n.ANN_ALLOCATION)
+NAMESPACE_ANNOTATIONS = NAMESPACE_KEYS
 _MAX_VALUE = MAX_ANNOTATION_VALUE  # our annotations are short lists; the extender refuses the same lengths
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
 _EXAMPLES = {
@@ -103,10 +104,11 @@ def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> N
     if canary is not None and canary not in ("true", "false"):
         warnings.append(f"{n.ANN_CANARY} on {where} is {quoted(canary)}: only \"true\" makes it a canary namespace "
                         "(its pods take new GPU drivers first); write \"true\" or remove it")
-    for key in sorted(annotations):
-        if key not in parsers and key not in (n.ANN_ADMITTED, n.ANN_CANARY):
-            warnings.append(f"annotation {key} on {where} is not read by gpu-placement (namespace annotations: "
-                            f"{', '.join(NAMESPACE_ANNOTATIONS)}); remove it or fix its name")
+    warnings += unread_namespace_keys(annotations, name)  # with the closest key read there
+    if record is not None:
+        label = label_problem(name, record.labels, config)
+        if label is not None:
+            warnings.append(label)
     sharing: Sharing = values.get(n.ANN_SHARING, EXCLUSIVE)  # type: ignore[assignment]
     quota: Mapping[str, int] | None = values.get(n.ANN_QUOTA)  # type: ignore[assignment]
     if quota is not None and sharing.kind != "exclusive" and n.GPU_RESOURCE in quota:

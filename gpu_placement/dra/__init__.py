@@ -1,4 +1,4 @@
-"""Dynamic Resource Allocation (CONTRACT.md section 13): GPUs claimed through ResourceClaims.
+"""Dynamic Resource Allocation (docs/dra.md): GPUs claimed through ResourceClaims.
 
 Layers, bottom up: `objects` (slim records parsed from resource.k8s.io JSON), `discovery` (which
 version of the API serves what), `state` (the view's DRA part: devices per node, classes, claims),

@@ -1,4 +1,4 @@
-"""ResourceClaimTemplates written from a namespace's GPU policy (CONTRACT.md section 13): what a GPU pod
+"""ResourceClaimTemplates written from a namespace's GPU policy (docs/dra.md): what a GPU pod
 of a `dra` namespace takes instead of `nvidia.com/*` resources.
 
 One template per sharing level the namespace gives (its own level, and the narrower ones a pod may

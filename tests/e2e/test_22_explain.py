@@ -60,8 +60,10 @@ def _explain(kubeconfig: Path, pod: dict[str, Any], tmp_path: Path, capsys: pyte
     file = tmp_path / f"{pod['metadata']['name']}.json"
     file.write_text(json.dumps(pod))
     capsys.readouterr()
-    assert main(["explain", str(file), "--kubeconfig", str(kubeconfig), "-o", "json"]) == 0
-    return dict(json.loads(capsys.readouterr().out))
+    status = main(["explain", str(file), "--kubeconfig", str(kubeconfig), "-o", "json"])
+    answer = dict(json.loads(capsys.readouterr().out))
+    assert status == answer["exit_status"] == (4 if answer["best"] is None else 0)  # docs/explain.md, exit status
+    return answer
 
 
 def _scheduler_message(e2e: E2E, ns: str, name: str, expected: str) -> str:

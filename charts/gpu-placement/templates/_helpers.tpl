@@ -76,21 +76,31 @@ never wait for the webhook). Used by both the ConfigMap and the namespaceSelecto
 {{- concat .Values.gpuResources (list .Values.sharedResource) .Values.migResources .Values.extraMigResources | uniq | toJson }}
 {{- end }}
 
-{{/* kube-scheduler's image tag: the value, else the cluster's own version (never newer than the API
-server, as the skew policy requires), without a provider suffix: v1.31.4-eks-1552ad0 -> v1.31.4.
-Rendered without a cluster (helm template, --dry-run=client) and without --kube-version, Helm only
-knows its own built-in version (its client's, vX.Y.0): then the tag must be set, since a
-kube-scheduler newer than the API server is unsupported. */}}
+{{/* The Kubernetes release the chart was tested with (tests/e2e/build_control_plane.sh K8S_VERSION). */}}
+{{- define "gpu-placement.testedKubeVersion" -}}v1.37.2{{- end }}
+
+{{/* kube-scheduler's image tag, which must not be newer than the API server (version skew policy):
+1. scheduler.image.tag when set: a GitOps install pins it once, to the control plane's full version.
+2. With a cluster to ask (helm install/upgrade, Flux), its own version: the patch included, without a
+   provider suffix (v1.31.4-eks-1552ad0 -> v1.31.4).
+3. Without one (helm template, --dry-run=client, Argo CD), Helm's version is --kube-version or its own
+   built-in one, and Argo CD passes only major.minor (argoproj/argo-cd#26330), which Helm reads as X.Y.0:
+   a patch above 0 was given and is used; X.Y.0 on the minor the chart was tested with becomes the tested
+   patch (v1.37.2); any other X.Y.0 may be a guess, so rendering stops and says what to set, rather than
+   deploy a .0 that never follows the control plane's patch releases. */}}
 {{- define "gpu-placement.schedulerImageTag" -}}
-{{- $kube := .Capabilities.KubeVersion.Version }}
+{{- $kube := semver .Capabilities.KubeVersion.Version }}
+{{- $tested := semver (include "gpu-placement.testedKubeVersion" .) }}
 {{- if .Values.scheduler.image.tag }}{{ .Values.scheduler.image.tag }}
-{{- else if and (not (lookup "v1" "Namespace" "" "kube-system")) (eq $kube (printf "%s.0" .Capabilities.HelmVersion.KubeClientVersion)) }}
-{{- fail (printf "scheduler.image.tag: rendering without a cluster (helm template, --dry-run=client), Helm knows only its own built-in Kubernetes version (%s), not your control plane's: set scheduler.image.tag to it, e.g. --set scheduler.image.tag=v1.31.4, or pass --kube-version (kube-scheduler must not be newer than the API server)" $kube) }}
-{{- else }}{{- $v := semver $kube }}{{ printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch }}
+{{- else if (lookup "v1" "Namespace" "" "kube-system") }}{{ printf "v%d.%d.%d" $kube.Major $kube.Minor $kube.Patch }}
+{{- else if gt $kube.Patch 0 }}{{ printf "v%d.%d.%d" $kube.Major $kube.Minor $kube.Patch }}
+{{- else if and (eq $kube.Major $tested.Major) (eq $kube.Minor $tested.Minor) }}{{ include "gpu-placement.testedKubeVersion" . }}
+{{- else }}
+{{- fail (printf "scheduler.image.tag: rendered without a cluster to ask (helm template, --dry-run=client, Argo CD), Helm has Kubernetes v%d.%d.0, its built-in version when no --kube-version is given or what it makes of one without a patch (Argo CD passes only %d.%d), so the patch is unknown: set scheduler.image.tag once to your control plane's full version (kubectl version, Server Version), e.g. --set scheduler.image.tag=v%d.%d.4, or pass --kube-version with the patch, e.g. --kube-version v%d.%d.4 (kube-scheduler must not be newer than the API server; this chart was tested with %s)" $kube.Major $kube.Minor $kube.Major $kube.Minor $kube.Major $kube.Minor $kube.Major $kube.Minor (include "gpu-placement.testedKubeVersion" .)) }}
 {{- end }}
 {{- end }}
 
-{{/* The service configuration (CONTRACT.md section 8): .Values.config plus the shared top-level keys. */}}
+{{/* The service configuration (docs/configuration.md): .Values.config plus the shared top-level keys. */}}
 {{- define "gpu-placement.config" -}}
 {{- $config := deepCopy .Values.config }}
 {{- $_ := set $config "schedulerName" .Values.schedulerName }}
@@ -191,4 +201,7 @@ has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(o
 {{- end }}
 {{- define "gpu-placement.quotaMirrorLease" -}}
 {{- printf "%s-quota-mirror" (include "gpu-placement.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "gpu-placement.eventsLease" -}}
+{{- printf "%s-events" (include "gpu-placement.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
