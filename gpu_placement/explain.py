@@ -382,7 +382,9 @@ def _filter_lines(found: Explanation) -> list[str]:
     if found.hypothetical and not (found.route and found.route.node_name):
         scheduler = (found.admission.pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
         passing = total - len(found.scheduler)
+        through = sorted(v.node for v in found.verdicts if v.node not in found.scheduler)
         lines.append(f"  {scheduler} asks no extender: it places the pod on " + (
+            f"{through[0]}, unchecked by gpu-placement" if passing == 1 else
             f"one of these {passing} nodes, unchecked by gpu-placement" if passing else
             "no node, so the pod stays Pending (the message below is real)"))
     if found.unmodelled:

@@ -28,9 +28,9 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_nodes_prints_one_line_per_node_with_verdicts(snapshot: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["nodes", "--snapshot", str(snapshot)]) == 0
+    assert main(["nodes", "--snapshot", str(snapshot), "-o", "wide"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:3] == ["NODE", "VERDICT", "PRODUCT"]
+    assert lines[0].split()[:3] == ["NODE", "STATE", "PRODUCT"]
     rows = {line.split()[0]: line for line in lines[1:]}
     assert len(rows) == 22  # the demo's 20 and the survey's two (demo_cluster.survey_objects)
     assert rows["h100-train-hand"].split()[1] == "NotValidated"  # installed by hand: no operator validator

@@ -54,9 +54,13 @@ def test_a_namespace_not_opted_in_the_webhook_never_sees(snapshot: Path, tmp_pat
     assert "webhook:\n  never called: the pod is created as written (see above)\n" in out
     assert "/spec/schedulerName" not in out and "allowed" not in out.split("kube-scheduler")[0]
     assert "extender (hypothetical: it never sees this pod; what it would decide if it did): needs 2x" in out
-    # Unshaped, it tolerates no GPU taint: default-scheduler leaves it Pending, and explain says it is real.
-    assert "  default-scheduler asks no extender: it places the pod on no node, so the pod stays Pending" in out
-    assert status == 4
+    # Unshaped, it tolerates no GPU taint: default-scheduler can only put it on the one GPU node nobody tainted,
+    # the hand-installed one, which has no validator: unchecked by gpu-placement, and explain says so.
+    assert ("  default-scheduler asks no extender: it places the pod on h100-train-hand, unchecked by "
+            "gpu-placement") in out
+    hypothetical = out.split("extender (hypothetical", 1)[1]
+    assert "h100-train-hand      NotValidated      -      no nvidia-operator-validator pod on the node" in hypothetical
+    assert status == 0
 
 
 def test_a_label_true_with_a_capital_opts_nothing_in(snapshot: Path, tmp_path: Path,
@@ -69,7 +73,7 @@ def test_a_label_true_with_a_capital_opts_nothing_in(snapshot: Path, tmp_path: P
     assert ("namespace team-b is not opted in (namespaceSelection optIn: it is labelled gpu-placement.io/enabled=True, "
             "and only the exact value true opts in (label values are case-sensitive)): the webhook never sees its "
             "pods; kubectl label --overwrite namespace team-b gpu-placement.io/enabled=true") in out
-    assert status == 4
+    assert status == 0  # placed, unchecked, on the untainted hand-installed node (above)
 
 
 def test_an_exempt_namespace(snapshot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -345,5 +345,5 @@ def test_explain_shows_what_preemption_would_evict(tmp_path: Any, capsys: pytest
 
     never = {**pod, "spec": {**pod["spec"], "preemptionPolicy": "Never"}}
     pod_file.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "Pod", **never}))
-    assert main(["explain", str(pod_file), "--snapshot", str(snapshot)]) == 0
+    assert main(["explain", str(pod_file), "--snapshot", str(snapshot)]) == 4  # no node now, nor by preemption
     assert "preemption" not in capsys.readouterr().out.split("no node can take it", 1)[1]

@@ -78,16 +78,20 @@ def test_no_findings_exit_0(tmp_path: Path, capsys: Capture) -> None:
 
 def test_live_survey_reads_what_it_may_and_says_what_it_could_not(fake_api: FakeApiServer, tmp_path: Path,
                                                                   capsys: Capture) -> None:
-    """Deployments, Jobs and CronJobs are not served by this API server: the survey says so, and surveys
-    the rest (the hand-installed node is found from its managedFields, as the API server keeps them)."""
+    """A user whose role lists neither Deployments nor CronJobs: the survey says so, and surveys the rest (the
+    hand-installed node is found from its managedFields, as the API server keeps them)."""
     fake_api.load([o for o in cluster_objects() if o["kind"] in ("Namespace", "Node", "Pod", "ClusterPolicy")])
     fake_api.add(demo_config_map())
-    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    fake_api.add_user("auditor-token", "auditor", (), cluster=(
+        "namespaces", "nodes", "pods", "configmaps", "resourcequotas", "statefulsets", "daemonsets", "jobs",
+        "clusterpolicies", "mutatingwebhookconfigurations"))
+    kubeconfig = fake_api.user_kubeconfig(tmp_path / "kubeconfig", "auditor-token", "default")
     code, out = survey(capsys, "--kubeconfig", str(kubeconfig), "-o", "json")
     assert code == 1
     report = orjson.loads(out)
-    assert {"Deployments not read (not served): the checks that read them ran without them",
-            "CronJobs not read (not served): the checks that read them ran without them"} <= set(report["notes"])
+    assert {"Deployments not read (not allowed to list them): the checks that read them ran without them",
+            "CronJobs not read (not allowed to list them): the checks that read them ran without them"
+            } <= set(report["notes"])
     codes = {f["code"] for f in report["findings"]}
     assert {"UnmanagedNode", "HandSetLabels", "DriverSkew", "UntoleratedTaint"} <= codes
     assert "SelectorMatchesNoGpuNode" not in codes  # the CronJob could not be read
