@@ -71,7 +71,8 @@ _HELP = {
             "cause read from the pod's status), pool of their node, and whether gpu-placement placed them. Counted "
             "once per pod for the cluster: only the holder of the outcomes Lease counts (sum across replicas).",
     WAIT: "GPU pods' wait from creation to bound, by the reason they waited (the dominant reason code of their "
-          "PodScheduled=False message; none: bound at once; unknown: bound while no replica watched).",
+          "PodScheduled=False message; none: bound without one; unknown: the replica that counted it never saw it "
+          "pending, after a restart).",
     READY: "Time from a GPU node's creation (or its GPU first appearing) to its first verified verdict.",
     RECOVERY: "Time a verified GPU node was unusable before it was verified again, by the reason code it went out for.",
     EXCLUSION: "Time from the evidence of a fault (the Ready condition's or the validator pod's lastTransitionTime) "
