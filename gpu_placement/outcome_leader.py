@@ -31,11 +31,11 @@ from typing import Any
 import orjson
 import urllib3
 from kubernetes.client import ApiClient
-from prometheus_client import Gauge
 
 from gpu_placement.kube import ApiError, api_error, drain, request
 from gpu_placement.leader import LeaderLoop
 from gpu_placement.lease import Lease
+from gpu_placement.metrics import OUTCOMES_COUNTED_UNTIL, OUTCOMES_LEADING
 from gpu_placement.outcomes import Outcomes
 from gpu_placement.timestamps import parse_time
 
@@ -45,14 +45,6 @@ log = logging.getLogger("gpu_placement.outcomes")
 
 WATERMARK_ANNOTATION = "gpu-placement.io/outcomes-counted-until"
 _TIMEOUT = (5.0, 15.0)
-
-LEADING = Gauge("gpu_placement_outcomes_leading", "1 on the replica that holds the outcomes Lease and counts launch "
-                "outcomes and node lifecycle times for the cluster, else 0.", ["lease"])
-COUNTED_UNTIL = Gauge("gpu_placement_outcomes_counted_until_timestamp_seconds",
-                      "The outcomes watermark as this replica last read it: events up to this Unix time are counted "
-                      "(it trails the clock by the settle time, more while a GPU pod's launch is undecided).",
-                      ["lease"])
-
 
 @dataclass(slots=True, frozen=True)
 class CounterSettings:
@@ -82,8 +74,8 @@ class OutcomeCounter(LeaderLoop):
         self.settings = settings or CounterSettings()
         lease = Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds,
                       clock=lambda: datetime.fromtimestamp(clock(), UTC))
-        super().__init__(lease, LEADING.labels(self.settings.lease_name), self.settings.renew_seconds, clock)
-        self._counted_until = COUNTED_UNTIL.labels(self.settings.lease_name)
+        super().__init__(lease, OUTCOMES_LEADING.labels(self.settings.lease_name), self.settings.renew_seconds, clock)
+        self._counted_until = OUTCOMES_COUNTED_UNTIL.labels(self.settings.lease_name)
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{self.settings.lease_name}"
         self.last_error: str | None = None
         self.counted = 0  # events this replica counted: for tests and the log

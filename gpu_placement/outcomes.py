@@ -153,6 +153,7 @@ class Outcomes:
     _undecided: dict[str, float] = field(default_factory=dict)  # pod UID -> anchor, launches still pending
     _uids: dict[str, str] = field(default_factory=dict)  # pod key -> UID of the GPU pod under that name
     _waiting: dict[str, tuple[str, ...]] = field(default_factory=dict)  # unbound GPU pod UID -> its codes
+    pending: dict[str, PodRecord] = field(default_factory=dict)  # pod key -> unbound, active GPU pod (idle.py)
     _events: dict[str, Emission] = field(default_factory=dict)  # histogram observations not counted yet
     _nodes: dict[str, _Node] = field(default_factory=dict)
     _born: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)  # series -> when first exported
@@ -251,6 +252,10 @@ class Outcomes:
         if not self._primed:
             return
         self._flush()
+        if pod is not None and pod.launch is not None and not pod.node and pod.active:
+            self.pending[key] = pod
+        else:
+            self.pending.pop(key, None)
         uid = self._uids.get(key)
         if pod is None or pod.launch is None or (uid is not None and pod.uid != uid):
             if uid is not None:
@@ -456,6 +461,11 @@ class Outcomes:
         histogram.count += 1
 
     # -- exposition ----------------------------------------------------------------------------
+    def verified(self) -> list[str]:
+        """GPU nodes whose verdict is OK (call under the view's lock)."""
+        self.prime()
+        return [name for name, state in self._nodes.items() if state.gpu and state.verdict == OK]
+
     def preparing(self) -> dict[str, tuple[str, str, float]]:
         """Nodes never verified yet: node -> (pool, product, preparation start)."""
         with self.view.lock:
