@@ -136,10 +136,10 @@ class _Story:
         return pod
 
     def launch(self, index: int, created: float, node: str, *, wait: float = 3.0, codes: str = "",
-               story: str = "start", placed: bool = True, gone_after: float | None = None) -> None:
+               story: str = "start", placed: bool = True, gone_after: float | None = None, gpus: int = 1) -> None:
         """A GPU pod's life: created, maybe unschedulable for `wait` seconds, bound to `node`, taken by
         the kubelet 2 s later, then `story`; the truth it adds."""
-        pod = self.pod(index, created, placed)
+        pod = self.pod(index, created, placed, gpus)
         pool, _ = self.pools[node]
         self.put(created, pod)
         if codes:
@@ -175,6 +175,11 @@ class _Story:
             status.update({"phase": "Running", "containerStatuses": [_container({"running": {
                 "startedAt": format_time(t + pull)}}, ready=True)]})
             self.put(taken + pull + 1, {**pod, "status": status})
+            done = copy.deepcopy(status)  # the job ends 90 minutes later and frees its GPU
+            done.update({"phase": "Succeeded", "containerStatuses": [_container({"terminated": {
+                "exitCode": 0, "reason": "Completed", "startedAt": format_time(t + pull),
+                "finishedAt": format_time(t + pull + 90 * M)}})]})
+            self.put(taken + pull + 90 * M, {**pod, "status": done})
             return STARTED, NONE
         if story == "device_plugin":
             status = {"phase": "Failed", "reason": "UnexpectedAdmissionError", "startTime": status["startTime"],
@@ -228,9 +233,12 @@ def _container(state: Obj, ready: bool = False, last: Obj | None = None, restart
             "lastState": {"terminated": last} if last else {}}
 
 
-# (minute of the day, node, wait seconds, PodScheduled codes, story, placed, deleted after seconds)
-def _pods() -> list[tuple[float, str, float, str, str, bool, float | None]]:
-    plan: list[tuple[float, str, float, str, str, bool, float | None]] = []
+# (minute of the day, node, wait seconds, PodScheduled codes, story, placed, deleted after seconds, GPUs)
+Plan = tuple[float, str, float, str, str, bool, float | None, int]
+
+
+def _pods() -> list[Plan]:
+    plan: list[Plan] = []
     nodes = ["train-1", "train-2", "batch-1", "train-3", "batch-2"]
     for index in range(96):  # one every 15 minutes, round the long-running nodes
         minute = 2 + index * 15
@@ -239,11 +247,12 @@ def _pods() -> list[tuple[float, str, float, str, str, bool, float | None]]:
         node = nodes[index % len(nodes)]
         if (node == "train-3" and 480 <= minute < 525) or (node == "batch-2" and 720 <= minute < 840):
             node = "train-1"  # kept off while it is unusable, as the extender would
-        plan.append((minute, node, 3.0, "", "start", index % 7 != 3, None))
-    unschedulable = "4 InsufficientGPU: the pod asks 8 nvidia.com/gpu; no node has 8 free, 5 NotValidated: x"
-    plan += [
-        (95, "train-1", 18 * M, unschedulable, "start", True, None),
-        (400, "batch-1", 25 * M, unschedulable, "start", True, None),
+        plan.append((minute, node, 3.0, "", "start", index % 7 != 3, None, 1))
+    unschedulable = ("4 InsufficientGPU: the pod needs 8 nvidia.com/gpu free and the node has fewer, 5 NotValidated: "
+                     "the nvidia-operator-validator pod on the node is not Ready")
+    plan += [(95, "train-1", 18 * M, unschedulable, "start", True, None, 8),  # a whole node, none free in one piece
+             (110, "batch-1", 19 * M, unschedulable, "start", True, None, 8)]
+    plan += [(*p, 1) for p in [
         (130, "batch-1", 12 * M, "9 NotValidated: the nvidia-operator-validator pod on the node is not Ready",
          "start", True, None),
         (185, "batch-1", 3.0, "", "toolkit", True, None),
@@ -261,13 +270,14 @@ def _pods() -> list[tuple[float, str, float, str, str, bool, float | None]]:
         (1020, "batch-1", 3.0, "", "stuck", True, None),
         (1090, "train-2", 3.0, "", "cancelled", True, None),
         (597.45, "train-2", 3.0, "", "slow_start", True, None),  # starts at 09:59, in the quiet window
-    ]
+    ]]
     return plan
 
 
 def day(start: float) -> tuple[list[Change], Truth]:
     """The day from `start` (Unix s), in the order the API server stores it, and its figures. Between
-    minutes 598 and 606 (the tests restart a replica there) only one pod changes: it starts at 09:59."""
+    minutes 598 and 606 (the tests restart a replica there) one job ends and one pod starts (09:59);
+    nothing else changes."""
     story = _Story(start)
     story.put(-2 * H, namespace("ml"))
     story.put(-2 * H, namespace("gpu-operator"))
@@ -304,7 +314,8 @@ def day(start: float) -> tuple[list[Change], Truth]:
     story.put(14 * H + 10, story._ready(story.node("batch-2", "batch", A100, old), True, 14 * H))
     story.truth.exclusion.append(("batch", A100, "NodeNotReady", 45.0))
     story.truth.recovery.append(("batch", A100, "NodeNotReady", 2 * H))
-    for index, (minute, node, wait, codes, what, placed, gone) in enumerate(sorted(_pods())):
-        story.launch(index, minute * M, node, wait=wait, codes=codes, story=what, placed=placed, gone_after=gone)
+    for index, (minute, node, wait, codes, what, placed, gone, gpus) in enumerate(sorted(_pods())):
+        story.launch(index, minute * M, node, wait=wait, codes=codes, story=what, placed=placed, gone_after=gone,
+                     gpus=gpus)
     changes = sorted(story.changes, key=lambda c: c.at)  # stable: a step's own order is kept
     return changes, story.truth

@@ -9,7 +9,8 @@ asks for that resource, attributed to the strongest reason among those pods:
   own `Insufficient <resource>`) and the verified nodes have the room in total, but no node in one piece;
 - `quota`: the pod is held by a scheduling gate (Kueue's quota, for one: `SchedulingGated`);
 - `policy`: the pod's own rules keep it off the free nodes (product, sharing level, driver or CUDA,
-  compute capability, a soaking driver, its pools' node selection);
+  compute capability, a soaking driver, its pools' node selection; so also a pod waiting for capacity
+  while some verified node has its ask free: a node it may not use);
 - `unverified`: the nodes it could use are not verified (NotValidated, NodeNotReady, DriverUpgrade, ...);
 - `capacity`: it waits for capacity and the free room is smaller than its ask even in total.
 
@@ -89,7 +90,11 @@ def why_class(reason: str, ask: int, free: Free) -> str | None:
     if reason == GATED:
         return QUOTA
     if reason in _CAPACITY_CODES:
-        return FRAGMENTED if free.units >= ask > free.most else CAPACITY
+        if free.units < ask:
+            return CAPACITY
+        # The room is there: in pieces (fragmented), or whole on a node the pod may not use (its pools'
+        # node selection keeps it off before the extender ever sees that node): policy.
+        return FRAGMENTED if ask > free.most else POLICY
     if reason in _POLICY_CODES:
         return POLICY
     if reason in _UNVERIFIED_CODES:
