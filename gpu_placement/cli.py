@@ -217,9 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--prometheus", metavar="URL", help="Prometheus that scrapes gpu-placement and holds the "
                         "chart's recording rules (default: the config's telemetry.url)")
     report.add_argument("--since", type=_duration, default=7 * 86400.0, metavar="DURATION",
-                        help="the window, whole hours (default 7d)")
-    report.add_argument("--until", metavar="TIME", help="the window's end, RFC 3339 or YYYY-MM-DD (default now; "
-                        "the records are hourly, so it ends at the last full hour)")
+                        help="the window, whole minutes (default 7d)")
+    report.add_argument("--until", metavar="TIME", help="the window's end, RFC 3339 or YYYY-MM-DD (default now)")
     report.add_argument("--compare", metavar="FROM..TO", help="before and after: the --since window ending at FROM "
                         "and the one ending at TO (each RFC 3339, YYYY-MM-DD or now)")
     report.add_argument("-o", "--output", choices=["text", "markdown", "json"], default="text",

@@ -69,10 +69,10 @@ def replay_day(start: float) -> tuple[Counters, Window]:
     samples = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(generate_latest(registry)
                                                                                          .decode())
                for s in family.samples]
-    window = Window(math.floor(end / 3600) * 3600, 27)
+    window = Window(math.floor(end / 60) * 60, 27 * 3600)
     return Counters(samples, idle, "the demo's own counters"), window
 
 
 def table(start: float) -> str:
     source, window = replay_day(start)
-    return render([compute(source, window)], "text", f"{window.hours}h")
+    return render([compute(source, window)], "text", "27h")

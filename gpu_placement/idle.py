@@ -143,6 +143,9 @@ class IdleGpus:
 
     def __init__(self, outcomes: Outcomes) -> None:
         self.outcomes = outcomes
+        # Resources exported once keep their series, at 0 while no pod waits: a series that vanished would
+        # leave its last value standing in Prometheus' lookback wherever no staleness marker ends it.
+        self._resources: set[str] = set()
 
     def families(self) -> list[Metric]:
         from gpu_placement.cluster_metrics import tracker_for
@@ -153,6 +156,10 @@ class IdleGpus:
             with self.outcomes.view.lock:  # the extender changes it from its request path, under this lock
                 extender = {key: waiting.reason for key, waiting in tracker.waiting.items()}
         figures = idle_while_waiting(self.outcomes, extender or None)
+        self._resources.update(resource for resource, _ in figures)
+        for resource in self._resources:
+            for reason in REASONS:
+                figures.setdefault((resource, reason), (0, 0))
         units = GaugeMetricFamily("gpu_placement_idle_gpus", "Free GPU units on verified nodes while GPU pods asking "
                                   "for that resource are pending, by why those pods cannot use them: fragmented, "
                                   "quota, policy, unverified, capacity (docs/outcomes.md); each unit in one reason.",

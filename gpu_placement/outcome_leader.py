@@ -6,13 +6,16 @@ passing every admission webhook; the watermark needs one small object the servic
 
 Each webhook replica runs an `OutcomeCounter` (a LeaderLoop on its own Lease, `gpu-placement-outcomes`).
 The Lease carries the watermark W in the annotation `gpu-placement.io/outcomes-counted-until` (RFC 3339,
-microseconds): every event whose anchor is at or before W has been counted by some leader. On each turn
-the holder reads the Lease, asks its `Outcomes` how far W may go (`limit`), writes the new W with the
-Lease's resourceVersion (a compare-and-swap: a 409 means another replica took the Lease in between,
-and then nothing is counted), and only once that write went through counts the events between the
-two. A standby reads W on each turn and forgets what is counted. So one write carries W past each
-event, whoever leads and however often a process restarts; an event is lost only if this process dies
-between the write and the increment (microseconds), never counted twice.
+microseconds): every event whose anchor is at or before W has been counted by some leader; and the
+cluster's totals so far in `gpu-placement.io/outcomes-totals` (JSON: launches by label set, each
+histogram's buckets, sum and count). On each turn the holder reads the Lease, asks its `Outcomes` how
+far W may go (`limit`), and writes the new W with the new totals in one PUT carrying the Lease's
+resourceVersion (a compare-and-swap: a 409 means another replica took the Lease in between, and then
+nothing is counted). A standby reads both on each turn, forgets what is counted, and exports the same
+totals. So one write carries W past each event, whoever leads and however often a process restarts:
+an event is never counted twice, and the exported series are the cluster's own, the same on every
+replica, never reset by a restart (Prometheus aggregates them with max, and a window's figure is the
+exact difference of the totals at its ends, without increase()'s extrapolation).
 
 The first holder of a Lease without the annotation starts counting at its own clock less `settle`.
 `LocalCounter` is the same without an API server (`serve --snapshot`, the demo): the watermark lives
@@ -39,11 +42,13 @@ from gpu_placement.metrics import OUTCOMES_COUNTED_UNTIL, OUTCOMES_LEADING
 from gpu_placement.outcomes import Outcomes
 from gpu_placement.timestamps import parse_time
 
-__all__ = ["WATERMARK_ANNOTATION", "CounterSettings", "LocalCounter", "OutcomeCounter", "format_watermark"]
+__all__ = ["TOTALS_ANNOTATION", "WATERMARK_ANNOTATION", "CounterSettings", "LocalCounter", "OutcomeCounter",
+           "format_watermark"]
 
 log = logging.getLogger("gpu_placement.outcomes")
 
 WATERMARK_ANNOTATION = "gpu-placement.io/outcomes-counted-until"
+TOTALS_ANNOTATION = "gpu-placement.io/outcomes-totals"  # JSON: the cluster's counts and histograms so far
 _TIMEOUT = (5.0, 15.0)
 
 @dataclass(slots=True, frozen=True)
@@ -88,6 +93,7 @@ class OutcomeCounter(LeaderLoop):
             self._lead()
             lease = self._read()
             watermark = _watermark(lease)
+            self.outcomes.load(_totals(lease))  # every replica exports the cluster's totals as last written
             if watermark is not None:
                 self.outcomes.settled(watermark)
                 self._counted_until.set(watermark)
@@ -106,7 +112,7 @@ class OutcomeCounter(LeaderLoop):
             return
         target = _written(target)
         batch = self.outcomes.due(watermark, target) if watermark is not None else []
-        if not self._write(lease, target):
+        if not self._write(lease, target, self.outcomes.totals(batch)):
             log.info("outcome counter: the Lease changed under the watermark write; another replica leads now")
             return
         self.outcomes.emit(batch)
@@ -134,10 +140,11 @@ class OutcomeCounter(LeaderLoop):
             response.release_conn()
         return lease
 
-    def _write(self, lease: dict[str, Any], watermark: float) -> bool:
-        """The Lease with the new watermark, as read (its resourceVersion included): False on 409."""
+    def _write(self, lease: dict[str, Any], watermark: float, totals: dict[str, Any]) -> bool:
+        """The Lease with the new watermark and totals, as read (its resourceVersion included): False on 409."""
         meta = lease.setdefault("metadata", {})
-        meta["annotations"] = {**(meta.get("annotations") or {}), WATERMARK_ANNOTATION: format_watermark(watermark)}
+        meta["annotations"] = {**(meta.get("annotations") or {}), WATERMARK_ANNOTATION: format_watermark(watermark),
+                               TOTALS_ANNOTATION: orjson.dumps(totals).decode()}
         response = request(self.api, "PUT", self._path, body=lease, timeout=_TIMEOUT)
         if response.status == 409:
             drain(response)
@@ -150,6 +157,15 @@ class OutcomeCounter(LeaderLoop):
 
 def _watermark(lease: dict[str, Any]) -> float | None:
     return parse_time(((lease.get("metadata") or {}).get("annotations") or {}).get(WATERMARK_ANNOTATION))
+
+
+def _totals(lease: dict[str, Any]) -> Any:
+    raw = ((lease.get("metadata") or {}).get("annotations") or {}).get(TOTALS_ANNOTATION)
+    try:
+        return orjson.loads(raw) if isinstance(raw, str) else None
+    except orjson.JSONDecodeError:
+        log.warning("outcome counter: the Lease's %s is not JSON; the totals restart from zero", TOTALS_ANNOTATION)
+        return None
 
 
 class LocalCounter:
@@ -168,6 +184,7 @@ class LocalCounter:
         if self.watermark is None:
             self.watermark = now - self.outcomes.settle
             self.outcomes.settled(self.watermark)
+            self.outcomes.load(None)  # counting starts: the totals are this process's
             return 0
         target = self.outcomes.limit(now)
         if target <= self.watermark:

@@ -1,14 +1,14 @@
 """`gpu-placement report`: the before/after table of a GPU cluster, from Prometheus.
 
-Every figure is computed here, in one place, from window sums of the chart's recording rules (the
-hourly increases of the outcome counters and histograms, the idle gauges' max): `Prometheus` fetches
-them with instant queries at the window's end, `Counters` takes them from a process's own counters
-(`gpu-placement demo`, which has no Prometheus). Quantiles are interpolated inside the histogram's
-buckets exactly as PromQL's histogram_quantile does (`quantile` below is its bucketQuantile), and each
-figure comes with the one PromQL expression that gives it in Prometheus (`-o json`), which is what the
-dashboard's Outcomes row plots; a test checks that the two agree.
-
-A window is whole hours ending at the last full hour before `--until` (the records are hourly).
+Every figure is computed here, in one place, from the chart's recording rules: the cluster's totals of
+the outcome counters and histograms (the holder of the outcomes Lease keeps them in it and every
+replica exports them, so each record is the cluster's own series, never reset) taken as the exact
+difference of their values at the window's ends, and the idle gauges' max integrated over it.
+`Prometheus` fetches them with instant queries at the window's end, `Counters` takes them from a
+process's own counters (`gpu-placement demo`, which has no Prometheus). Quantiles are interpolated
+inside the histogram's buckets exactly as PromQL's histogram_quantile does (`quantile` below is its
+bucketQuantile), and each figure comes with the one PromQL expression that gives it in Prometheus
+(`-o json`), which is what the dashboard's Outcomes row plots; a test checks that the two agree.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from gpu_placement.launch import NODE_CAUSES, NOT_STARTED, POD_CAUSES
 __all__ = ["Counters", "Prometheus", "ReportError", "Window", "compute", "quantile", "render"]
 
 HOUR = 3600.0
-STARTS = "gpu_placement:gpu_pod_starts:increase1h"
-WAIT = "gpu_placement:gpu_pod_wait_seconds_bucket:increase1h"
-READY = "gpu_placement:node_ready_seconds_bucket:increase1h"
-RECOVERY = "gpu_placement:node_recovery_seconds_bucket:increase1h"
-EXCLUSION = "gpu_placement:node_exclusion_seconds_bucket:increase1h"
+STARTS = "gpu_placement:gpu_pod_starts:total"
+WAIT = "gpu_placement:gpu_pod_wait_seconds_bucket:total"
+READY = "gpu_placement:node_ready_seconds_bucket:total"
+RECOVERY = "gpu_placement:node_recovery_seconds_bucket:total"
+EXCLUSION = "gpu_placement:node_exclusion_seconds_bucket:total"
 IDLE = "gpu_placement:idle_gpus:max"
-# The raw series each record sums (what a process's own counters hold).
+# The raw series each record takes the max of across replicas (what a process's own counters hold).
 RAW = {STARTS: "gpu_placement_gpu_pod_starts_total", WAIT: "gpu_placement_gpu_pod_wait_seconds_bucket",
        READY: "gpu_placement_node_ready_seconds_bucket", RECOVERY: "gpu_placement_node_recovery_seconds_bucket",
        EXCLUSION: "gpu_placement_node_exclusion_seconds_bucket", IDLE: "gpu_placement_idle_gpus"}
@@ -50,26 +50,26 @@ class ReportError(Exception):
 
 @dataclass(slots=True, frozen=True)
 class Window:
-    end: float  # Unix time, a whole hour
-    hours: int
+    end: float  # Unix time, a whole minute (the idle gauge's record is sampled per minute)
+    seconds: int
 
     @classmethod
     def ending(cls, until: float, seconds: float) -> Window:
-        if seconds < HOUR or seconds % HOUR:
-            raise ReportError(f"a window is whole hours (1h, 12h, 7d), not {seconds:g} s: the records are hourly")
-        return cls(math.floor(until / HOUR) * HOUR, int(seconds // HOUR))
+        if seconds < 60 or seconds % 60:
+            raise ReportError(f"a window is whole minutes (1h, 12h, 7d), not {seconds:g} s")
+        return cls(math.floor(until / 60) * 60, int(seconds))
 
     @property
     def start(self) -> float:
-        return self.end - self.hours * HOUR
+        return self.end - self.seconds
 
-    def subquery(self, step: str = "1h") -> str:
-        """The range of `hours` hour marks: one second short of the window, so that a range inclusive at
-        both ends (Prometheus 2) or open at its start (Prometheus 3) holds as many marks as hours."""
-        return f"[{self.hours * 3600 - 1}s:{step}]"
+    def subquery(self, step: str = "1m") -> str:
+        """A range holding one mark per `step` of the window: one second short of it, so that a range
+        inclusive at both ends (Prometheus 2) or open at its start (Prometheus 3) holds the same marks."""
+        return f"[{self.seconds - 1}s:{step}]"
 
     def describe(self) -> str:
-        return f"{_time(self.start)} to {_time(self.end)} ({_hours(self.hours)})"
+        return f"{_time(self.start)} to {_time(self.end)}"
 
 
 Matchers = Mapping[str, str]  # label -> value, or "~regex"
@@ -81,8 +81,12 @@ def _selector(matchers: Matchers) -> str:
 
 
 def window_sum(record: str, by: Sequence[str], window: Window, matchers: Matchers | None = None) -> str:
-    """PromQL: a record summed over the window's hours."""
-    inner = f"sum_over_time({record}{_selector(matchers or {})}{window.subquery()})"
+    """PromQL: what a total record grew by over the window, per `by`: its last value less its value a
+    window earlier (0 where the series is younger than the window). A day's lookback bridges a gap in
+    the scrapes (every replica down for a while)."""
+    now = f"last_over_time({record}{_selector(matchers or {})}[1d])"
+    then = f"last_over_time({record}{_selector(matchers or {})}[1d] offset {window.seconds}s)"
+    inner = f"{now} - ({then} or {now} * 0)"
     return f"sum by ({', '.join(by)}) ({inner})" if by else f"sum({inner})"
 
 
@@ -263,7 +267,7 @@ def compute(source: Source, window: Window) -> dict[str, Any]:
     waited = {reason: round(b.get(math.inf, 0.0) - b.get(WAITED, 0.0)) for reason, b in sorted(waits.items())}
     idle = source.gauge_hours(IDLE, ("resource", "reason"), window)
     return {
-        "window": {"start": _time(window.start), "end": _time(window.end), "hours": window.hours},
+        "window": {"start": _time(window.start), "end": _time(window.end), "seconds": window.seconds},
         "launches": {
             "total": round(total), "started": round(started),
             "success": started / total if total else None,
@@ -400,10 +404,6 @@ def _duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
-
-
-def _hours(hours: int) -> str:
-    return f"{hours // 24}d" if hours % 24 == 0 else f"{hours}h"
 
 
 def _time(at: float) -> str:

@@ -12,11 +12,14 @@ count and the time each belongs to (its *anchor*, read from the objects wherever
 
 Only the replica holding the outcomes Lease emits them (gpu_placement/outcome_leader.py): it advances a
 *watermark* W kept in the Lease itself, and emits every event whose anchor lies in (W, W'] as it moves
-W to W' with a compare-and-swap on the Lease (a PUT with its resourceVersion). Whoever leads next, or
-this process after a restart, reads W back and emits only what lies beyond it: an event is counted by
-the one write that carried W past its anchor, so neither a restart nor a second replica counts it
-again. W' stays `settle` seconds behind what the view has heard, so an object change reaches the view
-before W passes its timestamp, and below the anchor of every bound GPU pod whose launch is not decided
+W to W' with a compare-and-swap on the Lease (a PUT with its resourceVersion), which also carries the
+cluster's totals so far. Whoever leads next, or this process after a restart, reads W back and emits
+only what lies beyond it: an event is counted by the one write that carried W past its anchor, so
+neither a restart nor a second replica counts it again; and every replica exports the totals it read,
+so each series is the cluster's.
+
+W' stays `settle` seconds behind what the view has heard, so an object change reaches the view before
+W passes its timestamp, and below the anchor of every bound GPU pod whose launch is not decided
 yet (for at most `horizon` seconds: a pod undecided that long is counted `not_started`), so a launch is
 classified once, when W passes it, from the status the pod has then.
 
@@ -27,8 +30,9 @@ and was deleted in that gap). What it never does is count an event twice.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
@@ -48,7 +52,6 @@ __all__ = ["BUCKETS", "SETTLE_SECONDS", "START_HORIZON_SECONDS", "Emission", "Ou
 
 SETTLE_SECONDS = 120.0  # how far the watermark stays behind what the view has heard
 START_HORIZON_SECONDS = 3600.0  # a bound pod undecided this long after its anchor is counted not_started
-HOLD_SECONDS = 90.0  # a new series is exported at zero this long (three 30 s scrapes) before it first counts
 PREPARE_WINDOW_SECONDS = 86400.0  # at start, an unverified node younger than this is taken to be in preparation
 _EPSILON = 1e-3
 STARTS = "gpu_placement_gpu_pod_starts"
@@ -69,7 +72,8 @@ _LABELS = {WAIT: ("reason", "pool"), READY: ("pool", "product"), RECOVERY: ("poo
 _HELP = {
     STARTS: "Bound GPU pods by launch outcome (started: every app container Running, or Succeeded; failed: the "
             "cause read from the pod's status), pool of their node, and whether gpu-placement placed them. Counted "
-            "once per pod for the cluster: only the holder of the outcomes Lease counts (sum across replicas).",
+            "once per pod for the cluster by the holder of the outcomes Lease, which keeps the totals in it: every "
+            "replica exports the cluster's totals (max across replicas, never sum).",
     WAIT: "GPU pods' wait from creation to bound, by the reason they waited (the dominant reason code of their "
           "PodScheduled=False message; none: bound without one; unknown: the replica that counted it never saw it "
           "pending, after a restart).",
@@ -145,7 +149,6 @@ class Outcomes:
     heard: Callable[[], float] = field(default=lambda: float("inf"))  # when the view last heard from its source
     settle: float = SETTLE_SECONDS
     horizon: float = START_HORIZON_SECONDS
-    hold: float = HOLD_SECONDS
     watermark: float | None = None  # W as last read from the Lease (None: not read yet)
     counts: dict[tuple[str, ...], float] = field(default_factory=dict)  # (outcome, cause, pool, placed) -> n
     histograms: dict[str, dict[tuple[str, ...], _Histogram]] = field(default_factory=dict)
@@ -156,13 +159,13 @@ class Outcomes:
     pending: dict[str, PodRecord] = field(default_factory=dict)  # pod key -> unbound, active GPU pod (idle.py)
     _events: dict[str, Emission] = field(default_factory=dict)  # histogram observations not counted yet
     _nodes: dict[str, _Node] = field(default_factory=dict)
-    _born: dict[tuple[str, tuple[str, ...]], float] = field(default_factory=dict)  # series -> when first exported
-    _started: float = 0.0
     _primed: bool = False
+    # Whether the counts are the cluster's (read from the Lease, or counted here): until then they are not
+    # exported, so a fresh replica's zeros never pull a cluster total down (Prometheus would see a reset).
+    loaded: bool = False
     _dirty: set[str] = field(default_factory=set)  # nodes whose validator changed, read after the pod's update
 
     def start(self) -> Outcomes:
-        self._started = self.clock()
         pools = [*sorted(self.config.pools), NO_POOL]
         for pool in pools:  # every series from the start: increase() needs the zero it grows from
             for placed in ("true", "false"):
@@ -195,20 +198,15 @@ class Outcomes:
 
     # -- what the leader does (under the view's lock) ------------------------------------------
     def limit(self, now: float) -> float:
-        """How far the watermark may move now: `settle` behind what the view has heard, below the anchor
-        of every launch still undecided within the horizon, and below every event whose series has not
-        been exported at zero for `hold` yet (Prometheus' increase() starts from the first sample it
-        has: a series born at 1 would lose that 1). Nothing moves in the first `hold` after start."""
+        """How far the watermark may move now: `settle` behind what the view has heard, and below the
+        anchor of every launch still undecided within the horizon."""
         with self.view.lock:
-            if not self.prime() or now < self._started + self.hold:
+            if not self.prime():
                 return float("-inf")
             bound = min(now, self.heard()) - self.settle
             for anchor in self._undecided.values():
                 if anchor + self.horizon > now:
                     bound = min(bound, anchor - _EPSILON)
-            for event in self._events.values():
-                if self._born.get((event.metric, event.labels), 0.0) + self.hold > now:
-                    bound = min(bound, event.at - _EPSILON)
             return bound
 
     def due(self, since: float, until: float) -> list[Emission]:
@@ -224,11 +222,58 @@ class Outcomes:
     def emit(self, batch: Iterable[Emission]) -> None:
         """Count them (the leader, once its watermark write went through)."""
         with self.view.lock:
+            self.loaded = True
             for event in batch:
                 if event.metric == STARTS:
                     self.counts[event.labels] = self.counts.get(event.labels, 0.0) + event.value
                 else:
                     self._observe(event.metric, event.labels, event.value)
+
+    def totals(self, batch: Iterable[Emission] = ()) -> dict[str, Any]:
+        """The cluster's totals as kept in the Lease with the watermark (JSON), with `batch` counted in:
+        what the leader writes. Every replica exports the totals it last read, so each series is the
+        cluster's own, the same on every replica (aggregate with max) and never reset by a restart."""
+        with self.view.lock:
+            counts = dict(self.counts)
+            histograms = {metric: {labels: (list(h.buckets), h.total, h.count) for labels, h in table.items()}
+                          for metric, table in self.histograms.items()}
+        for event in batch:
+            if event.metric == STARTS:
+                counts[event.labels] = counts.get(event.labels, 0.0) + event.value
+                continue
+            bounds = BUCKETS[event.metric]
+            buckets, total, count = histograms[event.metric].get(event.labels, ([0] * len(bounds), 0.0, 0))
+            buckets = [n + (event.value <= bound) for n, bound in zip(buckets, bounds, strict=True)]
+            histograms[event.metric][event.labels] = (buckets, total + event.value, count + 1)
+        return {"version": 1,
+                "starts": [[*labels, value] for labels, value in sorted(counts.items()) if value],
+                "histograms": {metric: {"le": list(BUCKETS[metric]),
+                                        "series": [[*labels, buckets, total, count]
+                                                   for labels, (buckets, total, count) in sorted(table.items())
+                                                   if count]}
+                               for metric, table in histograms.items()}}
+
+    def load(self, totals: Mapping[str, Any] | None) -> None:
+        """Take the cluster's totals as read from the Lease (a standby's, or the leader's at each turn);
+        None: there are none yet (counting starts). A histogram stored with other bucket bounds (an older
+        version) is not taken: its series restart."""
+        with self.view.lock:
+            self.loaded = True
+            if not isinstance(totals, Mapping) or totals.get("version") != 1:
+                return
+            for labels in self.counts:
+                self.counts[labels] = 0.0
+            for *labels, value in totals.get("starts") or ():
+                self.counts[tuple(str(label) for label in labels)] = float(value)
+            for metric, stored in (totals.get("histograms") or {}).items():
+                if metric not in BUCKETS or [float(b) for b in stored.get("le") or ()] != list(BUCKETS[metric]):
+                    continue
+                table = self.histograms.setdefault(metric, {})
+                for histogram in table.values():
+                    histogram.buckets, histogram.total, histogram.count = [0] * len(BUCKETS[metric]), 0.0, 0
+                for *labels, buckets, total, count in stored.get("series") or ():
+                    table[tuple(str(label) for label in labels)] = _Histogram([int(n) for n in buckets],
+                                                                              float(total), int(count))
 
     def settled(self, watermark: float) -> None:
         """The cluster's events up to `watermark` are counted (by whoever led): forget them."""
@@ -449,7 +494,6 @@ class Outcomes:
         found = table.get(labels)
         if found is None:
             found = table[labels] = _Histogram([0] * len(BUCKETS[metric]))
-            self._born[(metric, labels)] = self.clock()
         return found
 
     def _observe(self, metric: str, labels: tuple[str, ...], value: float) -> None:
@@ -478,13 +522,14 @@ class Outcomes:
             counts = dict(self.counts)
             histograms = {metric: {labels: (list(h.buckets), h.total, h.count) for labels, h in table.items()}
                           for metric, table in self.histograms.items()}
+        loaded = self.loaded
         starts = CounterMetricFamily(STARTS, _HELP[STARTS], labels=["outcome", "cause", "pool", "placed"])
-        for labels, value in sorted(counts.items()):
+        for labels, value in sorted(counts.items()) if loaded else ():
             starts.add_metric(list(labels), value)
         out: list[Metric] = [starts]
         for metric, table in histograms.items():
             family = HistogramMetricFamily(metric, _HELP[metric], labels=list(_LABELS[metric]))
-            for labels, (buckets, total, count) in sorted(table.items()):
+            for labels, (buckets, total, count) in sorted(table.items()) if loaded else ():
                 cumulative = [(floatToGoString(b), float(n)) for b, n in zip(BUCKETS[metric], buckets, strict=True)]
                 family.add_metric(list(labels), [*cumulative, ("+Inf", float(count))], total)
             out.append(family)

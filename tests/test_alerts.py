@@ -282,8 +282,8 @@ def start_series(outcome: str, cause: str, pool: str, pod: str) -> str:
 
 
 def starts(outcome: str, cause: str, values: str, pool: str = "training") -> list[tuple[str, str]]:
-    """A launch counter as the leader exports it, and the standby's zero (sum across replicas)."""
-    return [(start_series(outcome, cause, pool, pod), v) for pod, v in (("a", values), ("b", "0+0x420"))]
+    """A launch counter of the cluster as two replicas export it (both the totals of the Lease)."""
+    return [(start_series(outcome, cause, pool, pod), values) for pod in ("a", "b")]
 
 
 def buckets(metric: str, counts: dict[str, str], labels: str) -> list[tuple[str, str]]:
@@ -380,23 +380,25 @@ def test_every_rule_selects_series_the_service_exports(tmp_path: Path) -> None:
     assert selector_problems(expressions, scrape_demo_service(tmp_path), records) == []
 
 
-def test_outcome_records_sum_the_replicas_and_tile_the_hours(tmp_path: Path) -> None:
-    """The recording rules `gpu-placement report` and the dashboard read: the leader's counter summed with
-    the standby's (replica a counts 30 launches and stops at 60m; b takes over and counts 60), the hourly
-    increases tiling any window exactly, and the idle gauge of two replicas taken once (max)."""
+def test_outcome_records_are_the_clusters_totals_and_windows_their_differences(tmp_path: Path) -> None:
+    """The recording rules `gpu-placement report` and the dashboard read: the totals every replica
+    exports, taken once (max) whether a replica crashes (a stops at 60m) or lags; a window's figure is
+    the difference of the record at its ends, exact (no increase() extrapolation), 0 where younger."""
     write_rules(tmp_path)
     a, b = (start_series("started", "none", "training", pod) for pod in ("a", "b"))
-    record = "gpu_placement:gpu_pod_starts:increase1h"
+    record = "gpu_placement:gpu_pod_starts:total"
+    grew = ("sum(last_over_time({r}[1d]) - (last_over_time({r}[1d] offset {w}) or last_over_time({r}[1d]) * 0))")
     tests = [{"interval": "1m", "input_series": [
         {"series": a, "values": "0+1x30 30x30"},
-        {"series": b, "values": "0x60 1+1x59"},
+        {"series": b, "values": "0+1x29 29 30x29 31+1x59"},  # b reads the Lease a turn late, then leads
         {"series": 'gpu_placement_idle_gpus{resource="nvidia.com/gpu",reason="fragmented",pod="a"}', "values": "6x120"},
         {"series": 'gpu_placement_idle_gpus{resource="nvidia.com/gpu",reason="fragmented",pod="b"}', "values": "6x120"},
     ], "promql_expr_test": [
-        {"expr": f"sum(sum_over_time({record}[7199s:1h]))", "eval_time": "2h", "exp_samples": [{"value": 90}]},
-        {"expr": f"sum(sum_over_time({record}[3599s:1h]))", "eval_time": "1h", "exp_samples": [{"value": 30}]},
-        {"expr": record, "eval_time": "2h", "exp_samples": [
-            {"labels": f'{record}{{outcome="started",cause="none",pool="training",placed="true"}}', "value": 60}]},
+        {"expr": grew.format(r=record, w="2h"), "eval_time": "2h", "exp_samples": [{"value": 90}]},
+        {"expr": grew.format(r=record, w="1h"), "eval_time": "2h", "exp_samples": [{"value": 60}]},
+        {"expr": grew.format(r=record, w="7d"), "eval_time": "2h", "exp_samples": [{"value": 90}]},  # younger: all
+        {"expr": record, "eval_time": "30m", "exp_samples": [
+            {"labels": f'{record}{{outcome="started",cause="none",pool="training",placed="true"}}', "value": 30}]},
         # GPU-hours idle: the 1-minute samples of the max over 2 hours, divided by 60.
         {"expr": "sum(sum_over_time(gpu_placement:idle_gpus:max[7199s:1m])) / 60", "eval_time": "2h",
          "exp_samples": [{"value": 12}]},

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -35,6 +35,7 @@ class Replica:
     """One webhook replica: its view from the real list+watch loop, its Outcomes and counter."""
 
     def __init__(self, fake: FakeApiServer, identity: str, clock: Clock) -> None:
+        self.identity = identity
         self.config = config()
         self.view = ClusterView(self.config)
         self.ingest = Ingest(self.config)
@@ -104,8 +105,10 @@ class Cluster:
         for replica in self.replicas.values():
             wait_for(lambda r=replica: r.sees(stored), what="the views to catch up")
 
-    def run(self, changes: list[Change], until: float, events: dict[float, Any]) -> None:
-        """Turns every STEP of replay time; `events`: at a replay time, something to do to the replicas."""
+    def run(self, changes: list[Change], until: float, events: dict[float, Any],
+            after_turn: Callable[[Cluster], None] | None = None) -> None:
+        """Turns every STEP of replay time; `events`: at a replay time, something to do to the replicas;
+        `after_turn`: called after each turn (a scrape)."""
         pending = list(changes)
         while self.clock.now < until:
             turn = self.clock.now + STEP
@@ -116,6 +119,8 @@ class Cluster:
             self.clock.now = turn
             for replica in list(self.replicas.values()):
                 replica.counter.step()
+            if after_turn is not None:
+                after_turn(self)
 
     def _due(self, pending: list[Change], until: float) -> None:
         while pending and pending[0].at <= until:
@@ -127,15 +132,11 @@ class Cluster:
             self.apply(batch)
 
     def totals(self) -> tuple[Counter[tuple[str, ...]], dict[str, Counter[tuple[str, ...]]]]:
-        """The sum over every replica that ever ran, as Prometheus' sum of increases would see it."""
-        starts: Counter[tuple[str, ...]] = Counter()
-        histograms: dict[str, Counter[tuple[str, ...]]] = {}
-        for replica in [*self.retired, *self.replicas.values()]:
-            one, many = figures(exposition(replica.outcomes))
-            starts.update(one)
-            for metric, counts in many.items():
-                histograms.setdefault(metric, Counter()).update(counts)
-        return starts, histograms
+        """What every replica running now exports: the cluster's totals, the same on each."""
+        exported = [figures(exposition(replica.outcomes)) for replica in self.replicas.values()]
+        for other in exported[1:]:
+            assert other == exported[0], "replicas export different totals"
+        return exported[0]
 
     def close(self) -> None:
         for replica in list(self.replicas.values()):
@@ -168,7 +169,7 @@ def test_two_replicas_and_a_crash_count_each_event_once(cluster: Cluster) -> Non
         START + 8.5 * 3600: lambda c: c.retire("a", crash=True),
         START + 11 * 3600: lambda c: c.start("a2"),
     })
-    starts, histograms = cluster.totals()
+    starts, histograms = cluster.totals()  # b's and a2's, equal
     assert starts == truth.starts
     assert histograms == truth_histograms(truth)
     assert [r.counter.counted > 0 for r in cluster.retired] == [True]  # A counted until it crashed
@@ -207,5 +208,5 @@ def test_a_stale_lease_counts_nothing(cluster: Cluster) -> None:
     lease = a.counter._read()
     counted = dict(a.outcomes.counts)
     cluster.fake.set_annotations("Lease", SETTINGS.lease_name, {"touched": "by another writer"}, "gpu-placement")
-    assert not a.counter._write(lease, START + 3000)
+    assert not a.counter._write(lease, START + 3000, a.outcomes.totals())
     assert a.outcomes.counts == counted
