@@ -432,6 +432,7 @@ def _fragmented(core: Core, found: Explanation) -> list[str]:
         return []
     from gpu_placement.idle import idle_sentence
 
+    core.outcomes.prime()
     with core.view.lock:
         verified = core.outcomes.verified()
     return [sentence for resource, count in found.req.gpus

@@ -54,6 +54,7 @@ SETTLE_SECONDS = 120.0  # how far the watermark stays behind what the view has h
 START_HORIZON_SECONDS = 3600.0  # a bound pod undecided this long after its anchor is counted not_started
 PREPARE_WINDOW_SECONDS = 86400.0  # at start, an unverified node younger than this is taken to be in preparation
 _EPSILON = 1e-3
+_SLICE = 8192  # pods looked at per hold of the view's lock while priming (nodes: a sixteenth of it)
 STARTS = "gpu_placement_gpu_pod_starts"
 WAIT = "gpu_placement_gpu_pod_wait_seconds"
 READY = "gpu_placement_node_ready_seconds"
@@ -160,6 +161,7 @@ class Outcomes:
     _events: dict[str, Emission] = field(default_factory=dict)  # histogram observations not counted yet
     _nodes: dict[str, _Node] = field(default_factory=dict)
     _primed: bool = False
+    _priming: bool = False
     # Whether the counts are the cluster's (read from the Lease, or counted here): until then they are not
     # exported, so a fresh replica's zeros never pull a cluster total down (Prometheus would see a reset).
     loaded: bool = False
@@ -177,7 +179,7 @@ class Outcomes:
         with self.view.lock:
             self.view.subscribe(self._node_changed, lambda _name: None)
             self.view.subscribe_records(self._pod_changed, lambda _name, _record: None)
-            self.prime()
+        self.prime()
         return self
 
     def prime(self) -> bool:
@@ -187,22 +189,36 @@ class Outcomes:
         if self._primed:
             return True
         with self.view.lock:
-            if not {"nodes", "pods"} <= self.view.listed:
+            if not {"nodes", "pods"} <= self.view.listed or self._priming:
                 return False
+            self._priming = True  # from here the listeners take every change, so no slice can miss one
+            nodes, keys = list(self.view.nodes), list(self.view.pods)
+        # In slices, each under the lock, as the view applies a relist: a reader waits for one slice
+        # (milliseconds), never for all 150,000 pods. A slice reads each object as it is then.
+        for start in range(0, len(nodes), _SLICE // 16):
+            with self.view.lock:
+                for name in nodes[start:start + _SLICE // 16]:
+                    if name not in self._nodes:
+                        self._evaluate(name)
+            time.sleep(0)
+        for start in range(0, len(keys), _SLICE):
+            with self.view.lock:
+                for key in keys[start:start + _SLICE]:
+                    pod = self.view.pods.get(key)
+                    if pod is not None and pod.launch is not None:
+                        self._pod_changed(key, pod, priming=True)
+            time.sleep(0)
+        with self.view.lock:
             self._primed = True
-            for name in list(self.view.nodes):
-                self._evaluate(name)
-            for key, pod in list(self.view.pods.items()):
-                self._pod_changed(key, pod)
         return True
 
     # -- what the leader does (under the view's lock) ------------------------------------------
     def limit(self, now: float) -> float:
         """How far the watermark may move now: `settle` behind what the view has heard, and below the
         anchor of every launch still undecided within the horizon."""
+        if not self.prime():
+            return float("-inf")
         with self.view.lock:
-            if not self.prime():
-                return float("-inf")
             bound = min(now, self.heard()) - self.settle
             for anchor in self._undecided.values():
                 if anchor + self.horizon > now:
@@ -292,9 +308,9 @@ class Outcomes:
         return Emission(STARTS, labels, 1.0, anchor, uid)
 
     # -- pods ----------------------------------------------------------------------------------
-    def _pod_changed(self, key: str, pod: PodRecord | None) -> None:
+    def _pod_changed(self, key: str, pod: PodRecord | None, priming: bool = False) -> None:
         """A pod changed (None: deleted). Called under the view's lock: a dict lookup for most pods."""
-        if not self._primed:
+        if not (self._priming or priming):
             return
         self._flush()
         if pod is not None and pod.launch is not None and not pod.node and pod.active:
@@ -361,7 +377,7 @@ class Outcomes:
         """The view's node listener. A node's own change is read at once; a change of its validator pod
         is read once the pod's update is complete (`_flush`, from the pod listener): in between, the view
         has taken the old pod out and not yet put the new one in, a node without validator for a moment."""
-        if not self._primed:
+        if not self._priming:
             return
         if name is None:
             for node in {*self._nodes, *self.view.nodes}:
@@ -506,8 +522,7 @@ class Outcomes:
 
     # -- exposition ----------------------------------------------------------------------------
     def verified(self) -> list[str]:
-        """GPU nodes whose verdict is OK (call under the view's lock)."""
-        self.prime()
+        """GPU nodes whose verdict is OK (call under the view's lock, after `prime`)."""
         return [name for name, state in self._nodes.items() if state.gpu and state.verdict == OK]
 
     def preparing(self) -> dict[str, tuple[str, str, float]]:
