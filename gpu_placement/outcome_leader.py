@@ -76,6 +76,7 @@ class OutcomeCounter(LeaderLoop):
     def __init__(self, api: ApiClient, outcomes: Outcomes, namespace: str, identity: str,
                  settings: CounterSettings | None = None, clock: Callable[[], float] = time.time) -> None:
         self.api, self.outcomes, self.identity = api, outcomes, identity
+        outcomes.count()
         self.settings = settings or CounterSettings()
         lease = Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds,
                       clock=lambda: datetime.fromtimestamp(clock(), UTC))
@@ -174,6 +175,7 @@ class LocalCounter:
     def __init__(self, outcomes: Outcomes, clock: Callable[[], float] = time.time,
                  start: float | None = None) -> None:
         self.outcomes, self.clock = outcomes, clock
+        outcomes.count()
         self.watermark = start  # None: counting starts at the first turn, less `settle`
 
     def step(self) -> int:

@@ -162,6 +162,7 @@ class Outcomes:
     _nodes: dict[str, _Node] = field(default_factory=dict)
     _primed: bool = False
     _priming: bool = False
+    counting: bool = False  # a counter counts from this view: keep the events to count (`count`)
     # Whether the counts are the cluster's (read from the Lease, or counted here): until then they are not
     # exported, so a fresh replica's zeros never pull a cluster total down (Prometheus would see a reset).
     loaded: bool = False
@@ -181,6 +182,17 @@ class Outcomes:
             self.view.subscribe_records(self._pod_changed, lambda _name, _record: None)
         self.prime()
         return self
+
+    def count(self) -> None:
+        """A counter counts from this view (gpu_placement/outcome_leader.py): keep the events it will
+        count. Without one (the extender's process, snapshot mode) none is kept, only what the gauges
+        need; so the view is taken in again, for the launches already in it."""
+        with self.view.lock:
+            if self.counting:
+                return
+            self.counting = True
+            self._primed = self._priming = False
+        self.prime()
 
     def prime(self) -> bool:
         """Take in the whole view once nodes and pods are listed in full (before, a node listed ahead
@@ -325,6 +337,8 @@ class Outcomes:
                 return
         self._uids[key] = pod.uid
         launch = pod.launch
+        if not self.counting:
+            return
         if not pod.node:
             self._waiting[pod.uid] = launch.waiting or self._waiting.get(pod.uid, ())
             return
@@ -502,8 +516,9 @@ class Outcomes:
 
     # -- counting ------------------------------------------------------------------------------
     def _queue(self, event: Emission) -> None:
-        self._histogram(event.metric, event.labels)  # the zero series, scraped before it is first counted
-        self._events[event.key] = event
+        self._histogram(event.metric, event.labels)  # the series, at zero until counted
+        if self.counting:
+            self._events[event.key] = event
 
     def _histogram(self, metric: str, labels: tuple[str, ...]) -> _Histogram:
         table = self.histograms.setdefault(metric, {})

@@ -55,3 +55,18 @@ def test_wait_reason_is_the_code_of_the_node_that_came_closest() -> None:
     assert wait_reason(("SchedulingGated",)) == "SchedulingGated"
     assert wait_reason(("Insufficient nvidia.com/gpu", "NodeAffinity")) == "Insufficient"
     assert wait_reason(()) == "none"
+
+
+def test_only_a_view_something_counts_from_keeps_events() -> None:
+    """The extender's process has the tracker (idle gauges, preparing nodes) but no counter: it keeps no
+    event, so nothing grows with the pods it sees. A counter's view keeps only what is not counted yet."""
+    changes, _ = day(START)
+    clock = Clock(START - 3 * 3600)
+    idle = ViewReplica(clock)
+    run(changes, clock, START + 26 * 3600, 300.0, lambda change: apply(idle.ingest, idle.view, change), lambda: None)
+    assert (len(idle.outcomes._launches), len(idle.outcomes._events)) == (0, 0)
+    assert "batch-4" in idle.outcomes.preparing()
+    counted, counter = replay()
+    assert counter.watermark is not None
+    assert all((e.launch.anchor or 0) > counter.watermark for e in counted.outcomes._launches.values())
+    assert len(counted.outcomes._launches) + len(counted.outcomes._events) < 5
