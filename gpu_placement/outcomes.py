@@ -191,8 +191,11 @@ class Outcomes:
             if self.counting:
                 return
             self.counting = True
-            self._primed = self._priming = False
-        self.prime()
+            walked = self._primed
+        if walked:  # the listeners stay live; the walk takes in what they saw before counting began
+            self._walk()
+        else:
+            self.prime()
 
     def prime(self) -> bool:
         """Take in the whole view once nodes and pods are listed in full (before, a node listed ahead
@@ -204,9 +207,16 @@ class Outcomes:
             if not {"nodes", "pods"} <= self.view.listed or self._priming:
                 return False
             self._priming = True  # from here the listeners take every change, so no slice can miss one
+        self._walk()
+        with self.view.lock:
+            self._primed = True
+        return True
+
+    def _walk(self) -> None:
+        """Every node and GPU pod of the view, in slices, each under the lock, as the view applies a
+        relist: a reader waits for one slice (milliseconds), never for all 150,000 pods."""
+        with self.view.lock:
             nodes, keys = list(self.view.nodes), list(self.view.pods)
-        # In slices, each under the lock, as the view applies a relist: a reader waits for one slice
-        # (milliseconds), never for all 150,000 pods. A slice reads each object as it is then.
         for start in range(0, len(nodes), _SLICE // 16):
             with self.view.lock:
                 for name in nodes[start:start + _SLICE // 16]:
@@ -220,9 +230,6 @@ class Outcomes:
                     if pod is not None and pod.launch is not None:
                         self._pod_changed(key, pod, priming=True)
             time.sleep(0)
-        with self.view.lock:
-            self._primed = True
-        return True
 
     # -- what the leader does (under the view's lock) ------------------------------------------
     def limit(self, now: float) -> float:
