@@ -5,7 +5,9 @@ Same metrics, same thresholds as the chart's defaults (a test keeps `DEFAULTS` e
 Prometheus also waits for each condition to hold for its `for`; one scrape cannot, so each firing says
 how long its condition must last. The extender p99 alert needs a rate over two scrapes and is left
 out, as are the quota-mirror alert (the mirror needs an API server; the demo has none) and
-GpuDriverVersionRegression (it compares averages over an hour; the demo has no telemetry).
+GpuDriverVersionRegression (it compares averages over an hour; the demo has no telemetry), and the
+outcome alerts (GpuLaunchFailuresOnNodes, GpuNodeExclusionSlow, GpuNodePreparationStuck,
+GpuIdleFragmented: they read recording rules over hours; the demo prints the outcome table instead).
 """
 
 from __future__ import annotations

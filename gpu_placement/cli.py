@@ -1,4 +1,4 @@
-"""The `gpu-placement` command: serve, demo, explain, nodes, namespaces, rollout, survey, migrate, certs.
+"""The `gpu-placement` command: serve, demo, explain, nodes, namespaces, rollout, survey, migrate, report, certs.
 
 Exit status 0 on success, 2 on bad usage or bad input with a one-line message naming the problem (never a
 traceback: an unexpected error is one line too, status 70, and GPU_PLACEMENT_DEBUG=1 shows its traceback);
@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--events-lease", metavar="NAME", default="gpu-placement-events",
                        help="Lease (in --namespace) that elects the one webhook replica writing Node and Namespace "
                        "Events")
+    serve.add_argument("--outcomes-lease", metavar="NAME", default="gpu-placement-outcomes",
+                       help="Lease (in --namespace) that elects the one webhook replica counting launch outcomes and "
+                       "node lifecycle times; its annotation keeps how far it has counted (docs/outcomes.md)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")
@@ -208,6 +211,19 @@ def build_parser() -> argparse.ArgumentParser:
                          help="--apply: how long to wait for pods to go, the operator and the validator (default 10m)")
     migrate.add_argument("-o", "--output", choices=["text", "json"], default="text")
     _config_argument(migrate)
+    report = commands.add_parser("report", help="the before/after table from Prometheus: launch success and its "
+                                 "causes, node preparation and recovery, exclusion latency, GPU pods that waited, "
+                                 "GPU-hours idle while pods waited (docs/outcomes.md)")
+    report.add_argument("--prometheus", metavar="URL", help="Prometheus that scrapes gpu-placement and holds the "
+                        "chart's recording rules (default: the config's telemetry.url)")
+    report.add_argument("--since", type=_duration, default=7 * 86400.0, metavar="DURATION",
+                        help="the window, whole minutes (default 7d)")
+    report.add_argument("--until", metavar="TIME", help="the window's end, RFC 3339 or YYYY-MM-DD (default now)")
+    report.add_argument("--compare", metavar="FROM..TO", help="before and after: the --since window ending at FROM "
+                        "and the one ending at TO (each RFC 3339, YYYY-MM-DD or now)")
+    report.add_argument("-o", "--output", choices=["text", "markdown", "json"], default="text",
+                        help="json adds the PromQL behind each figure")
+    report.add_argument("--config", metavar="FILE", help="configuration file (for telemetry.url)")
 
     certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle")
     certs.add_argument("--out", metavar="DIR", required=True)
@@ -279,6 +295,8 @@ def _run(args: argparse.Namespace) -> int:
             return _migrate(args)
         if args.command == "certs":
             return _certs(args)
+        if args.command == "report":
+            return _report(args)
     except (UsageError, ConfigError, SnapshotError, *_extra_errors()) as exc:
         print(f"gpu-placement {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -310,6 +328,47 @@ def _nodes(args: argparse.Namespace) -> int:
     from gpu_placement.nodes_view import run_nodes
 
     return run_nodes(args, _cluster)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from gpu_placement.outcome_report import Prometheus, ReportError, Window, compute, now, render
+
+    url = args.prometheus or (str(_config(args.config).telemetry.url or "") if args.config else "")
+    if not url:
+        raise UsageError("give --prometheus URL (or --config FILE with telemetry.url): the report reads Prometheus")
+    source = Prometheus(url)
+    if args.compare:
+        before, sep, after = args.compare.partition("..")
+        if not sep or not before or not after:
+            raise UsageError(f"--compare {args.compare!r}: FROM..TO, e.g. 2026-01-01..2026-02-01")
+        ends = [_moment(before), _moment(after)]
+    else:
+        ends = [_moment(args.until) if args.until else now()]
+    try:
+        reports = [compute(source, Window.ending(end, args.since)) for end in ends]
+    except ReportError as exc:
+        raise UsageError(str(exc)) from None
+    print(render(reports, args.output, _since(args.since)))
+    return 0
+
+
+def _moment(text: str) -> float:
+    """now, YYYY-MM-DD (midnight UTC) or RFC 3339, as Unix seconds."""
+    from datetime import UTC, datetime
+
+    if text == "now":
+        from gpu_placement.outcome_report import now
+
+        return now()
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"{text!r} is not a time: now, YYYY-MM-DD or RFC 3339 (2026-03-02T10:00:00Z)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def _since(seconds: float) -> str:
+    return f"{seconds / 86400:g}d" if seconds % 86400 == 0 else f"{seconds / 3600:g}h"
 
 
 def _rollout(args: argparse.Namespace) -> int:

@@ -112,6 +112,7 @@ def run_demo(config: Config | None = None, out: Any = None) -> int:
     _print_rollout(core, objects, out)
     _print_alerts(scraped, out)
     _print_survey(survey, out, core, objects)
+    _print_outcomes(out)  # the demo ends with the outcome table
     return 0
 
 
@@ -145,6 +146,19 @@ def _print_survey(survey: Survey, out: Any, core: Core, objects: list[dict[str, 
     print(f"\nMIGRATION PLAN (gpu-placement migrate {HAND_INSTALLED}: rerun it to see where the node stands; "
           "--apply runs the steps, saving the way back first)", file=out)
     print(render_plan(state, plan(state)), file=out)
+
+
+def _print_outcomes(out: Any) -> None:
+    """The table `gpu-placement report` prints from Prometheus, for a day of the demo's history."""
+    import math
+    import time
+
+    from gpu_placement.demo_outcomes import table
+
+    print("\nOUTCOMES (gpu-placement report, for a day of launches and node changes replayed through the same "
+          "counting as the service's; docs/outcomes.md. In a cluster: gpu-placement report --prometheus URL)",
+          file=out)
+    print(table(math.floor(time.time() / 86400) * 86400 - 86400), file=out)  # yesterday, from midnight UTC
 
 
 def _print_rollout(core: Core, objects: list[dict[str, Any]], out: Any) -> None:

@@ -107,6 +107,7 @@ class Explanation:
     route: Route | None = None  # a new pod: whether the webhook and the extender see it (None: an existing pod)
     node_lines: list[str] = field(default_factory=list)  # spec.nodeName: what happens on that node
     cuda_note: str | None = None  # why no CUDA requirement was inferred from the images, and what to set
+    fragmented: list[str] = field(default_factory=list)  # no node has the room, the verified ones do in pieces
 
     @property
     def hypothetical(self) -> bool:
@@ -161,9 +162,11 @@ def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bo
         message = fit_error(len(verdicts), reasons, prefilter)
     cuda_note = why_no_cuda(admission.pod.get("spec") or {}) if req.wants_gpu and req.cuda is None and \
         req.image_cuda is None and req.error is None else None
-    return Explanation(f"{namespace}/{name}", admission, req.describe(), verdicts, req, holds,
-                       {node: rule for node, rule in sorted(rules.items()) if rule}, context, rejected,
-                       unmodelled(created.get("spec") or {}), message, route, node_lines, cuda_note)
+    found = Explanation(f"{namespace}/{name}", admission, req.describe(), verdicts, req, holds,
+                        {node: rule for node, rule in sorted(rules.items()) if rule}, context, rejected,
+                        unmodelled(created.get("spec") or {}), message, route, node_lines, cuda_note)
+    found.fragmented = _fragmented(core, found)
+    return found
 
 
 def _route_before(core: Core, pod: dict[str, Any], namespace: str, context: Context) -> Route:
@@ -257,6 +260,7 @@ def render(core: Core, found: Explanation, show_all: bool = False, examples: int
                  else "  no node can take it")
     if found.message:
         lines.append(f"  kube-scheduler would report: {found.message}")
+    lines += [f"  {sentence}" for sentence in found.fragmented]
     counts = found.counts()
     lines.append(f"  {len(found.verdicts)} nodes: " + ", ".join(f"{n} {what}" for what, n in counts.most_common()))
     if show_all or len(found.verdicts) <= _FULL_TABLE_UP_TO:
@@ -412,7 +416,7 @@ def as_json(found: Explanation) -> dict[str, Any]:
             "kube_scheduler": {"checked": found.context.nodes is not None, "message": found.message,
                                "not_checked": found.unmodelled},
             "needs": found.needs, "cuda_note": found.cuda_note, "holds": found.holds,
-            "hypothetical": found.hypothetical,
+            "hypothetical": found.hypothetical, "fragmented": found.fragmented,
             "best": {"node": best.node, "score": best.score} if best else None,
             "counts": dict(found.counts()),
             "nodes": [{"node": v.node, "verdict": "pass" if v.passed else v.reason.split(":", 1)[0],
@@ -420,6 +424,19 @@ def as_json(found: Explanation) -> dict[str, Any]:
                        "score": v.score, "reason": v.reason, "figures": v.detail,
                        "cuda_rule": found.cuda_rules.get(v.node, "")}
                       for v in sorted(found.verdicts, key=lambda v: (not v.passed, -v.score, v.node))]}
+
+
+def _fragmented(core: Core, found: Explanation) -> list[str]:
+    """No node takes it for lack of free units, yet the verified nodes have them in total: say so."""
+    if found.best is not None or "InsufficientGPU" not in found.counts() or core.outcomes is None:
+        return []
+    from gpu_placement.idle import idle_sentence
+
+    core.outcomes.prime()
+    with core.view.lock:
+        verified = core.outcomes.verified()
+    return [sentence for resource, count in found.req.gpus
+            if (sentence := idle_sentence(core.view, resource, count, verified))]
 
 
 def _preemption(core: Core, found: Explanation, pod: dict[str, Any]) -> list[str]:

@@ -44,7 +44,8 @@ class Ingest:
         return None
 
     def pod(self, obj: Mapping[str, Any]) -> PodRecord:
-        return pod_from_json(obj, self.config.is_gpu_resource, self._is_validator, self._is_driver)
+        return pod_from_json(obj, self.config.is_gpu_resource, self._is_validator, self._is_driver,
+                             self.config.scheduler_name)
 
     def namespace(self, obj: Mapping[str, Any]) -> NamespaceRecord:
         return namespace_from_json(obj)

@@ -13,7 +13,7 @@ from prometheus_client.registry import Collector
 
 from gpu_placement.view import ClusterView
 
-__all__ = ["CONTENT_TYPE_LATEST", "LatestFamilies", "api_outcome", "exposition", "track_view"]
+__all__ = ["CONTENT_TYPE_LATEST", "LatestFamilies", "api_outcome", "exposition", "last_heard", "track_view"]
 
 
 class _HasFamilies(Protocol):
@@ -122,6 +122,13 @@ DRA_TAINT_FAILING = Gauge("gpu_placement_dra_taint_failing_objects",
                           "them and why).", ["lease"])
 DRA_TAINT_SUCCESS = Gauge("gpu_placement_dra_taint_last_success_timestamp_seconds",
                           "Unix time of the DRA taint controller's last turn without an API error.", ["lease"])
+# The outcome counter (gpu_placement/outcome_leader.py): launch outcomes and node times, counted by one replica.
+OUTCOMES_LEADING = Gauge("gpu_placement_outcomes_leading", "1 on the replica that holds the outcomes Lease and counts "
+                         "launch outcomes and node lifecycle times for the cluster, else 0.", ["lease"])
+OUTCOMES_COUNTED_UNTIL = Gauge("gpu_placement_outcomes_counted_until_timestamp_seconds",
+                               "The outcomes watermark as this replica last read it from the Lease: events up to this "
+                               "Unix time are counted (it trails the clock by the settle time, more while a GPU pod's "
+                               "launch is undecided).", ["lease"])
 TELEMETRY_SKIPPED = Counter("gpu_placement_telemetry_samples_skipped",
                             "DCGM telemetry samples skipped, each alone, by why: non_finite (NaN or Inf), malformed.",
                             ["reason"])
@@ -151,6 +158,11 @@ _heard = [time.time()]
 def heard_from_source() -> None:
     """A source calls this on every list, event and bookmark: the view is that fresh."""
     _heard[0] = time.time()
+
+
+def last_heard() -> float:
+    """Unix time the source last gave the view a list, an event or a bookmark."""
+    return _heard[0]
 
 
 def track_view(view: ClusterView, kinds: tuple[str, ...] = ("nodes", "pods", "namespaces")) -> None:

@@ -55,6 +55,7 @@ class NodeFacts:
     pool: str | None = None  # the first configured pool whose nodeSelector the node's labels match
     dra_devices: int = 0  # devices the DRA driver publishes for the node (its ResourceSlices), see gpu_placement.dra
     created: float | None = None  # metadata.creationTimestamp (Unix s): tells a new node's first driver from a change
+    ready_since: float | None = None  # Ready condition lastTransitionTime: when `ready` last changed (outcomes.py)
 
     def unit_memory(self, resource: str) -> int | None:
         """MiB that one unit of `resource` stands for on this node (a whole GPU, a share, a MIG slice)."""
@@ -125,6 +126,7 @@ def node_from_json(obj: Mapping[str, Any], pool_of: Callable[[Mapping[str, str]]
         problems=problems,
         pool=pool_of(labels) if pool_of is not None else None,
         created=parse_time(meta.get("creationTimestamp")),
+        ready_since=_ready_since(status),
     )
 
 
@@ -136,6 +138,13 @@ def _ready(status: Mapping[str, Any]) -> tuple[bool, str]:
             reason = condition.get("reason") or "no reason given"
             return False, f"Ready condition is {condition.get('status', 'Unknown')} ({reason})"
     return False, "has no Ready condition"
+
+
+def _ready_since(status: Mapping[str, Any]) -> float | None:
+    for condition in status.get("conditions") or ():
+        if condition.get("type") == "Ready":
+            return parse_time(condition.get("lastTransitionTime"))
+    return None
 
 
 def _int_label(labels: Mapping[str, str], key: str, problems: dict[str, str]) -> int | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_placement import names as n
+from gpu_placement.launch import Launch, launch_of
 from gpu_placement.quantity import QuantityError, quantity_to_int
 from gpu_placement.sharing import is_standin
 from gpu_placement.soak import OperatorPod, operator_pod_from_json
@@ -58,6 +59,7 @@ class PodRecord:
     # A claim pod's stand-in resources (gpu-placement.io/*, one per device of a level: webhook/dra_quota.py),
     # by the effective-request rule: what the API server's pod quota charges it.
     standins: GpuRequests = ()
+    launch: Launch | None = None  # GPU pods only: how its launch went, for the outcome metrics (launch.py)
 
     @property
     def key(self) -> str:
@@ -70,7 +72,9 @@ def pod_key(namespace: str, name: str) -> str:
 
 def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool],
                   is_validator: Callable[[str, Mapping[str, str]], bool],
-                  is_driver: Callable[[str, Mapping[str, str]], bool] | None = None) -> PodRecord:
+                  is_driver: Callable[[str, Mapping[str, str]], bool] | None = None,
+                  scheduler: str | None = None) -> PodRecord:
+    """`scheduler`: gpu-placement's schedulerName, to tell the GPU pods it placed (Launch.placed)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -106,6 +110,7 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         operator=operator_pod_from_json(obj) if operator and spec.get("nodeName") else None,
         claim_templates=_awaited_templates(spec, status) if status.get("phase") not in _TERMINAL else (),
         standins=standins,
+        launch=launch_of(obj, is_gpu_resource, scheduler) if gpus else None,
     )
 
 

@@ -102,6 +102,7 @@ def serve(args: argparse.Namespace) -> int:
             if webhooks is not None:
                 _start_registration(args, core, webhooks, server, Path(tls.cert_file).parent / "ca.crt")
             _start_dra_taints(args, core)
+            _start_outcome_counter(args, core)
             log.info("webhook listening on https://%s:%d", host, port)
         if getattr(args, "health_listen", None):
             host, port = args.health_listen
@@ -218,6 +219,19 @@ def _start_dra_taints(args: argparse.Namespace, core: Core) -> None:
                                                owner=getattr(args, "owner", None)))
     controller.start()
     core.stoppers.append(controller.stop)
+
+
+def _start_outcome_counter(args: argparse.Namespace, core: Core) -> None:
+    """Launch outcomes and node lifecycle times, counted by the holder of its Lease (webhook replicas)."""
+    if core.api is None or core.outcomes is None:
+        log.info("no API server (--snapshot): launch outcomes are not counted (the Lease keeps what is counted)")
+        return
+    from gpu_placement.outcome_leader import CounterSettings, OutcomeCounter
+
+    counter = OutcomeCounter(core.api, core.outcomes, _namespace(args), _identity(),
+                             CounterSettings(lease_name=getattr(args, "outcomes_lease", "gpu-placement-outcomes")))
+    counter.start()
+    core.stoppers.append(counter.stop)
 
 
 def _track_expiry(listener: str, tls: Any) -> None:

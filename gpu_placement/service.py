@@ -23,7 +23,9 @@ from gpu_placement.cluster_metrics import track_cluster
 from gpu_placement.config import Config
 from gpu_placement.dra.discovery import DraApi
 from gpu_placement.dra.state import DRA_KINDS
+from gpu_placement.idle import track_idle
 from gpu_placement.ingest import FILE_KINDS, KINDS, Ingest
+from gpu_placement.outcomes import Outcomes, track_outcomes
 from gpu_placement.placement import Placement
 from gpu_placement.rollout import track_rollout
 from gpu_placement.snapshot import SnapshotSource
@@ -47,6 +49,7 @@ class Core:
     dra: DraApi = field(default_factory=DraApi)  # what of resource.k8s.io the API server serves
     kinds: tuple[str, ...] = KINDS  # what the source lists and watches (ingest.OBJECT_KINDS where needed)
     config_source: str = "built-in defaults"  # where `config` came from, for commands that say so
+    outcomes: Any = None  # gpu_placement.outcomes.Outcomes: launch outcomes and node times of this view
 
     def extender_app(self, max_body: int = DEFAULT_MAX_BODY) -> Starlette:
         return create_extender_app(self.view, self.placement, self.binder, self.readiness, max_body)
@@ -88,15 +91,18 @@ def _with_telemetry(core: Core) -> Core:
     return core
 
 
-def _track(view: ClusterView, config: Config) -> None:
+def _track(view: ClusterView, config: Config) -> Outcomes:
     """The view's own metrics, and the cluster's as the view sees it (namespace quotas parsed as the
-    webhook parses them)."""
+    webhook parses them); its launch outcomes and node lifecycle times (counted where a counter runs)."""
     from gpu_placement.namespaces_view import policy_problems
     from webhook.policy import parse_policy
 
     metrics.track_view(view)
     track_cluster(view, config, lambda record: parse_policy(record, record.name, config).quota,
                   lambda record: policy_problems(record, config))
+    outcomes = track_outcomes(Outcomes(view, config, heard=metrics.last_heard).start())
+    track_idle(outcomes)
+    return outcomes
 
 
 def _placement(view: ClusterView, config: Config) -> Placement:
@@ -108,8 +114,9 @@ def _placement(view: ClusterView, config: Config) -> Placement:
 
 def _core(config: Config, binder_for: Callable[[ClusterView], Binder]) -> Core:
     view = ClusterView(config)
-    _track(view, config)
-    return Core(config, view, Ingest(config), _placement(view, config), binder_for(view), lambda: _view_ready(view))
+    outcomes = _track(view, config)
+    return Core(config, view, Ingest(config), _placement(view, config), binder_for(view), lambda: _view_ready(view),
+                outcomes=outcomes)
 
 
 def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
@@ -136,8 +143,9 @@ def core_from_snapshot(config: Config, path: str | Path, watch: bool = False) ->
     source = SnapshotSource(path, view, ingest)
     source.load()
     freeze_heap()
-    _track(view, config)
-    core = Core(config, view, ingest, _placement(view, config), SnapshotBinder(view, source), lambda: _view_ready(view))
+    outcomes = _track(view, config)
+    core = Core(config, view, ingest, _placement(view, config), SnapshotBinder(view, source), lambda: _view_ready(view),
+                outcomes=outcomes)
     if watch:
         source.start()
         core.stoppers.append(source.stop)
@@ -189,9 +197,9 @@ def core_from_cluster(config: Config, kubeconfig: str | None, kinds: tuple[str, 
     view.dra.templates_kept = dra.claims_from_templates
     source = LiveSource(view, ingest, api, kinds=(*kinds, *dra.paths()), paths=dra.paths(),
                         selectors={"resourceslices": f"spec.driver={config.dra.driver}"})
-    _track(view, config)
+    outcomes = _track(view, config)
     core = Core(config, view, ingest, _placement(view, config), ApiBinder(api), source.readiness, api=api,
-                kinds=(*kinds, *dra.paths()), dra=dra)
+                kinds=(*kinds, *dra.paths()), dra=dra, outcomes=outcomes)
     source.start()
     core.stoppers.append(source.stop)
     return _with_telemetry(core)

@@ -63,16 +63,18 @@ class OperatorPod:
     restarts: int  # restartCount over containers and init containers
     last_restart: float | None  # the latest lastState.terminated.finishedAt
     version: str | None  # the driver version in the driver container's image tag, when it has one
+    ready_changed: float | None = None  # lastTransitionTime of Ready, True or not (outcomes.py: when it went unready)
 
 
 def operator_pod_from_json(obj: Mapping[str, Any]) -> OperatorPod:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    ready_since = None
+    ready_since = ready_changed = None
     for condition in status.get("conditions") or ():
-        if condition.get("type") == "Ready" and condition.get("status") == "True":
-            ready_since = parse_time(condition.get("lastTransitionTime"))
+        if condition.get("type") == "Ready":
+            ready_changed = parse_time(condition.get("lastTransitionTime"))
+            ready_since = ready_changed if condition.get("status") == "True" else None
     restarts, last = 0, None
     for container in [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]:
         count = container.get("restartCount")
@@ -81,7 +83,8 @@ def operator_pod_from_json(obj: Mapping[str, Any]) -> OperatorPod:
         if finished is not None and (last is None or finished > last):
             last = finished
     return OperatorPod(str(meta.get("uid") or ""), parse_time(meta.get("creationTimestamp")),
-                       parse_time(status.get("startTime")), ready_since, restarts, last, _image_version(spec))
+                       parse_time(status.get("startTime")), ready_since, restarts, last, _image_version(spec),
+                       ready_changed)
 
 
 def _image_version(spec: Mapping[str, Any]) -> str | None:

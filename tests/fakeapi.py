@@ -848,20 +848,24 @@ class FakeApiServer:
     def resource_version(self) -> str:
         return str(self._rv)
 
-    def add(self, obj: Obj, keep_uid: bool = False) -> Obj:
+    def add(self, obj: Obj, keep_uid: bool = False, keep_created: bool = False) -> Obj:
         """Create as given (no defaulting, namespace need not exist); ADDED. 409 if it exists.
         keep_uid: keep the object's metadata.uid, as the API server stores the uid it gave the object
-        before validating admission ran (tests that play the API server's part need it)."""
+        before validating admission ran (tests that play the API server's part need it).
+        keep_created: keep its metadata.creationTimestamp, for a test that replays history and so plays
+        the API server's clock (the real one always stamps its own)."""
         res = self._kind_of(obj)
         obj = _without_kind(_copy(obj))
         with self._lock:
             key = self._key_of(res, obj)
             if key in self._objects[res]:
                 raise ApiStatusError(409, f'{res.qualified} "{key[1]}" already exists', details=_details(res, key[1]))
-            uid = obj["metadata"].get("uid")
+            uid, created = obj["metadata"].get("uid"), obj["metadata"].get("creationTimestamp")
             self._stamp_new(obj)
             if keep_uid and uid:
                 obj["metadata"]["uid"] = uid
+            if keep_created and created:
+                obj["metadata"]["creationTimestamp"] = created
             return _with_kind(res, _copy(self._commit(res, key, obj, "ADDED")))
 
     def update(self, obj: Obj) -> Obj:
@@ -876,12 +880,12 @@ class FakeApiServer:
             self._keep_identity(obj, old)
             return _with_kind(res, _copy(self._commit(res, key, obj, "MODIFIED")))
 
-    def upsert(self, obj: Obj) -> Obj:
+    def upsert(self, obj: Obj, keep_uid: bool = False, keep_created: bool = False) -> Obj:
         """add() or update(), whichever applies."""
         res = self._kind_of(obj)
         key = self._key_of(res, _without_kind(_copy(obj)))
         with self._lock:
-            return self.update(obj) if key in self._objects[res] else self.add(obj)
+            return self.update(obj) if key in self._objects[res] else self.add(obj, keep_uid, keep_created)
 
     def patch(self, kind: str, name: str, patch: Obj, namespace: str | None = None, manager: str = "") -> Obj:
         """JSON merge patch (RFC 7386) of a stored object; MODIFIED unless nothing changes. `manager`: the

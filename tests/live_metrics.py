@@ -9,6 +9,7 @@ import re
 import ssl
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -37,9 +38,31 @@ def documented() -> dict[str, set[str]]:
     return {name: set(re.findall(r"`([a-z_]+)`", labels)) for name, labels in ROW.findall(section)}
 
 
-def selector_problems(expressions: list[tuple[str, str]], scraped: str) -> list[str]:
+RECORD = re.compile(r"\bgpu_placement:[a-z0-9_:]+")
+
+
+def recorded(groups: list[dict[str, Any]]) -> dict[str, str]:
+    """The chart's recording rules: record name -> its expression."""
+    return {rule["record"]: rule["expr"] for group in groups for rule in group["rules"] if "record" in rule}
+
+
+def selector_problems(expressions: list[tuple[str, str]], scraped: str,
+                      records: dict[str, str] | None = None) -> list[str]:
     """Every `gpu_placement_*` selector in each (title, PromQL) names an exported metric, and each
-    label matcher could select an exported series (a family without series yet: its documented labels)."""
+    label matcher could select an exported series (a family without series yet: its documented labels).
+    A recording rule's name (`gpu_placement:...`) must be one of `records` (the chart's), whose own
+    expression is checked in its place."""
+    records = records or {}
+    expanded = []
+    problems: list[str] = []
+    for title, expr in expressions:
+        names = RECORD.findall(expr)
+        problems += [f"{title}: {name} is not a recording rule of the chart" for name in names if name not in records]
+        expanded.append((title, " ".join([RECORD.sub("", expr), *(records[n] for n in names if n in records)])))
+    return problems + _selector_problems(expanded, scraped)
+
+
+def _selector_problems(expressions: list[tuple[str, str]], scraped: str) -> list[str]:
     samples: dict[str, list[dict[str, str]]] = {}
     families: set[str] = set()
     for family in text_string_to_metric_families(scraped):

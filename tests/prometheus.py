@@ -59,9 +59,10 @@ def _free_port() -> int:
 
 
 class PrometheusServer:
-    def __init__(self, workdir: Path, samples: str) -> None:
+    def __init__(self, workdir: Path, samples: str, retention: str = "1d") -> None:
+        """`retention`: how far back from the newest sample Prometheus keeps blocks."""
         self.workdir = workdir
-        data = workdir / "data"
+        self.data = data = workdir / "data"
         data.mkdir(parents=True)
         (workdir / "samples.om").write_text(samples)
         subprocess.run([tool("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(workdir / "samples.om"),
@@ -69,12 +70,25 @@ class PrometheusServer:
         (workdir / "prometheus.yml").write_text("global: {evaluation_interval: 1m}\nscrape_configs: []\n")
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._log = (workdir / "prometheus.log").open("wb")
+        self.retention = retention
+        self._start()
+
+    def _start(self) -> None:
+        self._log = (self.workdir / "prometheus.log").open("ab")
         self.process = subprocess.Popen(
-            [tool("prometheus"), f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d"],
+            [tool("prometheus"), f"--config.file={self.workdir / 'prometheus.yml'}", f"--storage.tsdb.path={self.data}",
+             f"--web.listen-address=127.0.0.1:{self.port}", f"--storage.tsdb.retention.time={self.retention}"],
             stdout=self._log, stderr=subprocess.STDOUT)
         self._wait(lambda: httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200)
+
+    def add_blocks(self, blocks: Path) -> None:
+        """Stop, move the TSDB blocks made elsewhere (promtool's rule backfill) into the data dir, start
+        again: Prometheus takes blocks in at start."""
+        self.stop()
+        for block in blocks.iterdir():
+            if block.is_dir():
+                shutil.move(str(block), self.data / block.name)
+        self._start()
 
     def _wait(self, ready: Callable[[], bool], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

@@ -14,7 +14,7 @@ import helm_python
 import pytest
 import yaml
 
-from tests.live_metrics import promtool, scrape_demo_service, selector_problems
+from tests.live_metrics import promtool, recorded, scrape_demo_service, selector_problems
 from tests.test_chart import offline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ def rule_groups(values: dict[str, Any] = ENABLED) -> list[dict[str, Any]]:
 
 
 def alerts() -> dict[str, dict[str, Any]]:
-    return {r["alert"]: r for g in rule_groups() for r in g["rules"]}
+    return {r["alert"]: r for g in rule_groups() for r in g["rules"] if "alert" in r}
 
 
 @pytest.mark.parametrize(("values", "shipped"), [
@@ -102,7 +102,7 @@ def test_thresholds_follow_the_values() -> None:
 
 
 def alerts_of(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {r["alert"]: r for g in rule_groups(values) for r in g["rules"]}
+    return {r["alert"]: r for g in rule_groups(values) for r in g["rules"] if "alert" in r}
 
 
 def slugs(markdown: str) -> set[str]:
@@ -276,10 +276,74 @@ CASES = [
 ]
 
 
+def start_series(outcome: str, cause: str, pool: str, pod: str) -> str:
+    return (f'gpu_placement_gpu_pod_starts_total{{outcome="{outcome}",cause="{cause}",pool="{pool}",placed="true",'
+            f'pod="{pod}"}}')
+
+
+def starts(outcome: str, cause: str, values: str, pool: str = "training") -> list[tuple[str, str]]:
+    """A launch counter of the cluster as two replicas export it (both the totals of the Lease)."""
+    return [(start_series(outcome, cause, pool, pod), values) for pod in ("a", "b")]
+
+
+def buckets(metric: str, counts: dict[str, str], labels: str) -> list[tuple[str, str]]:
+    return [(f'{metric}_bucket{{le="{le}",{labels},pod="a"}}', values) for le, values in counts.items()]
+
+
+EXCLUSION = "gpu_placement_node_exclusion_seconds"
+READY = "gpu_placement_node_ready_seconds"
+PREPARING = "gpu_placement_node_preparing_since_timestamp_seconds"
+H100 = 'pool="training",product="NVIDIA-H100-80GB-HBM3"'
+CASES += [
+    # 10 launches a minute start in the training pool, 2 fail on the node: 83% started.
+    Case("GpuLaunchFailuresOnNodes", [*starts("started", "none", "0+10x420"),
+                                      *starts("failed", "device_plugin", "0+2x420")], "7h", [{"pool": "training"}],
+         value="83.33%"),
+    # The same failures, but the pods' own (an image that does not pull): not the node's, quiet.
+    Case("GpuLaunchFailuresOnNodes", [*starts("started", "none", "0+10x420"),
+                                      *starts("failed", "image_pull", "0+2x420")], "7h"),
+    # Half fail on the node, but a handful of launches in 6 hours is too few to tell (minLaunches 10).
+    Case("GpuLaunchFailuresOnNodes", [*starts("started", "none", "0+0.01x420"),
+                                      *starts("failed", "device_plugin", "0+0.01x420")], "7h"),
+    # A bad GPU stayed a candidate 60-120 s, once a minute for the last hour: p99 119.4 s > 60 s.
+    Case("GpuNodeExclusionSlow", buckets(EXCLUSION, {"30.0": "0+0x120", "60.0": "0+0x120", "120.0": "0+1x120",
+                                                     "+Inf": "0+1x120"}, f'{H100},reason="NotValidated"'), "70m",
+         [{}], value="1m 59s"),
+    Case("GpuNodeExclusionSlow", buckets(EXCLUSION, {"30.0": "0+1x120", "60.0": "0+1x120", "120.0": "0+1x120",
+                                                     "+Inf": "0+1x120"}, f'{H100},reason="NotValidated"'), "70m"),
+    # The training pool's nodes took 5-10 minutes to prepare (p90 9.5 min: threshold max(2 x 9.5 min, 30 min));
+    # gpu-new has been preparing since minute 0 (7 h). The batch pool has no history (threshold 2 h): batch-new
+    # since minute 0 too. Both fire; a node 20 minutes into its preparation does not.
+    Case("GpuNodePreparationStuck", [
+        *buckets(READY, {"300.0": "0+0x420", "600.0": "0+1x420", "+Inf": "0+1x420"}, H100),
+        (f'{PREPARING}{{node="gpu-new",{H100},pod="a"}}', "0+0x420"),
+        (f'{PREPARING}{{node="gpu-new",{H100},pod="b"}}', "0+0x420"),
+        (f'{PREPARING}{{node="batch-new",pool="batch",product="NVIDIA-A100-SXM4-80GB",pod="a"}}', "0+0x420"),
+        (f'{PREPARING}{{node="gpu-late",{H100},pod="a"}}', "24000+0x420"),
+    ], "7h", [{"node": "batch-new", "pool": "batch", "product": "NVIDIA-A100-SXM4-80GB"},
+              {"node": "gpu-new", "pool": "training", "product": "NVIDIA-H100-80GB-HBM3"}], value="7h 0m 0s"),
+    Case("GpuNodePreparationStuck", [
+        *buckets(READY, {"300.0": "0+0x420", "600.0": "0+1x420", "+Inf": "0+1x420"}, H100),
+        (f'{PREPARING}{{node="gpu-late",{H100},pod="a"}}', "24000+0x420"),  # 20 minutes in at 7 h
+        (f'{PREPARING}{{node="batch-late",pool="batch",product="NVIDIA-A100-SXM4-80GB",pod="a"}}', "21600+0x420"),
+    ], "7h"),
+    # Six GPUs free on verified nodes while a pod waits for four on one node, for 40 minutes (both replicas).
+    Case("GpuIdleFragmented", [('gpu_placement_idle_gpus{resource="nvidia.com/gpu",reason="fragmented",pod="a"}',
+                                "6+0x40"),
+                               ('gpu_placement_idle_gpus{resource="nvidia.com/gpu",reason="fragmented",pod="b"}',
+                                "6+0x40")], "35m", [{"resource": "nvidia.com/gpu", "reason": "fragmented"}],
+         value="6"),
+    Case("GpuIdleFragmented", [('gpu_placement_idle_gpus{resource="nvidia.com/gpu",reason="fragmented",pod="a"}',
+                                "2+0x40"),
+                               ('gpu_placement_idle_gpus{resource="nvidia.com/gpu",reason="capacity",pod="a"}',
+                                "9+0x40")], "35m"),
+]
+
+
 def expected_annotations(rule: dict[str, Any], labels: dict[str, str], value: str) -> dict[str, str]:
     def expand(text: str) -> str:
         text = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
-        return text.replace("{{ $value | humanizePercentage }}", value)
+        return re.sub(r"\{\{ \$value( \| humanize(Percentage|Duration))? \}\}", value, text)
 
     return {key: expand(text) for key, text in rule["annotations"].items()}
 
@@ -311,4 +375,44 @@ def test_promtool_test_rules(tmp_path: Path) -> None:
 
 def test_every_rule_selects_series_the_service_exports(tmp_path: Path) -> None:
     expressions = [(name, rule["expr"]) for name, rule in alerts().items()]
-    assert selector_problems(expressions, scrape_demo_service(tmp_path)) == []
+    records = recorded(rule_groups())
+    expressions += [(name, expr) for name, expr in records.items()]
+    assert selector_problems(expressions, scrape_demo_service(tmp_path), records) == []
+
+
+def test_outcome_records_are_the_clusters_totals_and_windows_their_differences(tmp_path: Path) -> None:
+    """The recording rules `gpu-placement report` and the dashboard read: the totals every replica
+    exports, taken once (max) whether a replica crashes (a stops at 60m) or lags; a window's figure is
+    the difference of the record at its ends, exact (no increase() extrapolation), 0 where younger."""
+    write_rules(tmp_path)
+    a, b = (start_series("started", "none", "training", pod) for pod in ("a", "b"))
+    record = "gpu_placement:gpu_pod_starts:total"
+    grew = ("sum(last_over_time({r}[1d]) - (last_over_time({r}[1d] offset {w}) or last_over_time({r}[1d]) * 0))")
+    tests = [{"interval": "1m", "input_series": [
+        {"series": a, "values": "0+1x30 30x30"},
+        {"series": b, "values": "0+1x29 29 30x29 31+1x59"},  # b reads the Lease a turn late, then leads
+        {"series": 'gpu_placement_idle_gpus{resource="nvidia.com/gpu",reason="fragmented",pod="a"}', "values": "6x120"},
+        {"series": 'gpu_placement_idle_gpus{resource="nvidia.com/gpu",reason="fragmented",pod="b"}', "values": "6x120"},
+    ], "promql_expr_test": [
+        {"expr": grew.format(r=record, w="2h"), "eval_time": "2h", "exp_samples": [{"value": 90}]},
+        {"expr": grew.format(r=record, w="1h"), "eval_time": "2h", "exp_samples": [{"value": 60}]},
+        {"expr": grew.format(r=record, w="7d"), "eval_time": "2h", "exp_samples": [{"value": 90}]},  # younger: all
+        {"expr": record, "eval_time": "30m", "exp_samples": [
+            {"labels": f'{record}{{outcome="started",cause="none",pool="training",placed="true"}}', "value": 30}]},
+        # GPU-hours idle: the 1-minute samples of the max over 2 hours, divided by 60.
+        {"expr": "sum(sum_over_time(gpu_placement:idle_gpus:max[7199s:1m])) / 60", "eval_time": "2h",
+         "exp_samples": [{"value": 12}]},
+    ]}]
+    path = tmp_path / "records-test.yaml"
+    path.write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": tests},
+                                   sort_keys=False))
+    result = subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_node_side_causes_in_the_rules_are_the_codes() -> None:
+    from gpu_placement.launch import NODE_CAUSES
+
+    expr = alerts()["GpuLaunchFailuresOnNodes"]["expr"]
+    assert f'cause=~"{"|".join(NODE_CAUSES)}"' in expr

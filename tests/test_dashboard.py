@@ -13,7 +13,7 @@ import helm_python
 import pytest
 import yaml
 
-from tests.live_metrics import promtool, scrape_demo_service, selector_problems
+from tests.live_metrics import promtool, recorded, scrape_demo_service, selector_problems
 from tests.test_chart import offline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,8 +60,8 @@ def test_namespace_and_pool_variables_narrow_the_panels() -> None:
     for title, expr in raw:
         if "namespace" in expr and "gpu_placement_namespace" in expr:
             assert 'namespace=~"$namespace"' in expr, title
-        if "by (pool" in expr:
-            assert expr.count('pool=~"$pool"') == expr.count("gpu_placement_"), title
+        if "by (pool" in expr:  # every selector, of a metric or of a recording rule (gpu_placement:...)
+            assert expr.count('pool=~"$pool"') == expr.count("gpu_placement_") + expr.count("gpu_placement:"), title
     quota = next(expr for title, expr in raw if title == "Quota use by namespace")
     assert quota.count('enforced="true"') == 2  # a quota nothing enforces is not "in use"
 
@@ -85,7 +85,9 @@ def test_dashboard_json_is_a_valid_dashboard() -> None:
     for wanted in ("GPU nodes by verdict", "Free GPU memory by pool", "Quota use by namespace", "Extender latency",
                    "Extender decisions by code", "Webhook denials by reason", "Watch health",
                    "GPU nodes by driver version and rollout state", "XID errors per node-hour by driver version",
-                   "Failed GPU pods by driver version (share)"):
+                   "Failed GPU pods by driver version (share)", "Launch success (last 7 days)",
+                   "Failed launches by cause (per hour)", "Node preparation p50 / p90 by pool (7 days)",
+                   "Exclusion latency (7 days)", "Idle GPUs while pods wait, by reason"):
         assert wanted in titles
 
 
@@ -115,7 +117,10 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def test_every_panel_selects_series_the_service_exports(scraped: str) -> None:
-    assert selector_problems(expressions(), scraped) == []
+    """Recording rules (`gpu_placement:...`) must be the chart's own, their expressions checked in their place."""
+    from tests.test_alerts import rule_groups
+
+    assert selector_problems(expressions(), scraped, recorded(rule_groups())) == []
 
 
 def test_panel_queries_are_valid_promql(tmp_path: Path) -> None:

@@ -124,3 +124,23 @@ def test_demo_surveys_its_cluster() -> None:
                      ("4", "pending", "labels"), ("5", "pending", "plugin"), ("6", "pending", "operator"),
                      ("7", "pending", "validator"), ("8", "pending", "uncordon")]
     assert "$ kubectl drain h100-train-hand --ignore-daemonsets --delete-emptydir-data" in plan
+
+
+def test_demo_ends_with_the_outcome_table_report_prints() -> None:
+    """The same computation as `gpu-placement report` (gpu_placement/outcome_report.py), over the demo's
+    own counters after a day of its history (gpu_placement/demo_history.py, whose Truth it must match)."""
+    out = io.StringIO()
+    run_demo(out=out)
+    text = out.getvalue()
+    table = text.split("OUTCOMES", 1)[1]
+    assert table.strip().splitlines()[-1].startswith("GPU-hours idle while pods waited")  # the demo ends with it
+    cells = {line.split("  ")[0]: line.split("  ")[-1].strip() for line in table.splitlines()[2:] if "  " in line}
+    assert cells["GPU pod launches"] == "112"
+    assert cells["Launch success"] == "89.3 % (100 of 112)"
+    assert cells["Failed on the node"] == "6.2 %: device_plugin 3, container_toolkit 2, cuda_init 2"
+    assert cells["Failed, not the node's"] == "exit_code 2, image_pull 2"
+    assert cells["Bound, not started in an hour"] == "1"
+    assert cells["Node recovery p50 / p90, NotValidated"] == "37.5 min / 43.5 min (1 outage)"
+    assert cells["Node preparation p50 / p90"] == "7.0 min / 14.0 min (2 nodes)"
+    assert cells["GPU pods that waited > 10 min"] == "3: InsufficientGPU 2, NotValidated 1"
+    assert cells["GPU-hours idle while pods waited"].startswith("22.4: fragmented 17.1")

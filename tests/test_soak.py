@@ -131,7 +131,7 @@ def test_operator_pods_read_as_the_api_server_writes_them() -> None:
     pod = driver_pod("gpu-1", "550.54.15", NOW - 60, created=NOW - 300, restarts=1, restarted_at=NOW - 120)
     read = operator_pod_from_json(pod)
     assert read == OperatorPod("uid-gpu-operator-nvidia-driver-daemonset-gpu-1", NOW - 300, NOW - 295, NOW - 60, 1,
-                               NOW - 120, "550.54.15")
+                               NOW - 120, "550.54.15", NOW - 60)
     for image, version in [("nvcr.io/nvidia/driver:550.54.15-ubuntu22.04", "550.54.15"),
                            ("registry:5000/nvidia/driver:570.172.08-rhel9.4", "570.172.08"),
                            ("nvcr.io/nvidia/driver:550-5.15.0-1041-azure-ubuntu22.04", None),  # precompiled

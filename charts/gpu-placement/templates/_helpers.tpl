@@ -199,6 +199,9 @@ has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(o
 {{- define "gpu-placement.draLease" -}}
 {{- printf "%s-dra" (include "gpu-placement.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+{{- define "gpu-placement.outcomesLease" -}}
+{{- printf "%s-outcomes" (include "gpu-placement.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
 {{- define "gpu-placement.quotaMirrorLease" -}}
 {{- printf "%s-quota-mirror" (include "gpu-placement.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}

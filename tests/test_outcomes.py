@@ -1,0 +1,72 @@
+"""Launch outcomes and node lifecycle times from the objects' own timestamps (gpu_placement/outcomes.py),
+on a view fed a day of changes (gpu_placement/demo_history.py) with the clock following the objects."""
+
+from __future__ import annotations
+
+from gpu_placement.demo_history import day
+from gpu_placement.outcome_leader import LocalCounter
+from gpu_placement.outcomes import wait_reason
+from tests.outcome_replay import START, Clock, ViewReplica, apply, exposition, figures, run, truth_histograms
+
+
+def replay(until: float = START + 26 * 3600) -> tuple[ViewReplica, LocalCounter]:
+    changes, _ = day(START)
+    clock = Clock(START - 3 * 3600)
+    replica = ViewReplica(clock)
+    counter = LocalCounter(replica.outcomes, clock)
+    run(changes, clock, until, 30.0, lambda change: apply(replica.ingest, replica.view, change), counter.step)
+    return replica, counter
+
+
+def test_a_day_is_counted_as_the_story_says() -> None:
+    _, truth = day(START)
+    replica, _ = replay()
+    starts, histograms = figures(exposition(replica.outcomes))
+    assert starts == truth.starts
+    assert histograms == truth_histograms(truth)
+    # The figures themselves, not only their counts: preparation, recovery and exclusion times.
+    ready = replica.outcomes.histograms["gpu_placement_node_ready_seconds"]
+    assert {labels: h.total for labels, h in ready.items() if h.count} == {
+        (pool, product): took for pool, product, took in truth.ready}
+    recovery = replica.outcomes.histograms["gpu_placement_node_recovery_seconds"]
+    assert {labels: h.total for labels, h in recovery.items() if h.count} == {
+        (pool, product, reason): took for pool, product, reason, took in truth.recovery}
+    exclusion = replica.outcomes.histograms["gpu_placement_node_exclusion_seconds"]
+    assert {labels: h.total for labels, h in exclusion.items() if h.count} == {
+        (pool, product, reason): took for pool, product, reason, took in truth.exclusion}
+    assert {node: since for node, (_, _, since) in replica.outcomes.preparing().items()} == truth.preparing
+
+
+def test_counting_waits_for_a_launch_still_undecided() -> None:
+    """The stuck pod (ContainerCreating from 17:00) holds the watermark for an hour; at 18:00 it counts
+    as not_started, and what started meanwhile is counted then, not lost."""
+    replica, counter = replay(until=START + 17 * 3600 + 30 * 60)
+    assert counter.watermark is not None and counter.watermark < START + 17 * 3600 + 10
+    held, _ = figures(exposition(replica.outcomes))
+    assert held[("failed", "not_started", "batch", "true")] == 0
+    replica, counter = replay(until=START + 18 * 3600 + 10 * 60)
+    after, _ = figures(exposition(replica.outcomes))
+    assert after[("failed", "not_started", "batch", "true")] == 1
+    assert counter.watermark is not None and counter.watermark > START + 17 * 3600 + 40 * 60
+
+
+def test_wait_reason_is_the_code_of_the_node_that_came_closest() -> None:
+    assert wait_reason(("NotValidated", "InsufficientGPU")) == "InsufficientGPU"
+    assert wait_reason(("SchedulingGated",)) == "SchedulingGated"
+    assert wait_reason(("Insufficient nvidia.com/gpu", "NodeAffinity")) == "Insufficient"
+    assert wait_reason(()) == "none"
+
+
+def test_only_a_view_something_counts_from_keeps_events() -> None:
+    """The extender's process has the tracker (idle gauges, preparing nodes) but no counter: it keeps no
+    event, so nothing grows with the pods it sees. A counter's view keeps only what is not counted yet."""
+    changes, _ = day(START)
+    clock = Clock(START - 3 * 3600)
+    idle = ViewReplica(clock)
+    run(changes, clock, START + 26 * 3600, 300.0, lambda change: apply(idle.ingest, idle.view, change), lambda: None)
+    assert (len(idle.outcomes._launches), len(idle.outcomes._events)) == (0, 0)
+    assert "batch-4" in idle.outcomes.preparing()
+    counted, counter = replay()
+    assert counter.watermark is not None
+    assert all((e.launch.anchor or 0) > counter.watermark for e in counted.outcomes._launches.values())
+    assert len(counted.outcomes._launches) + len(counted.outcomes._events) < 5
