@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from prometheus_client import Gauge
 from prometheus_client.metrics_core import GaugeMetricFamily, InfoMetricFamily, Metric
 
 from gpu_placement.config import Config
@@ -32,7 +31,7 @@ from gpu_placement.pods import PodRecord
 from gpu_placement.rules import CODES, UNKNOWN_NODE, node_readiness
 from gpu_placement.view import ClusterView
 
-__all__ = ["NO_POOL", "OK", "TELEMETRY_SUCCESS", "ClusterMetrics", "QuotaOf", "track_cluster", "tracker_for"]
+__all__ = ["NO_POOL", "OK", "ClusterMetrics", "QuotaOf", "track_cluster", "tracker_for"]
 
 OK = "OK"  # the verdict label of a node that takes GPU pods
 NO_POOL = "none"  # the pool label of a node no configured pool's nodeSelector matches
@@ -42,8 +41,6 @@ _MAX_WAITING = 10_000  # pods remembered as waiting; beyond it the longest-remem
 QuotaOf = Callable[[NamespaceRecord], Mapping[str, int] | None]
 ProblemsOf = Callable[[NamespaceRecord], Mapping[str, list[str]]]  # kind -> sentences (namespaces_view)
 
-TELEMETRY_SUCCESS = Gauge("gpu_placement_telemetry_last_success_timestamp_seconds",
-                          "Unix time of the last DCGM telemetry fetch that parsed (0: none yet or not configured).")
 
 # Capacity figures per (resource, pool): index into _NodeShare.rows values.
 _FIGURES = (

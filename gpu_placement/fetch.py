@@ -15,7 +15,7 @@ from kubernetes.client import ApiClient
 
 from gpu_placement import kube
 from gpu_placement.dra.discovery import discover
-from gpu_placement.dra.state import DRA_BY_KIND
+from gpu_placement.dra.objects import DRA_BY_KIND
 
 __all__ = ["ClusterAccess", "FetchError", "connect", "fetch_labelled", "fetch_objects", "fetch_pod", "get_object"]
 

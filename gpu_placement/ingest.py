@@ -7,7 +7,7 @@ from typing import Any
 
 from gpu_placement.budgets import budget_from_json, budget_key
 from gpu_placement.config import Config
-from gpu_placement.dra.state import DRA_BY_KIND, DRA_KINDS
+from gpu_placement.dra.objects import DRA_BY_KIND, DRA_KINDS
 from gpu_placement.namespaces import NamespaceRecord, namespace_from_json
 from gpu_placement.nodes import NodeFacts, node_from_json
 from gpu_placement.pods import PodRecord, pod_from_json, pod_key, resource_version

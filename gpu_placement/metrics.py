@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 import urllib3
@@ -11,9 +11,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, His
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from gpu_placement.view import ClusterView
-
-__all__ = ["CONTENT_TYPE_LATEST", "LatestFamilies", "api_outcome", "exposition", "last_heard", "track_view"]
+__all__ = ["CONTENT_TYPE_LATEST", "LatestFamilies", "api_outcome", "exposition", "last_heard",
+           "seconds_since_heard"]
 
 
 class _HasFamilies(Protocol):
@@ -152,6 +151,9 @@ def api_outcome(exc: BaseException | None) -> str:
     return "unreachable"
 
 
+TELEMETRY_SUCCESS = Gauge("gpu_placement_telemetry_last_success_timestamp_seconds",
+                          "Unix time of the last DCGM telemetry fetch that parsed (0: none yet or not configured).")
+
 _heard = [time.time()]
 
 
@@ -165,15 +167,8 @@ def last_heard() -> float:
     return _heard[0]
 
 
-def track_view(view: ClusterView, kinds: tuple[str, ...] = ("nodes", "pods", "namespaces")) -> None:
-    sizes: dict[str, Callable[[], float]] = {
-        "nodes": lambda: len(view.nodes), "pods": lambda: len(view.pods), "namespaces": lambda: len(view.namespaces),
-    }
-    for kind in kinds:
-        CACHE_OBJECTS.labels(kind).set_function(sizes[kind])
-    CACHE_AGE.set_function(lambda: time.time() - _heard[0])
-    CACHE_READY.set_function(lambda: float(all(kind in view.listed for kind in kinds)))
-    RESERVATIONS.set_function(lambda: len(view.reservations))
+def seconds_since_heard() -> float:
+    return time.time() - _heard[0]
 
 
 def exposition() -> bytes:

@@ -16,7 +16,7 @@ from gpu_placement.cuda import Version, VersionError, driver_table, parse_versio
 from gpu_placement.quantity import QuantityError, quantity_to_int
 from gpu_placement.timestamps import parse_time
 
-__all__ = ["MigProfile", "NodeFacts", "node_from_json"]
+__all__ = ["MigProfile", "NodeFacts", "ValidatorState", "charge", "node_from_json"]
 
 _BYTES_THRESHOLD = 10_000_000  # old GFD (v0.6.0/v0.6.1) wrote gpu.memory in bytes, current GFD in MiB
 _MIB = 2**20
@@ -238,3 +238,22 @@ def _gpu_resources(resources: Mapping[str, Any] | None, problems: dict[str, str]
         except QuantityError:
             problems[f"status.{where}"] = f"status.{where}[{name}]={value!r} is not a quantity"
     return counts
+
+
+@dataclass(slots=True, frozen=True)
+class ValidatorState:
+    """The GPU Operator's validator pod on a node, as the view finds it."""
+
+    pod: str | None  # the validator pod on the node, None when there is none
+    ready: bool
+
+
+def charge(node: NodeFacts, resource: str, count: int, ask_mib: int | None) -> int | None:
+    """MiB a pod holds on `node` for `count` units: a whole device is held whole whatever the pod
+    says it uses; a share or a MIG slice holds the pod's ask, else its unit's memory."""
+    unit = node.unit_memory(resource)
+    if unit is None:
+        return None
+    if ask_mib is None or not node.is_shared(resource):
+        return unit * count
+    return ask_mib * count

@@ -20,9 +20,10 @@ from collections import Counter
 
 import orjson
 
+from gpu_placement.nodes import charge
 from gpu_placement.placement import FilterResult, Freed, Placement
 from gpu_placement.requirements import Requirements, parse_memory
-from gpu_placement.rules import HELD_FOR_NOMINATED, Rejection, charge
+from gpu_placement.rules import HELD_FOR_NOMINATED, Rejection
 from gpu_placement.view import ClusterView, same_pod
 
 __all__ = ["held_for_nominated", "keep_for_nominated"]

@@ -18,7 +18,7 @@ from gpu_placement.config import Config
 from gpu_placement.cuda import Version, driver_table
 from gpu_placement.cuda import format_version as v
 from gpu_placement.cudaneed import CudaNeed, Term, brand_of, is_data_center, term_holds
-from gpu_placement.nodes import NodeFacts
+from gpu_placement.nodes import NodeFacts, ValidatorState, charge
 from gpu_placement.requirements import Requirements
 from gpu_placement.soak import FAILED, NO_SOAK, Soak
 
@@ -28,8 +28,6 @@ __all__ = [
     "RESOLVABLE",
     "Need",
     "Rejection",
-    "ValidatorState",
-    "charge",
     "check_node",
     "cuda_rule",
     "dra_readiness",
@@ -75,12 +73,6 @@ class Rejection:
     code: str
     message: str  # "Code: sentence", as kube-scheduler shows it
     resolvable: bool = False  # preemption could make room (FailedNodes) or not (FailedAndUnresolvableNodes)
-
-
-@dataclass(slots=True, frozen=True)
-class ValidatorState:
-    pod: str | None  # the validator pod on the node, None when there is none
-    ready: bool
 
 
 # What a passing node must still have free: per resource (units, MiB or None when memory is unknown).
@@ -420,17 +412,6 @@ def _label_problems(node: NodeFacts, req: Requirements) -> Rejection | None:
     for label in sorted(relevant & node.problems.keys()):
         return _reject(BAD_LABEL, f"{node.problems[label]}; fix GPU Feature Discovery on the node")
     return None
-
-
-def charge(node: NodeFacts, resource: str, count: int, ask_mib: int | None) -> int | None:
-    """MiB a pod holds on `node` for `count` units: a whole device is held whole whatever the pod
-    says it uses; a share or a MIG slice holds the pod's ask, else its unit's memory."""
-    unit = node.unit_memory(resource)
-    if unit is None:
-        return None
-    if ask_mib is None or not node.is_shared(resource):
-        return unit * count
-    return ask_mib * count
 
 
 def _device_fit(node: NodeFacts, req: Requirements) -> Rejection | Need:

@@ -22,14 +22,14 @@ from gpu_placement import metrics
 from gpu_placement.cluster_metrics import track_cluster
 from gpu_placement.config import Config
 from gpu_placement.dra.discovery import DraApi
-from gpu_placement.dra.state import DRA_KINDS
+from gpu_placement.dra.objects import DRA_KINDS
 from gpu_placement.idle import track_idle
 from gpu_placement.ingest import FILE_KINDS, KINDS, Ingest
 from gpu_placement.outcomes import Outcomes, track_outcomes
 from gpu_placement.placement import Placement
 from gpu_placement.rollout import track_rollout
 from gpu_placement.snapshot import SnapshotSource
-from gpu_placement.view import ClusterView
+from gpu_placement.view import ClusterView, track_view
 
 __all__ = ["Core", "core_from_cluster", "core_from_objects", "core_from_snapshot", "discover_dra", "freeze_heap"]
 
@@ -97,7 +97,7 @@ def _track(view: ClusterView, config: Config) -> Outcomes:
     from gpu_placement.namespaces_view import policy_problems
     from webhook.policy import parse_policy
 
-    metrics.track_view(view)
+    track_view(view)
     track_cluster(view, config, lambda record: parse_policy(record, record.name, config).quota,
                   lambda record: policy_problems(record, config))
     outcomes = track_outcomes(Outcomes(view, config, heard=metrics.last_heard).start())

@@ -16,7 +16,7 @@ import orjson
 import yaml
 
 from gpu_placement import metrics
-from gpu_placement.dra.state import DRA_KINDS
+from gpu_placement.dra.objects import DRA_KINDS
 from gpu_placement.ingest import FILE_KINDS, Ingest
 from gpu_placement.view import ClusterView
 

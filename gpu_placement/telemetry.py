@@ -28,9 +28,8 @@ from typing import Any
 
 import orjson
 
-from gpu_placement.cluster_metrics import TELEMETRY_SUCCESS
 from gpu_placement.config import Telemetry as TelemetryConfig
-from gpu_placement.metrics import TELEMETRY_SKIPPED
+from gpu_placement.metrics import TELEMETRY_SKIPPED, TELEMETRY_SUCCESS
 from gpu_placement.view import ClusterView, Telemetry
 
 __all__ = ["FB_FREE", "XID", "TelemetrySource", "fb_free_query", "readings_from", "xid_query"]

@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from gpu_placement import metrics
 from gpu_placement.config import Config
 from gpu_placement.dra.state import DraState
 from gpu_placement.names import ANN_GPU_MEMORY
 from gpu_placement.namespaces import NamespaceRecord
-from gpu_placement.nodes import NodeFacts
+from gpu_placement.nodes import NodeFacts, ValidatorState, charge
 from gpu_placement.pods import GpuRequests, PodRecord
-from gpu_placement.requirements import parse_memory
-from gpu_placement.rules import ValidatorState, charge
+from gpu_placement.quantity import quantity_to_mib
 
-__all__ = ["ClusterView", "Frozen", "Reservation", "Telemetry", "same_pod"]
+__all__ = ["ClusterView", "Frozen", "Reservation", "Telemetry", "same_pod", "track_view"]
 
 NodeListener = Callable[[str | None], None]  # a node name, or None for "everything changed"
 _SLICE = 256  # relisted changes applied per hold of the lock
@@ -490,7 +490,7 @@ class ClusterView:
         self._discharge(key, refresh=previous is not None and previous.node != node)
         facts = self.nodes.get(node)
         try:
-            ask = parse_memory(memory_annotation) if memory_annotation is not None else None
+            ask = quantity_to_mib(memory_annotation) if memory_annotation is not None else None
         except ValueError:
             ask = None  # a broken annotation charges the unit's memory; the webhook reports it
         items = tuple((res, count, charge(facts, res, count, ask) if facts else None) for res, count in gpus)
@@ -581,3 +581,15 @@ class ClusterView:
 def _unit_sizes(facts: NodeFacts) -> tuple[object, ...]:
     """What decides the memory a unit of each resource stands for on a node."""
     return facts.device_memory_mib, facts.replicas, facts.mig
+
+
+def track_view(view: ClusterView, kinds: tuple[str, ...] = ("nodes", "pods", "namespaces")) -> None:
+    """The view's own figures on /metrics: objects per kind, how fresh, whether listed, reservations."""
+    sizes: dict[str, Callable[[], float]] = {
+        "nodes": lambda: len(view.nodes), "pods": lambda: len(view.pods), "namespaces": lambda: len(view.namespaces),
+    }
+    for kind in kinds:
+        metrics.CACHE_OBJECTS.labels(kind).set_function(sizes[kind])
+    metrics.CACHE_AGE.set_function(metrics.seconds_since_heard)
+    metrics.CACHE_READY.set_function(lambda: float(all(kind in view.listed for kind in kinds)))
+    metrics.RESERVATIONS.set_function(lambda: len(view.reservations))

@@ -13,10 +13,10 @@ from gpu_placement.cuda import driver_table, parse_version
 from gpu_placement.demo_cluster import base_labels, make_node, make_pod, namespace, validator_pod
 from gpu_placement.ingest import Ingest
 from gpu_placement.namespaces import namespace_from_json
-from gpu_placement.nodes import node_from_json
+from gpu_placement.nodes import ValidatorState, node_from_json
 from gpu_placement.placement import Placement
 from gpu_placement.requirements import infer_cuda, requirements_for
-from gpu_placement.rules import Rejection, ValidatorState, check_node
+from gpu_placement.rules import Rejection, check_node
 from gpu_placement.view import ClusterView
 
 CONFIG = Config()

@@ -12,8 +12,8 @@ import pytest
 from gpu_placement.config import Config
 from gpu_placement.demo_cluster import make_node, namespace, validator_pod
 from gpu_placement.dra.discovery import DraApi, discover
+from gpu_placement.dra.objects import DRA_KINDS
 from gpu_placement.dra.published import device_classes, resource_slice
-from gpu_placement.dra.state import DRA_KINDS
 from gpu_placement.ingest import KINDS, Ingest
 from gpu_placement.live import LiveSource
 from gpu_placement.placement import Placement

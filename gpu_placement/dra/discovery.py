@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import orjson
 from kubernetes.client import ApiClient
 
-from gpu_placement.dra.state import DRA_KINDS
+from gpu_placement.dra.objects import DRA_KINDS
 from gpu_placement.kube import api_error, request
 
 __all__ = ["GROUP", "DraApi", "discover"]

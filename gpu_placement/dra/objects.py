@@ -34,8 +34,15 @@ import orjson
 from gpu_placement.cuda import Version, VersionError, parse_version
 from gpu_placement.quantity import QuantityError, parse_quantity
 
-__all__ = ["Claim", "Device", "DeviceClass", "Slice", "Taint", "claim_from_json", "class_from_json",
+__all__ = ["DRA_BY_KIND", "DRA_KINDS", "Claim", "Device", "DeviceClass", "Slice", "Taint", "claim_from_json",
+           "class_from_json",
            "device_product", "slice_from_json", "template_from_json"]
+
+# The view's DRA kinds, listed and watched only when the API server serves them (gpu_placement.dra.discovery).
+DRA_KINDS = ("deviceclasses", "resourceclaimtemplates", "resourceclaims", "resourceslices")
+DRA_BY_KIND = {"DeviceClass": "deviceclasses", "ResourceClaimTemplate": "resourceclaimtemplates",
+               "ResourceClaim": "resourceclaims", "ResourceSlice": "resourceslices"}
+
 
 _MIB = 2**20
 _ALL_DEVICES = 32  # resourceapi.AllocationResultsMaxSize: what allocationMode All is charged

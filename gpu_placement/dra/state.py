@@ -29,12 +29,8 @@ from gpu_placement.dra.objects import (
 )
 from gpu_placement.nodes import NodeFacts
 
-__all__ = ["DRA_BY_KIND", "DRA_KINDS", "DraState", "MadeForPod", "PodClaims"]
+__all__ = ["DraState", "MadeForPod", "PodClaims"]
 
-# The view's DRA kinds, listed and watched only when the API server serves them (gpu_placement.dra.discovery).
-DRA_KINDS = ("deviceclasses", "resourceclaimtemplates", "resourceclaims", "resourceslices")
-DRA_BY_KIND = {"DeviceClass": "deviceclasses", "ResourceClaimTemplate": "resourceclaimtemplates",
-               "ResourceClaim": "resourceclaims", "ResourceSlice": "resourceslices"}
 _NOTHING: tuple[Device, ...] = ()
 NodeListener = Callable[[str], None]
 
