@@ -22,10 +22,9 @@ from gpu_placement.bypass import label_problem
 from gpu_placement.config import Config
 from gpu_placement.cuda import Version, parse_version
 from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.quantity import QuantityProblem, to_count, to_mib
 from gpu_placement.sharing import EXCLUSIVE, Sharing, parse_sharing, sharing_of_resource
-from gpu_placement.text import MAX_ANNOTATION_VALUE
-from webhook.quantities import QuantityProblem, to_count, to_mib
-from webhook.text import first_non_ascii, quoted
+from gpu_placement.text import MAX_ANNOTATION_VALUE, first_non_ascii, quoted
 
 __all__ = [
     "NAMESPACE_ANNOTATIONS",

@@ -38,8 +38,8 @@ from gpu_placement.dra.objects import DeviceClass
 from gpu_placement.metrics import QUOTA_HOLD_OLDEST, QUOTA_HOLD_SETTLEMENTS, QUOTA_HOLDS
 from gpu_placement.pods import GpuRequests, PodRecord
 from gpu_placement.sharing import is_standin
+from gpu_placement.text import units
 from gpu_placement.view import ClusterView, same_pod
-from webhook.text import units
 
 __all__ = ["MAX_HOLDS", "NOT_IN_QUOTA", "OVER_QUOTA", "Reservations", "held_warnings", "quota_problems"]
 
