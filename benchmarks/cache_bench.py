@@ -6,7 +6,7 @@ The fake API server (tests/fakeapi.py, TLS on loopback) runs in a child process,
 figures are this process's alone: what the service would hold. Time to ready is set against the
 floor measured just before and after it in the same run: the same paged lists through the same
 client, each page read and parsed with orjson and nothing kept (goal: within 1.5x; RSS <= 400 MB).
-The child builds the cluster from the GPU Operator label sets in `gpu_placement/demo_cluster.py`,
+The child builds the cluster from the GPU Operator label sets in `gpu_placement/samples/cluster.py`,
 bulk-loads it, and patches nodes when asked; this process runs the real `LiveSource` through the
 real `kubernetes` client. Everything is bounded: the child is killed when this process ends, and
 every wait has a deadline.
@@ -31,13 +31,13 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpu_placement.config import Config  # noqa: E402
-from gpu_placement.demo_cluster import BASES, make_node, make_pod, namespace, validator_pod  # noqa: E402
-from gpu_placement.ingest import Ingest  # noqa: E402
-from gpu_placement.kube import WatchSettings, load_api_client  # noqa: E402
-from gpu_placement.live import LiveSource  # noqa: E402
-from gpu_placement.placement import Placement  # noqa: E402
-from gpu_placement.view import ClusterView  # noqa: E402
+from gpu_placement.base.config import Config  # noqa: E402
+from gpu_placement.decide.placement import Placement  # noqa: E402
+from gpu_placement.kube.api import WatchSettings, load_api_client  # noqa: E402
+from gpu_placement.samples.cluster import BASES, make_node, make_pod, namespace, validator_pod  # noqa: E402
+from gpu_placement.view.cluster import ClusterView  # noqa: E402
+from gpu_placement.view.ingest import Ingest  # noqa: E402
+from gpu_placement.view.live import LiveSource  # noqa: E402
 
 READY_FLOOR_RATIO = 1.5  # time to ready against the floor (the same lists parsed, nothing kept)
 RSS_TARGET_MB = 400.0
@@ -202,7 +202,7 @@ def floor_lists(api: Any, page_size: int) -> float:
     """The floor of time to ready: the same paged lists (a thread per kind, as LiveSource runs them)
     through the same client, each page read and parsed with orjson and nothing kept. Seconds until
     the last kind's last page is parsed."""
-    from gpu_placement.kube import request
+    from gpu_placement.kube.api import request
 
     def list_all(path: str) -> None:
         token = None

@@ -48,14 +48,14 @@ from starlette.routing import Route
 
 from extender.app import DEFAULT_MAX_BODY, create_app
 from extender.binding import SnapshotBinder
-from gpu_placement import placement as placement_module
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import BASES, make_node, make_pod, validator_pod
-from gpu_placement.http import ORJSONResponse, read_body
-from gpu_placement.ingest import Ingest
-from gpu_placement.placement import Placement
-from gpu_placement.serving import ServerThread, make_server
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.decide import placement as placement_module
+from gpu_placement.decide.placement import Placement
+from gpu_placement.samples.cluster import BASES, make_node, make_pod, validator_pod
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
+from gpu_placement.web.http import ORJSONResponse, read_body
+from gpu_placement.web.serving import ServerThread, make_server
 
 TARGET_NODES = 5000
 TARGET_P99_MS = 5.0

@@ -30,10 +30,10 @@ import orjson
 
 sys.path.insert(0, os.getcwd())
 
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node, make_pod, validator_pod
-from gpu_placement.service import core_from_objects
-from gpu_placement.serving import ServerThread, make_server
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.base.config import Config
+from gpu_placement.samples.cluster import make_node, make_pod, validator_pod
+from gpu_placement.web.serving import ServerThread, make_server
 
 IMAGE = "registry.example.com/inference/chat:1.4"  # says nothing about CUDA
 SHARED = "nvidia.com/gpu.shared"

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/footprint_bench.py [--nodes 5000] [--pods 150000]
 
 A real control plane (tests/e2e: etcd, kube-apiserver) holds the cluster: GPU nodes from the GPU
-Operator label sets (gpu_placement/demo_cluster.py), one validator pod each, and pods bound across
+Operator label sets (gpu_placement/samples/cluster.py), one validator pod each, and pods bound across
 them through the API (the ServiceAccount admission adds its token volume, as in a cluster). Then
 the chart's three containers run as the chart runs them (args rendered by Helm, tests/e2e/deploy.py)
 against that API server: kube-scheduler with the chart's KubeSchedulerConfiguration (its informers
@@ -29,7 +29,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpu_placement.demo_cluster import BASES, make_node, make_pod  # noqa: E402
+from gpu_placement.samples.cluster import BASES, make_node, make_pod  # noqa: E402
 from tests.e2e.cluster import ControlPlane, Proc, start_control_plane, wait_for  # noqa: E402
 from tests.e2e.deploy import Pod, install, render  # noqa: E402
 

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpu_placement.demo_cluster import demo_objects, make_pod  # noqa: E402
+from gpu_placement.samples.cluster import demo_objects, make_pod  # noqa: E402
 from tests.test_fuzz_http import (  # noqa: E402
     _extender_bases,
     _webhook_bases,

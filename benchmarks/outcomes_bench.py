@@ -29,15 +29,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_placement import pods as pods_module
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_pod
-from gpu_placement.idle import IdleGpus
-from gpu_placement.ingest import Ingest
-from gpu_placement.outcome_leader import LocalCounter
-from gpu_placement.outcomes import Outcomes
-from gpu_placement.timestamps import format_time
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.base.timestamps import format_time
+from gpu_placement.facts import pods as pods_module
+from gpu_placement.outcomes.counter import LocalCounter
+from gpu_placement.outcomes.idle import IdleGpus
+from gpu_placement.outcomes.record import Outcomes
+from gpu_placement.samples.cluster import make_pod
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
 
 GPU = "nvidia.com/gpu"
 

@@ -24,11 +24,11 @@ import time
 import orjson
 
 from extender.preempt import encode_result, parse_preemption_args
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node, make_pod, namespace, validator_pod
-from gpu_placement.pods import pod_priority
-from gpu_placement.preemption import preempt
-from gpu_placement.service import core_from_objects
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.base.config import Config
+from gpu_placement.decide.preemption import preempt
+from gpu_placement.facts.pods import pod_priority
+from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
 
 SHARED = "nvidia.com/gpu.shared"
 

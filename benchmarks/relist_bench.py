@@ -70,7 +70,7 @@ def client(port: int, ca: str, seconds: float) -> int:
     import http.client
     import ssl
 
-    from gpu_placement.demo_cluster import make_pod
+    from gpu_placement.samples.cluster import make_pod
 
     pod = make_pod("team-01", "bench", gpus={GPU: 1}, image="nvcr.io/nvidia/pytorch:24.05-py3")
     del pod["status"]
@@ -93,7 +93,7 @@ def client(port: int, ca: str, seconds: float) -> int:
 
     import base64
 
-    from gpu_placement.patching import apply_patch
+    from gpu_placement.web.patching import apply_patch
 
     answer = post("/mutate", review(pod))
     shaped = apply_patch(pod, orjson.loads(base64.b64decode(answer["patch"])))
@@ -141,7 +141,7 @@ def relist_objects(objects: list[dict[str, Any]], changed: float) -> tuple[list[
                    "status": {**pod["status"], "phase": "Succeeded"}}
             differ += 1
         fresh.append(pod)
-    from gpu_placement.demo_cluster import make_pod
+    from gpu_placement.samples.cluster import make_pod
 
     for index in range(len(pods) // 100):
         pod = make_pod(f"team-{index % 50:02d}", f"new-{index}", gpus={GPU: 1} if index % 6 == 0 else None)
@@ -161,14 +161,14 @@ def _parsed(pages: list[bytes]) -> Iterator[dict[str, Any]]:
 
 
 def part1(args: argparse.Namespace, bench: Any) -> None:
-    from gpu_placement.config import Config
-    from gpu_placement.ingest import KINDS, Ingest
-    from gpu_placement.logs import setup_logging
-    from gpu_placement.serving import ServerThread
-    from gpu_placement.view import ClusterView
+    from gpu_placement.base.config import Config
+    from gpu_placement.observe.logs import setup_logging
+    from gpu_placement.view.cluster import ClusterView
+    from gpu_placement.view.ingest import KINDS, Ingest
+    from gpu_placement.web.certs import write_bundle
+    from gpu_placement.web.serving import ServerThread
+    from gpu_placement.web.tls import ReloadingTLS, make_server
     from webhook.app import create_app
-    from webhook.certs import write_bundle
-    from webhook.tls import ReloadingTLS, make_server
 
     setup_logging("warning")
     objects = bench.cluster(args.nodes, args.pods)
@@ -252,11 +252,11 @@ def part1(args: argparse.Namespace, bench: Any) -> None:
 # -- part 2: per-event work of the extender's view by cached kinds -------------------------------------
 
 def part2(args: argparse.Namespace, bench: Any) -> None:
-    from gpu_placement.config import Config
-    from gpu_placement.demo_cluster import make_pod
-    from gpu_placement.ingest import KINDS, Ingest
-    from gpu_placement.placement import Placement
-    from gpu_placement.view import ClusterView
+    from gpu_placement.base.config import Config
+    from gpu_placement.decide.placement import Placement
+    from gpu_placement.samples.cluster import make_pod
+    from gpu_placement.view.cluster import ClusterView
+    from gpu_placement.view.ingest import KINDS, Ingest
 
     objects = bench.cluster(args.kind_nodes, args.kind_nodes * 30)
     for kinds in (0, args.kinds):
@@ -307,7 +307,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.client:
         return client(int(args.client[0]), args.client[1], float(args.client[2]))
-    from gpu_placement import serve
+    from gpu_placement.app import serve
 
     sys.setswitchinterval(args.switch_interval or getattr(serve, "SWITCH_INTERVAL_S", 0.005))
     bench = _cache_bench()

@@ -1,7 +1,7 @@
 """Webhook latency and throughput: the real service app over TLS on 127.0.0.1, one core.
 
 The server runs in a child process pinned to one CPU (the service's webhook app, built by
-`gpu_placement.service.core_from_objects` over the embedded demo cluster, behind the same uvicorn +
+`gpu_placement.app.assembly.core_from_objects` over the embedded demo cluster, behind the same uvicorn +
 ReloadingTLS listener `serve` uses, with a self-signed certificate). The load comes from `wrk`
 (keep-alive, on another CPU when there is one) when it is installed, else from a bounded Python
 loop over one keep-alive `http.client` connection, which measures the client as much as the server.
@@ -47,14 +47,14 @@ CHILD_DEADLINE_S = 300  # the server child stops by itself after this, whatever 
 # -- the server child --------------------------------------------------------------------------------
 
 def serve(cert_dir: str, cpu: int | None, floor: bool) -> int:
-    from gpu_placement.config import parse_config
-    from gpu_placement.demo import DEMO_CONFIG
-    from gpu_placement.demo_cluster import demo_objects
-    from gpu_placement.logs import setup_logging
-    from gpu_placement.service import core_from_objects
-    from gpu_placement.serving import ServerThread
+    from gpu_placement.app.assembly import core_from_objects
+    from gpu_placement.app.demo import DEMO_CONFIG
+    from gpu_placement.base.config import parse_config
+    from gpu_placement.observe.logs import setup_logging
+    from gpu_placement.samples.cluster import demo_objects
+    from gpu_placement.web.serving import ServerThread
+    from gpu_placement.web.tls import ReloadingTLS, make_server
     from tests.floor_webhook import create_app as floor_app
-    from webhook.tls import ReloadingTLS, make_server
 
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
@@ -86,8 +86,8 @@ def _review(pod: dict[str, Any], namespace: str) -> dict[str, Any]:
 
 def _cases() -> list[tuple[str, str, bytes, dict[str, Any]]]:
     """(name, path, body, what the answer must hold)."""
-    from gpu_placement.demo_cluster import make_pod
-    from gpu_placement.patching import apply_patch
+    from gpu_placement.samples.cluster import make_pod
+    from gpu_placement.web.patching import apply_patch
 
     gpu = make_pod("team-a", "bench-0", gpus={"nvidia.com/gpu": 1},
                    image="nvcr.io/nvidia/pytorch:24.05-py3", labels={"app": "trainer", "pod-template-hash": "7d4b9c"})
@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         return serve(args.serve, args.cpu, args.floor)
 
-    from webhook.certs import write_bundle
+    from gpu_placement.web.certs import write_bundle
 
     cpus = sorted(os.sched_getaffinity(0))
     server_cpu = cpus[0]

@@ -20,16 +20,17 @@ from extender.binding import Binder, BindError
 from extender.preempt import preempt_endpoint
 from extender.settle import Settle
 from extender.wire import ExtenderBindingArgs, ExtenderFilterResult
-from gpu_placement import metrics, shape
-from gpu_placement.cluster_metrics import tracker_for
-from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
-from gpu_placement.nominated import keep_for_nominated
-from gpu_placement.placement import FilterResult, Placement
-from gpu_placement.pods import pod_key, pod_priority
-from gpu_placement.requirements import Requirements
-from gpu_placement.rules import unknown_node
-from gpu_placement.shape import ShapeError
-from gpu_placement.view import ClusterView, same_pod
+from gpu_placement.decide.nominated import keep_for_nominated
+from gpu_placement.decide.placement import FilterResult, Placement
+from gpu_placement.decide.requirements import Requirements
+from gpu_placement.decide.rules import unknown_node
+from gpu_placement.facts.pods import pod_key, pod_priority
+from gpu_placement.observe import metrics
+from gpu_placement.report.cluster_metrics import tracker_for
+from gpu_placement.view.cluster import ClusterView, same_pod
+from gpu_placement.web import shape
+from gpu_placement.web.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
+from gpu_placement.web.shape import ShapeError
 
 __all__ = ["DEFAULT_MAX_BODY", "create_app"]
 

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from extender.wire import ExtenderArgs
-from gpu_placement import shape
+from gpu_placement.web import shape
 
 __all__ = ["ParsedArgs", "WireError", "json_object", "parse_extender_args", "pod_label"]
 

@@ -12,11 +12,12 @@ import aiohttp
 import orjson
 from kubernetes.client import ApiClient
 
-from gpu_placement import kube, metrics
-from gpu_placement.kube_async import AsyncApi
-from gpu_placement.pods import pod_key
-from gpu_placement.snapshot import SnapshotSource
-from gpu_placement.view import ClusterView
+from gpu_placement.facts.pods import pod_key
+from gpu_placement.kube import api as kube
+from gpu_placement.kube.aio import AsyncApi
+from gpu_placement.observe import metrics
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.snapshot import SnapshotSource
 
 __all__ = ["ApiBinder", "BindError", "Binder", "SnapshotBinder"]
 
@@ -74,7 +75,7 @@ class ApiBinder:
     deleted and recreated under the same name is not bound in its place.
 
     From the event loop, over a pool of at most `connections` kept-alive connections
-    (gpu_placement/kube_async.py): kube-scheduler binds asynchronously, so a burst of pods is a burst
+    (gpu_placement/kube/aio.py): kube-scheduler binds asynchronously, so a burst of pods is a burst
     of binds, and each costs a coroutine, not a thread and a TLS handshake.
 
     The default timeout keeps a failing bind inside kube-scheduler's 5 s extender `httpTimeout`, so

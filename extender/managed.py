@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from gpu_placement import metrics
-from gpu_placement.view import ClusterView
+from gpu_placement.observe import metrics
+from gpu_placement.view.cluster import ClusterView
 
 __all__ = ["UnmanagedResources"]
 

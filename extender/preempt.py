@@ -19,12 +19,13 @@ from starlette.requests import Request
 
 from extender.args import WireError, json_object, pod_label
 from extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaVictims
-from gpu_placement import metrics, shape
-from gpu_placement.http import ORJSONResponse
-from gpu_placement.placement import Placement
-from gpu_placement.pods import pod_priority
-from gpu_placement.preemption import NodePlan, Proposal, preempt
-from gpu_placement.shape import ShapeError
+from gpu_placement.decide.placement import Placement
+from gpu_placement.decide.preemption import NodePlan, Proposal, preempt
+from gpu_placement.facts.pods import pod_priority
+from gpu_placement.observe import metrics
+from gpu_placement.web import shape
+from gpu_placement.web.http import ORJSONResponse
+from gpu_placement.web.shape import ShapeError
 
 __all__ = ["encode_result", "parse_preemption_args", "preempt_endpoint"]
 
@@ -40,7 +41,7 @@ def parse_preemption_args(args: ExtenderPreemptionArgs) -> tuple[dict[str, Any],
     pod = args.get("Pod")
     if not isinstance(pod, dict):
         raise PreemptWireError("ExtenderPreemptionArgs.Pod is missing or not a v1.Pod object")
-    try:  # what /filter reads of the pod, checked the same way (gpu_placement/shape.py)
+    try:  # what /filter reads of the pod, checked the same way (gpu_placement/web/shape.py)
         shape.check_pod(pod, "Pod")
     except ShapeError as exc:
         raise PreemptWireError(str(exc)) from None

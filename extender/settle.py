@@ -34,9 +34,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpu_placement import metrics
-from gpu_placement.placement import FilterResult
-from gpu_placement.view import ClusterView
+from gpu_placement.decide.placement import FilterResult
+from gpu_placement.observe import metrics
+from gpu_placement.view.cluster import ClusterView
 
 __all__ = ["LAGGING", "RETRIED", "SETTLE_BURST", "SETTLE_SECONDS", "SETTLE_SHARE", "Budget", "Settle", "newer"]
 

@@ -1,7 +1,7 @@
 """Slim the service's venv in the image build (the Dockerfile's builder stage): `python slim.py /opt/venv`.
 
 1. Prune what the service cannot import. The `kubernetes` distribution ships its client twice: the
-   synchronous one the service uses (gpu_placement/kube.py: configuration, auth, one raw call) and
+   synchronous one the service uses (gpu_placement/kube/api.py: configuration, auth, one raw call) and
    an asyncio twin, `kubernetes.aio`, 60 MB of generated code. The twin goes, and with it each
    distribution kubernetes requires for it that nothing else requires (aiohttp-retry; aiohttp
    stays while the service's /bind uses it), found from the installed metadata.

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from gpu_placement.web.certs import CertBundle
 from tests.fakeapi import FakeApiServer
 from tests.test_webhook_helpers import TEST_CONFIG, Webhook, certificates, serving
-from webhook.certs import CertBundle
 
 # ---- fake Kubernetes API server (tests/fakeapi.py) -------------------------------------------------
 

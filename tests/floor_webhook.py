@@ -22,7 +22,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
-from gpu_placement.http import ORJSONResponse, read_body
+from gpu_placement.web.http import ORJSONResponse, read_body
 
 __all__ = ["create_app", "main"]
 
@@ -48,8 +48,8 @@ def create_app() -> Starlette:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gpu_placement.serving import run_servers
-    from webhook.tls import ReloadingTLS, make_server
+    from gpu_placement.web.serving import run_servers
+    from gpu_placement.web.tls import ReloadingTLS, make_server
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cert-dir", required=True, type=Path, help="holds tls.crt and tls.key")

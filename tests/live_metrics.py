@@ -15,10 +15,10 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_placement.demo import write_snapshot
-from gpu_placement.demo_cluster import make_pod
-from gpu_placement.explain import admission_review
-from gpu_placement.patching import apply_patch
+from gpu_placement.app.demo import write_snapshot
+from gpu_placement.app.explain import admission_review
+from gpu_placement.samples.cluster import make_pod
+from gpu_placement.web.patching import apply_patch
 from tests.prometheus import tool
 from tests.test_serve import SCRIPT, free_port, stop, wait_ready
 

@@ -1,4 +1,4 @@
-"""Replaying gpu_placement.demo_history's day into a view, on a clock that follows the objects' own
+"""Replaying gpu_placement.samples.history's day into a view, on a clock that follows the objects' own
 timestamps (not wall time): the helpers the outcome tests share."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from gpu_placement.config import Config, parse_config
-from gpu_placement.demo_history import CONFIG, Change, Truth
-from gpu_placement.ingest import Ingest
-from gpu_placement.outcomes import BUCKETS, Outcomes
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config, parse_config
+from gpu_placement.outcomes.record import BUCKETS, Outcomes
+from gpu_placement.samples.history import CONFIG, Change, Truth
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
 
 __all__ = ["START", "Clock", "ViewReplica", "apply", "exposition", "figures", "histogram_counts", "plural",
            "truth_histograms"]
@@ -103,7 +103,7 @@ def figures(text: str) -> tuple[Counter[tuple[str, ...]], dict[str, Counter[tupl
 
 def histogram_counts(outcomes: Outcomes, metric: str) -> Counter[tuple[str, ...]]:
     """Observations per label set, labels in sorted-name order (as `figures` gives them)."""
-    from gpu_placement.outcomes import _LABELS
+    from gpu_placement.outcomes.record import _LABELS
 
     names = _LABELS[metric]
     order = sorted(range(len(names)), key=lambda i: names[i])

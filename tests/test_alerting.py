@@ -1,4 +1,4 @@
-"""The demo's in-process alert evaluation (gpu_placement/alerting.py): the chart's defaults, the
+"""The demo's in-process alert evaluation (gpu_placement/report/alerting.py): the chart's defaults, the
 chart's alert names, and the lines the demo prints."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from gpu_placement.alerting import DEFAULTS, Firing, evaluate
-from gpu_placement.demo import run_demo
+from gpu_placement.app.demo import run_demo
+from gpu_placement.report.alerting import DEFAULTS, Firing, evaluate
 from tests.test_alerts import alerts
 
 ROOT = Path(__file__).resolve().parent.parent

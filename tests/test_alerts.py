@@ -412,7 +412,7 @@ def test_outcome_records_are_the_clusters_totals_and_windows_their_differences(t
 
 
 def test_node_side_causes_in_the_rules_are_the_codes() -> None:
-    from gpu_placement.launch import NODE_CAUSES
+    from gpu_placement.facts.launch import NODE_CAUSES
 
     expr = alerts()["GpuLaunchFailuresOnNodes"]["expr"]
     assert f'cause=~"{"|".join(NODE_CAUSES)}"' in expr

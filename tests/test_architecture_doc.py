@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gpu_placement import names as n
-from gpu_placement.config import Validator
-from gpu_placement.rules import CODES, UNKNOWN_NODE
-from gpu_placement.telemetry import FB_FREE, XID
+from gpu_placement.base import names as n
+from gpu_placement.base.config import Validator
+from gpu_placement.decide.rules import CODES, UNKNOWN_NODE
+from gpu_placement.view.telemetry import FB_FREE, XID
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = (ROOT / "docs" / "architecture.md").read_text()

@@ -16,14 +16,14 @@ from kubernetes.client import ApiClient
 
 from extender.app import create_app
 from extender.binding import ApiBinder, BindError
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node, make_pod, validator_pod
-from gpu_placement.ingest import Ingest
-from gpu_placement.kube import WatchSettings
-from gpu_placement.live import LiveSource
-from gpu_placement.placement import Placement
-from gpu_placement.serving import ServerThread, make_server
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.decide.placement import Placement
+from gpu_placement.kube.api import WatchSettings
+from gpu_placement.samples.cluster import make_node, make_pod, validator_pod
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
+from gpu_placement.view.live import LiveSource
+from gpu_placement.web.serving import ServerThread, make_server
 from tests.fakeapi import FakeApiServer
 
 pytestmark = pytest.mark.timeout(30)

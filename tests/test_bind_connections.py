@@ -1,5 +1,5 @@
 """kube-scheduler binds asynchronously, so a burst of pods is a burst of concurrent /bind calls. Each
-Binding POST goes out over a bounded pool of kept connections (gpu_placement/kube_async.py): a burst
+Binding POST goes out over a bounded pool of kept connections (gpu_placement/kube/aio.py): a burst
 opens at most the pool's connections, and the next burst reuses them (no TLS handshake per bind, as
 the threadpool over the kubernetes client's 10-connection urllib3 pool did past its tenth call)."""
 
@@ -12,7 +12,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from extender.binding import ApiBinder
-from gpu_placement.demo_cluster import make_node, make_pod
+from gpu_placement.samples.cluster import make_node, make_pod
 from tests.fakeapi import FakeApiServer
 
 pytestmark = pytest.mark.timeout(60)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from extender import settle as settle_module
-from gpu_placement.demo_cluster import make_node, make_pod, validator_pod
+from gpu_placement.samples.cluster import make_node, make_pod, validator_pod
 from tests.test_extender_http import Extender
 
 SHARED = "nvidia.com/gpu.shared"

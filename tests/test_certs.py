@@ -1,4 +1,4 @@
-"""webhook/certs.py: what the CA and serving certificates say, the files, reuse, and the errors users see."""
+"""gpu_placement/web/certs.py: what the CA and serving certificates say, the files, reuse, and the errors users see."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from webhook.certs import (
+from gpu_placement.web.certs import (
     CertificateError,
     cert_not_after,
     check_pair,

@@ -2,7 +2,7 @@
 
 Every rendered manifest is checked against the Kubernetes OpenAPI schemas (kubernetes-validate,
 strict: unknown fields fail), and the parts that must agree with the code are cross-checked against
-it: the service config parses with `gpu_placement.config.parse_config`, every container's args
+it: the service config parses with `gpu_placement.base.config.parse_config`, every container's args
 parse with the CLI's own parser, the extender verbs and webhook paths are routes the apps serve,
 ports and names line up between the scheduler config, containers, Services and RBAC. The webhook
 matchConditions are evaluated on sample pods with a small evaluator for the CEL subset they use.
@@ -21,8 +21,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpu_placement import names as n
-from webhook.quota_mirror import MIRROR_NAME
+from gpu_placement.base import names as n
+from gpu_placement.controllers.quota_mirror import MIRROR_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "gpu-placement"
@@ -327,7 +327,7 @@ def test_every_object_is_labelled_and_namespaced(rendered: Rendered) -> None:
 
 
 def test_rendered_config_parses_with_the_service(rendered: Rendered) -> None:
-    from gpu_placement.config import parse_config
+    from gpu_placement.base.config import parse_config
 
     data = yaml.safe_load(rendered.config_text())
     config = parse_config(data)
@@ -344,14 +344,14 @@ def test_rendered_config_parses_with_the_service(rendered: Rendered) -> None:
 
 
 def test_config_error_is_what_bad_config_raises() -> None:
-    from gpu_placement.config import ConfigError, parse_config
+    from gpu_placement.base.config import ConfigError, parse_config
 
     with pytest.raises(ConfigError):
         parse_config({"mode": "loud"})
 
 
 def test_every_container_of_the_service_parses_with_the_cli(rendered: Rendered) -> None:
-    from gpu_placement.cli import build_parser
+    from gpu_placement.app.cli import build_parser
 
     seen = set()
     for deployment in rendered.all("Deployment"):
@@ -381,7 +381,7 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
     assert sched["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert sched["kind"] == "KubeSchedulerConfiguration"
     assert [p["schedulerName"] for p in sched["profiles"]] == [v["schedulerName"]]
-    # The stand-ins of claim pods (webhook/dra_quota.py) are on no node: the profile's node fit ignores them.
+    # The stand-ins of claim pods (gpu_placement/decide/dra_quota.py) are on no node: the profile's node fit ignores them.
     [profile] = sched["profiles"]
     assert profile["pluginConfig"] == [{"name": "NodeResourcesFit",
                                         "args": {"ignoredResourceGroups": [n.STANDIN_GROUP]}}]
@@ -411,7 +411,7 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
     managed = [r["name"] for r in extender["managedResources"]]
     # kube-scheduler filters every node before the extender sees them (the default samples big clusters)
     assert sched["percentageOfNodesToScore"] == 100
-    from gpu_placement.cli import build_parser
+    from gpu_placement.app.cli import build_parser
 
     args = build_parser().parse_args(rendered.container("extender")["args"])
     if not v["scheduler"]["extender"]["managedResourcesOnly"]:
@@ -426,7 +426,7 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
 
 
 def test_extender_url_is_the_sidecar_listener(rendered: Rendered) -> None:
-    from gpu_placement.cli import build_parser
+    from gpu_placement.app.cli import build_parser
 
     [extender] = rendered.scheduler_config()["extenders"]
     match = re.fullmatch(r"http://127\.0\.0\.1:(\d+)", extender["urlPrefix"])
@@ -456,7 +456,7 @@ def test_scheduler_containers(rendered: Rendered) -> None:
     assert path.rsplit("/", 1)[1] in rendered.one("ConfigMap", volume["configMap"]["name"])["data"]
     assert not any(a.startswith("--kubeconfig") for a in container["command"])
     # Extender probes: kubelet's HTTP GETs of /readyz and /healthz on its health listener (all interfaces).
-    from gpu_placement.cli import build_parser
+    from gpu_placement.app.cli import build_parser
 
     extender = rendered.container("extender")
     args = build_parser().parse_args(extender["args"])
@@ -553,8 +553,8 @@ def test_webhook_configurations(rendered: Rendered) -> None:
 def test_webhook_paths_are_the_routes_the_apps_serve(rendered: Rendered, tmp_path: Path) -> None:
     """The chart's extender verbs and webhook paths against the apps built by the code, from the
     rendered config."""
-    from gpu_placement.config import parse_config
-    from gpu_placement.service import core_from_snapshot
+    from gpu_placement.app.assembly import core_from_snapshot
+    from gpu_placement.base.config import parse_config
 
     snapshot = tmp_path / "empty.yaml"
     snapshot.write_text("apiVersion: v1\nkind: List\nitems: []\n")
@@ -574,7 +574,7 @@ def test_webhook_paths_are_the_routes_the_apps_serve(rendered: Rendered, tmp_pat
 
 
 def test_webhook_service_reaches_the_listener(rendered: Rendered) -> None:
-    from gpu_placement.cli import build_parser
+    from gpu_placement.app.cli import build_parser
 
     container = rendered.container("webhook")
     args = build_parser().parse_args(container["args"])
@@ -616,7 +616,7 @@ def test_managed_resources_cover_every_gpu_resource_of_the_config(rendered: Rend
 
 
 def test_webhook_certificates(rendered: Rendered) -> None:
-    from gpu_placement.cli import build_parser
+    from gpu_placement.app.cli import build_parser
 
     name = fullname(rendered.case)
     ns = rendered.case.namespace
@@ -680,12 +680,12 @@ def test_webhook_rbac_reads_the_view(rendered: Rendered) -> None:
     assert rendered.deployment("webhook")["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-webhook"
 
 
-# gpu_placement/events.py: create an Event, patch a series' count; and the writer's own Lease.
+# gpu_placement/controllers/events.py: create an Event, patch a series' count; and the writer's own Lease.
 EVENTS = {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
 
 
 def test_webhook_events_lease(rendered: Rendered) -> None:
-    from gpu_placement.cli import build_parser
+    from gpu_placement.app.cli import build_parser
 
     name = fullname(rendered.case)
     args = build_parser().parse_args(rendered.container("webhook")["args"])
@@ -699,7 +699,7 @@ def test_webhook_quota_mirror_rbac_and_args(rendered: Rendered) -> None:
     """The mirror runs whatever the certificate mode (its own Lease), in audit mode too (where it
     deletes what it kept), and may do only what it does: ResourceQuotas, and its one Lease. Its
     quotas are owned by the ValidatingWebhookConfiguration, so helm uninstall takes them."""
-    from gpu_placement.cli import build_parser
+    from gpu_placement.app.cli import build_parser
 
     name, ns = fullname(rendered.case), rendered.case.namespace
     args = build_parser().parse_args(rendered.container("webhook")["args"])
@@ -1061,8 +1061,8 @@ def test_match_conditions_send_only_pods_that_matter(rendered: Rendered) -> None
 def test_match_conditions_agree_with_the_code(rendered: Rendered) -> None:
     """On every sample pod, the CEL sends exactly the pods the service's own rules act on: GPU pods
     (effective GPU requests) to both, and taint-tolerating non-DaemonSet pods to /mutate."""
-    from gpu_placement.config import parse_config
-    from gpu_placement.pods import effective_gpu_requests
+    from gpu_placement.base.config import parse_config
+    from gpu_placement.facts.pods import effective_gpu_requests
     from webhook.patches import tolerates_gpu_taint
 
     config = parse_config(yaml.safe_load(rendered.config_text()))

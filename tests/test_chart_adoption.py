@@ -14,7 +14,7 @@ import helm_python
 import pytest
 import yaml
 
-from gpu_placement.cli import build_parser
+from gpu_placement.app.cli import build_parser
 from tests.test_chart import CHART, NAMESPACE, Case, Doc, Rendered, _render, _webhooks, offline
 
 pytestmark = pytest.mark.timeout(120)
@@ -83,7 +83,7 @@ def test_a_webhook_change_rolls_the_webhook_pods_only(chart: helm_python.Chart) 
 ])
 def test_namespace_selection_is_enforced_by_every_webhooks_namespace_selector(
         chart: helm_python.Chart, selection: str, expression: Doc) -> None:
-    from gpu_placement.config import parse_config
+    from gpu_placement.base.config import parse_config
 
     values = {} if selection == "optIn" else {"namespaceSelection": selection}  # optIn is the default
     rendered = render(chart, values)

@@ -9,9 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpu_placement.cli import main
-from gpu_placement.demo import write_snapshot
-from gpu_placement.demo_cluster import make_pod
+from gpu_placement.app.cli import main
+from gpu_placement.app.demo import write_snapshot
+from gpu_placement.samples.cluster import make_pod
 
 SCRIPT = str(Path(sys.executable).with_name("gpu-placement"))
 

@@ -15,9 +15,9 @@ import orjson
 import pytest
 import yaml
 
-from gpu_placement.cli import main
-from gpu_placement.demo import write_snapshot
-from gpu_placement.demo_cluster import make_pod
+from gpu_placement.app.cli import main
+from gpu_placement.app.demo import write_snapshot
+from gpu_placement.samples.cluster import make_pod
 
 pytestmark = pytest.mark.timeout(300)
 SCRIPT = str(Path(sys.executable).with_name("gpu-placement"))
@@ -179,7 +179,7 @@ def test_version() -> None:
 @pytest.fixture(scope="module")
 def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Enough nodes that the output outgrows a pipe's buffer (64 KiB): the writer meets the closed pipe."""
-    from gpu_placement.demo_cluster import make_node, validator_pod
+    from gpu_placement.samples.cluster import make_node, validator_pod
 
     objects = [obj for i in range(1200) for obj in (make_node(f"gpu-{i:04d}", "h100x8"), validator_pod(f"gpu-{i:04d}"))]
     path = tmp_path_factory.mktemp("big") / "big.json"

@@ -1,4 +1,4 @@
-"""Cluster metrics (gpu_placement/cluster_metrics.py): aggregates kept current one object change at a
+"""Cluster metrics (gpu_placement/report/cluster_metrics.py): aggregates kept current one object change at a
 time must equal the same aggregates built from scratch, and say what a platform engineer expects."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_placement import metrics
-from gpu_placement.cluster_metrics import NO_POOL, OK, ClusterMetrics, tracker_for
-from gpu_placement.config import parse_config
-from gpu_placement.demo import DEMO_CONFIG
-from gpu_placement.demo_cluster import demo_objects, make_node, make_pod, namespace, validator_pod
-from gpu_placement.rules import CODES
-from gpu_placement.service import Core, core_from_objects
-from gpu_placement.serving import ServerThread, make_server
-from gpu_placement.view import Telemetry
+from gpu_placement.app.assembly import Core, core_from_objects
+from gpu_placement.app.demo import DEMO_CONFIG
+from gpu_placement.base.config import parse_config
+from gpu_placement.decide.rules import CODES
+from gpu_placement.observe import metrics
+from gpu_placement.report.cluster_metrics import NO_POOL, OK, ClusterMetrics, tracker_for
+from gpu_placement.samples.cluster import demo_objects, make_node, make_pod, namespace, validator_pod
+from gpu_placement.view.cluster import Telemetry
+from gpu_placement.web.serving import ServerThread, make_server
 
 GPU = "nvidia.com/gpu"
 GIB = 2**30

@@ -8,16 +8,16 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.config import Config
-from gpu_placement.cuda import driver_table, parse_version
-from gpu_placement.demo_cluster import base_labels, make_node, make_pod, namespace, validator_pod
-from gpu_placement.ingest import Ingest
-from gpu_placement.namespaces import namespace_from_json
-from gpu_placement.nodes import ValidatorState, node_from_json
-from gpu_placement.placement import Placement
-from gpu_placement.requirements import infer_cuda, requirements_for
-from gpu_placement.rules import Rejection, check_node
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.base.cuda import driver_table, parse_version
+from gpu_placement.decide.placement import Placement
+from gpu_placement.decide.requirements import infer_cuda, requirements_for
+from gpu_placement.decide.rules import Rejection, check_node
+from gpu_placement.facts.namespaces import namespace_from_json
+from gpu_placement.facts.nodes import ValidatorState, node_from_json
+from gpu_placement.samples.cluster import base_labels, make_node, make_pod, namespace, validator_pod
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
 
 CONFIG = Config()
 TABLE = json.loads(resources.files("gpu_placement").joinpath("data/cuda-driver-table.json").read_text())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import re
 
-from gpu_placement.demo import run_demo
-from gpu_placement.rules import CODES
+from gpu_placement.app.demo import run_demo
+from gpu_placement.decide.rules import CODES
 
 
 def rows(text: str, heading: str) -> dict[str, str]:
@@ -127,8 +127,8 @@ def test_demo_surveys_its_cluster() -> None:
 
 
 def test_demo_ends_with_the_outcome_table_report_prints() -> None:
-    """The same computation as `gpu-placement report` (gpu_placement/outcome_report.py), over the demo's
-    own counters after a day of its history (gpu_placement/demo_history.py, whose Truth it must match)."""
+    """The same computation as `gpu-placement report` (gpu_placement/outcomes/report.py), over the demo's
+    own counters after a day of its history (gpu_placement/samples/history.py, whose Truth it must match)."""
     out = io.StringIO()
     run_demo(out=out)
     text = out.getvalue()

@@ -12,9 +12,9 @@ import orjson
 import pytest
 import yaml
 
-from gpu_placement.cli import build_parser, main
-from gpu_placement.demo import DEMO_CONFIG, demo_config_map
-from gpu_placement.demo_cluster import demo_objects, make_pod
+from gpu_placement.app.cli import build_parser, main
+from gpu_placement.app.demo import DEMO_CONFIG, demo_config_map
+from gpu_placement.samples.cluster import demo_objects, make_pod
 from tests.fakeapi import FakeApiServer
 
 POOLED = make_pod("team-a", "train-0", gpus={"nvidia.com/gpu": 1})  # team-a: gpu-placement.io/pools=training

@@ -1,11 +1,11 @@
 """Every reason sentence the README and the docs quote is one the rules can produce.
 
 The sentences are generated from the rules' own code, not from a hand list: every `_reject(CODE, ...)`
-and every `Code: ...` string of gpu_placement/rules.py, read with `ast`, each interpolated value a
+and every `Code: ...` string of gpu_placement/decide/rules.py, read with `ast`, each interpolated value a
 wildcard, local sentence parts and helper functions followed to the strings they can be. A quote
 matches when some generated sentence and the quote can be the same text, `...` in the quote standing
 for anything. kube-scheduler's own reasons, quoted in PodScheduled messages, are checked against
-gpu_placement/kubefilters.py the same way. Rewording a rule without its docs fails here.
+gpu_placement/decide/kubefilters.py the same way. Rewording a rule without its docs fails here.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_placement import kubefilters
-from gpu_placement.rules import CODES
+from gpu_placement.decide import kubefilters
+from gpu_placement.decide.rules import CODES
 
 ROOT = Path(__file__).resolve().parent.parent
 WILD = "\x00"  # any text

@@ -10,8 +10,8 @@ import helm_python
 import pytest
 import yaml
 
-from gpu_placement.cli import build_parser
-from gpu_placement.config import parse_config
+from gpu_placement.app.cli import build_parser
+from gpu_placement.base.config import parse_config
 from tests.test_chart import CASES, CHART, Rendered, _render, fullname
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.demo_cluster import namespace
+from gpu_placement.controllers.templates import wanted_templates
+from gpu_placement.samples.cluster import namespace
+from gpu_placement.web.certs import CertBundle
 from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, serving
-from webhook.certs import CertBundle
-from webhook.dra_templates import wanted_templates
 
 pytestmark = pytest.mark.timeout(30)
 Obj = dict[str, Any]

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.config import Config, parse_config
-from gpu_placement.demo_cluster import make_node, make_pod, namespace, validator_pod
-from gpu_placement.dra.published import Gpu, device_classes, resource_slice
-from gpu_placement.explain import explain_pod
+from gpu_placement.app.explain import explain_pod
+from gpu_placement.base.config import Config, parse_config
+from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
+from gpu_placement.samples.dra import Gpu, device_classes, resource_slice
 from tests.test_extender_http import Extender
 
 Obj = dict[str, Any]

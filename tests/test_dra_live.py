@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node, namespace, validator_pod
-from gpu_placement.dra.discovery import DraApi, discover
-from gpu_placement.dra.objects import DRA_KINDS
-from gpu_placement.dra.published import device_classes, resource_slice
-from gpu_placement.ingest import KINDS, Ingest
-from gpu_placement.live import LiveSource
-from gpu_placement.placement import Placement
-from gpu_placement.service import discover_dra
-from gpu_placement.view import ClusterView
+from gpu_placement.app.assembly import discover_dra
+from gpu_placement.base.config import Config
+from gpu_placement.decide.placement import Placement
+from gpu_placement.facts.dra import DRA_KINDS
+from gpu_placement.kube.discovery import DraApi, discover
+from gpu_placement.samples.cluster import make_node, namespace, validator_pod
+from gpu_placement.samples.dra import device_classes, resource_slice
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import KINDS, Ingest
+from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
 from tests.test_dra_extender import claim_pod, template
 from tests.test_live import FAST, wait_for
@@ -136,7 +136,7 @@ def test_claims_allocated_fill_their_node(served: Live) -> None:
 def test_a_deleted_node_does_not_come_back_when_its_resourceslice_goes_after_it(served: Live) -> None:
     """The kubelet plugin's ResourceSlices are owned by their Node, so the garbage collector deletes them
     after it (cluster autoscaler scale-down): their deletion must not put the Node back in the view."""
-    from gpu_placement.cluster_metrics import ClusterMetrics
+    from gpu_placement.report.cluster_metrics import ClusterMetrics
 
     fake, view = served.fake, served.view
     tracker = ClusterMetrics(view, served.config)

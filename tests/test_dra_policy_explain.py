@@ -3,15 +3,15 @@ with its selectors, and which devices on the nodes that pass match them (and why
 
 from __future__ import annotations
 
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_pod, namespace, validator_pod
-from gpu_placement.dra.published import Gpu, device_classes, resource_slice
-from gpu_placement.explain import explain_pod
-from gpu_placement.namespaces import namespace_from_json
-from gpu_placement.service import core_from_objects
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.app.explain import explain_pod
+from gpu_placement.base.config import Config
+from gpu_placement.controllers.templates import wanted_templates
+from gpu_placement.facts.namespaces import namespace_from_json
+from gpu_placement.facts.policy import parse_policy
+from gpu_placement.samples.cluster import make_pod, namespace, validator_pod
+from gpu_placement.samples.dra import Gpu, device_classes, resource_slice
 from tests.test_dra_extender import dra_node
-from webhook.dra_templates import wanted_templates
-from webhook.policy import parse_policy
 
 POLICY = {"gpu-placement.io/allocation": "dra", "gpu-placement.io/gpu-products": "NVIDIA-H100-80GB-HBM3",
           "gpu-placement.io/cuda": "12.4"}

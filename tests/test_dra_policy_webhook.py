@@ -12,15 +12,15 @@ from typing import Any
 import orjson
 import pytest
 
-from gpu_placement.config import ConfigError, parse_config
-from gpu_placement.demo_cluster import namespace
-from gpu_placement.dra.discovery import DraApi
-from gpu_placement.dra.published import device_classes
-from gpu_placement.namespaces import namespace_from_json
+from gpu_placement.base.config import ConfigError, parse_config
+from gpu_placement.controllers.templates import wanted_templates
+from gpu_placement.facts.namespaces import namespace_from_json
+from gpu_placement.facts.policy import parse_policy
+from gpu_placement.kube.discovery import DraApi
+from gpu_placement.samples.cluster import namespace
+from gpu_placement.samples.dra import device_classes
+from gpu_placement.web.certs import CertBundle
 from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, serving, user_pod
-from webhook.certs import CertBundle
-from webhook.dra_templates import wanted_templates
-from webhook.policy import parse_policy
 
 pytestmark = pytest.mark.timeout(30)
 Obj = dict[str, Any]
@@ -37,7 +37,7 @@ DRA_NAMESPACES = [namespace("ai", POLICY),
 
 
 def templates_for(hook: Webhook, name: str) -> list[Obj]:
-    """What the service keeps in namespace `name` (webhook/dra_templates.py), as the API server stores it."""
+    """What the service keeps in namespace `name` (gpu_placement/controllers/templates.py), as the API server stores it."""
     policy = hook.app.state.admission.policy(name)
     return [t.body(hook.config.dra.driver) for t in wanted_templates(policy, set(), hook.config)]
 

@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.cluster_metrics import tracker_for
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_pod, namespace
-from gpu_placement.dra.published import device_classes
-from gpu_placement.dra.state import MadeForPod
-from gpu_placement.service import core_from_objects
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.base.config import Config
+from gpu_placement.controllers.quota_mirror import QuotaMirror
+from gpu_placement.controllers.templates import TemplateKeeper
+from gpu_placement.report.cluster_metrics import tracker_for
+from gpu_placement.samples.cluster import make_pod, namespace
+from gpu_placement.samples.dra import device_classes
+from gpu_placement.view.dra import MadeForPod
 from tests.test_dra_policy_webhook import set_namespaces, templates_for
 from tests.test_webhook_helpers import Webhook, user_pod
-from webhook.dra_templates import TemplateKeeper
-from webhook.quota_mirror import QuotaMirror
 
 Obj = dict[str, Any]
 

@@ -3,7 +3,7 @@ exist, as device-plugin pods hold their GPUs until the view shows them (webhook/
 
 A hold is told, never counted against the next pod (any caller that reaches the port can make one):
 two pods created at once both pass /validate, the second with a warning, and the API server's quota
-refuses the one that does not fit, at its create by its stand-ins (webhook/dra_quota.py). What the
+refuses the one that does not fit, at its create by its stand-ins (gpu_placement/decide/dra_quota.py). What the
 view shows exists (the pod's stand-ins, its claims) refuses. Over the real HTTPS app."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.demo_cluster import namespace
-from gpu_placement.dra.published import device_classes
+from gpu_placement.samples.cluster import namespace
+from gpu_placement.samples.dra import device_classes
 from tests.test_dra_policy_webhook import set_namespaces, templates_for
 from tests.test_webhook_helpers import Webhook, user_pod
 

@@ -7,19 +7,19 @@ from pathlib import Path
 
 import orjson
 
-from gpu_placement.cli import main
-from gpu_placement.config import Config
-from gpu_placement.dra.devices import device_rows
-from gpu_placement.dra.published import device_classes, resource_slice
-from gpu_placement.explain import explain_pod
-from gpu_placement.service import core_from_objects
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.app.cli import main
+from gpu_placement.app.explain import explain_pod
+from gpu_placement.base.config import Config
+from gpu_placement.report.devices import device_rows
+from gpu_placement.samples.dra import device_classes, resource_slice
 from tests.test_dra_extender import claim_pod, dra_node, template
 
 XID = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
 
 
 def objects() -> list[dict]:
-    from gpu_placement.demo_cluster import namespace, validator_pod
+    from gpu_placement.samples.cluster import namespace, validator_pod
 
     return [namespace("ml"), *device_classes(), template("ml", "one-gpu", "gpu.nvidia.com"),
             dra_node("a"), validator_pod("a"), resource_slice("a", 3, taints={2: XID}),

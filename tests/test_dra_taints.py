@@ -14,15 +14,15 @@ from typing import Any
 import orjson
 import pytest
 
-from gpu_placement import metrics
-from gpu_placement.config import Config, parse_config
-from gpu_placement.demo_cluster import make_node, namespace, validator_pod
-from gpu_placement.dra.published import device_classes, resource_slice
-from gpu_placement.dra.taints import TaintController, TaintSettings
-from gpu_placement.ingest import KINDS, Ingest
-from gpu_placement.live import LiveSource
-from gpu_placement.service import discover_dra
-from gpu_placement.view import ClusterView, Telemetry
+from gpu_placement.app.assembly import discover_dra
+from gpu_placement.base.config import Config, parse_config
+from gpu_placement.controllers.dra_taints import TaintController, TaintSettings
+from gpu_placement.observe import metrics
+from gpu_placement.samples.cluster import make_node, namespace, validator_pod
+from gpu_placement.samples.dra import device_classes, resource_slice
+from gpu_placement.view.cluster import ClusterView, Telemetry
+from gpu_placement.view.ingest import KINDS, Ingest
+from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
 from tests.test_live import FAST, wait_for
 
@@ -271,8 +271,8 @@ def test_a_validator_already_waiting_when_the_process_starts_keeps_its_node_unta
     controller existed still holds its node's rule back: a taint would lock it out for good."""
     import argparse
 
-    from gpu_placement.serve import _kinds, _start_dra_taints
-    from gpu_placement.service import core_from_cluster
+    from gpu_placement.app.assembly import core_from_cluster
+    from gpu_placement.app.serve import _kinds, _start_dra_taints
 
     fake = FakeApiServer(dra="v1", taint_rules="v1").start()
     core = None
@@ -359,7 +359,7 @@ LONG = "gpu-a100-r12u34.training-cluster-prod.us-east-1.datacenter.example.com" 
 def test_a_node_name_longer_than_a_label_value_gets_its_rule_and_loses_it(replicas: Callable[..., Replica]) -> None:
     """A node name may have 253 characters, a label value 63 (kube-apiserver: 422). The name goes whole
     into the annotation and, shortened with a hash, into the label, which still selects the rule."""
-    from gpu_placement.kube import request
+    from gpu_placement.kube.api import request
 
     replica = replicas()
     fake = replica.fake
@@ -372,7 +372,7 @@ def test_a_node_name_longer_than_a_label_value_gets_its_rule_and_loses_it(replic
     replica.taints.step()
     assert {"gpu-placement-aaa-fixed", f"gpu-placement-{LONG}", "gpu-placement-zz-broken"} <= set(rules(fake))
     assert replica.taints.last_error is None
-    from gpu_placement.dra.taints import node_label_value
+    from gpu_placement.controllers.dra_taints import node_label_value
 
     meta = rules(fake)[f"gpu-placement-{LONG}"]["metadata"]
     label = meta["labels"]["gpu-placement.io/node"]

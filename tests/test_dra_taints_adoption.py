@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from gpu_placement.config import parse_config
+from gpu_placement.base.config import parse_config
 from tests.test_dra_taints import QUICK, Replica, replicas, rules, taint  # noqa: F401  (replicas: the fixture)
 
 OWNED = dataclasses.replace(QUICK, owner="gpu-placement")

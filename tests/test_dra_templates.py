@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from gpu_placement.config import Config
-from gpu_placement.ingest import Ingest
-from gpu_placement.live import LiveSource
-from gpu_placement.service import discover_dra
-from gpu_placement.view import ClusterView
+from gpu_placement.app.assembly import discover_dra
+from gpu_placement.base.config import Config
+from gpu_placement.controllers.quota_mirror import MirrorSettings, QuotaMirror
+from gpu_placement.controllers.templates import TemplateKeeper
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
+from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
 from tests.test_live import wait_for
 from tests.test_quota_mirror import FAST, FAST_WATCH
-from webhook.dra_templates import TemplateKeeper
-from webhook.quota_mirror import MirrorSettings, QuotaMirror
 
 pytestmark = pytest.mark.timeout(30)
 Obj = dict[str, Any]
@@ -83,7 +83,7 @@ def test_a_dra_namespace_gets_its_templates_and_its_quota_in_devices(cluster: tu
         "requests.nvidia.com/gpu": "4", "requests.nvidia.com/mig-1g.10gb": "2",
         "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "4",
         "mig.nvidia.com.deviceclass.resource.k8s.io/devices": "2",
-        # the stand-ins, per level, that converted pods carry (webhook/dra_quota.py)
+        # the stand-ins, per level, that converted pods carry (gpu_placement/decide/dra_quota.py)
         "requests.gpu-placement.io/gpu": "4", "requests.gpu-placement.io/mig-1g.10gb": "2"}
 
 

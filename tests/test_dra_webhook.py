@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from gpu_placement.dra.published import device_classes
+from gpu_placement.samples.dra import device_classes
 from tests.test_dra_extender import claim_pod, template
 from tests.test_webhook_helpers import Webhook, user_pod
 

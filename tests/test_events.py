@@ -1,4 +1,4 @@
-"""Kubernetes Events where a person looks first (issue 34; gpu_placement/events.py), written to the fake API
+"""Kubernetes Events where a person looks first (issue 34; gpu_placement/controllers/events.py), written to the fake API
 server: on a Node when gpu-placement's verdict for it changes (a flapping node aggregated into a series,
 and rate-limited, as client-go's event libraries do), on a Namespace whose settings do nothing, on a pod
 admitted with warnings (by the replica that admitted it, once the pod exists), only by the Lease holder
@@ -14,11 +14,11 @@ from typing import Any
 import orjson
 import pytest
 
-from gpu_placement import asgi
-from gpu_placement.config import parse_config
-from gpu_placement.demo import DEMO_CONFIG
-from gpu_placement.demo_cluster import demo_objects, make_pod, namespace, validator_pod
-from gpu_placement.events import (
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.app.demo import DEMO_CONFIG
+from gpu_placement.app.explain import admission_review
+from gpu_placement.base.config import parse_config
+from gpu_placement.controllers.events import (
     CONTROLLER,
     EventItem,
     EventWriter,
@@ -27,11 +27,11 @@ from gpu_placement.events import (
     watch_namespaces,
     watch_nodes,
 )
-from gpu_placement.explain import admission_review
-from gpu_placement.lease import Lease
-from gpu_placement.namespaces_view import policy_problems
-from gpu_placement.patching import apply_patch
-from gpu_placement.service import core_from_objects
+from gpu_placement.kube.lease import Lease
+from gpu_placement.report.namespaces import policy_problems
+from gpu_placement.samples.cluster import demo_objects, make_pod, namespace, validator_pod
+from gpu_placement.web import asgi
+from gpu_placement.web.patching import apply_patch
 from tests.fakeapi import FakeApiServer
 
 pytestmark = pytest.mark.timeout(60)

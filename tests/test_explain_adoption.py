@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.bypass import Webhook, bypass_reasons
-from gpu_placement.cli import main
-from gpu_placement.config import parse_config
-from gpu_placement.demo_cluster import demo_objects, make_pod
+from gpu_placement.app.cli import main
+from gpu_placement.base.config import parse_config
+from gpu_placement.decide.bypass import Webhook, bypass_reasons
+from gpu_placement.samples.cluster import demo_objects, make_pod
 from tests.fakeapi import FakeApiServer
 from tests.test_explain_workloads import GPU_POD, HOOK, _created
 

@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 import pytest
 
-from gpu_placement.cli import main
-from gpu_placement.demo import demo_config_map
-from gpu_placement.demo_cluster import demo_objects, make_node, make_pod, validator_pod
+from gpu_placement.app.cli import main
+from gpu_placement.app.demo import demo_config_map
+from gpu_placement.samples.cluster import demo_objects, make_node, make_pod, validator_pod
 from tests.fakeapi import FakeApiServer
 
 PLUGIN = str(Path(sys.executable).with_name("kubectl-gpu_placement"))

@@ -11,9 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpu_placement.cli import main
-from gpu_placement.demo import demo_config_map
-from gpu_placement.demo_cluster import demo_objects, make_pod
+from gpu_placement.app.cli import main
+from gpu_placement.app.demo import demo_config_map
+from gpu_placement.samples.cluster import demo_objects, make_pod
 from tests.fakeapi import FakeApiServer
 
 pytestmark = pytest.mark.timeout(120)

@@ -12,9 +12,9 @@ import orjson
 import pytest
 import yaml
 
-from gpu_placement.cli import main
-from gpu_placement.demo import write_snapshot
-from gpu_placement.demo_cluster import make_pod, namespace
+from gpu_placement.app.cli import main
+from gpu_placement.app.demo import write_snapshot
+from gpu_placement.samples.cluster import make_pod, namespace
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,12 +10,12 @@ import orjson
 import pytest
 import yaml
 
-from gpu_placement.bypass import Webhook, bypass_reasons
-from gpu_placement.cli import main
-from gpu_placement.config import Config
-from gpu_placement.demo import demo_config_map
-from gpu_placement.demo_cluster import demo_objects, make_pod
-from gpu_placement.workloads import WorkloadError, pods_of
+from gpu_placement.app.cli import main
+from gpu_placement.app.demo import demo_config_map
+from gpu_placement.base.config import Config
+from gpu_placement.decide.bypass import Webhook, bypass_reasons
+from gpu_placement.facts.workloads import WorkloadError, pods_of
+from gpu_placement.samples.cluster import demo_objects, make_pod
 from tests.fakeapi import FakeApiServer
 
 TEMPLATE = {"metadata": {"labels": {"app": "train"}},

@@ -16,10 +16,10 @@ import httpx
 import orjson
 import pytest
 
-from gpu_placement.config import Config, Scoring
-from gpu_placement.demo_cluster import demo_objects, make_node, make_pod, validator_pod
-from gpu_placement.service import core_from_objects
-from gpu_placement.serving import ServerThread, make_server
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.base.config import Config, Scoring
+from gpu_placement.samples.cluster import demo_objects, make_node, make_pod, validator_pod
+from gpu_placement.web.serving import ServerThread, make_server
 from tests.hostile import deep, held_by_the_service
 
 GPU = "nvidia.com/gpu"

@@ -17,7 +17,7 @@ import urllib3
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from gpu_placement.kube import request as raw_request
+from gpu_placement.kube.api import request as raw_request
 from tests.fakeapi import FakeApiServer
 
 pytestmark = pytest.mark.timeout(20)
@@ -729,7 +729,7 @@ def test_requests_log_and_counts(fake_api: FakeApiServer, core: client.CoreV1Api
     assert fake_api.count("list", "/api/v1/nodes") == 1 and fake_api.counts[("watch", "/api/v1/pods")] == 1
 
 
-# -- a hand-written reflector, as gpu_placement/live.py runs one ---------------------------------
+# -- a hand-written reflector, as gpu_placement/view/live.py runs one ---------------------------------
 
 def reflect(api: client.ApiClient, path: str, store: dict[str, str], stop: threading.Event,
             relists: list[int]) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
-from gpu_placement import kube
-from gpu_placement.demo_cluster import make_node, make_pod, namespace, with_label_writers
+from gpu_placement.kube import api as kube
+from gpu_placement.samples.cluster import make_node, make_pod, namespace, with_label_writers
 from tests.fakeapi import FakeApiServer
 
 EVICT = "/api/v1/namespaces/web/pods/{}/eviction"

@@ -22,14 +22,14 @@ from extender import settle as settle_module
 from extender.app import create_app
 from extender.binding import SnapshotBinder
 from extender.settle import SETTLE_BURST, SETTLE_SECONDS, Budget, newer
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node, make_pod, namespace, validator_pod
-from gpu_placement.ingest import Ingest
-from gpu_placement.live import LiveSource
-from gpu_placement.placement import Placement
-from gpu_placement.service import core_from_objects
-from gpu_placement.serving import ServerThread, make_server
-from gpu_placement.view import ClusterView
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.base.config import Config
+from gpu_placement.decide.placement import Placement
+from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
+from gpu_placement.view.live import LiveSource
+from gpu_placement.web.serving import ServerThread, make_server
 from tests.fakeapi import FakeApiServer
 from tests.test_live import FAST, wait_for
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.cuda import parse_version
-from gpu_placement.cudaneed import container_need, is_data_center
-from gpu_placement.demo_cluster import make_node, make_pod
-from gpu_placement.explain import explain_pod
+from gpu_placement.app.explain import explain_pod
+from gpu_placement.base.cuda import parse_version
+from gpu_placement.facts.cudaneed import container_need, is_data_center
+from gpu_placement.samples.cluster import make_node, make_pod
 from tests.test_extender_http import Extender, api_pod
 from tests.test_stack_rules import cluster, verdict
 

@@ -31,7 +31,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gpu_placement.demo_cluster import demo_objects, make_pod
+from gpu_placement.samples.cluster import demo_objects, make_pod
 from tests.hostile import deep, held_by_the_service, paths
 from tests.test_dra_quota_holds import quota_namespace
 from tests.test_extender_http import DEMO_NODES, Extender, api_node, api_pod

@@ -1,4 +1,4 @@
-"""Idle GPUs while GPU pods wait (gpu_placement/idle.py): on a cluster whose free GPUs are scattered,
+"""Idle GPUs while GPU pods wait (gpu_placement/outcomes/idle.py): on a cluster whose free GPUs are scattered,
 the gauge says the room is fragmented and `explain` says it in words."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node, make_pod, namespace, validator_pod
-from gpu_placement.explain import explain_json, explain_pod
-from gpu_placement.idle import IdleGpus, idle_while_waiting
-from gpu_placement.service import core_from_objects
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.app.explain import explain_json, explain_pod
+from gpu_placement.base.config import Config
+from gpu_placement.outcomes.idle import IdleGpus, idle_while_waiting
+from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
 from tests.outcome_replay import _One
 
 GPU = "nvidia.com/gpu"

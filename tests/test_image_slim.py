@@ -56,7 +56,7 @@ def test_bytecode_for_what_the_runs_imported_and_all_of_the_service(tmp_path: Pa
     site = _site(tmp_path, {"gpu-placement": [], "dep": []})
     (site / "gpu_placement-1.0.dist-info" / "RECORD").write_text(
         "gpu_placement/__init__.py,,\ngpu_placement/dra/taints.py,,\ngpu_placement-1.0.dist-info/METADATA,,\n")
-    for name in ("gpu_placement/__init__.py", "gpu_placement/dra/taints.py", "dep/seen.py", "dep/unseen.py"):
+    for name in ("gpu_placement/__init__.py", "gpu_placement/controllers/dra_taints.py", "dep/seen.py", "dep/unseen.py"):
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text("X = 1\n")
     py_compile.compile(str(site / "dep/seen.py"))  # what a run imported: a timestamp .pyc

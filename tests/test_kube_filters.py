@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from gpu_placement.cli import main
-from gpu_placement.demo_cluster import make_node, make_pod, namespace, validator_pod
-from gpu_placement.kubefilters import KubeNodes, fit_error, pod_requests, unmodelled
+from gpu_placement.app.cli import main
+from gpu_placement.decide.kubefilters import KubeNodes, fit_error, pod_requests, unmodelled
+from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
 
 AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 TAINT = "node(s) had untolerated taint(s)"

@@ -1,4 +1,4 @@
-"""A GPU pod's launch read from its status as the kubelet and the runtime write it (gpu_placement/launch.py):
+"""A GPU pod's launch read from its status as the kubelet and the runtime write it (gpu_placement/facts/launch.py):
 each status below has the shape Kubernetes v1.37.2 gives it (the source lines are in the module's docstring)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.config import Config
-from gpu_placement.ingest import Ingest
-from gpu_placement.launch import FAILED, PENDING, STARTED, classify, launch_of
+from gpu_placement.base.config import Config
+from gpu_placement.facts.launch import FAILED, PENDING, STARTED, classify, launch_of
+from gpu_placement.view.ingest import Ingest
 
 T0 = "2026-03-02T10:00:00Z"
 T5 = "2026-03-02T10:00:05Z"

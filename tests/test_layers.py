@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ASSEMBLY = {"gpu_placement/cli.py", "gpu_placement/serve.py", "gpu_placement/service.py",
-            "gpu_placement/workload_summary.py", "gpu_placement/namespaces_view.py", "gpu_placement/cli_explain.py",
-            "gpu_placement/demo.py", "gpu_placement/explain.py"}
+ASSEMBLY = {"gpu_placement/app/cli.py", "gpu_placement/app/serve.py", "gpu_placement/app/assembly.py",
+            "gpu_placement/app/workload_summary.py", "gpu_placement/report/namespaces.py", "gpu_placement/app/cli_explain.py",
+            "gpu_placement/app/demo.py", "gpu_placement/app/explain.py"}
 
 
 def imported(path: Path) -> set[str]:

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from gpu_placement import metrics
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node, make_pod, namespace, validator_pod
-from gpu_placement.ingest import Ingest
-from gpu_placement.kube import KubeConfigError, WatchSettings, load_api_client
-from gpu_placement.live import LiveSource
-from gpu_placement.placement import FilterResult, Placement
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.decide.placement import FilterResult, Placement
+from gpu_placement.kube.api import KubeConfigError, WatchSettings, load_api_client
+from gpu_placement.observe import metrics
+from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
+from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
 
 pytestmark = pytest.mark.timeout(30)

@@ -1,4 +1,4 @@
-"""A list's next page is on its way while the current one is ingested (gpu_placement/live.py): at
+"""A list's next page is on its way while the current one is ingested (gpu_placement/view/live.py): at
 150,000 pods the list then takes the longer of the API server's and the view's work, not their sum.
 A list that fails on a later page still changes nothing, except the first pod list, which goes into
 the empty view as it comes: the next list puts that right."""
@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node, make_pod
-from gpu_placement.ingest import Ingest
-from gpu_placement.kube import WatchSettings
-from gpu_placement.live import LiveSource
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.kube.api import WatchSettings
+from gpu_placement.samples.cluster import make_node, make_pod
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
+from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
 
 pytestmark = pytest.mark.timeout(30)

@@ -7,10 +7,10 @@ import logging
 import pytest
 
 from extender.managed import UnmanagedResources
-from gpu_placement import metrics
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node
-from gpu_placement.service import core_from_objects
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.base.config import Config
+from gpu_placement.observe import metrics
+from gpu_placement.samples.cluster import make_node
 
 ME = "nvidia.com/mig-1g.10gb.me"
 MANAGED = ("nvidia.com/gpu", "nvidia.com/gpu.shared", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb",
@@ -41,7 +41,7 @@ def test_a_gpu_resource_outside_managed_resources_is_reported(caplog: pytest.Log
 
 
 def test_serve_takes_the_managed_list() -> None:
-    from gpu_placement.cli import build_parser
+    from gpu_placement.app.cli import build_parser
 
     args = build_parser().parse_args(["serve", "--managed-resources", ",".join(MANAGED)])
     assert args.managed_resources == MANAGED

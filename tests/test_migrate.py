@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gpu_placement.cli import main
-from gpu_placement.demo_cluster import (
+from gpu_placement.app.cli import main
+from gpu_placement.samples.cluster import (
     HAND_INSTALLED,
     cluster_policy,
     make_node,

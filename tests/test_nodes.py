@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import base_labels, make_node, validator_pod
-from gpu_placement.ingest import Ingest
-from gpu_placement.nodes import MigProfile, NodeFacts, node_from_json
-from gpu_placement.placement import Placement
-from gpu_placement.requirements import requirements_for
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.decide.placement import Placement
+from gpu_placement.decide.requirements import requirements_for
+from gpu_placement.facts.nodes import MigProfile, NodeFacts, node_from_json
+from gpu_placement.samples.cluster import base_labels, make_node, validator_pod
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gpu-operator-node-labels.json"
 

@@ -1,4 +1,4 @@
-"""The room preemption made for a pod is kept for it (gpu_placement/nominated.py): `/filter` counts what
+"""The room preemption made for a pod is kept for it (gpu_placement/decide/nominated.py): `/filter` counts what
 pods nominated to a node (`status.nominatedNodeName`) with at least the filtered pod's priority will
 take there, as kube-scheduler's own filters do, until the nominated pod binds or gives up.
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.demo_cluster import make_node, make_pod, namespace, validator_pod
+from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
 from tests.test_extender_http import Extender, api_pod
 
 SHARED = "nvidia.com/gpu.shared"

@@ -19,14 +19,14 @@ import pytest
 
 from extender.app import create_app
 from extender.binding import ApiBinder
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node, make_pod, validator_pod
-from gpu_placement.ingest import Ingest
-from gpu_placement.kube import WatchSettings
-from gpu_placement.live import LiveSource
-from gpu_placement.placement import Placement
-from gpu_placement.serving import ServerThread, make_server
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.decide.placement import Placement
+from gpu_placement.kube.api import WatchSettings
+from gpu_placement.samples.cluster import make_node, make_pod, validator_pod
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
+from gpu_placement.view.live import LiveSource
+from gpu_placement.web.serving import ServerThread, make_server
 from tests.fakeapi import FakeApiServer
 from tests.test_extender_http import Extender
 
@@ -42,7 +42,7 @@ def _post(client: httpx.Client, verb: str, body: dict[str, Any]) -> httpx.Respon
 
 
 def test_not_ready_answers_are_errors_naming_what_is_missing() -> None:
-    from gpu_placement.demo_cluster import demo_objects
+    from gpu_placement.samples.cluster import demo_objects
 
     extender = Extender(demo_objects(), ready=lambda: (False, "waiting for the first full list of pods"))
     try:

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.demo_history import Change, day
-from gpu_placement.ingest import Ingest
-from gpu_placement.kube import WatchSettings
-from gpu_placement.live import LiveSource
-from gpu_placement.outcome_leader import WATERMARK_ANNOTATION, CounterSettings, OutcomeCounter
-from gpu_placement.outcomes import Outcomes
-from gpu_placement.view import ClusterView
+from gpu_placement.kube.api import WatchSettings
+from gpu_placement.outcomes.counter import WATERMARK_ANNOTATION, CounterSettings, OutcomeCounter
+from gpu_placement.outcomes.record import Outcomes
+from gpu_placement.samples.history import Change, day
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
+from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
 from tests.outcome_replay import START, Clock, config, exposition, figures, truth_histograms
 from tests.test_live import wait_for

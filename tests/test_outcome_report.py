@@ -1,6 +1,6 @@
 """The metrics, `gpu-placement report` and the dashboard show the same figures, through a real Prometheus.
 
-A day of a cluster's life (gpu_placement/demo_history.py) is replayed into the fake API server,
+A day of a cluster's life (gpu_placement/samples/history.py) is replayed into the fake API server,
 timestamps in the objects; two replicas watch it, the leader crashes at 08:30, a fresh process joins at
 11:00. Every turn (2 minutes of the replay's clock) each live replica is scraped, and its samples are
 stamped with that time, as Prometheus would have stored them (the crashed one's simply stop);
@@ -28,12 +28,12 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_placement.cli import main
-from gpu_placement.demo_history import Truth, day
-from gpu_placement.idle import IdleGpus
-from gpu_placement.launch import NODE_CAUSES
-from gpu_placement.outcome_report import quantile
-from gpu_placement.outcomes import BUCKETS
+from gpu_placement.app.cli import main
+from gpu_placement.facts.launch import NODE_CAUSES
+from gpu_placement.outcomes.idle import IdleGpus
+from gpu_placement.outcomes.record import BUCKETS
+from gpu_placement.outcomes.report import quantile
+from gpu_placement.samples.history import Truth, day
 from tests.fakeapi import FakeApiServer
 from tests.outcome_replay import Clock, exposition
 from tests.prometheus import PrometheusServer, openmetrics, tool

@@ -1,11 +1,11 @@
-"""Launch outcomes and node lifecycle times from the objects' own timestamps (gpu_placement/outcomes.py),
-on a view fed a day of changes (gpu_placement/demo_history.py) with the clock following the objects."""
+"""Launch outcomes and node lifecycle times from the objects' own timestamps (gpu_placement/outcomes/record.py),
+on a view fed a day of changes (gpu_placement/samples/history.py) with the clock following the objects."""
 
 from __future__ import annotations
 
-from gpu_placement.demo_history import day
-from gpu_placement.outcome_leader import LocalCounter
-from gpu_placement.outcomes import wait_reason
+from gpu_placement.outcomes.counter import LocalCounter
+from gpu_placement.outcomes.record import wait_reason
+from gpu_placement.samples.history import day
 from tests.outcome_replay import START, Clock, ViewReplica, apply, exposition, figures, run, truth_histograms
 
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.config import Config, Validator
-from gpu_placement.demo_cluster import make_node, make_pod, namespace, validator_pod
-from gpu_placement.ingest import Ingest
-from gpu_placement.placement import Placement
-from gpu_placement.pods import effective_gpu_requests, pod_from_json
-from gpu_placement.view import ClusterView, Telemetry
+from gpu_placement.base.config import Config, Validator
+from gpu_placement.decide.placement import Placement
+from gpu_placement.facts.pods import effective_gpu_requests, pod_from_json
+from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
+from gpu_placement.view.cluster import ClusterView, Telemetry
+from gpu_placement.view.ingest import Ingest
 
 CONFIG = Config()
 GPU = "nvidia.com/gpu"

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gpu_placement.demo_cluster import make_node, make_pod, namespace, validator_pod
-from gpu_placement.pods import pod_key
+from gpu_placement.facts.pods import pod_key
+from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
 from tests.test_extender_http import SHARED, Extender, _shape, api_pod
 
 PREEMPTOR_PRIORITY = 1000
@@ -159,7 +159,7 @@ def test_unresolvable_and_unknown_nodes_are_never_returned(extender: Extender) -
 def test_unresolvable_reasons_never_go_to_failed_nodes(extender: Extender) -> None:
     """Today's split, kept: FailedNodes holds only what eviction can fix; every other code is in
     FailedAndUnresolvableNodes, and /preempt drops those nodes whatever victims it is offered."""
-    from gpu_placement.rules import CODES, RESOLVABLE
+    from gpu_placement.decide.rules import CODES, RESOLVABLE
 
     objects = cluster()
     down = make_node("t4-down", "t4-timeslicing", ready=False, shared_resource=SHARED)
@@ -319,7 +319,7 @@ def test_the_view_records_priority_and_a_binding_keeps_it(extender: Extender) ->
 def test_explain_shows_what_preemption_would_evict(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """t4-a: batch-big and batch-low; t4-b: nothing lower-priority frees enough; t4-c: 4 shares free
     but their memory taken, so kube-scheduler's unit-counting dry run never gets to ask."""
-    from gpu_placement.cli import main
+    from gpu_placement.app.cli import main
 
     objects = [*cluster(), _t4("t4-c"), validator_pod("t4-c"),
                *[_running(f"wide-{i}", "t4-c", 3584, 5) for i in range(4)]]

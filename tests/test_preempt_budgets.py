@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.budgets import Budget, budget_from_json, violations
-from gpu_placement.config import Config
-from gpu_placement.ingest import KINDS, Ingest
-from gpu_placement.kube import WatchSettings
-from gpu_placement.live import LiveSource
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.facts.budgets import Budget, budget_from_json, violations
+from gpu_placement.kube.api import WatchSettings
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import KINDS, Ingest
+from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
 from tests.test_extender_http import Extender
 from tests.test_live import wait_for

@@ -8,11 +8,11 @@ import asyncio
 import pytest
 from prometheus_client import REGISTRY
 
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_pod, namespace
-from gpu_placement.ingest import Ingest
-from gpu_placement.metrics import exposition
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.observe.metrics import exposition
+from gpu_placement.samples.cluster import make_pod, namespace
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
 from tests.fakeapi import FakeApiServer
 from webhook.holds import HoldChecker
 from webhook.namespace_reader import NamespaceReader

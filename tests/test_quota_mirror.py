@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.config import Config
-from gpu_placement.ingest import Ingest
-from gpu_placement.kube import WatchSettings
-from gpu_placement.live import LiveSource
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.controllers.quota_mirror import MirrorSettings, QuotaMirror
+from gpu_placement.kube.api import WatchSettings
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
+from gpu_placement.view.live import LiveSource
 from tests.fakeapi import ApiStatusError, FakeApiServer
 from tests.test_live import wait_for
-from webhook.quota_mirror import MirrorSettings, QuotaMirror
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -217,7 +217,7 @@ def test_nothing_is_done_before_the_namespaces_are_listed(fake_api: FakeApiServe
 
 def test_the_fake_api_server_validates_resourcequotas_as_the_real_one(fake_api: FakeApiServer) -> None:
     with fake_api.api_client() as api:
-        from gpu_placement.kube import api_error, request
+        from gpu_placement.kube.api import api_error, request
 
         def create(hard: dict[str, str]) -> int:
             body = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q"}, "spec": {"hard": hard}}

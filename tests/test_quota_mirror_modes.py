@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.config import parse_config
-from gpu_placement.ingest import Ingest
-from gpu_placement.live import LiveSource
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import parse_config
+from gpu_placement.controllers.quota_mirror import MirrorSettings, QuotaMirror
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
+from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
 from tests.test_live import wait_for
 from tests.test_quota_mirror import FAST, FAST_WATCH, QUOTA, mirrored
-from webhook.quota_mirror import MirrorSettings, QuotaMirror
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -17,9 +17,9 @@ from typing import Any
 import orjson
 import pytest
 
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node, make_pod, validator_pod
-from gpu_placement.service import Core, core_from_objects
+from gpu_placement.app.assembly import Core, core_from_objects
+from gpu_placement.base.config import Config
+from gpu_placement.samples.cluster import make_node, make_pod, validator_pod
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
@@ -120,7 +120,7 @@ def cluster() -> tuple[Core, tuple[str, ...], tuple[str, ...]]:
 
 
 def _filter(core: Core, pod: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    from gpu_placement import asgi
+    from gpu_placement.web import asgi
 
     body = orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": list(names)})
     status, answer = asgi.call(core.extender_app(), "POST", "/filter", body)

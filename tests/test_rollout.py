@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_placement import metrics
-from gpu_placement.config import Config, parse_config
-from gpu_placement.demo_cluster import driver_labels, driver_pod, make_node, make_pod, namespace, validator_pod
-from gpu_placement.dra.published import device_classes, resource_slice
-from gpu_placement.ingest import Ingest
-from gpu_placement.placement import Placement
-from gpu_placement.rollout import Rollout, releases, track_rollout
-from gpu_placement.service import core_from_objects
-from gpu_placement.soak import DONE, FAILED, SOAKING, UPGRADING
-from gpu_placement.view import ClusterView, Telemetry
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.base.config import Config, parse_config
+from gpu_placement.decide.placement import Placement
+from gpu_placement.decide.rollout import Rollout, releases, track_rollout
+from gpu_placement.facts.soak import DONE, FAILED, SOAKING, UPGRADING
+from gpu_placement.observe import metrics
+from gpu_placement.samples.cluster import driver_labels, driver_pod, make_node, make_pod, namespace, validator_pod
+from gpu_placement.samples.dra import device_classes, resource_slice
+from gpu_placement.view.cluster import ClusterView, Telemetry
+from gpu_placement.view.ingest import Ingest
 from tests.test_dra_extender import claim_pod, dra_node, template
 
 NOW = 1_800_000_000.0

@@ -12,12 +12,12 @@ from typing import Any
 import orjson
 import pytest
 
-from gpu_placement.cli import main
-from gpu_placement.config import parse_config
-from gpu_placement.demo import write_snapshot
-from gpu_placement.demo_cluster import cluster_policy, demo_objects, driver_labels, make_node, wave_objects
-from gpu_placement.rollout_report import next_wave
-from gpu_placement.service import core_from_objects
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.app.cli import main
+from gpu_placement.app.demo import write_snapshot
+from gpu_placement.base.config import parse_config
+from gpu_placement.report.rollout import next_wave
+from gpu_placement.samples.cluster import cluster_policy, demo_objects, driver_labels, make_node, wave_objects
 from tests.fakeapi import FakeApiServer
 from tests.prometheus import PrometheusServer, Series, openmetrics
 

@@ -13,8 +13,8 @@ import pytest
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
+from gpu_placement.web.certs import cert_not_after, subject_alt_names
 from tests.fakeapi import FakeApiServer
-from webhook.certs import cert_not_after, subject_alt_names
 from webhook.rotation import CertificateManager, RotationSettings
 
 NS, SECRET, SERVICE, CONFIG = "gpu-placement", "gpu-placement-webhook-tls", "gpu-placement-webhook", "gpu-placement"
@@ -204,7 +204,7 @@ def test_settings_that_could_let_a_certificate_lapse_are_refused(overrides: dict
 
 def test_certificates_of_seconds(tmp_path: Path) -> None:
     """Lifetimes under a day (what the e2e rotation uses) reach the certificates."""
-    from webhook.certs import make_ca, make_serving_cert
+    from gpu_placement.web.certs import make_ca, make_serving_cert
 
     ca, key = make_ca(days=60 / 86400)
     cert, _ = make_serving_cert(ca, key, SERVICE, NS, days=30 / 86400)
@@ -216,7 +216,7 @@ def test_certificates_of_seconds(tmp_path: Path) -> None:
 def test_a_refused_lease_is_reported_and_the_secret_still_served(
         fake_api: FakeApiServer, tmp_path: Path, clock: list[datetime]) -> None:
     """A Lease the API server refuses to create (RBAC edited) is an error, not another replica leading
-    (gpu_placement/lease.py): said in last_error, while the pair already in the Secret is still served."""
+    (gpu_placement/kube/lease.py): said in last_error, while the pair already in the Secret is still served."""
     webhook_configurations(fake_api)
     assert manager(fake_api, tmp_path, clock, "replica-a").reconcile()
     fake_api.delete("Lease", f"{SECRET}-lock", NS)

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpu_placement.demo import write_snapshot
-from gpu_placement.demo_cluster import make_pod
+from gpu_placement.app.demo import write_snapshot
+from gpu_placement.samples.cluster import make_pod
 
 SCRIPT = str(Path(sys.executable).with_name("gpu-placement"))
 
@@ -152,7 +152,7 @@ def test_serve_against_an_api_server_manages_its_webhook_certificate(fake_api: o
         wait_ready(f"https://127.0.0.1:{ports['webhook']}/readyz", verify=trust)
         assert api.get("Secret", SECRET, NS) is not None
         # The webhook replica counts launch outcomes: it holds the outcomes Lease and starts the watermark.
-        from gpu_placement.outcome_leader import TOTALS_ANNOTATION, WATERMARK_ANNOTATION
+        from gpu_placement.outcomes.counter import TOTALS_ANNOTATION, WATERMARK_ANNOTATION
         from tests.test_live import wait_for
 
         annotations = wait_for(lambda: ((api.get("Lease", "gpu-placement-outcomes", NS) or {}).get("metadata") or {})

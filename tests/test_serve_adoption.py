@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from gpu_placement.demo import write_snapshot
+from gpu_placement.app.demo import write_snapshot
 from tests.fakeapi import FakeApiServer
 from tests.test_serve import SCRIPT, free_port, stop, wait_ready
 

@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from extender.binding import SnapshotBinder
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import make_node, make_pod, namespace, validator_pod
-from gpu_placement.ingest import Ingest
-from gpu_placement.snapshot import SnapshotError, SnapshotSource, read_objects
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
+from gpu_placement.view.snapshot import SnapshotError, SnapshotSource, read_objects
 
 GPU = "nvidia.com/gpu"
 H100 = 81559

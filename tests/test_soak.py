@@ -1,4 +1,4 @@
-"""A node's rollout state from the GPU Operator's objects (`gpu_placement.soak`): when its driver
+"""A node's rollout state from the GPU Operator's objects (`gpu_placement.facts.soak`): when its driver
 changed, whether that was a change at all, and what fails a soak."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.config import Rollout, parse_config
-from gpu_placement.demo_cluster import driver_labels, driver_pod, make_node, validator_pod
-from gpu_placement.nodes import node_from_json
-from gpu_placement.soak import (
+from gpu_placement.base.config import Rollout, parse_config
+from gpu_placement.base.timestamps import format_time, parse_time
+from gpu_placement.facts.nodes import node_from_json
+from gpu_placement.facts.soak import (
     DONE,
     FAILED,
     PENDING,
@@ -21,7 +21,7 @@ from gpu_placement.soak import (
     node_soak,
     operator_pod_from_json,
 )
-from gpu_placement.timestamps import format_time, parse_time
+from gpu_placement.samples.cluster import driver_labels, driver_pod, make_node, validator_pod
 
 NOW = 1_800_000_000.0
 HOUR, DAY = 3600.0, 86400.0

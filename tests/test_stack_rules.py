@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.demo_cluster import make_node, make_pod, namespace, validator_pod
-from gpu_placement.explain import explain_pod
-from gpu_placement.ingest import Ingest
+from gpu_placement.app.explain import explain_pod
+from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
+from gpu_placement.view.ingest import Ingest
 from tests.test_extender_http import Extender, api_pod
 
 GPU = "nvidia.com/gpu"

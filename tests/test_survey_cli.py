@@ -9,8 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpu_placement.cli import main
-from gpu_placement.demo import cluster_objects, demo_config_map, write_snapshot
+from gpu_placement.app.cli import main
+from gpu_placement.app.demo import cluster_objects, demo_config_map, write_snapshot
 from tests.fakeapi import FakeApiServer
 
 Capture = pytest.CaptureFixture[str]

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_placement.config import Config, parse_config
-from gpu_placement.demo_cluster import (
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.base.config import Config, parse_config
+from gpu_placement.samples.cluster import (
     driver_labels,
     driver_pod,
     make_node,
@@ -18,7 +19,6 @@ from gpu_placement.demo_cluster import (
     validator_pod,
     with_label_writers,
 )
-from gpu_placement.service import core_from_objects
 from gpu_placement.survey.findings import CODES, Finding
 from gpu_placement.survey.run import Survey, run_survey
 

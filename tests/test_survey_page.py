@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpu_placement.demo import write_snapshot
+from gpu_placement.app.demo import write_snapshot
 from gpu_placement.survey.page import STATE_COLOURS
 
 # Flags from the machine's notes: no sandbox as root, no GPU, and none of the background connections
@@ -81,12 +81,12 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, str, 
     snapshot = tmp / "cluster.json"
     write_snapshot(str(snapshot))
     page = tmp / "fleet.html"
-    made = subprocess.run([sys.executable, "-m", "gpu_placement.cli", "survey", "--snapshot", str(snapshot), "-o",
+    made = subprocess.run([sys.executable, "-m", "gpu_placement.app.cli", "survey", "--snapshot", str(snapshot), "-o",
                            "html"], capture_output=True, text=True, timeout=120, check=False)
     assert made.returncode == 1  # the demo cluster has findings
     html = made.stdout
     page.write_text(html)
-    report = orjson.loads(subprocess.run([sys.executable, "-m", "gpu_placement.cli", "survey", "--snapshot",
+    report = orjson.loads(subprocess.run([sys.executable, "-m", "gpu_placement.app.cli", "survey", "--snapshot",
                                           str(snapshot), "-o", "json"], capture_output=True, text=True, timeout=120,
                                          check=False).stdout)
     dom = browse(tmp, page, "--dump-dom").stdout

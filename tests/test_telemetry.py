@@ -17,10 +17,10 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from gpu_placement.config import Config, Telemetry
-from gpu_placement.demo_cluster import make_node, namespace, validator_pod
-from gpu_placement.service import core_from_objects
-from gpu_placement.telemetry import TelemetrySource, fb_free_query, readings_from, xid_query
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.base.config import Config, Telemetry
+from gpu_placement.samples.cluster import make_node, namespace, validator_pod
+from gpu_placement.view.telemetry import TelemetrySource, fb_free_query, readings_from, xid_query
 from tests.prometheus import PrometheusServer, Series, openmetrics
 from tests.test_extender_http import Extender, api_pod
 

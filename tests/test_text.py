@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gpu_placement.text import QUOTE_LIMIT, quoted
+from gpu_placement.base.text import QUOTE_LIMIT, quoted
 from webhook.review import ReviewError, parse_review
 
 

@@ -1,4 +1,4 @@
-"""webhook/tls.py and gpu_placement/serving.py over real sockets: real handshakes, clients that trust
+"""gpu_placement/web/tls.py and gpu_placement/web/serving.py over real sockets: real handshakes, clients that trust
 only the generated CA, and certificates replaced on disk under a running server."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from gpu_placement.serving import ServerThread
-from webhook.certs import CertBundle, CertificateError, cert_not_after, write_bundle
-from webhook.tls import ReloadingTLS, make_server
+from gpu_placement.web.certs import CertBundle, CertificateError, cert_not_after, write_bundle
+from gpu_placement.web.serving import ServerThread
+from gpu_placement.web.tls import ReloadingTLS, make_server
 
 pytestmark = pytest.mark.timeout(30)
 

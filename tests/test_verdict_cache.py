@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from gpu_placement import placement as placement_module
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import demo_objects, make_pod
-from gpu_placement.rules import Rejection, check_node
-from gpu_placement.service import core_from_objects
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.base.config import Config
+from gpu_placement.decide import placement as placement_module
+from gpu_placement.decide.rules import Rejection, check_node
+from gpu_placement.samples.cluster import demo_objects, make_pod
 
 
 def _pod(name: str, container: str, image: str = "nvcr.io/nvidia/cuda:13.0.0-runtime-ubuntu24.04",

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from gpu_placement import placement as placement_module
-from gpu_placement import view as view_module
-from gpu_placement.config import Config
-from gpu_placement.demo_cluster import demo_objects, make_node, make_pod, validator_pod
-from gpu_placement.ingest import Ingest
-from gpu_placement.placement import Placement
-from gpu_placement.service import core_from_objects
+from gpu_placement.app.assembly import core_from_objects
+from gpu_placement.base.config import Config
+from gpu_placement.decide import placement as placement_module
+from gpu_placement.decide.placement import Placement
+from gpu_placement.samples.cluster import demo_objects, make_node, make_pod, validator_pod
+from gpu_placement.view import cluster as view_module
+from gpu_placement.view.ingest import Ingest
 
 GPU = "nvidia.com/gpu"
 

@@ -8,8 +8,8 @@ import copy
 
 import pytest
 
-from gpu_placement import metrics
-from gpu_placement.dra.published import device_classes
+from gpu_placement.observe import metrics
+from gpu_placement.samples.dra import device_classes
 from tests.test_webhook_helpers import Webhook, user_pod
 from webhook.audit import KEEP_OFF, would_do
 

@@ -16,19 +16,19 @@ import httpx
 import orjson
 import pytest
 
-from gpu_placement import metrics
-from gpu_placement.config import parse_config
-from gpu_placement.dra.published import device_classes
-from gpu_placement.ingest import KINDS, Ingest
-from gpu_placement.serving import ServerThread
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import parse_config
+from gpu_placement.observe import metrics
+from gpu_placement.samples.dra import device_classes
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import KINDS, Ingest
+from gpu_placement.web.certs import CertBundle
+from gpu_placement.web.serving import ServerThread
+from gpu_placement.web.tls import ReloadingTLS, make_server
 from tests.fakeapi import FakeApiServer
 from tests.test_dra_extender import claim_pod, template
 from tests.test_dra_webhook import bare
 from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, review, trusting
 from webhook.app import create_app
-from webhook.certs import CertBundle
-from webhook.tls import ReloadingTLS, make_server
 
 pytestmark = pytest.mark.timeout(60)
 TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaimtemplates"

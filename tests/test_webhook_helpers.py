@@ -21,15 +21,15 @@ import jsonpatch
 import orjson
 from kubernetes.client import ApiClient, V1Pod
 
-from gpu_placement.config import Config, parse_config
-from gpu_placement.demo_cluster import make_pod, namespace
-from gpu_placement.ingest import KINDS, Ingest
-from gpu_placement.patching import apply_patch
-from gpu_placement.serving import ServerThread
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config, parse_config
+from gpu_placement.samples.cluster import make_pod, namespace
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import KINDS, Ingest
+from gpu_placement.web.certs import CertBundle, write_bundle
+from gpu_placement.web.patching import apply_patch
+from gpu_placement.web.serving import ServerThread
+from gpu_placement.web.tls import ReloadingTLS, make_server
 from webhook.app import create_app
-from webhook.certs import CertBundle, write_bundle
-from webhook.tls import ReloadingTLS, make_server
 
 Obj = dict[str, Any]
 

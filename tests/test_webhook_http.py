@@ -18,10 +18,10 @@ import jsonpatch
 import orjson
 import pytest
 
+from gpu_placement.web.certs import CertBundle
 from tests.hostile import deep, paths
 from tests.test_webhook_helpers import Webhook, certificates, patch_of, review, user_pod
 from webhook.app import MAX_BODY
-from webhook.certs import CertBundle
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,7 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gpu_placement.demo_cluster import namespace
+from gpu_placement.samples.cluster import namespace
+from gpu_placement.web.certs import CertBundle
 from tests.test_webhook_helpers import (
     TEST_CONFIG,
     Webhook,
@@ -20,7 +21,6 @@ from tests.test_webhook_helpers import (
     serving,
     user_pod,
 )
-from webhook.certs import CertBundle
 from webhook.patches import escape
 
 pytestmark = pytest.mark.timeout(30)

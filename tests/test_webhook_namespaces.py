@@ -12,16 +12,16 @@ from typing import Any
 import httpx
 import pytest
 
-from gpu_placement.config import parse_config
-from gpu_placement.demo_cluster import namespace
-from gpu_placement.ingest import KINDS, Ingest
-from gpu_placement.serving import ServerThread
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import parse_config
+from gpu_placement.samples.cluster import namespace
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import KINDS, Ingest
+from gpu_placement.web.certs import CertBundle
+from gpu_placement.web.serving import ServerThread
+from gpu_placement.web.tls import ReloadingTLS, make_server
 from tests.fakeapi import FakeApiServer
 from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, find, trusting, user_pod
 from webhook.app import create_app
-from webhook.certs import CertBundle
-from webhook.tls import ReloadingTLS, make_server
 
 pytestmark = pytest.mark.timeout(30)
 

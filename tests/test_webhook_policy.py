@@ -1,4 +1,4 @@
-"""webhook/policy.py: namespace annotations into a policy, one sentence per bad annotation, parsed
+"""gpu_placement/facts/policy.py: namespace annotations into a policy, one sentence per bad annotation, parsed
 once per namespace change; then the same sentences as a user sees them over HTTPS."""
 
 from __future__ import annotations
@@ -7,11 +7,18 @@ import time
 
 import pytest
 
-from gpu_placement.config import parse_config
-from gpu_placement.demo_cluster import namespace
-from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.base.config import parse_config
+from gpu_placement.facts.namespaces import NamespaceRecord
+from gpu_placement.facts.policy import (
+    NamespacePolicy,
+    PolicyCache,
+    Sharing,
+    parse_policy,
+    parse_sharing,
+    pod_annotation_problems,
+)
+from gpu_placement.samples.cluster import namespace
 from tests.test_webhook_helpers import TEST_CONFIG, Webhook, user_pod
-from webhook.policy import NamespacePolicy, PolicyCache, Sharing, parse_policy, parse_sharing, pod_annotation_problems
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpu_placement import metrics
+from gpu_placement.observe import metrics
+from gpu_placement.web.certs import CertBundle
 from tests.test_webhook_helpers import TEST_CONFIG, Webhook, serving, user_pod
-from webhook.certs import CertBundle
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,9 +8,9 @@ import copy
 
 import pytest
 
-from gpu_placement.demo_cluster import make_pod
+from gpu_placement.samples.cluster import make_pod
+from gpu_placement.web.certs import CertBundle
 from tests.test_webhook_helpers import TEST_CONFIG, Webhook, review, serving, user_pod
-from webhook.certs import CertBundle
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -21,16 +21,31 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_placement import names as n
-from gpu_placement.annotation_keys import unread_pod_keys
-from gpu_placement.config import Config
-from gpu_placement.pods import GpuRequests
-from gpu_placement.sharing import effective_sharing
-from gpu_placement.view import ClusterView
+from gpu_placement.base import names as n
+from gpu_placement.base.config import Config
+from gpu_placement.decide.dra_quota import (
+    ClaimCharge,
+    by_kind,
+    claim_charge,
+    claim_hard,
+    claim_names,
+    claim_usage,
+    pod_standins,
+)
+from gpu_placement.facts.annotation_keys import unread_pod_keys
+from gpu_placement.facts.pods import GpuRequests
+from gpu_placement.facts.policy import (
+    NamespacePolicy,
+    PolicyCache,
+    Sharing,
+    pod_annotation_problems,
+    sharing_of_resource,
+)
+from gpu_placement.facts.sharing import effective_sharing
+from gpu_placement.view.cluster import ClusterView
 from webhook.audit import would_do
 from webhook.claim_reader import ClaimReader, Ref
 from webhook.dra_claims import TEMPLATE_PENDING, Conversion, convert, missing_sentence, template_claims
-from webhook.dra_quota import ClaimCharge, by_kind, claim_charge, claim_hard, claim_names, claim_usage, pod_standins
 from webhook.dra_validate import CLAIM_KINDS, CLAIM_OUTSIDE_POLICY, claim_problems
 from webhook.namespace_reader import NamespaceReader
 from webhook.patches import (
@@ -41,7 +56,6 @@ from webhook.patches import (
     shaped_requests,
     tolerates_gpu_taint,
 )
-from webhook.policy import NamespacePolicy, PolicyCache, Sharing, pod_annotation_problems, sharing_of_resource
 from webhook.quota import NOT_IN_QUOTA, Reservations, held_warnings, quota_problems
 from webhook.quota_gate import GATED_HOLD_SECONDS, QUOTA_PENDING, keys_pending, quota_pending
 from webhook.review import (
@@ -207,7 +221,7 @@ class Admission:
     def _convert(self, policy: NamespacePolicy, subject: Subject) -> Conversion:
         pools = [self.config.pools[name] for name in policy.pools]
         with self.view.lock:
-            # With a quota, the pod carries stand-ins that the API server charges at its create (webhook/dra_quota.py);
+            # With a quota, the pod carries stand-ins that the API server charges at its create (gpu_placement/decide/dra_quota.py);
             # not in audit mode, where nothing is mirrored.
             mapped = frozenset(c.extended_resource for c in self.view.dra.classes.values() if c.extended_resource) \
                 if policy.quota is not None and self.config.mode != "audit" else None
@@ -381,7 +395,7 @@ class Admission:
 
     def _validate_claims(self, uid: str, subject: Subject) -> Decision:
         """A pod whose GPUs are claims, in a `dra` namespace with a quota: what the API server will charge it
-        (webhook/dra_quota.py: its stand-ins per level at its create, its claims' devices per class and
+        (gpu_placement/decide/dra_quota.py: its stand-ins per level at its create, its claims' devices per class and
         requests.<extendedResourceName> when they are made) against the figures the mirror writes, so the
         pod is refused with a sentence instead of waiting on claims the API server refuses."""
         namespace = subject.namespace

@@ -22,10 +22,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
-from gpu_placement import metrics
-from gpu_placement.config import Config
-from gpu_placement.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.observe import metrics
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.web.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
 from webhook.admission import Admission, Decision
 from webhook.holds import HoldChecker
 from webhook.review import AdmissionRequest, ReviewError, encode_review, parse_review, status_body
@@ -46,7 +46,7 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
     (webhook/holds.py, a thread that runs while the app does). `quota_gate`: see webhook/quota_gate.py.
     `dra_version`: the resource.k8s.io version the API server serves claims at (webhook/claim_reader.py).
     `on_warned(namespace, name, warnings)`: a pod CREATE /validate allowed with warnings, not a dry run
-    (gpu_placement/events.py PodWarnings puts them on the pod once it exists); a dict insert, no I/O."""
+    (gpu_placement/controllers/events.py PodWarnings puts them on the pod once it exists); a dict insert, no I/O."""
     admission = Admission(view, config, api, quota_gate, dra_version)
     checker = HoldChecker(admission.reservations, api) if api is not None else None
     timers = {verb: metrics.REQUEST_SECONDS.labels("webhook", verb) for verb in _VERBS}

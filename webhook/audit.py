@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpu_placement import names as n
+from gpu_placement.base import names as n
 from webhook.patches import Patch
 
 __all__ = ["KEEP_OFF", "would_do"]

@@ -25,11 +25,11 @@ from urllib.parse import quote
 import orjson
 import urllib3
 
-from gpu_placement.dra.objects import Claim, claim_from_json, template_from_json
-from gpu_placement.dra.state import PodClaims
-from gpu_placement.kube import ApiError, api_error, request
-from gpu_placement.metrics import API_OUTCOMES, CLAIM_READS, api_outcome
-from gpu_placement.view import ClusterView
+from gpu_placement.facts.dra import Claim, claim_from_json, template_from_json
+from gpu_placement.kube.api import ApiError, api_error, request
+from gpu_placement.observe.metrics import API_OUTCOMES, CLAIM_READS, api_outcome
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.dra import PodClaims
 
 __all__ = ["ClaimReader"]
 

@@ -2,8 +2,8 @@
 
 The pod is written the usual way (`nvidia.com/gpu: 2`, maybe `gpu-placement.io/sharing: shared`);
 /mutate removes every GPU resource from its containers and gives each container claims from the
-ResourceClaimTemplates the service keeps in the namespace (webhook/dra_templates.py,
-gpu_placement/dra/claims.py), one claim per device, so the namespace's policy (class, products,
+ResourceClaimTemplates the service keeps in the namespace (gpu_placement/controllers/templates.py,
+gpu_placement/decide/claims.py), one claim per device, so the namespace's policy (class, products,
 driver for its CUDA, device memory, sharing) travels in the template, not in the tenant's manifest.
 
 Admission writes nothing: a template that is not in the view yet (a namespace switched to `dra` a
@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_placement import names as n
-from gpu_placement.config import Config, Pool
-from gpu_placement.dra.claims import (
+from gpu_placement.base import names as n
+from gpu_placement.base.config import Config, Pool
+from gpu_placement.decide.claims import (
     ClaimPlan,
     ClaimPolicy,
     Template,
@@ -30,12 +30,12 @@ from gpu_placement.dra.claims import (
     plan,
     template_for,
 )
-from gpu_placement.dra.objects import Claim
-from gpu_placement.dra.state import DraState
-from gpu_placement.pods import GpuRequests
-from gpu_placement.sharing import Sharing, standin_of
+from gpu_placement.facts.dra import Claim
+from gpu_placement.facts.pods import GpuRequests
+from gpu_placement.facts.policy import NamespacePolicy
+from gpu_placement.facts.sharing import Sharing, standin_of
+from gpu_placement.view.dra import DraState
 from webhook.patches import Patch, claim_patch, escape
-from webhook.policy import NamespacePolicy
 
 __all__ = ["TEMPLATE_PENDING", "Conversion", "claim_policy", "convert", "missing_sentence", "pod_devices",
            "template_claims"]

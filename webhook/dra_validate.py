@@ -1,5 +1,5 @@
 """ResourceClaims and ResourceClaimTemplates written by hand in a namespace with a GPU policy, held to
-the policy the namespace's own templates carry (webhook/dra_templates.py): the device class its
+the policy the namespace's own templates carry (gpu_placement/controllers/templates.py): the device class its
 sharing allows, its products, and no more devices in one claim than its quota gives.
 
 Each problem names the field (`spec.devices.requests[0].exactly.deviceClassName`) and what to write
@@ -16,13 +16,13 @@ from typing import Any
 
 import orjson
 
-from gpu_placement import names as n
-from gpu_placement.config import Config
-from gpu_placement.dra.claims import template_for
-from gpu_placement.sharing import EXCLUSIVE, SHARED
+from gpu_placement.base import names as n
+from gpu_placement.base.config import Config
+from gpu_placement.controllers.templates import device_hard
+from gpu_placement.decide.claims import template_for
+from gpu_placement.facts.policy import NamespacePolicy
+from gpu_placement.facts.sharing import EXCLUSIVE, SHARED
 from webhook.dra_claims import claim_policy
-from webhook.dra_templates import device_hard
-from webhook.policy import NamespacePolicy
 
 __all__ = ["CLAIM_KINDS", "CLAIM_OUTSIDE_POLICY", "claim_problems"]
 

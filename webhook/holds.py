@@ -20,9 +20,9 @@ import orjson
 import urllib3
 from kubernetes.client import ApiClient
 
-from gpu_placement.kube import ApiError, api_error, request
-from gpu_placement.metrics import API_OUTCOMES, QUOTA_HOLD_LISTS, api_outcome
-from gpu_placement.pods import pod_key
+from gpu_placement.facts.pods import pod_key
+from gpu_placement.kube.api import ApiError, api_error, request
+from gpu_placement.observe.metrics import API_OUTCOMES, QUOTA_HOLD_LISTS, api_outcome
 from webhook.quota import Reservations
 
 __all__ = ["HoldChecker"]

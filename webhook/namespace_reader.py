@@ -19,10 +19,10 @@ from typing import Any
 import orjson
 import urllib3
 
-from gpu_placement.kube import ApiError, api_error, request
-from gpu_placement.metrics import API_OUTCOMES, NAMESPACE_READS, api_outcome
-from gpu_placement.namespaces import NamespaceRecord, namespace_from_json
-from gpu_placement.view import ClusterView
+from gpu_placement.facts.namespaces import NamespaceRecord, namespace_from_json
+from gpu_placement.kube.api import ApiError, api_error, request
+from gpu_placement.observe.metrics import API_OUTCOMES, NAMESPACE_READS, api_outcome
+from gpu_placement.view.cluster import ClusterView
 
 __all__ = ["NamespaceReader"]
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import orjson
 
-from gpu_placement import names as n
-from gpu_placement.config import Config, Pool
-from gpu_placement.pods import GpuRequests, effective_gpu_requests
-from gpu_placement.quantity import to_count
-from webhook.policy import Sharing
+from gpu_placement.base import names as n
+from gpu_placement.base.config import Config, Pool
+from gpu_placement.base.quantity import to_count
+from gpu_placement.facts.pods import GpuRequests, effective_gpu_requests
+from gpu_placement.facts.policy import Sharing
 
 __all__ = ["Patch", "admitted_value", "asks_for_gpu_nodes", "claim_patch", "escape", "gpu_patch", "protect_patch",
            "shaped_requests", "tolerates_gpu_taint"]

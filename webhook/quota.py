@@ -4,7 +4,7 @@ In use = the view's `namespace_usage` (GPU asks of the namespace's non-terminal 
 as stored, so after the rewrite). Pods this replica allowed that the view has not shown yet (holds)
 only warn: anyone who reaches the webhook port can make a hold with a forged AdmissionReview, so a
 hold must never refuse a team's pod. A burst (a Job with parallelism 20) is stopped at the quota by
-the ResourceQuota the service mirrors (webhook/quota_mirror.py), which the API server checks
+the ResourceQuota the service mirrors (gpu_placement/controllers/quota_mirror.py), which the API server checks
 atomically at each create, across any number of webhook replicas.
 
 A hold is dropped only when it is known how it ended:
@@ -18,7 +18,7 @@ Time alone ends a hold only where there is no API server to ask (`--snapshot`).
 
 A pod of a `dra` namespace asks for no GPU resource: its ResourceClaims, which kube-controller-manager
 makes from its templates after the pod exists, take the devices, and `view.dra.namespace_devices`
-counts them once they exist. So its hold (in ResourceQuota keys: webhook/dra_quota.py) is not dropped
+counts them once they exist. So its hold (in ResourceQuota keys: gpu_placement/decide/dra_quota.py) is not dropped
 when the view shows the pod: its stand-ins count in the view's pods from then on, and the rest is
 what the pod's claims have not charged yet; it ends when all of them exist (`charged`), or when the
 pod, once seen, is gone or finished (`gone`), or as above.
@@ -32,14 +32,14 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpu_placement import names as n
-from gpu_placement.dra.claims import devices_quota_key
-from gpu_placement.dra.objects import DeviceClass
-from gpu_placement.metrics import QUOTA_HOLD_OLDEST, QUOTA_HOLD_SETTLEMENTS, QUOTA_HOLDS
-from gpu_placement.pods import GpuRequests, PodRecord
-from gpu_placement.sharing import is_standin
-from gpu_placement.text import units
-from gpu_placement.view import ClusterView, same_pod
+from gpu_placement.base import names as n
+from gpu_placement.base.text import units
+from gpu_placement.decide.claims import devices_quota_key
+from gpu_placement.facts.dra import DeviceClass
+from gpu_placement.facts.pods import GpuRequests, PodRecord
+from gpu_placement.facts.sharing import is_standin
+from gpu_placement.observe.metrics import QUOTA_HOLD_OLDEST, QUOTA_HOLD_SETTLEMENTS, QUOTA_HOLDS
+from gpu_placement.view.cluster import ClusterView, same_pod
 
 __all__ = ["MAX_HOLDS", "NOT_IN_QUOTA", "OVER_QUOTA", "Reservations", "held_warnings", "quota_problems"]
 
@@ -109,7 +109,7 @@ class Reservations:
     def hold(self, namespace: str, key: str, uid: str, gpus: GpuRequests, claims: int = 0,
              standins: bool = False) -> None:
         """`claims`: for a pod of a `dra` namespace, how many claims its templates make; `gpus` are then
-        ResourceQuota keys (webhook/dra_quota.py: stand-ins, devices per class, requests.<extended>), and
+        ResourceQuota keys (gpu_placement/decide/dra_quota.py: stand-ins, devices per class, requests.<extended>), and
         `standins` whether the pod carries its stand-ins."""
         now = self.view.clock()
         held = self._by_namespace.setdefault(namespace, {})
@@ -225,7 +225,7 @@ def quota_problems(namespace: str, quota: Mapping[str, int], used: Mapping[str, 
                    names: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """(reason code, sentence) for each resource the pod would take past the namespace's quota, counting what
     the view shows in use (holds only warn: `held_warnings`). `names`: how the sentence names a key (a claim
-    pod's ResourceQuota keys, webhook/dra_quota.py)."""
+    pod's ResourceQuota keys, gpu_placement/decide/dra_quota.py)."""
     problems: list[tuple[str, str]] = []
     for key, count in asks:
         limit = quota.get(key)

@@ -3,7 +3,7 @@ API server's own quota admission enforces that quota (or a lower one).
 
 Each replica counts only what it admitted itself (webhook/quota.py), so two replicas, each within the
 quota, can together admit up to twice it. What makes the limit hard across replicas is the
-ResourceQuota the mirror keeps (webhook/quota_mirror.py): Kubernetes' quota admission runs after
+ResourceQuota the mirror keeps (gpu_placement/controllers/quota_mirror.py): Kubernetes' quota admission runs after
 every webhook and checks and counts each pod atomically (a compare-and-swap of the quota's
 `status.used` in etcd). But it enforces `status.hard`, which the quota controller writes after the
 mirror created or changed the ResourceQuota: until then, for the first second or so after the
@@ -18,7 +18,7 @@ lower figure until the controller catches up (the API server refuses the extra p
 lowered one refuses pods until the new figure is in force.
 
 A claim pod of a `dra` namespace is charged its stand-ins at its create and its claims' devices per
-class (and `requests.<extendedResourceName>`) when they are made (webhook/dra_quota.py): it passes only
+class (and `requests.<extendedResourceName>`) when they are made (gpu_placement/decide/dra_quota.py): it passes only
 when every one of those keys is enforced at the mirror's figure or below (`keys_pending`).
 
 Holds while the annotation is being set: a replica whose view does not show the annotation yet treats
@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from gpu_placement import names as n
-from gpu_placement.pods import GpuRequests
-from gpu_placement.resourcequotas import MIRROR_NAME, QuotaStatus
+from gpu_placement.base import names as n
+from gpu_placement.facts.pods import GpuRequests
+from gpu_placement.facts.resourcequotas import MIRROR_NAME, QuotaStatus
 
 __all__ = ["GATED_HOLD_SECONDS", "QUOTA_PENDING", "keys_pending", "quota_pending"]
 
@@ -57,7 +57,7 @@ def keys_pending(namespace: str, wanted: Mapping[str, int], status: QuotaStatus 
                  names: Mapping[str, str]) -> list[tuple[str, str]]:
     """The same for ResourceQuota keys: each of `keys` must be enforced at `wanted[key]` (the mirror's
     figure) or below. A claim pod of a `dra` namespace is charged its stand-ins, devices per class and
-    `requests.<extendedResourceName>` (webhook/dra_quota.py): all of them gated. `names`: how a sentence
+    `requests.<extendedResourceName>` (gpu_placement/decide/dra_quota.py): all of them gated. `names`: how a sentence
     names a key (default: the key)."""
     for key in keys:
         limit = wanted.get(key)

@@ -40,10 +40,10 @@ import urllib3
 import yaml
 from kubernetes.client import ApiClient
 
-from gpu_placement import metrics
-from gpu_placement.kube import ApiError, api_error, request
-from gpu_placement.lease import drain
-from gpu_placement.names import REGISTERED_ANNOTATION
+from gpu_placement.base.names import REGISTERED_ANNOTATION
+from gpu_placement.kube.api import ApiError, api_error, request
+from gpu_placement.kube.lease import drain
+from gpu_placement.observe import metrics
 
 __all__ = ["KINDS", "REGISTERED_ANNOTATION", "RegistrationSettings", "WebhookRegistration", "WebhookSpec",
            "load_webhook_spec"]

@@ -18,11 +18,11 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 import orjson
 
-from gpu_placement import shape
-from gpu_placement.pods import MAX_GPU_COUNT, GpuRequests, effective_gpu_requests
-from gpu_placement.quantity import QuantityError, QuantityProblem, to_count
-from gpu_placement.shape import ShapeError
-from gpu_placement.text import json_type, shown
+from gpu_placement.base.quantity import QuantityError, QuantityProblem, to_count
+from gpu_placement.base.text import json_type, shown
+from gpu_placement.facts.pods import MAX_GPU_COUNT, GpuRequests, effective_gpu_requests
+from gpu_placement.web import shape
+from gpu_placement.web.shape import ShapeError
 
 __all__ = [
     "API_VERSION",
@@ -243,7 +243,7 @@ def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool], pa
                 for name, value in (resources.get(section) or {}).items():
                     if is_gpu_resource(name):
                         try:
-                            count = to_count(value)  # checked before the core parser: see gpu_placement/quantity.py
+                            count = to_count(value)  # checked before the core parser: see gpu_placement/base/quantity.py
                             problem = _too_many(count) if count > MAX_GPU_COUNT else None
                         except QuantityProblem as exc:
                             problem = str(exc)

@@ -29,9 +29,9 @@ from typing import Any
 import orjson
 from kubernetes.client import ApiClient
 
-from gpu_placement.kube import ApiError, api_error, request
-from gpu_placement.lease import Lease, drain, parse_time
-from webhook.certs import cert_not_after, make_ca, make_serving_cert
+from gpu_placement.kube.api import ApiError, api_error, request
+from gpu_placement.kube.lease import Lease, drain, parse_time
+from gpu_placement.web.certs import cert_not_after, make_ca, make_serving_cert
 
 __all__ = ["CertPaths", "CertificateManager", "RotationSettings", "start_managed_certificates"]
 

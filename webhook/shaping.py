@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpu_placement import names as n
-from gpu_placement.config import Config
+from gpu_placement.base import names as n
+from gpu_placement.base.config import Config
+from gpu_placement.facts.policy import NamespacePolicy
 from webhook.patches import escape
-from webhook.policy import NamespacePolicy
 
 __all__ = ["NOT_SHAPED", "NOT_SHAPED_ALLOWED", "governed", "unshaped", "unshaped_warning"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_placement.names import ANN_ADMITTED
+from gpu_placement.base.names import ANN_ADMITTED
 from gpu_placement.survey.page import survey_html
 from gpu_placement.survey.report import survey_json, survey_markdown, survey_text
 from gpu_placement.survey.run import Survey, run_survey, webhook_from_objects

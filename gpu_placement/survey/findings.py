@@ -12,18 +12,18 @@ from typing import Any
 
 import orjson
 
-from gpu_placement import names as n
-from gpu_placement.bypass import Webhook, bypass_reasons
-from gpu_placement.config import Config
-from gpu_placement.cuda import driver_table, format_version, parse_version
-from gpu_placement.kubefilters import KubeNode, affinity_matches, tolerates
-from gpu_placement.nodes import NodeFacts
-from gpu_placement.requirements import Requirements
-from gpu_placement.rules import DRIVER_TOO_OLD, driver_fit
-from gpu_placement.soak import DONE
+from gpu_placement.base import names as n
+from gpu_placement.base.config import Config
+from gpu_placement.base.cuda import driver_table, format_version, parse_version
+from gpu_placement.base.timestamps import parse_time
+from gpu_placement.decide.bypass import Webhook, bypass_reasons
+from gpu_placement.decide.kubefilters import KubeNode, affinity_matches, tolerates
+from gpu_placement.decide.requirements import Requirements
+from gpu_placement.decide.rules import DRIVER_TOO_OLD, driver_fit
+from gpu_placement.facts.nodes import NodeFacts
+from gpu_placement.facts.soak import DONE
 from gpu_placement.survey.inventory import NO_POOL, UNMANAGED, NodeSurvey
 from gpu_placement.survey.workloads import Workload, workload_of
-from gpu_placement.timestamps import parse_time
 
 __all__ = ["CODES", "Context", "Finding", "find_all"]
 

@@ -16,13 +16,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_placement import names as n
-from gpu_placement.config import Config
-from gpu_placement.cuda import format_version
-from gpu_placement.nodes import NodeFacts
-from gpu_placement.rules import node_readiness
+from gpu_placement.base import names as n
+from gpu_placement.base.config import Config
+from gpu_placement.base.cuda import format_version
+from gpu_placement.decide.rules import node_readiness
+from gpu_placement.facts.nodes import NodeFacts
 from gpu_placement.survey.labels import LabelWriters, label_writers
-from gpu_placement.view import ClusterView
+from gpu_placement.view.cluster import ClusterView
 
 __all__ = ["CLOUD_POOL_LABELS", "MANAGED", "NFD_NVIDIA_PCI", "OPERANDS_LABEL", "PREINSTALLED", "UNMANAGED",
            "NodeSurvey", "PoolProduct", "inventory", "is_device_plugin", "is_operand", "survey_nodes"]

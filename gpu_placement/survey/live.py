@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 import urllib3
 
-from gpu_placement import kube
-from gpu_placement.fetch import ClusterAccess, FetchError
+from gpu_placement.kube import api as kube
+from gpu_placement.view.fetch import ClusterAccess, FetchError
 
 __all__ = ["SURVEY_KINDS", "ApiAnswer", "call", "list_all", "survey_extras"]
 

@@ -34,8 +34,8 @@ from urllib.parse import quote
 
 import orjson
 
-from gpu_placement.budgets import budget_from_json
-from gpu_placement.config import Config
+from gpu_placement.base.config import Config
+from gpu_placement.facts.budgets import budget_from_json
 from gpu_placement.survey.inventory import NFD_NVIDIA_PCI, OPERANDS_LABEL, is_device_plugin, is_operand
 from gpu_placement.survey.labels import label_writers
 

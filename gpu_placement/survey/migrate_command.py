@@ -14,8 +14,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from gpu_placement.config import Config
-from gpu_placement.fetch import ClusterAccess, FetchError
+from gpu_placement.base.config import Config
 from gpu_placement.survey.inventory import OPERANDS_LABEL
 from gpu_placement.survey.live import call, list_all
 from gpu_placement.survey.migrate import (
@@ -34,6 +33,7 @@ from gpu_placement.survey.migrate import (
     remove_labels_patch,
     wait_until,
 )
+from gpu_placement.view.fetch import ClusterAccess, FetchError
 
 __all__ = ["FAILED", "apply", "read_live", "read_snapshot", "render_plan", "undo"]
 

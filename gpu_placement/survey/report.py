@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import orjson
 
-from gpu_placement.report import table
+from gpu_placement.report.tables import table
 from gpu_placement.survey.inventory import NodeSurvey
 from gpu_placement.survey.run import Survey
 

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_placement.bypass import Webhook
-from gpu_placement.kubefilters import KubeNodes
-from gpu_placement.names import REGISTERED_ANNOTATION
+from gpu_placement.base.names import REGISTERED_ANNOTATION
+from gpu_placement.decide.bypass import Webhook
+from gpu_placement.decide.kubefilters import KubeNodes
 from gpu_placement.survey.findings import Context, Finding, find_all
 from gpu_placement.survey.inventory import PoolProduct, inventory, survey_nodes
 from gpu_placement.survey.workloads import Admit, gpu_workloads

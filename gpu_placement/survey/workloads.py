@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_placement.config import Config
-from gpu_placement.workloads import WorkloadError, pods_of
+from gpu_placement.base.config import Config
+from gpu_placement.facts.workloads import WorkloadError, pods_of
 
 __all__ = ["Admit", "Workload", "gpu_workloads", "workload_of"]
 

@@ -41,7 +41,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from gpu_placement.demo_cluster import make_node, validator_pod
+from gpu_placement.samples.cluster import make_node, validator_pod
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "tests" / "e2e" / "build_control_plane.sh"
@@ -513,7 +513,7 @@ def follow_pods(api: Api, path: str, on_pod: Callable[[Obj], None], stop: thread
 # -- NVIDIA's DRA kubelet plugin, emulated ------------------------------------------------------------
 
 class DraPlugin:
-    """What dra-driver-nvidia-gpu's kubelet plugin publishes (gpu_placement.dra.published, from v0.4.1):
+    """What dra-driver-nvidia-gpu's kubelet plugin publishes (gpu_placement.samples.dra, from v0.4.1):
     its DeviceClasses once, one ResourceSlice per node (pool = node), republished with its own health
     taints; and gone again (`stop`)."""
 
@@ -522,13 +522,13 @@ class DraPlugin:
         self.slices: dict[str, str] = {}  # node -> slice name
 
     def install(self) -> None:
-        from gpu_placement.dra.published import device_classes
+        from gpu_placement.samples.dra import device_classes
 
         for cls in device_classes():
             self.api.apply(cls)
 
     def publish(self, node: str, count: int = 2, **kwargs: Any) -> Obj:
-        from gpu_placement.dra.published import resource_slice
+        from gpu_placement.samples.dra import resource_slice
 
         obj = resource_slice(node, count, **kwargs)
         self.slices[node] = obj["metadata"]["name"]

@@ -20,12 +20,12 @@ import httpx
 import pytest
 import yaml
 
-from gpu_placement.config import Config
-from gpu_placement.namespaces import NamespaceRecord
+from gpu_placement.base.config import Config
+from gpu_placement.facts.namespaces import NamespaceRecord
+from gpu_placement.facts.policy import parse_policy
 from tests.e2e.cluster import Api, ControlPlane, Kubelets, namespace, start_control_plane, wait_for
 from tests.e2e.deploy import NAMESPACE, Pod, find, install, render, wait_ready, webhook_port
 from tests.e2e.supervisor import Supervisor
-from webhook.policy import parse_policy
 
 Obj = dict[str, Any]
 WEBHOOK = "gpu-placement-webhook"

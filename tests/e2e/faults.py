@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpu_placement.quantity import QuantityError, quantity_to_mib
+from gpu_placement.base.quantity import QuantityError, quantity_to_mib
 from tests.e2e.cluster import Api
 from tests.e2e.conftest import E2E, gpu_pod_manifest
 from tests.e2e.container import Container

@@ -390,7 +390,7 @@ class FloorWebhook:
     `bench-admission=do-nothing` in kube-system (exempt from gpu-placement's)."""
 
     def __init__(self, e2e: E2E, replicas: int) -> None:
-        from webhook.certs import write_bundle
+        from gpu_placement.web.certs import write_bundle
 
         self.e2e = e2e
         work = e2e.plane.work / "floor-webhook"

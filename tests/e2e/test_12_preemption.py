@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import yaml
 
-from gpu_placement.demo_cluster import make_pod
+from gpu_placement.samples.cluster import make_pod
 from tests.e2e.cluster import wait_for
 from tests.e2e.conftest import E2E
 from tests.e2e.deploy import find

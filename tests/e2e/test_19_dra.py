@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.config import Config
-from gpu_placement.dra.published import device_classes
-from gpu_placement.ingest import Ingest
-from gpu_placement.kube import load_api_client
-from gpu_placement.view import ClusterView
+from gpu_placement.base.config import Config
+from gpu_placement.kube.api import load_api_client
+from gpu_placement.samples.dra import device_classes
+from gpu_placement.view.cluster import ClusterView
+from gpu_placement.view.ingest import Ingest
 from tests.e2e.cluster import DraPlugin, wait_for
 from tests.e2e.conftest import E2E
 from webhook.claim_reader import ClaimReader

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.dra.published import Gpu
+from gpu_placement.samples.dra import Gpu
 from tests.e2e.cluster import DraPlugin, wait_for
 from tests.e2e.conftest import E2E
 from tests.e2e.test_19_dra import RESOURCE, allocation
@@ -92,7 +92,7 @@ def test_one_annotation_moves_a_namespace_between_dra_and_the_device_plugin(e2e:
             in r.json()["message"]), r.text
     r = e2e.gpu_pod(ns, "second", group)
     assert r.status_code == 201, r.text
-    # The pod carries its stand-in, which the API server's pod quota charged at its create (webhook/dra_quota.py).
+    # The pod carries its stand-in, which the API server's pod quota charged at its create (gpu_placement/decide/dra_quota.py).
     assert r.json()["spec"]["containers"][0]["resources"]["limits"]["gpu-placement.io/gpu"] == "1"
 
     def used() -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpu_placement.demo_cluster import driver_labels, driver_pod
+from gpu_placement.samples.cluster import driver_labels, driver_pod
 from tests.e2e.cluster import wait_for
 from tests.e2e.conftest import E2E
 from tests.e2e.deploy import GPU_PLACEMENT, wait_ready

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.cli import main
+from gpu_placement.app.cli import main
 from tests.e2e.cluster import ADMIN_TOKEN, wait_for
 from tests.e2e.conftest import E2E
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import orjson
 
-from gpu_placement.outcome_leader import TOTALS_ANNOTATION, WATERMARK_ANNOTATION
+from gpu_placement.outcomes.counter import TOTALS_ANNOTATION, WATERMARK_ANNOTATION
 from tests.e2e.cluster import wait_for
 from tests.e2e.conftest import E2E
 from tests.e2e.deploy import NAMESPACE

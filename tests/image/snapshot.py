@@ -6,7 +6,7 @@ from pathlib import Path
 
 import orjson
 
-from gpu_placement.demo_cluster import BASES, demo_objects, make_node, make_pod, validator_pod
+from gpu_placement.samples.cluster import BASES, demo_objects, make_node, make_pod, validator_pod
 
 NODES = 5000
 

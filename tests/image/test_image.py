@@ -25,15 +25,15 @@ import httpx
 import orjson
 import pytest
 
-from gpu_placement.demo_cluster import demo_objects, demo_pods
-from gpu_placement.dra.published import device_classes, resource_slice
+from gpu_placement.samples.cluster import demo_objects, demo_pods
+from gpu_placement.samples.dra import device_classes, resource_slice
+from gpu_placement.web.certs import write_bundle
 from tests.e2e.cluster import wait_for
 from tests.e2e.container import engine
 from tests.e2e.deploy import SERVICE_ACCOUNT_DIR, render
 from tests.fakeapi import FakeApiServer
 from tests.image.conftest import SNAPSHOT, Chart, Run, exec_python, wait_http, without
 from tests.test_webhook_helpers import review, user_pod
-from webhook.certs import write_bundle
 
 Obj = dict[str, Any]
 EXTENDER, WEBHOOK = "gpu-placement-scheduler", "gpu-placement-webhook"
@@ -262,7 +262,7 @@ def _audit():
     print("AUDIT " + json.dumps({"modules": len(sys.modules), "uncompiled": uncompiled, "dra": dra}), file=sys.stderr,
           flush=True)
 atexit.register(_audit)
-from gpu_placement.cli import main
+from gpu_placement.app.cli import main
 sys.exit(main())
 """
 
@@ -411,4 +411,4 @@ def test_the_chart_containers_unchanged_against_an_api_server(chart: Chart, fake
     found = {"webhook": _audit(webhook), "extender": _audit(extender)}
     for name, audit in found.items():
         assert audit["uncompiled"] == [], (name, audit["uncompiled"])
-    assert "gpu_placement.dra.taints" in found["webhook"]["dra"], "the webhook's DeviceTaintRule controller ran"
+    assert "gpu_placement.controllers.dra_taints" in found["webhook"]["dra"], "the webhook's DeviceTaintRule controller ran"

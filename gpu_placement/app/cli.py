@@ -1,0 +1,539 @@
+"""The `gpu-placement` command: serve, demo, explain, nodes, namespaces, rollout, survey, migrate, report, certs.
+
+Exit status 0 on success, 2 on bad usage or bad input with a one-line message naming the problem (never a
+traceback: an unexpected error is one line too, status 70, and GPU_PLACEMENT_DEBUG=1 shows its traceback);
+`explain` also 3 and 4 (gpu_placement/app/cli_explain.py). Output cut short by a closed pipe (`| head`) ends
+quietly with status 141, as a process killed by SIGPIPE reports in the shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gpu_placement.app.cli_input import UsageError
+from gpu_placement.base.config import Config, ConfigError, load_config
+from gpu_placement.view.snapshot import SnapshotError
+
+__all__ = ["UsageError", "build_parser", "main"]
+
+
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:8888)")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _components(text: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    unknown = [p for p in parts if p not in ("extender", "webhook")]
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(f"{text!r}: components are extender and/or webhook, e.g. extender,webhook")
+    return parts
+
+
+def _resources(text: str) -> tuple[str, ...]:
+    names = tuple(p.strip() for p in text.split(",") if p.strip())
+    if not names or any("/" not in name for name in names):
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of resource names, e.g. "
+                                         "nvidia.com/gpu,nvidia.com/mig-1g.10gb")
+    return names
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> float:
+    """A positive duration in seconds from "90s", "10m", "1h30m", "365d"."""
+    parts = re.findall(r"(\d+)([smhd])", text)
+    if not parts or "".join(n + u for n, u in parts) != text or not any(int(n) for n, _ in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration such as 90s, 10m, 1h30m or 365d")
+    return float(sum(int(n) * _UNITS[u] for n, u in parts))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpu-placement", description="GPU placement for Kubernetes clusters that "
+                                     "run the NVIDIA GPU Operator: scheduler extender and admission webhook.")
+    parser.add_argument("--version", action="version", version=f"gpu-placement {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the extender and/or the webhook")
+    source = serve.add_mutually_exclusive_group()
+    source.add_argument("--snapshot", metavar="PATH", help="cluster view from a file or folder of Kubernetes "
+                        "JSON/YAML (reloaded when it changes) instead of an API server")
+    source.add_argument("--kubeconfig", metavar="PATH", help="API server from this kubeconfig "
+                        "(default: in-cluster config)")
+    serve.add_argument("--config", metavar="FILE", help="configuration file (YAML)")
+    serve.add_argument("--components", type=_components, default=("extender", "webhook"),
+                       help="what to serve: extender,webhook (default both)")
+    serve.add_argument("--extender-listen", type=_listen, default=("127.0.0.1", 8888), metavar="HOST:PORT",
+                       help="extender address (default 127.0.0.1:8888; plain HTTP unless a TLS pair is given)")
+    serve.add_argument("--extender-tls-cert", metavar="FILE")
+    serve.add_argument("--extender-tls-key", metavar="FILE")
+    serve.add_argument("--extender-max-body-bytes", type=int, default=64 * 2**20, metavar="N",
+                       help="largest extender request accepted (default 64 MiB); larger ones get 413")
+    serve.add_argument("--health-listen", type=_listen, metavar="HOST:PORT",
+                       help="also serve only GET /healthz and /readyz there, plain HTTP (for kubelet's HTTP probes "
+                       "when the extender listens on loopback)")
+    serve.add_argument("--managed-resources", type=_resources, metavar="R1,R2,...",
+                       help="the managedResources of kube-scheduler's extender configuration: warn (log and "
+                       "metric) about GPU resources nodes offer beyond them, which bypass the extender")
+    serve.add_argument("--webhook-listen", type=_listen, default=("0.0.0.0", 8443), metavar="HOST:PORT",
+                       help="webhook address (default 0.0.0.0:8443, always TLS)")
+    serve.add_argument("--tls-cert", metavar="FILE", help="webhook serving certificate (reloaded when it changes)")
+    serve.add_argument("--tls-key", metavar="FILE", help="webhook serving key")
+    serve.add_argument("--self-signed", metavar="DIR", help="create a CA and serving certificate in DIR "
+                       "(writes ca.crt) and serve with them")
+    serve.add_argument("--manage-certs", action="store_true", help="keep the CA and serving certificate in a "
+                       "Secret, patch the caBundle of the webhook configurations and rotate before expiry")
+    serve.add_argument("--cert-secret", metavar="NAME", default="gpu-placement-webhook-tls")
+    serve.add_argument("--service", metavar="NAME", default="gpu-placement-webhook",
+                       help="webhook Service name (certificate SANs)")
+    serve.add_argument("--namespace", metavar="NS", help="namespace of the Service and Secret "
+                       "(default: $POD_NAMESPACE, else gpu-placement)")
+    serve.add_argument("--webhook-configuration", metavar="NAME", default="gpu-placement",
+                       help="name of the Mutating- and ValidatingWebhookConfiguration to patch")
+    serve.add_argument("--webhooks-file", metavar="FILE",
+                       help="the webhooks ({mutating: [...], validating: [...]}) to write into the (empty) "
+                       "--webhook-configuration once this replica is ready and its --service has a ready "
+                       "endpoint; nothing is sent to the webhook before")
+    serve.add_argument("--cert-dir", metavar="DIR", default="/tmp/gpu-placement-certs",
+                       help="where --manage-certs writes the serving pair (default /tmp/gpu-placement-certs)")
+    serve.add_argument("--ca-lifetime", type=_duration, default=3650 * 86400.0, metavar="DURATION",
+                       help="--manage-certs: lifetime of each CA it makes (default 3650d; units s, m, h, d)")
+    serve.add_argument("--renew-ca-before", type=_duration, default=365 * 86400.0, metavar="DURATION",
+                       help="--manage-certs: start a CA rotation this long before the CA ends (default 365d)")
+    serve.add_argument("--serving-cert-lifetime", type=_duration, default=365 * 86400.0, metavar="DURATION",
+                       help="--manage-certs: serving certificate lifetime, cut to its CA's end (default 365d)")
+    serve.add_argument("--renew-serving-before", type=_duration, default=30 * 86400.0, metavar="DURATION",
+                       help="--manage-certs: reissue the serving certificate this long before it ends (default 30d)")
+    serve.add_argument("--ca-overlap", type=_duration, default=600.0, metavar="DURATION",
+                       help="--manage-certs: time between the steps of a CA rotation, for every API server to "
+                       "reload the caBundle (default 10m)")
+    serve.add_argument("--cert-check-interval", type=_duration, default=60.0, metavar="DURATION",
+                       help="--manage-certs: how often the certificates are checked (default 60s)")
+    serve.add_argument("--quota-mirror", action=argparse.BooleanOptionalAction, default=True,
+                       help="keep a ResourceQuota in each namespace with gpu-placement.io/quota, so the API server "
+                       "enforces it; in audit mode, delete the ones kept before (default on; off with --snapshot)")
+    serve.add_argument("--quota-lease", metavar="NAME", default="gpu-placement-quota-mirror",
+                       help="Lease (in --namespace) that elects the one replica writing ResourceQuotas")
+    serve.add_argument("--owner", metavar="NAME",
+                       help="owner of every object the service writes (mirrored ResourceQuotas, DRA DeviceTaintRules): "
+                       "this ValidatingWebhookConfiguration, so they go with it (helm uninstall); default: none "
+                       "(a quota's own Namespace)")
+    serve.add_argument("--dra-lease", metavar="NAME", default="gpu-placement-dra",
+                       help="Lease (in --namespace) that elects the one webhook replica writing DeviceTaintRules "
+                       "for unverified nodes' DRA devices (config dra.taints)")
+    serve.add_argument("--events", action=argparse.BooleanOptionalAction, default=True,
+                       help="write Kubernetes Events (webhook replicas, with an API server): on a Node when "
+                       "gpu-placement's verdict for it changes, on a Namespace whose gpu-placement settings do "
+                       "nothing, on a pod admitted with warnings (docs/operations.md, Events)")
+    serve.add_argument("--events-lease", metavar="NAME", default="gpu-placement-events",
+                       help="Lease (in --namespace) that elects the one webhook replica writing Node and Namespace "
+                       "Events")
+    serve.add_argument("--outcomes-lease", metavar="NAME", default="gpu-placement-outcomes",
+                       help="Lease (in --namespace) that elects the one webhook replica counting launch outcomes and "
+                       "node lifecycle times; its annotation keeps how far it has counted (docs/outcomes.md)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")
+    demo.add_argument("--config", metavar="FILE", help="configuration file (default: the demo's own)")
+    demo.add_argument("--write-snapshot", metavar="FILE", help="only write the demo cluster as a kubectl-style "
+                      "List (JSON) to FILE, for `nodes` and `explain`")
+
+    explain = commands.add_parser("explain", help="what the webhook would change, and every node's verdict",
+                                  epilog=_explain_epilog())
+    explain.add_argument("pod_file", metavar="FILE|-|KIND/NAME", help="a Pod, or any workload with a pod template "
+                         "(Deployment, StatefulSet, DaemonSet, Job, CronJob, PyTorchJob, ...), as JSON or YAML, "
+                         "multi-document YAML or a List; - reads it from standard input; or KIND/NAME of one in the "
+                         "cluster or --snapshot: pod/NAME (a pod that exists), deploy/NAME, job/NAME, sts/NAME, "
+                         "cronjob/NAME, pytorchjob/NAME, ...")
+    _cluster_arguments(explain)
+    explain.add_argument("-n", "--namespace", metavar="NS", help="namespace of pod/NAME, or to admit the file's pod "
+                         "into (default: the pod's own, else the context's)")
+    explain.add_argument("--all", action="store_true", dest="show_all",
+                         help="every node, not counts and a few examples per reason")
+    explain.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    _config_argument(explain)
+
+    nodes = commands.add_parser("nodes", help="one line per node: what GPU pods get there, product, GPUs used and "
+                                "free, driver, CUDA, memory")
+    _cluster_arguments(nodes)
+    _config_argument(nodes)
+    nodes.add_argument("-o", "--output", choices=["text", "wide", "json"], default="text",
+                       help="wide adds driver, CUDA and GPU memory; json, everything for scripts")
+
+    namespaces = commands.add_parser("namespaces", help="one line per namespace with gpu-placement.io/* "
+                                     "annotations or labels: opted in or not, policy, quota used and limit, enforced "
+                                     "or not, and what is wrong")
+    _cluster_arguments(namespaces)
+    _config_argument(namespaces)
+    namespaces.add_argument("-A", "--all", action="store_true", dest="show_all",
+                            help="every namespace, also those without gpu-placement annotations or labels")
+    namespaces.add_argument("-o", "--output", choices=["text", "json"], default="text")
+
+    rollout = commands.add_parser("rollout", help="driver versions and their nodes (done, pending, upgrading, "
+                                  "soaking, failed), soak left, XID rate and failed GPU pods per version, next wave")
+    _cluster_arguments(rollout)
+    rollout.add_argument("--prometheus", metavar="URL", help="Prometheus to read DCGM XID events from (default: "
+                         "the config's telemetry.url)")
+    rollout.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    rollout.add_argument("--config", metavar="FILE")
+
+    survey = commands.add_parser("survey", help="inventory of the GPU fleet per pool and product, and findings with "
+                                 "stable codes and fixes (docs/survey.md); exit status 1 when there are findings")
+    _cluster_arguments(survey)
+    survey.add_argument("-o", "--output", choices=["text", "markdown", "json", "html"], default="text",
+                        help="html: one self-contained page drawing the fleet by pool and state")
+    _config_argument(survey)
+
+    migrate = commands.add_parser("migrate", help="move one node from hand-installed drivers or hand-set labels to "
+                                  "the GPU Operator: the steps, which are done, what the next waits for; --apply runs "
+                                  "them (docs/survey.md)")
+    migrate.add_argument("node", metavar="NODE")
+    _cluster_arguments(migrate)
+    action = migrate.add_mutually_exclusive_group()
+    action.add_argument("--apply", action="store_true", help="run the steps in order, saving the way back first; "
+                        "stop at the first failure, at a step for a person, or at a wait longer than --timeout")
+    action.add_argument("--undo", action="store_true", help="put the node's labels, taints and schedulable state "
+                        "back from the saved way back (one JSON patch)")
+    migrate.add_argument("--backup-dir", metavar="DIR", default="gpu-placement-migrate",
+                         help="where the way back of each node is saved, NODE.json (default ./gpu-placement-migrate)")
+    migrate.add_argument("--timeout", type=_duration, default=600.0, metavar="DURATION",
+                         help="--apply: how long to wait for pods to go, the operator and the validator (default 10m)")
+    migrate.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    _config_argument(migrate)
+    report = commands.add_parser("report", help="the before/after table from Prometheus: launch success and its "
+                                 "causes, node preparation and recovery, exclusion latency, GPU pods that waited, "
+                                 "GPU-hours idle while pods waited (docs/outcomes.md)")
+    report.add_argument("--prometheus", metavar="URL", help="Prometheus that scrapes gpu-placement and holds the "
+                        "chart's recording rules (default: the config's telemetry.url)")
+    report.add_argument("--since", type=_duration, default=7 * 86400.0, metavar="DURATION",
+                        help="the window, whole minutes (default 7d)")
+    report.add_argument("--until", metavar="TIME", help="the window's end, RFC 3339 or YYYY-MM-DD (default now)")
+    report.add_argument("--compare", metavar="FROM..TO", help="before and after: the --since window ending at FROM "
+                        "and the one ending at TO (each RFC 3339, YYYY-MM-DD or now)")
+    report.add_argument("-o", "--output", choices=["text", "markdown", "json"], default="text",
+                        help="json adds the PromQL behind each figure")
+    report.add_argument("--config", metavar="FILE", help="configuration file (for telemetry.url)")
+
+    certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle")
+    certs.add_argument("--out", metavar="DIR", required=True)
+    certs.add_argument("--service", metavar="NAME", required=True)
+    certs.add_argument("--namespace", metavar="NS", required=True)
+    return parser
+
+
+def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the cluster comes from: a snapshot, or a live API server as kubectl finds it."""
+    parser.add_argument("--snapshot", metavar="PATH", help="a file or folder of Kubernetes JSON/YAML instead of "
+                        "the cluster")
+    parser.add_argument("--kubeconfig", metavar="PATH", help="kubeconfig (default: $KUBECONFIG, else "
+                        "~/.kube/config, as kubectl)")
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
+
+
+def _config_argument(parser: argparse.ArgumentParser) -> None:
+    """For commands that answer for the running service: by default they use its own configuration."""
+    parser.add_argument("--config", metavar="FILE", help="configuration file (YAML) to judge with; default: the "
+                        "deployed one, the chart's ConfigMap (labelled app.kubernetes.io/part-of=gpu-placement) in "
+                        "the cluster or the snapshot, else the built-in defaults; the output says which")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        # The reader went away (`| head`): say nothing more, and keep Python from writing a second
+        # error when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except Exception as exc:
+        if os.environ.get("GPU_PLACEMENT_DEBUG"):
+            raise
+        detail = " ".join(str(exc).split())[:300]
+        print(f"gpu-placement {args.command}: unexpected error, a bug in gpu-placement ({type(exc).__name__}: "
+              f"{detail}); GPU_PLACEMENT_DEBUG=1 shows the traceback", file=sys.stderr)
+        return 70
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        if args.command == "serve":
+            from gpu_placement.app.serve import serve
+
+            return serve(args)
+        if args.command == "demo":
+            from gpu_placement.app.demo import run_demo, write_snapshot
+
+            if args.write_snapshot:
+                return _write_snapshot(args.write_snapshot, write_snapshot)
+            return run_demo(_config(args.config) if args.config else None)
+        if args.command == "explain":
+            return _explain(args)
+        if args.command == "nodes":
+            return _nodes(args)
+        if args.command == "namespaces":
+            from gpu_placement.report.namespaces import run_namespaces
+
+            return run_namespaces(args, _cluster)
+        if args.command == "rollout":
+            return _rollout(args)
+        if args.command == "survey":
+            return _survey(args)
+        if args.command == "migrate":
+            return _migrate(args)
+        if args.command == "certs":
+            return _certs(args)
+        if args.command == "report":
+            return _report(args)
+    except (UsageError, ConfigError, SnapshotError, *_extra_errors()) as exc:
+        print(f"gpu-placement {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    raise AssertionError(args.command)
+
+
+def _extra_errors() -> tuple[type[Exception], ...]:
+    """Errors of modules loaded on demand that also mean "bad usage or input"."""
+    from gpu_placement.app import serve
+
+    extra: list[type[Exception]] = [serve.UsageError]
+    try:
+        from gpu_placement.kube.api import KubeConfigError
+        from gpu_placement.view.fetch import FetchError
+
+        extra += [KubeConfigError, FetchError]
+    except ImportError:  # pragma: no cover - the live source is optional at import time
+        pass
+    return tuple(extra)
+
+
+def _config(path: str | None) -> Config:
+    return load_config(path)
+
+
+def _nodes(args: argparse.Namespace) -> int:
+    from gpu_placement.report.nodes import run_nodes
+
+    return run_nodes(args, _cluster)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from gpu_placement.outcomes.report import Prometheus, ReportError, Window, compute, now, render
+
+    url = args.prometheus or (str(_config(args.config).telemetry.url or "") if args.config else "")
+    if not url:
+        raise UsageError("give --prometheus URL (or --config FILE with telemetry.url): the report reads Prometheus")
+    source = Prometheus(url)
+    if args.compare:
+        before, sep, after = args.compare.partition("..")
+        if not sep or not before or not after:
+            raise UsageError(f"--compare {args.compare!r}: FROM..TO, e.g. 2026-01-01..2026-02-01")
+        ends = [_moment(before), _moment(after)]
+    else:
+        ends = [_moment(args.until) if args.until else now()]
+    try:
+        reports = [compute(source, Window.ending(end, args.since)) for end in ends]
+    except ReportError as exc:
+        raise UsageError(str(exc)) from None
+    print(render(reports, args.output, _since(args.since)))
+    return 0
+
+
+def _moment(text: str) -> float:
+    """now, YYYY-MM-DD (midnight UTC) or RFC 3339, as Unix seconds."""
+    from datetime import UTC, datetime
+
+    if text == "now":
+        from gpu_placement.outcomes.report import now
+
+        return now()
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(f"{text!r} is not a time: now, YYYY-MM-DD or RFC 3339 (2026-03-02T10:00:00Z)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def _since(seconds: float) -> str:
+    return f"{seconds / 86400:g}d" if seconds % 86400 == 0 else f"{seconds / 3600:g}h"
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from gpu_placement.report.rollout import run_rollout
+
+    core, access, objects = _cluster(args)
+    print(run_rollout(core, access, objects, args.prometheus, args.output))
+    return 0
+
+
+def _survey(args: argparse.Namespace) -> int:
+    from gpu_placement.app.explain import admit
+    from gpu_placement.survey.command import render, survey_cluster
+
+    core, access, objects = _cluster(args)
+    webhook = core.webhook_app()  # workload templates become pods through the webhook, as the API server makes them
+    survey = survey_cluster(core, access, objects, lambda pod, namespace: admit(webhook, pod, namespace).pod)
+    print(render(survey, args.output))
+    return 1 if survey.findings else 0
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gpu_placement.survey.migrate import DONE, MigrateError, needed, plan
+    from gpu_placement.survey.migrate_command import FAILED, apply, backup_file, read_live, read_snapshot, render_plan
+    from gpu_placement.survey.migrate_command import undo as undo_node
+
+    directory = Path(args.backup_dir)
+    path = backup_file(directory, args.node)
+    if args.snapshot:
+        if args.apply or args.undo:
+            raise UsageError("--apply and --undo change a live cluster: use --kubeconfig (or the current context), "
+                             "not --snapshot")
+        if args.kubeconfig or args.context:
+            raise UsageError("--snapshot and --kubeconfig/--context exclude each other: one cluster at a time")
+        from gpu_placement.view.snapshot import read_objects
+
+        objects, access = read_objects(args.snapshot), None
+    else:
+        from gpu_placement.view.fetch import connect
+
+        access, objects = connect(args.kubeconfig, args.context), []
+    config = deployed_config(args, access, objects).config
+    try:
+        if args.apply:
+            return apply(access, args.node, config, directory, args.timeout, sys.stdout)
+        if args.undo:
+            return undo_node(access, args.node, directory, sys.stdout)
+        state = read_snapshot(objects, args.node, config, path) if access is None else \
+            read_live(access, args.node, config, path)
+    except MigrateError as exc:
+        print(f"gpu-placement migrate: {exc}", file=sys.stderr)
+        return FAILED if args.apply or args.undo else 2
+    why = needed(state)
+    if why:
+        print(why)
+        return 0
+    steps = plan(state)
+    print(render_plan(state, steps, args.output))
+    return 0 if all(step.state == DONE for step in steps) else 1
+
+
+def _core(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The view of `--snapshot`, else of the live cluster read once, judged with the deployed
+    configuration (`core.config_source` says which); and the live access, if any."""
+    core, access, _ = _cluster(args)
+    return core, access
+
+
+def _cluster(args: argparse.Namespace, given: Sequence[dict[str, Any]] = ()) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """`_core`, and the objects it was built from (explain runs kube-scheduler's filters on them).
+    `given`: objects from the user's file laid over the cluster's (a Namespace written beside a Job)."""
+    from gpu_placement.app.assembly import core_from_objects
+
+    if args.snapshot:
+        if args.kubeconfig or args.context:
+            raise UsageError("--snapshot and --kubeconfig/--context exclude each other: one cluster at a time")
+        from gpu_placement.view.snapshot import read_objects
+
+        objects, access = read_objects(args.snapshot), None
+    else:
+        from gpu_placement.view.fetch import connect, fetch_objects
+
+        access = connect(args.kubeconfig, args.context)
+        objects = fetch_objects(access, getattr(args, "namespace", None))
+    if given:
+        replaced = {(o.get("kind"), (o.get("metadata") or {}).get("name")) for o in given}
+        objects = [o for o in objects if (o.get("kind"), (o.get("metadata") or {}).get("name")) not in replaced]
+        objects += list(given)
+    deployed = deployed_config(args, access, objects)
+    core = core_from_objects(deployed.config, objects)
+    core.config_source = deployed.source
+    return core, access, objects
+
+
+def deployed_config(args: argparse.Namespace, access: Any, objects: list[dict[str, Any]]) -> Any:
+    """The configuration of a command that answers for the running service (`explain`, `nodes`,
+    `rollout`): `--config FILE`, else the chart's ConfigMap in the cluster (`access`) or among the
+    snapshot's `objects`, else the built-in defaults. A DeployedConfig: `.config`, `.source`."""
+    from gpu_placement.app.deployed import LABEL_SELECTOR, DeployedConfig, from_config_maps, from_file
+
+    if args.config:
+        return from_file(args.config)
+    if access is None:
+        return from_config_maps([o for o in objects if o.get("kind") == "ConfigMap"], f"snapshot {args.snapshot}")
+    from gpu_placement.base.config import Config
+    from gpu_placement.view.fetch import FetchError, fetch_labelled
+
+    refused = ""
+    for path in ("/api/v1/configmaps", "/api/v1/namespaces/gpu-placement/configmaps"):  # the chart's namespace
+        try:
+            return from_config_maps(fetch_labelled(access, path, LABEL_SELECTOR, "ConfigMap"),
+                                    f"context {access.context}")
+        except FetchError as exc:
+            if exc.status != 403:
+                raise
+            refused = refused or str(exc)
+    return DeployedConfig(Config(), f"built-in defaults: ConfigMaps could not be read ({refused}); pass "
+                                    "--config FILE with the deployed configuration")
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from gpu_placement.app.cli_explain import run_explain
+
+    return run_explain(args, _cluster)
+
+
+def _write_snapshot(path: str, write: Any) -> int:
+    """`demo --write-snapshot FILE`: a folder gets the file inside it; a path that cannot be written, one line."""
+    target = Path(path)
+    if target.is_dir():
+        target = target / "demo-cluster.json"
+    try:
+        return int(write(str(target)))
+    except OSError as exc:
+        raise UsageError(f"--write-snapshot {path}: cannot write {target}: {exc.strerror or exc}") from None
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpu-placement")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _explain_epilog() -> str:
+    from gpu_placement.app.cli_explain import EXIT_CODES
+
+    return EXIT_CODES
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from gpu_placement.web.certs import CertificateError, write_bundle
+
+    try:
+        bundle = write_bundle(args.out, args.service, args.namespace)
+    except (CertificateError, OSError) as exc:
+        raise UsageError(str(exc)) from exc
+    print(f"wrote {bundle.ca_cert}, {bundle.cert}, {bundle.key}", file=sys.stderr)
+    print(bundle.ca_bundle_b64)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

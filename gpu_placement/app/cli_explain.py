@@ -1,0 +1,164 @@
+"""`gpu-placement explain`: what to explain (a file, standard input, or KIND/NAME in the cluster or the
+snapshot), each kind of pod in it explained, a workload added up, and the exit status a CI gate reads.
+
+Exit status (docs/explain.md, and `explain --help`):
+    0  every pod would be admitted and has a node (or the webhook never sees it, and nothing refuses it)
+    2  bad usage or bad input
+    3  refused: the webhook denies a pod, the quota denies some of a workload's pods, or the API server
+       refuses the create (its namespace does not exist)
+    4  admitted, but no node can take it now, or spec.nodeName names a node that does not exist
+    5  spec.nodeName puts it, unchecked, on a node gpu-placement keeps GPU pods off
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from gpu_placement.app.cli_input import UsageError, read_objects, split_kind_name, templates_in
+from gpu_placement.facts.workloads import PodTemplate, WorkloadError, pods_of
+
+__all__ = ["EXIT_CODES", "EXIT_DENIED", "EXIT_NO_NODE", "EXIT_OK", "EXIT_UNVERIFIED", "run_explain"]
+
+EXIT_OK, EXIT_DENIED, EXIT_NO_NODE, EXIT_UNVERIFIED = 0, 3, 4, 5
+EXIT_CODES = ("exit status: 0 admitted and placed (or bypassing gpu-placement unrefused); 2 bad usage or input; "
+              "3 refused (webhook denial, quota, or a namespace that does not exist); 4 admitted but no node can "
+              "take it now, or spec.nodeName names no node; 5 spec.nodeName puts it on a node gpu-placement keeps "
+              "GPU pods off")
+
+Cluster = Callable[..., tuple[Any, Any, list[dict[str, Any]]]]
+
+
+def run_explain(args: argparse.Namespace, cluster: Cluster) -> int:
+    from gpu_placement.app.explain import Context, as_json, explain, render
+    from gpu_placement.decide.kubefilters import KubeNodes
+
+    kind_name = split_kind_name(args.pod_file)
+    given: list[dict[str, Any]] = []
+    if kind_name is None:
+        objects_in = read_objects(args.pod_file)
+        where = "standard input" if args.pod_file == "-" else args.pod_file
+        templates, given = templates_in(objects_in, where)
+    core, access, objects = cluster(args, given)
+    notes: tuple[str, ...] = ()
+    existing, leave_out = False, None
+    if kind_name is not None:
+        kind, name = kind_name
+        namespace = args.namespace or (access.namespace if access else "default")
+        obj = _find(args, access, objects, kind, name, namespace)
+        if obj.get("kind") == "Pod":
+            templates, existing, leave_out = [PodTemplate(f"Pod {namespace}/{name}", obj)], True, f"{namespace}/{name}"
+            notes = tuple(_bypassed(core, access, obj))
+        else:
+            try:
+                templates = pods_of(obj)
+            except WorkloadError as exc:
+                raise UsageError(f"{kind}/{name}: {exc}") from None
+            from gpu_placement.app.cli_input import check_template
+
+            for template in templates:
+                check_template(template, f"{kind}/{name}")
+    namespace = args.namespace
+    seen = getattr(access, "namespaces_seen", True) if access is not None else True
+    found = []
+    for template in templates:
+        workload = None if template.where.startswith("Pod ") else template.where + (
+            f", {template.replicas} {'replica' if template.replicas == 1 else 'replicas'}"
+            if template.replicas is not None else "") + (f"; {template.note}" if template.note else "")
+        context = Context(KubeNodes.from_objects(objects, leave_out), core.config_source, workload, notes,
+                          new=not existing, namespaces_seen=seen)
+        found.append(explain(core, template.pod, namespace, existing, context))
+    summary = _summary(core, templates, found)
+    unseen = list(getattr(access, "unseen", ()) or ()) if access is not None else []
+    if args.output == "json":
+        answers = [as_json(f) for f in found]
+        answer: dict[str, Any] = answers[0] if len(answers) == 1 else {
+            "workload": templates[0].where.split(" (")[0], "pods": answers}
+        if summary is not None:
+            answer["summary"] = {"lines": summary.lines, "denied_pods": summary.denied_pods,
+                                 "waiting_pods": summary.waiting_pods}
+        answer["could_not_see"] = unseen
+        answer["exit_status"] = _status(found, summary)
+        print(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())
+    else:
+        texts = [render(core, f, show_all=args.show_all) for f in found]
+        out = ("\n\n" + "=" * 100 + "\n\n").join(texts)
+        if summary is not None:
+            out += "\n\n" + "\n".join(summary.lines)
+        if unseen:
+            out += "\n\n" + "\n".join(f"could not see: {line}" for line in unseen)
+        print(out)
+    return _status(found, summary)
+
+
+def _summary(core: Any, templates: list[PodTemplate], found: list[Any]) -> Any:
+    from gpu_placement.app.workload_summary import summarize
+
+    return summarize(core, templates, found)
+
+
+def _status(found: list[Any], summary: Any) -> int:
+    """The worst outcome among the pods: refused before placed."""
+    if any(f.route is not None and f.route.refused for f in found) or any(
+            f.admission.called and not f.admission.allowed for f in found) or (summary and summary.denied_pods):
+        return EXIT_DENIED
+    for f in found:
+        if f.route is not None and f.route.node_name:
+            if f.node_lines and f.node_lines[0].startswith("no node named"):
+                return EXIT_NO_NODE
+            if f.req.wants_gpu and f.node_lines and "keeps GPU pods off it" in f.node_lines[0]:
+                return EXIT_UNVERIFIED
+            continue
+        if not f.req.wants_gpu:
+            continue
+        if f.best is None and not f.hypothetical:
+            return EXIT_NO_NODE
+        if f.hypothetical and f.context.nodes is not None and len(f.scheduler) == len(f.verdicts):
+            return EXIT_NO_NODE  # another scheduler, but kube-scheduler's own filters leave it no node
+    return EXIT_OK
+
+
+def _find(args: argparse.Namespace, access: Any, objects: list[dict[str, Any]], kind: str, name: str,
+          namespace: str) -> dict[str, Any]:
+    from gpu_placement.app.lookup import find_in_cluster, find_in_objects, resolve_builtin
+
+    if access is None:
+        from gpu_placement.view.snapshot import read_objects as snapshot_objects
+
+        if resolve_builtin(kind) is not None and resolve_builtin(kind).kind == "Pod":  # type: ignore[union-attr]
+            pods = [o for o in objects if o.get("kind") == "Pod"]
+            try:
+                return find_in_objects(pods, kind, name, namespace, args.snapshot)
+            except UsageError:
+                raise UsageError(f"pod {namespace}/{name} is not in {args.snapshot}") from None
+        return find_in_objects(snapshot_objects(args.snapshot), kind, name, namespace, args.snapshot)
+    return find_in_cluster(access, kind, name, namespace)
+
+
+def _bypassed(core: Any, access: Any, pod: dict[str, Any]) -> list[str]:
+    """How a pod that exists went around gpu-placement, if it did."""
+    from gpu_placement.base.names import REGISTERED_ANNOTATION
+    from gpu_placement.decide.bypass import Webhook, bypass_reasons
+
+    webhook = None
+    if access is not None:
+        from gpu_placement.view.fetch import FetchError, fetch_labelled
+
+        try:
+            found = fetch_labelled(access, "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+                                   "app.kubernetes.io/part-of=gpu-placement", "MutatingWebhookConfiguration")
+        except FetchError:
+            found = None  # not allowed to read them: the sentence says the reason is unknown
+        if found is not None:
+            first = found[0] if found else {}
+            meta = first.get("metadata") or {}
+            hooks = first.get("webhooks") or []
+            registered = str((meta.get("annotations") or {}).get(REGISTERED_ANNOTATION) or "").split(" ")[0] or None
+            webhook = Webhook(meta.get("name"), meta.get("creationTimestamp"), (hooks or [{}])[0].get("failurePolicy"),
+                              len(hooks) if found else None, registered)
+    asks_gpu = core.placement.requirements(pod).wants_gpu
+    record = core.view.namespaces.get((pod.get("metadata") or {}).get("namespace") or "default")
+    return bypass_reasons(pod, core.config, asks_gpu, webhook, record.labels if record is not None else None)

@@ -1,0 +1,314 @@
+"""The service configuration file (YAML, every key optional), checked once at start.
+
+Unknown keys and bad values raise `ConfigError` naming the key, so a typo never silently falls back
+to a default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpu_placement.base.names import GPU_RESOURCE, LABEL_ENABLED, MIG_RESOURCE_PREFIX
+from gpu_placement.base.selectors import LabelSelector, SelectorError
+
+__all__ = ["Config", "ConfigError", "Dra", "Pool", "Rollout", "Scoring", "Telemetry", "Validator", "load_config",
+           "parse_config"]
+
+Toleration = dict[str, Any]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key and says what is expected."""
+
+
+@dataclass(slots=True, frozen=True)
+class Pool:
+    name: str
+    node_selector: dict[str, str]
+    tolerations: tuple[Toleration, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class Validator:
+    namespace: str = "gpu-operator"
+    selector: LabelSelector = field(default_factory=lambda: LabelSelector.parse("app=nvidia-operator-validator"))
+    required: bool = True
+
+
+@dataclass(slots=True, frozen=True)
+class Scoring:
+    strategy: str = "binpack"
+    upgrade_required: int = 3
+    unhealthy_devices: int = 2
+    xid_errors: int = 3
+
+
+@dataclass(slots=True, frozen=True)
+class Telemetry:
+    url: str | None = None  # Prometheus base URL (its HTTP API), e.g. http://prometheus.monitoring:9090
+    refresh_seconds: float = 15.0
+    stale_seconds: float = 60.0
+    xid_window_seconds: float = 600.0  # an XID event this recent lowers a node's score
+
+
+@dataclass(slots=True, frozen=True)
+class Dra:
+    """Dynamic Resource Allocation (docs/dra.md); off where resource.k8s.io is not served."""
+
+    driver: str = "gpu.nvidia.com"
+    device_classes: tuple[str, ...] = ("gpu.nvidia.com", "mig.nvidia.com")
+    taint_effect: str = "NoSchedule"  # None: a dry run; NoExecute evicts (docs/dra.md says what that means)
+    taints: bool = True  # write DeviceTaintRules for unverified nodes
+    # Namespace allocation mode (gpu-placement.io/allocation; docs/dra.md): the default for
+    # namespaces without the annotation, the classes claims are written for, what `shared` becomes.
+    allocation: str = "device-plugin"  # or dra
+    gpu_class: str = "gpu.nvidia.com"
+    mig_class: str = "mig.nvidia.com"
+    shared_strategy: str = "TimeSlicing"  # TimeSlicing | MPS (NVIDIA's feature gates of the same names) | None
+    time_slicing_interval: str = "Default"  # Default | Short | Medium | Long
+    mps_active_thread_percentage: int | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Rollout:
+    """Driver rollouts (docs/rollouts.md): how long a node soaks after its driver changed, and what
+    soaking means for pods outside canary namespaces."""
+
+    soak_minutes: float = 60.0  # 0: no soak
+    soak: str = "prefer"  # prefer: soaking nodes score lowest (canaries: highest); strict: refused
+    driver_selector: LabelSelector = field(
+        default_factory=lambda: LabelSelector.parse("app.kubernetes.io/component=nvidia-driver"))
+
+
+_DEFAULT_TOLERATIONS: tuple[Toleration, ...] = (
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+)
+
+
+@dataclass(slots=True, frozen=True)
+class Config:
+    scheduler_name: str = "gpu-placement"
+    gpu_resources: tuple[str, ...] = (GPU_RESOURCE,)
+    shared_resource: str = "nvidia.com/gpu.shared"
+    gpu_tolerations: tuple[Toleration, ...] = _DEFAULT_TOLERATIONS
+    pools: dict[str, Pool] = field(default_factory=dict)
+    default_namespace_policy: str = "allow"
+    mode: str = "enforce"
+    # optIn: gpu-placement acts in namespaces labelled gpu-placement.io/enabled=true only; optOut: in
+    # every namespace but those labelled "false". The webhook configurations select the same namespaces.
+    namespace_selection: str = "optOut"
+    exempt_namespaces: frozenset[str] = frozenset({"kube-system", "gpu-operator"})
+    protect_gpu_nodes: bool = True
+    validator: Validator = field(default_factory=Validator)
+    scoring: Scoring = field(default_factory=Scoring)
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    reservation_ttl_seconds: float = 60.0
+    dra: Dra = field(default_factory=Dra)
+    rollout: Rollout = field(default_factory=Rollout)
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        """Whether a namespace with these labels is one gpu-placement acts in (exemptions aside)."""
+        value = labels.get(LABEL_ENABLED)
+        return value == "true" if self.namespace_selection == "optIn" else value != "false"
+
+    def is_gpu_resource(self, name: str) -> bool:
+        return name in self.gpu_resources or name == self.shared_resource or name.startswith(MIG_RESOURCE_PREFIX)
+
+
+def load_config(path: str | Path | None) -> Config:
+    if path is None:
+        return Config()
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    try:
+        return parse_config(data or {})
+    except ConfigError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
+
+
+def parse_config(data: Any) -> Config:
+    top = _Section(data, "")
+    validator = _Section(top.take("validator", dict, {}), "validator.")
+    scoring = _Section(top.take("scoring", dict, {}), "scoring.")
+    weights = _Section(scoring.take("weights", dict, {}), "scoring.weights.")
+    telemetry = _Section(top.take("telemetry", dict, {}), "telemetry.")
+    dra = _Section(top.take("dra", dict, {}), "dra.")
+    rollout = _Section(top.take("rollout", dict, {}), "rollout.")
+    config = Config(
+        scheduler_name=_name(top.take("schedulerName", str, "gpu-placement"), "schedulerName"),
+        gpu_resources=tuple(top.take_list("gpuResources", str, [GPU_RESOURCE])),
+        shared_resource=_name(top.take("sharedResource", str, "nvidia.com/gpu.shared"), "sharedResource"),
+        gpu_tolerations=tuple(_toleration(t, f"gpuTolerations[{i}]") for i, t in
+                              enumerate(top.take_list("gpuTolerations", dict, list(_DEFAULT_TOLERATIONS)))),
+        pools=_pools(top.take("pools", dict, {})),
+        default_namespace_policy=top.take_choice("defaultNamespacePolicy", ("allow", "deny"), "allow"),
+        mode=top.take_choice("mode", ("enforce", "audit"), "enforce"),
+        namespace_selection=top.take_choice("namespaceSelection", ("optIn", "optOut"), "optOut"),
+        exempt_namespaces=frozenset(top.take_list("exemptNamespaces", str, ["kube-system", "gpu-operator"])),
+        protect_gpu_nodes=top.take("protectGpuNodes", bool, True),
+        validator=Validator(
+            namespace=_name(validator.take("namespace", str, "gpu-operator"), "validator.namespace"),
+            selector=_selector(validator.take("selector", str, "app=nvidia-operator-validator"), "validator.selector"),
+            required=validator.take("required", bool, True),
+        ),
+        scoring=Scoring(
+            strategy=scoring.take_choice("strategy", ("binpack", "spread"), "binpack"),
+            upgrade_required=weights.take_weight("upgradeRequired", 3),
+            unhealthy_devices=weights.take_weight("unhealthyDevices", 2),
+            xid_errors=weights.take_weight("xidErrors", 3),
+        ),
+        telemetry=Telemetry(
+            url=telemetry.take("url", str, None),
+            refresh_seconds=telemetry.take_seconds("refreshSeconds", 15.0),
+            stale_seconds=telemetry.take_seconds("staleSeconds", 60.0),
+            xid_window_seconds=telemetry.take_seconds("xidWindowSeconds", 600.0),
+        ),
+        reservation_ttl_seconds=top.take_seconds("reservationTTLSeconds", 60.0),
+        dra=Dra(
+            driver=_name(dra.take("driver", str, "gpu.nvidia.com"), "dra.driver"),
+            device_classes=tuple(_name(c, "dra.deviceClasses[]") for c in
+                                 dra.take_list("deviceClasses", str, ["gpu.nvidia.com", "mig.nvidia.com"])),
+            taint_effect=dra.take_choice("taintEffect", ("NoSchedule", "None", "NoExecute"), "NoSchedule"),
+            taints=dra.take("taints", bool, True),
+            allocation=dra.take_choice("allocation", ("device-plugin", "dra"), "device-plugin"),
+            gpu_class=_name(dra.take("gpuClass", str, "gpu.nvidia.com"), "dra.gpuClass"),
+            mig_class=_name(dra.take("migClass", str, "mig.nvidia.com"), "dra.migClass"),
+            shared_strategy=dra.take_choice("sharedStrategy", ("TimeSlicing", "MPS", "None"), "TimeSlicing"),
+            time_slicing_interval=dra.take_choice("timeSlicingInterval", ("Default", "Short", "Medium", "Long"),
+                                                  "Default"),
+            mps_active_thread_percentage=_percent(dra.take("mpsActiveThreadPercentage", int, None)),
+        ),
+        rollout=Rollout(
+            soak_minutes=rollout.take_minutes("soakMinutes", 60.0),
+            soak=rollout.take_choice("soak", ("prefer", "strict"), "prefer"),
+            driver_selector=_selector(rollout.take("driverSelector", str, "app.kubernetes.io/component=nvidia-driver"),
+                                      "rollout.driverSelector"),
+        ),
+    )
+    for section in (top, validator, scoring, weights, telemetry, dra, rollout):
+        section.reject_unknown()
+    if not config.gpu_resources:
+        raise ConfigError("gpuResources must name at least one resource, e.g. [nvidia.com/gpu]")
+    return config
+
+
+class _Section:
+    """One mapping of the file: typed `take`s, then `reject_unknown` for what nobody took."""
+
+    def __init__(self, data: Any, prefix: str) -> None:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{prefix.rstrip('.') or 'the top level'} must be a mapping, got {_kind(data)}")
+        self.data, self.prefix, self.seen = data, prefix, set[str]()
+
+    def take(self, key: str, kind: type, default: Any) -> Any:
+        self.seen.add(key)
+        value = self.data.get(key, default)
+        if value is None and default is None:
+            return None
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ConfigError(f"{self.prefix}{key} must be a {kind.__name__}, got {_kind(value)} {value!r}")
+        return value
+
+    def take_list(self, key: str, item: type, default: list[Any]) -> list[Any]:
+        values = self.take(key, list, default)
+        for index, value in enumerate(values):
+            if not isinstance(value, item):
+                raise ConfigError(f"{self.prefix}{key}[{index}] must be a {item.__name__}, got {value!r}")
+        return values
+
+    def take_choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
+        value = self.take(key, str, default)
+        if value not in choices:
+            raise ConfigError(f"{self.prefix}{key} must be one of {', '.join(choices)}, got {value!r}")
+        return value
+
+    def take_seconds(self, key: str, default: float) -> float:
+        value = self.take(key, (int, float), default)  # type: ignore[arg-type]
+        if isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{self.prefix}{key} must be a positive number of seconds, got {value!r}")
+        return float(value)
+
+    def take_minutes(self, key: str, default: float) -> float:
+        value = self.take(key, (int, float), default)  # type: ignore[arg-type]
+        if isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{self.prefix}{key} must be a number of minutes, 0 or more, got {value!r}")
+        return float(value)
+
+    def take_weight(self, key: str, default: int) -> int:
+        value = self.take(key, int, default)
+        if not 0 <= value <= 10:
+            raise ConfigError(f"{self.prefix}{key} must be an integer from 0 to 10, got {value!r}")
+        return value
+
+    def reject_unknown(self) -> None:
+        unknown = sorted(str(key) for key in self.data if key not in self.seen)
+        if unknown:
+            raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''} "
+                              f"{', '.join(self.prefix + k for k in unknown)}; known: "
+                              f"{', '.join(self.prefix + k for k in sorted(self.seen))}")
+
+
+def _kind(value: Any) -> str:
+    return {dict: "mapping", list: "list", str: "string", bool: "boolean"}.get(type(value), type(value).__name__)
+
+
+def _name(value: str, key: str) -> str:
+    if not value or any(ch.isspace() for ch in value):
+        raise ConfigError(f"{key} must be a non-empty name without spaces, got {value!r}")
+    return value
+
+
+def _percent(value: int | None) -> int | None:
+    if value is not None and not 0 <= value <= 100:
+        raise ConfigError(f"dra.mpsActiveThreadPercentage must be from 0 to 100, got {value!r}")
+    return value
+
+
+def _selector(text: str, key: str) -> LabelSelector:
+    try:
+        return LabelSelector.parse(text)
+    except SelectorError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
+
+
+_TOLERATION_KEYS = {"key", "operator", "value", "effect", "tolerationSeconds"}
+
+
+def _toleration(value: dict[str, Any], where: str) -> Toleration:
+    unknown = set(value) - _TOLERATION_KEYS
+    if unknown:
+        raise ConfigError(f"{where} has unknown field(s) {', '.join(sorted(unknown))}; "
+                          f"a toleration has {', '.join(sorted(_TOLERATION_KEYS))}")
+    if value.get("operator", "Equal") not in ("Equal", "Exists"):
+        raise ConfigError(f"{where}.operator must be Equal or Exists, got {value.get('operator')!r}")
+    if value.get("effect", "") not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise ConfigError(f"{where}.effect must be NoSchedule, PreferNoSchedule or NoExecute, "
+                          f"got {value.get('effect')!r}")
+    return dict(value)
+
+
+def _pools(data: dict[str, Any]) -> dict[str, Pool]:
+    pools: dict[str, Pool] = {}
+    for name, body in data.items():
+        section = _Section(body, f"pools.{name}.")
+        selector = section.take("nodeSelector", dict, {})
+        for key, value in selector.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise ConfigError(f"pools.{name}.nodeSelector must map label keys to string values, "
+                                  f"got {key!r}: {value!r}")
+        tolerations = tuple(_toleration(t, f"pools.{name}.tolerations[{i}]")
+                            for i, t in enumerate(section.take_list("tolerations", dict, [])))
+        section.reject_unknown()
+        if not selector and not tolerations:
+            raise ConfigError(f"pools.{name} needs a nodeSelector or tolerations")
+        pools[str(name)] = Pool(str(name), dict(selector), tolerations)
+    return pools

@@ -1,0 +1,78 @@
+"""Driver and CUDA versions: parsing, and what a driver supports (CUDA Toolkit release notes).
+
+Versions are tuples of ints so they compare as numbers: `(535, 129, 3) < (550, 54, 15)`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from bisect import bisect_right
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from gpu_placement.base.text import quoted
+
+__all__ = ["DriverTable", "Version", "VersionError", "driver_table", "format_version", "parse_version"]
+
+Version = tuple[int, ...]
+_VERSION = re.compile(r"^\d{1,9}(?:\.\d{1,9}){0,3}$", re.ASCII)  # ASCII digits, bounded: labels are untrusted
+
+
+class VersionError(ValueError):
+    """Not a dotted version number; the message quotes the value."""
+
+
+def parse_version(text: str) -> Version:
+    text = text.strip()
+    if not _VERSION.match(text):
+        raise VersionError(f"{quoted(text)} is not a version number like 12.4 or 550.54.15")
+    return tuple(int(part) for part in text.split("."))
+
+
+def format_version(version: Version) -> str:
+    """Drivers keep their zero-padded revision (`535.129.03`) the way nvidia-smi prints them."""
+    if len(version) == 3 and version[0] >= 100:
+        return f"{version[0]}.{version[1]}.{version[2]:02d}"
+    return ".".join(str(part) for part in version)
+
+
+@dataclass(slots=True, frozen=True)
+class DriverTable:
+    """Minimum Linux driver per CUDA toolkit release, and the minor-version compatibility floors."""
+
+    toolkits: tuple[tuple[Version, Version], ...]  # (cuda, min_driver), sorted by driver
+    compat_floor: dict[int, Version]  # CUDA major -> lowest driver of minor-version compatibility
+    cuda13_min_compute: Version
+
+    def max_cuda(self, driver: Version) -> Version | None:
+        """Highest CUDA `major.minor` whose minimum driver this driver meets; None if below all."""
+        drivers = [row[1] for row in self.toolkits]
+        index = bisect_right(drivers, driver)
+        if index == 0:
+            return None
+        return max(row[0] for row in self.toolkits[:index])[:2]
+
+    def min_driver(self, cuda: Version) -> Version | None:
+        """Lowest driver for a toolkit: the exact release when listed, else the first of its minor."""
+        exact = [drv for ver, drv in self.toolkits if ver == _pad(cuda)]
+        if exact:
+            return exact[0]
+        same_minor = [drv for ver, drv in self.toolkits if ver[:2] == cuda[:2]]
+        return min(same_minor) if same_minor else None
+
+
+def _pad(version: Version) -> Version:
+    return (*version, 0, 0, 0)[:3]
+
+
+@cache
+def driver_table() -> DriverTable:
+    raw = json.loads(resources.files("gpu_placement").joinpath("data/cuda-driver-table.json").read_text())
+    rows = sorted(
+        ((_pad(parse_version(row["cuda"])), parse_version(row["min_driver"])) for row in raw["toolkit_min_driver"]),
+        key=lambda row: (row[1], row[0]),
+    )
+    floors = {int(major): parse_version(drv) for major, drv in raw["minor_version_compat_floor"].items()}
+    return DriverTable(tuple(rows), floors, parse_version(raw["cuda13_min_compute_capability"]))

@@ -1,0 +1,309 @@
+"""ResourceClaimTemplates written from a namespace's GPU policy (docs/dra.md): what a GPU pod
+of a `dra` namespace takes instead of `nvidia.com/*` resources.
+
+One template per sharing level the namespace gives (its own level, and the narrower ones a pod may
+choose: `shared`, and each MIG profile within it that some device publishes), each for ONE device:
+
+    apiVersion: resource.k8s.io/v1
+    kind: ResourceClaimTemplate
+    metadata: {name: gpu-placement-<level>-<digest>, labels: {app.kubernetes.io/managed-by: gpu-placement}}
+    spec:
+      metadata: {labels: {app.kubernetes.io/managed-by: gpu-placement}}    (copied into each claim)
+      spec:
+        devices:
+          requests:
+          - name: gpu
+            exactly:
+              deviceClassName: gpu.nvidia.com          (mig.nvidia.com for a MIG level)
+              allocationMode: ExactCount
+              count: 1
+              selectors: [{cel: {expression: ...}}]    (MIG profile, products, memory, driver)
+          config:                                      (the `shared` level: NVIDIA's opaque GpuConfig)
+          - requests: [gpu]
+            opaque: {driver: gpu.nvidia.com, parameters: {apiVersion: resource.nvidia.com/v1beta1,
+                     kind: GpuConfig, sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: Default}}}}
+
+A pod asking N devices of a level gets N claims from that one template (`plan`), each container the
+claims of its own ask, so containers see only their own devices, as with the device plugin, and the
+set of templates a namespace can need is small and known before any pod arrives (its policy and the
+MIG profiles the cluster publishes): the service keeps them (gpu_placement/controllers/templates.py), admission
+only names them. The name carries a digest of the spec, so pods of one shape share one template, a
+changed policy gives new names (a template's spec is immutable), and the webhook can tell its own
+template from one someone else wrote under that name (`digest`).
+
+Checked against the source: k8s.io/api resource/v1 types.go at v0.37.2 (ResourceClaimTemplateSpec,
+ExactDeviceRequest, DeviceClaimConfiguration, OpaqueDeviceConfiguration) and core/v1 (PodResourceClaim,
+ResourceClaim in container resources); the CEL environment of k8s.io/dynamic-resource-allocation/cel
+v0.37.2 (`device.attributes[<domain>]`, `device.capacity[<domain>]`, the base library's `semver`,
+`quantity` and ext.Strings `replace`); NVIDIA's driver (dra-driver-nvidia-gpu: attributes `productName`,
+`driverVersion` (semver), `profile` (go-nvlib MigProfileInfo.String: `1g.10gb`, `1g.10gb+me`), capacity
+`memory` in bytes; api/nvidia.com/resource/v1beta1 GpuConfig, GpuSharing, TimeSlicingConfig, MpsConfig,
+behind the driver's feature gates TimeSlicingSettings and MPSSupport).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gpu_placement.base import names as n
+from gpu_placement.base.config import Config
+from gpu_placement.base.cuda import Version, driver_table
+from gpu_placement.facts.dra import Device, device_product
+from gpu_placement.facts.pods import container_gpu_requests
+from gpu_placement.facts.sharing import SHARED, Sharing, sharing_of_resource
+
+__all__ = ["MANAGED_BY", "REQUEST", "ClaimPlan", "ClaimPolicy", "Template", "devices_quota_key", "dra_level",
+           "dra_profile", "level_of", "levels_for", "plan", "plugin_profile", "semver_text", "spec_digest",
+           "template_for"]
+
+MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
+REQUEST = "gpu"  # the one request of each template; containers name the claim, not the request
+NVIDIA_CONFIG = "resource.nvidia.com/v1beta1"
+_QUOTA_SUFFIX = ".deviceclass.resource.k8s.io/devices"  # corev1.ResourceClaimsPerClass (k8s.io/api v0.37.2)
+_SLUG = re.compile(r"[^a-z0-9]+")
+
+
+@dataclass(slots=True, frozen=True)
+class ClaimPolicy:
+    """What a namespace's annotations decide about the devices, beyond the sharing level."""
+
+    products: tuple[str, ...] = ()  # nvidia.com/gpu.product values (GFD's form: spaces as dashes), sorted
+    memory: str | None = None  # gpu-memory as written (a Kubernetes quantity)
+    memory_mib: int | None = None
+    cuda: Version | None = None  # the namespace's CUDA floor; the driver table gives the driver for it
+
+    @property
+    def min_driver(self) -> Version | None:
+        return driver_table().min_driver(self.cuda) if self.cuda is not None else None
+
+
+@dataclass(slots=True, frozen=True)
+class Template:
+    """One ResourceClaimTemplate the service keeps in a namespace."""
+
+    namespace: str
+    name: str
+    level: Sharing
+    device_class: str
+    selectors: tuple[str, ...]
+    config: Mapping[str, Any] | None  # the opaque parameters (GpuConfig), or None
+    digest: str  # of the claim spec: what a template of this name must hold
+    policy: ClaimPolicy = field(default_factory=ClaimPolicy)
+
+    def claim_spec(self, driver: str) -> dict[str, Any]:
+        return _claim_spec(self.device_class, self.selectors, self.config, driver)
+
+    def body(self, driver: str, version: str = "v1") -> dict[str, Any]:
+        labels = {MANAGED_BY[0]: MANAGED_BY[1]}
+        annotations = {n.PREFIX + "sharing": self.level.text}
+        return {"apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": self.name, "namespace": self.namespace, "labels": dict(labels),
+                             "annotations": annotations},
+                "spec": {"metadata": {"labels": dict(labels), "annotations": dict(annotations)},
+                         "spec": self.claim_spec(driver)}}
+
+    def matches(self, device: Device, device_type: str | None) -> str | None:
+        """Why `device` cannot serve this template's request (None: it can), read the way its class
+        and CEL selectors read it: for `explain` and the tests that hold the two to each other."""
+        if device_type is not None and device.type != device_type:
+            return f"type {device.type}"
+        if self.level.kind == "mig" and device.profile != dra_profile(self.level.profile):
+            return f"profile {device.profile or 'none'}"
+        policy = self.policy
+        if policy.products and device_product(device) not in policy.products:
+            return f"product {device.product}"
+        if policy.memory_mib is not None and (device.memory_mib or 0) < policy.memory_mib:
+            return f"memory {device.memory_mib} MiB"
+        floor = policy.min_driver
+        if floor is not None and (device.driver is None or _pad(device.driver) < _pad(floor)):
+            return f"driver {semver_text(device.driver) if device.driver else 'unknown'}"
+        return None
+
+
+def template_for(namespace: str, level: Sharing, policy: ClaimPolicy, config: Config) -> Template:
+    """The template for pods of `level` in a namespace whose policy is `policy`."""
+    dra = config.dra
+    domain = f"device.attributes['{dra.driver}']"
+    selectors: list[str] = []
+    device_class = dra.mig_class if level.kind == "mig" else dra.gpu_class
+    if level.kind == "mig":
+        selectors.append(f"{domain}.profile == '{dra_profile(level.profile)}'")
+    if policy.products:
+        listed = ", ".join(f"'{product}'" for product in policy.products)
+        # productName as published ("NVIDIA H100 80GB HBM3"), compared in GPU Feature Discovery's form,
+        # the form gpu-placement.io/gpu-products is written in.
+        selectors.append(f"{domain}.productName.replace(' ', '-') in [{listed}]")
+    if policy.memory is not None:
+        selectors.append(f"device.capacity['{dra.driver}'].memory.compareTo(quantity('{policy.memory}')) >= 0")
+    floor = policy.min_driver
+    if floor is not None:
+        selectors.append(f"{domain}.driverVersion.compareTo(semver('{semver_text(floor)}')) >= 0")
+    config_params = _sharing_config(level, policy, config)
+    digest = spec_digest(_claim_spec(device_class, tuple(selectors), config_params, dra.driver))
+    slug = _SLUG.sub("-", "gpu" if level.kind == "exclusive" else level.text.lower()).strip("-")
+    return Template(namespace, f"gpu-placement-{slug}-{digest[:10]}", level, device_class, tuple(selectors),
+                    config_params, digest, policy)
+
+
+def levels_for(level: Sharing, profiles: Iterable[str]) -> list[Sharing]:
+    """The levels a pod of a namespace at `level` may be given: its own, `shared`, and each published
+    MIG profile (in the device plugin's spelling, `1g.10gb.me`) within it. Not `shared` under a MIG
+    level: through DRA a claim's device is its own, so `shared` is a whole GPU time-sliced among the
+    claim's containers, more than a MIG slice (`dra_level`)."""
+    found = [level]
+    if level not in (SHARED,) and level.kind != "mig":
+        found.append(SHARED)
+    for profile in sorted(set(profiles)):
+        candidate = Sharing("mig", profile)
+        if candidate not in found and candidate.within(level):
+            found.append(candidate)
+    return found
+
+
+def dra_level(asked: Sharing, namespace_level: Sharing) -> Sharing:
+    """The level a pod gets through DRA: its own narrower ask, except `shared` in a MIG namespace, which
+    through DRA would be a whole GPU (`levels_for`): the namespace's MIG level then."""
+    return namespace_level if asked == SHARED and namespace_level.kind == "mig" else asked
+
+
+def dra_profile(profile: str) -> str:
+    """A MIG profile as NVIDIA's DRA driver publishes it (`1g.10gb+me`) from the device plugin's resource
+    spelling the sharing annotation uses (`1g.10gb.me`)."""
+    head, dot, rest = profile.partition("gb.")
+    return f"{head}gb+{rest.replace('.', ',')}" if dot else profile
+
+
+def plugin_profile(profile: str) -> str:
+    """The inverse: `1g.10gb+me` -> `1g.10gb.me`."""
+    head, plus, rest = profile.partition("+")
+    return f"{head}.{rest.replace(',', '.')}" if plus else profile
+
+
+def devices_quota_key(device_class: str) -> str:
+    """The ResourceQuota resource name Kubernetes charges a claim's devices of this class to
+    (pkg/quota/v1/evaluator/core/resource_claims.go V1ResourceByDeviceClass at v1.37.2)."""
+    return device_class + _QUOTA_SUFFIX
+
+
+def semver_text(version: Version) -> str:
+    """`550.54.14`, `535.129.3`: strict semver (three parts, no leading zeros), as CEL's semver() takes
+    it and NVIDIA's driver publishes it."""
+    return ".".join(str(part) for part in _pad(version))
+
+
+def spec_digest(spec: Mapping[str, Any]) -> str:
+    return hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+# -- a pod's claims --------------------------------------------------------------------------------------
+
+@dataclass(slots=True, frozen=True)
+class ClaimPlan:
+    """The claims a GPU pod gets: pod claim name -> template, and per container the claims it names."""
+
+    claims: tuple[tuple[str, Template], ...]
+    containers: tuple[tuple[str, int, tuple[str, ...]], ...]  # (field, index, claim names)
+    resources: tuple[tuple[str, int], ...]  # the asks converted: resource -> devices (the effective rule)
+
+    def devices(self) -> dict[str, int]:
+        """Devices per class, as the API server's quota charges the claims."""
+        counts: dict[str, int] = {}
+        for _, template in self.claims:
+            counts[template.device_class] = counts.get(template.device_class, 0) + 1
+        return counts
+
+
+def plan(spec: Mapping[str, Any], levels: Mapping[str, Template], is_gpu_resource: Any,
+         taken: Iterable[str] = ()) -> ClaimPlan:
+    """One claim per device. For each GPU resource: sidecars and app containers get disjoint claims
+    (they run together); an init container takes the claims after the sidecars started before it,
+    which later containers reuse (it has ended by then). So the pod holds what Kubernetes' effective
+    request rule says it holds (gpu_placement.facts.pods.effective_gpu_requests), no more. `levels`: resource
+    -> its template."""
+    used = set(taken)
+    names: dict[str, list[str]] = {}
+
+    def claim(resource: str, index: int) -> str:
+        have = names.setdefault(resource, [])
+        while len(have) <= index:
+            base = _SLUG.sub("-", levels[resource].level.text if levels[resource].level.kind != "exclusive"
+                             else "gpu").strip("-")
+            name = f"{base}-{len(have)}"
+            while name in used:
+                name += "-gp"
+            used.add(name)
+            have.append(name)
+        return have[index]
+
+    containers: list[tuple[str, int, tuple[str, ...]]] = []
+    sidecars: dict[str, int] = {}
+    for index, init in enumerate(spec.get("initContainers") or ()):
+        asked = container_gpu_requests(init, is_gpu_resource)
+        mine = []
+        for resource, count in sorted(asked.items()):
+            start = sidecars.get(resource, 0)
+            mine += [claim(resource, start + i) for i in range(count)]
+            if init.get("restartPolicy") == "Always":
+                sidecars[resource] = start + count
+        containers.append(("initContainers", index, tuple(mine)))
+    offset = dict(sidecars)
+    for index, container in enumerate(spec.get("containers") or ()):
+        asked = container_gpu_requests(container, is_gpu_resource)
+        mine = []
+        for resource, count in sorted(asked.items()):
+            start = offset.get(resource, 0)
+            mine += [claim(resource, start + i) for i in range(count)]
+            offset[resource] = start + count
+        containers.append(("containers", index, tuple(mine)))
+    claims = tuple((name, levels[resource]) for resource in sorted(names) for name in names[resource])
+    return ClaimPlan(claims, tuple(c for c in containers if c[2]),
+                     tuple((resource, len(names[resource])) for resource in sorted(names)))
+
+
+def level_of(resource: str, pod_level: Sharing, config: Config) -> Sharing:
+    """The level a GPU resource is served at: `nvidia.com/gpu` at the pod's level, the others by name."""
+    return pod_level if resource in config.gpu_resources else sharing_of_resource(resource, config)
+
+
+# -- pieces -----------------------------------------------------------------------------------------------
+
+def _claim_spec(device_class: str, selectors: Sequence[str], config: Mapping[str, Any] | None,
+                driver: str) -> dict[str, Any]:
+    # allocationMode and count written out: the API server defaults them, and the stored template must
+    # compare equal to this one (the digest).
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": expression}} for expression in selectors]
+    devices: dict[str, Any] = {"requests": [{"name": REQUEST, "exactly": exactly}]}
+    if config is not None:
+        devices["config"] = [{"requests": [REQUEST], "opaque": {"driver": driver, "parameters": dict(config)}}]
+    return {"devices": devices}
+
+
+def _sharing_config(level: Sharing, policy: ClaimPolicy, config: Config) -> dict[str, Any] | None:
+    """NVIDIA's opaque GpuConfig for the `shared` level: time-slicing or MPS (dra.sharedStrategy); with
+    MPS the namespace's gpu-memory becomes the memory each client may pin."""
+    dra = config.dra
+    if level.kind != "shared" or dra.shared_strategy == "None":
+        return None
+    if dra.shared_strategy == "TimeSlicing":
+        sharing: dict[str, Any] = {"strategy": "TimeSlicing",
+                                   "timeSlicingConfig": {"interval": dra.time_slicing_interval}}
+    else:
+        mps: dict[str, Any] = {}
+        if dra.mps_active_thread_percentage is not None:
+            mps["defaultActiveThreadPercentage"] = dra.mps_active_thread_percentage
+        if policy.memory is not None:
+            mps["defaultPinnedDeviceMemoryLimit"] = policy.memory
+        sharing = {"strategy": "MPS", "mpsConfig": mps}
+    return {"apiVersion": NVIDIA_CONFIG, "kind": "GpuConfig", "sharing": sharing}
+
+
+def _pad(version: Version) -> Version:
+    return (*version, 0, 0, 0)[:3]

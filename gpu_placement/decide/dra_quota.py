@@ -1,0 +1,196 @@
+"""A `dra` namespace's quota as kube-apiserver charges it, and what a claim pod will be charged.
+
+What the API server charges (kube-apiserver v1.37.2, pkg/quota/v1/evaluator/core):
+- a ResourceClaim, when kube-controller-manager makes it from the pod's template (resource_claims.go
+  `Usage`): `<class>.deviceclass.resource.k8s.io/devices` for each device it asks (each claim of ours
+  is one device); and, with the DRAExtendedResource feature gate (alpha and off in 1.34 and 1.35, beta
+  and on in 1.36, GA and locked on in 1.37: pkg/features/kube_features.go), `addExtendedResourceQuota`
+  also charges it `requests.deviceclass.resource.kubernetes.io/<class>` and, where the DeviceClass
+  names `extendedResourceName: X` (NVIDIA's gpu.nvidia.com names nvidia.com/gpu), `requests.X`. Only
+  keys the ResourceQuota lists restrict anything (`MatchingResources`). Where the gate is off the API
+  server drops `extendedResourceName` from DeviceClasses it stores (pkg/registry/resource/deviceclass
+  strategy.go `dropDisabledDRAExtendedResourceFields`), so the view's classes tell which world it is.
+- a pod, at its create (pods.go `podComputeUsageHelper`): `requests.R` for each extended resource R
+  its containers ask for. This one is atomic across webhook replicas: it is the pod's own admission.
+
+Claims are charged after the pod exists, so a pod whose claims the API server then refuses is
+admitted and stays Pending. So /mutate gives every claim pod of gpu-placement's scheduler in a `dra`
+namespace with a quota a stand-in extended resource per device, by level (`gpu-placement.io/gpu`,
+`gpu-placement.io/gpu.shared`, `gpu-placement.io/mig-<profile>`: gpu_placement/facts/sharing.py
+`standin_of`), and the mirror writes `requests.<stand-in>` = the annotation's figure for that level:
+the API server refuses the pod itself at create, per level, atomically. No node has a stand-in: the
+chart's scheduler profile ignores the group for node fit (NodeResourcesFit `ignoredResourceGroups`),
+kube-scheduler's DynamicResources plugin looks only at extended resources a DeviceClass maps, and the
+kubelet drops extended resources its node lacks before its own fit check
+(pkg/kubelet/lifecycle/predicate.go `removeMissingExtendedResources`).
+
+The mirror writes (`claim_hard`), beyond `requests.<resource>` of the annotation: the stand-ins per
+level; the devices per class (`device_hard`); and `requests.X`, where the view's DeviceClass of a
+class names X, no lower than that class's devices, so claims charged there are not refused below the
+devices key. /validate counts the same keys (`claim_charge`, `claim_usage`) and refuses first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_placement.base.config import Config
+from gpu_placement.controllers.templates import device_hard
+from gpu_placement.decide.claims import devices_quota_key
+from gpu_placement.facts.dra import DeviceClass
+from gpu_placement.facts.pods import GpuRequests, effective_gpu_requests
+from gpu_placement.facts.sharing import Sharing, is_standin, parse_sharing, sharing_of_resource, standin_of
+from gpu_placement.view.dra import DraState
+
+__all__ = ["ClaimCharge", "by_kind", "claim_charge", "claim_hard", "claim_names", "claim_usage", "is_standin_key",
+           "level_quota", "mapped", "pod_standins", "requests_hard"]
+
+_REQUESTS = "requests."
+_DEVICES = devices_quota_key("")  # the suffix
+
+
+def requests_hard(quota: Mapping[str, int]) -> dict[str, str]:
+    """`requests.<resource>` for each resource of the annotation: the only form quota takes for
+    extended resources."""
+    return {f"{_REQUESTS}{resource}": str(count) for resource, count in sorted(quota.items())}
+
+
+def level_quota(quota: Mapping[str, int], config: Config) -> dict[Sharing, int]:
+    """The annotation's figures by level: the levels' resources (`nvidia.com/gpu`, the shared resource,
+    `nvidia.com/mig-<profile>`); several whole-GPU resources (gpuResources) add up, as in `device_hard`."""
+    levels: dict[Sharing, int] = {}
+    for resource, count in quota.items():
+        if config.is_gpu_resource(resource):
+            level = sharing_of_resource(resource, config)
+            levels[level] = levels.get(level, 0) + count
+    return levels
+
+
+def claim_hard(quota: Mapping[str, int], config: Config, classes: Mapping[str, DeviceClass]) -> dict[str, str]:
+    """What the mirror writes for a `dra` namespace beyond `requests_hard`: the stand-ins per level, the
+    devices per class, and `requests.X` raised to the devices of the classes that name X. `classes`: the
+    view's DeviceClasses (hold its lock)."""
+    devices = device_hard(quota, config)
+    hard = dict(devices)
+    for level, count in sorted(level_quota(quota, config).items(), key=lambda item: item[0].text):
+        hard[f"{_REQUESTS}{standin_of(level)}"] = str(count)
+    floors: dict[str, int] = {}
+    for key, count in devices.items():
+        extended = mapped(classes, key[: -len(_DEVICES)])
+        if extended is not None and extended in quota:
+            floors[extended] = floors.get(extended, 0) + int(count)
+    for extended, floor in floors.items():
+        hard[f"{_REQUESTS}{extended}"] = str(max(quota[extended], floor))
+    return hard
+
+
+def mapped(classes: Mapping[str, DeviceClass], device_class: str) -> str | None:
+    """The extended resource a DeviceClass names (only where the API server kept the field: DRAExtendedResource)."""
+    found = classes.get(device_class)
+    return found.extended_resource if found is not None else None
+
+
+def is_standin_key(key: str) -> bool:
+    return key.startswith(_REQUESTS) and is_standin(key[len(_REQUESTS):])
+
+
+@dataclass(slots=True, frozen=True)
+class ClaimCharge:
+    """What a claim pod will be charged, by ResourceQuota key, and whether the API server charges it at
+    the pod's own create."""
+
+    asks: GpuRequests  # (quota key, units), sorted
+    levels: tuple[tuple[Sharing, int], ...]  # devices of gpu-placement's templates, by level
+    covered: bool  # every device is of a level, and the pod's stand-ins cover each level: atomic at create
+
+
+def claim_charge(dra: DraState, namespace: str, spec: Mapping[str, Any], standins: GpuRequests) -> ClaimCharge:
+    """The charges of the claims the pod's templates make (claims that exist are charged already), and
+    of its stand-ins. `standins`: the pod's own (effective) stand-in requests. Hold the view's lock."""
+    asks: dict[str, int] = {}
+    levels: dict[Sharing, int] = {}
+    every_device_levelled = True
+    for entry in spec.get("resourceClaims") or ():
+        name = entry.get("resourceClaimTemplateName") if isinstance(entry, Mapping) else None
+        template = dra.templates.get(f"{namespace}/{name}") if name else None
+        if template is None:
+            continue
+        level = _level(template.level)
+        for device_class, count in template.devices:
+            if device_class not in dra.gpu_classes:
+                continue
+            _add(asks, devices_quota_key(device_class), count)
+            extended = mapped(dra.classes, device_class)
+            if extended is not None:
+                _add(asks, f"{_REQUESTS}{extended}", count)
+            if level is None:
+                every_device_levelled = False
+                continue
+            levels[level] = levels.get(level, 0) + count
+            _add(asks, f"{_REQUESTS}{standin_of(level)}", count)
+    own = dict(standins)
+    covered = bool(levels) and every_device_levelled and all(
+        own.get(standin_of(level), 0) >= count for level, count in levels.items())
+    return ClaimCharge(tuple(sorted(asks.items())), tuple(sorted(levels.items(), key=lambda item: item[0].text)),
+                       covered)
+
+
+def pod_standins(spec: Mapping[str, Any]) -> GpuRequests:
+    return effective_gpu_requests(spec, is_standin)
+
+
+def claim_usage(usage: Mapping[str, int], devices: Mapping[str, int], classes: Mapping[str, DeviceClass],
+                keys: Any) -> dict[str, int]:
+    """What the API server counts for each key in the namespace, from the view: `usage` (its pods' GPU and
+    stand-in requests, view.namespace_usage) and `devices` (its claims' devices per class)."""
+    used: dict[str, int] = {}
+    for key in keys:
+        if key.endswith(_DEVICES):
+            used[key] = devices.get(key[: -len(_DEVICES)], 0)
+        elif key.startswith(_REQUESTS):
+            resource = key[len(_REQUESTS):]
+            used[key] = usage.get(resource, 0) + sum(
+                devices.get(name, 0) for name, found in classes.items() if found.extended_resource == resource)
+    return used
+
+
+def by_kind(asks: GpuRequests) -> list[GpuRequests]:
+    """A claim pod's asks in the order a refusal names them: its levels (what the annotation says), then
+    devices per class, then requests.<extendedResourceName>. One level over is over on all three: the
+    first kind that is over is the one worth a sentence."""
+    kinds: list[list[tuple[str, int]]] = [[], [], []]
+    for key, count in asks:
+        kinds[0 if is_standin_key(key) else 1 if key.endswith(_DEVICES) else 2].append((key, count))
+    return [tuple(kind) for kind in kinds if kind]
+
+
+def claim_names(keys: Any, config: Config) -> dict[str, str]:
+    """How a sentence names each key: a level by its resource (what the annotation says), `requests.X`
+    by what charges it there."""
+    names: dict[str, str] = {}
+    for key in keys:
+        if is_standin_key(key):
+            names[key] = _standin_level(key[len(_REQUESTS):]).resource(config)
+        elif key.startswith(_REQUESTS):
+            extended = key[len(_REQUESTS):]
+            names[key] = (f"{key} (what pods asking {extended} and claims of a DeviceClass naming it as "
+                          "extendedResourceName are charged)")
+    return names
+
+
+def _standin_level(standin: str) -> Sharing:
+    name = standin.split("/", 1)[1]
+    return parse_sharing("exclusive" if name == "gpu" else "shared" if name == "gpu.shared" else name)
+
+
+def _level(text: str) -> Sharing | None:
+    try:
+        return parse_sharing(text) if text else None
+    except ValueError:
+        return None
+
+
+def _add(asks: dict[str, int], key: str, count: int) -> None:
+    asks[key] = asks.get(key, 0) + count

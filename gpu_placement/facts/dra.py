@@ -1,0 +1,300 @@
+"""resource.k8s.io objects as slim records: what the rules, the taint controller and `explain` read.
+
+Wire shapes as the API serves them (k8s.io/api resource/v1 types.go at v0.37.2; v1beta2 is the
+same; v1beta1 nests a device's fields under `basic` and puts a request's class on the request):
+
+    ResourceSlice    spec.driver, spec.pool.name, spec.nodeName, spec.devices[].{name, attributes,
+                     capacity, taints}; attribute values are {"string"|"version"|"int"|"bool": v}
+    DeviceClass      spec.selectors[].cel.expression, spec.extendedResourceName
+    ResourceClaim    spec.devices.requests[].exactly.deviceClassName or .firstAvailable[].deviceClassName,
+                     status.allocation.devices.results[].{driver, pool, device}, status.reservedFor
+    ResourceClaimTemplate  spec.spec: a ResourceClaimSpec
+
+What NVIDIA's driver publishes (dra-driver-nvidia-gpu v0.4.1, cmd/gpu-kubelet-plugin/deviceinfo.go and
+mig.go): one pool per node, named after it; per device `gpu-<minor>` (MIG: `gpu-<minor>-mig-...`)
+the attributes `type` ("gpu", "mig"), `uuid`, `productName`, `brand`, `architecture`, version-typed
+`driverVersion`, `cudaDriverVersion`, `cudaComputeCapability`; MIG devices `parentUUID`, `profile`;
+capacity `memory` in bytes. Its own taints (device_health.go): `gpu.nvidia.com/xid=<code>`,
+`gpu.nvidia.com/gpu-lost`, `gpu.nvidia.com/unmonitored`.
+
+Junk values become None, never an exception: the objects are written by drivers and users.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gpu_placement.base.cuda import Version, VersionError, parse_version
+from gpu_placement.base.quantity import QuantityError, parse_quantity
+
+__all__ = ["DRA_BY_KIND", "DRA_KINDS", "Claim", "Device", "DeviceClass", "Slice", "Taint", "claim_from_json",
+           "class_from_json",
+           "device_product", "slice_from_json", "template_from_json"]
+
+# The view's DRA kinds, listed and watched only when the API server serves them (gpu_placement.kube.discovery).
+DRA_KINDS = ("deviceclasses", "resourceclaimtemplates", "resourceclaims", "resourceslices")
+DRA_BY_KIND = {"DeviceClass": "deviceclasses", "ResourceClaimTemplate": "resourceclaimtemplates",
+               "ResourceClaim": "resourceclaims", "ResourceSlice": "resourceslices"}
+
+
+_MIB = 2**20
+_ALL_DEVICES = 32  # resourceapi.AllocationResultsMaxSize: what allocationMode All is charged
+_SHARING = "gpu-placement.io/sharing"  # on gpu-placement's templates (gpu_placement/decide/claims.py Template.body)
+_TYPE_IN_CEL = re.compile(r"""attributes\[\s*['"]([^'"]+)['"]\s*\]\s*\.\s*type\s*==\s*['"]([\w.-]+)['"]""")
+
+
+@dataclass(slots=True, frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str  # None, NoSchedule, NoExecute (unknown effects count as None, as the allocator reads them)
+
+    @property
+    def blocks(self) -> bool:
+        """Whether the allocator refuses the device to a claim that does not tolerate it."""
+        return self.effect in ("NoSchedule", "NoExecute")
+
+    def text(self) -> str:
+        return f"{self.key}{'=' + self.value if self.value else ''}:{self.effect}"
+
+
+@dataclass(slots=True, frozen=True)
+class Device:
+    name: str
+    type: str | None  # NVIDIA: "gpu" or "mig"
+    uuid: str | None
+    product: str | None  # productName as published ("NVIDIA H100 80GB HBM3")
+    driver: Version | None
+    cuda: Version | None  # cudaDriverVersion: the highest CUDA the driver supports
+    compute: Version | None
+    memory_mib: int | None
+    profile: str | None  # MIG profile, e.g. "1g.10gb"
+    taints: tuple[Taint, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
+class Slice:
+    name: str
+    driver: str
+    pool: str
+    node: str | None  # spec.nodeName; None for network-attached pools
+    devices: tuple[Device, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class DeviceClass:
+    name: str
+    extended_resource: str | None  # spec.extendedResourceName (DRAExtendedResource)
+    device_type: str | None  # the `type` its CEL selector asks for, when it names one plainly
+
+
+@dataclass(slots=True, frozen=True)
+class Claim:
+    """A ResourceClaim or ResourceClaimTemplate (no status): which classes it asks for, what it got."""
+
+    namespace: str
+    name: str
+    classes: tuple[str, ...]  # every class named by a request (exactly, or any firstAvailable entry)
+    selectors: int = 0  # CEL selectors in its requests (not evaluated here: the allocator does)
+    tolerations: tuple[tuple[str, str, str, str], ...] = ()  # (key, operator, value, effect) of its requests
+    allocated: tuple[tuple[str, str, str], ...] = ()  # (driver, pool, device) from status.allocation
+    admin: bool = False  # adminAccess: may share devices already in use
+    devices: tuple[tuple[str, int], ...] = ()  # (class, devices) as ResourceQuota charges them
+    digest: str = ""  # templates: of spec.spec, to tell gpu-placement's own templates (gpu_placement.decide.claims)
+    owner: str = ""  # claims made for a pod from a template: the pod's UID (its controller reference)
+    level: str = ""  # gpu-placement's templates: their gpu-placement.io/sharing (the level of each claim made)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _attribute(attributes: Mapping[str, Any], name: str, driver: str) -> Any:
+    """A device attribute's value, by its short name or qualified with the driver's domain."""
+    raw = attributes.get(name)
+    if raw is None:
+        raw = attributes.get(f"{driver}/{name}")
+    if not isinstance(raw, Mapping):
+        return None
+    for kind in ("string", "version", "int", "bool"):
+        if kind in raw:
+            return raw[kind]
+    return None
+
+
+def _version(value: Any) -> Version | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return parse_version(value.split("-", 1)[0].split("+", 1)[0])  # semver pre-release or build
+    except VersionError:
+        return None
+
+
+def _memory_mib(capacity: Any, driver: str) -> int | None:
+    if not isinstance(capacity, Mapping):
+        return None
+    raw = capacity.get("memory") or capacity.get(f"{driver}/memory")
+    value = raw.get("value") if isinstance(raw, Mapping) else None
+    if value is None:
+        return None
+    try:
+        return int(parse_quantity(value) // _MIB)
+    except (QuantityError, ValueError, TypeError):
+        return None
+
+
+def _taints(items: Any) -> tuple[Taint, ...]:
+    taints = []
+    for taint in items if isinstance(items, list) else ():
+        if isinstance(taint, Mapping) and isinstance(taint.get("key"), str):
+            taints.append(Taint(taint["key"], str(taint.get("value") or ""), str(taint.get("effect") or "None")))
+    return tuple(taints)
+
+
+def _device(raw: Mapping[str, Any], driver: str) -> Device:
+    body = raw.get("basic") if isinstance(raw.get("basic"), Mapping) else raw  # v1beta1
+    attributes = body.get("attributes") if isinstance(body.get("attributes"), Mapping) else {}
+    text = {key: value if isinstance(value := _attribute(attributes, key, driver), str) else None
+            for key in ("type", "uuid", "productName", "profile")}
+    return Device(
+        name=str(raw.get("name") or ""),
+        type=sys.intern(text["type"]) if text["type"] else None,
+        uuid=text["uuid"],
+        product=sys.intern(text["productName"]) if text["productName"] else None,
+        driver=_version(_attribute(attributes, "driverVersion", driver)),
+        cuda=_version(_attribute(attributes, "cudaDriverVersion", driver)),
+        compute=_version(_attribute(attributes, "cudaComputeCapability", driver)),
+        memory_mib=_memory_mib(body.get("capacity"), driver),
+        profile=text["profile"],
+        taints=_taints(body.get("taints")),
+    )
+
+
+def slice_from_json(obj: Mapping[str, Any]) -> Slice:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    driver = str(spec.get("driver") or "")
+    pool = str((spec.get("pool") or {}).get("name") or "")
+    node = spec.get("nodeName")
+    devices = spec.get("devices") if isinstance(spec.get("devices"), list) else []
+    return Slice(str(meta.get("name") or ""), sys.intern(driver), sys.intern(pool),
+                 sys.intern(node) if isinstance(node, str) and node else None,
+                 tuple(_device(d, driver) for d in devices if isinstance(d, Mapping)))
+
+
+def class_from_json(obj: Mapping[str, Any]) -> DeviceClass:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    name = str(meta.get("name") or "")
+    device_type = None
+    for selector in spec.get("selectors") or ():
+        expression = ((selector or {}).get("cel") or {}).get("expression") if isinstance(selector, Mapping) else None
+        found = _TYPE_IN_CEL.search(expression) if isinstance(expression, str) else None
+        if found:
+            device_type = found.group(2)
+    extended = spec.get("extendedResourceName")
+    return DeviceClass(name, extended if isinstance(extended, str) and extended else None, device_type)
+
+
+def _requests(spec: Any) -> Iterable[Mapping[str, Any]]:
+    """Every request and firstAvailable alternative of a ResourceClaimSpec (v1/v1beta2 `exactly`, or
+    v1beta1's class on the request itself)."""
+    devices = (spec or {}).get("devices") if isinstance(spec, Mapping) else None
+    for request in (devices or {}).get("requests") or () if isinstance(devices, Mapping) else ():
+        if not isinstance(request, Mapping):
+            continue
+        if isinstance(request.get("exactly"), Mapping):
+            yield request["exactly"]
+        elif request.get("deviceClassName"):
+            yield request
+        for alternative in request.get("firstAvailable") or ():
+            if isinstance(alternative, Mapping):
+                yield alternative
+
+
+def _devices(spec: Any) -> tuple[tuple[str, int], ...]:
+    """Devices per class, the way Kubernetes' quota evaluator counts a claim (pkg/quota/v1/evaluator/core
+    resource_claims.go at v1.37.2): ExactCount its count (1 when unset), All the worst case (32), a
+    firstAvailable list the most any of its alternatives of a class could take."""
+    counts: dict[str, int] = {}
+    devices = (spec or {}).get("devices") if isinstance(spec, Mapping) else None
+    for request in (devices or {}).get("requests") or () if isinstance(devices, Mapping) else ():
+        if not isinstance(request, Mapping):
+            continue
+        alternatives = [request["exactly"]] if isinstance(request.get("exactly"), Mapping) else [
+            a for a in request.get("firstAvailable") or () if isinstance(a, Mapping)]
+        if not alternatives and request.get("deviceClassName"):
+            alternatives = [request]  # v1beta1
+        most: dict[str, int] = {}
+        for alternative in alternatives:
+            name = alternative.get("deviceClassName")
+            if not isinstance(name, str):
+                continue
+            mode = alternative.get("allocationMode") or "ExactCount"
+            count = alternative.get("count")
+            number = _ALL_DEVICES if mode == "All" else (count if isinstance(count, int) and count > 0 else 1) \
+                if mode == "ExactCount" else 0
+            most[name] = max(most.get(name, 0), number)
+        for name, number in most.items():
+            counts[name] = counts.get(name, 0) + number
+    return tuple(sorted((sys.intern(k), v) for k, v in counts.items() if v))
+
+
+def _claim(namespace: str, name: str, spec: Any, status: Any, digest: str = "", owner: str = "",
+           level: str = "") -> Claim:
+    classes: list[str] = []
+    selectors = 0
+    tolerations: list[tuple[str, str, str, str]] = []
+    admin = False
+    for request in _requests(spec):
+        if isinstance(request.get("deviceClassName"), str) and request["deviceClassName"] not in classes:
+            classes.append(sys.intern(request["deviceClassName"]))
+        selectors += len(request.get("selectors") or ())
+        admin = admin or request.get("adminAccess") is True
+        for toleration in request.get("tolerations") or ():
+            if isinstance(toleration, Mapping):
+                tolerations.append((str(toleration.get("key") or ""), str(toleration.get("operator") or "Equal"),
+                                    str(toleration.get("value") or ""), str(toleration.get("effect") or "")))
+    allocated: list[tuple[str, str, str]] = []
+    allocation = (status or {}).get("allocation") if isinstance(status, Mapping) else None
+    results = ((allocation or {}).get("devices") or {}).get("results") if isinstance(allocation, Mapping) else None
+    for result in results or ():
+        if isinstance(result, Mapping):
+            allocated.append((sys.intern(str(result.get("driver") or "")), sys.intern(str(result.get("pool") or "")),
+                              str(result.get("device") or "")))
+    return Claim(sys.intern(namespace), name, tuple(sorted(classes)), selectors, tuple(tolerations),
+                 tuple(allocated), admin, _devices(spec), digest, owner, level)
+
+
+def claim_from_json(obj: Mapping[str, Any]) -> Claim:
+    meta = obj.get("metadata") or {}
+    owner = next((str(o.get("uid") or "") for o in meta.get("ownerReferences") or ()
+                  if isinstance(o, Mapping) and o.get("kind") == "Pod" and o.get("controller")), "")
+    return _claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), obj.get("spec"),
+                  obj.get("status"), owner=owner)
+
+
+def template_from_json(obj: Mapping[str, Any]) -> Claim:
+    meta = obj.get("metadata") or {}
+    spec = (obj.get("spec") or {}).get("spec")
+    labels = meta.get("labels") or {}
+    ours = isinstance(labels, Mapping) and labels.get("app.kubernetes.io/managed-by") == "gpu-placement"
+    digest = hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest() if ours else ""
+    annotations = meta.get("annotations")
+    level = annotations.get(_SHARING) if ours and isinstance(annotations, Mapping) else None
+    return _claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), spec, None, digest,
+                  level=sys.intern(level) if isinstance(level, str) else "")
+
+
+def device_product(device: Device) -> str | None:
+    """The product as GPU Feature Discovery labels it (`nvidia.com/gpu.product`: spaces become dashes),
+    so `gpu-placement.io/gpu-products` matches a device the same way it matches a node label."""
+    return device.product.strip().replace(" ", "-") if device.product else None

@@ -1,0 +1,198 @@
+"""The one replica that counts launch outcomes and node lifecycle times for the cluster.
+
+Why a Lease and a watermark, and not a mark on each pod: a mark needs `patch` on every pod of the
+cluster, which also lets the service change a running pod's image, and an UPDATE of every GPU pod
+passing every admission webhook; the watermark needs one small object the service already writes.
+
+Each webhook replica runs an `OutcomeCounter` (a LeaderLoop on its own Lease, `gpu-placement-outcomes`).
+The Lease carries the watermark W in the annotation `gpu-placement.io/outcomes-counted-until` (RFC 3339,
+microseconds): every event whose anchor is at or before W has been counted by some leader; and the
+cluster's totals so far in `gpu-placement.io/outcomes-totals` (JSON: launches by label set, each
+histogram's buckets, sum and count). On each turn the holder reads the Lease, asks its `Outcomes` how
+far W may go (`limit`), and writes the new W with the new totals in one PUT carrying the Lease's
+resourceVersion (a compare-and-swap: a 409 means another replica took the Lease in between, and then
+nothing is counted). A standby reads both on each turn, forgets what is counted, and exports the same
+totals. So one write carries W past each event, whoever leads and however often a process restarts:
+an event is never counted twice, and the exported series are the cluster's own, the same on every
+replica, never reset by a restart (Prometheus aggregates them with max, and a window's figure is the
+exact difference of the totals at its ends, without increase()'s extrapolation).
+
+The first holder of a Lease without the annotation starts counting at its own clock less `settle`.
+`LocalCounter` is the same without an API server (`serve --snapshot`, the demo): the watermark lives
+in memory, so there a restart starts counting afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import urllib3
+from kubernetes.client import ApiClient
+
+from gpu_placement.base.timestamps import parse_time
+from gpu_placement.kube.api import ApiError, api_error, drain, request
+from gpu_placement.kube.leader import LeaderLoop
+from gpu_placement.kube.lease import Lease
+from gpu_placement.observe.metrics import OUTCOMES_COUNTED_UNTIL, OUTCOMES_LEADING
+from gpu_placement.outcomes.record import Outcomes
+
+__all__ = ["TOTALS_ANNOTATION", "WATERMARK_ANNOTATION", "CounterSettings", "LocalCounter", "OutcomeCounter",
+           "format_watermark"]
+
+log = logging.getLogger("gpu_placement.outcomes.record")
+
+WATERMARK_ANNOTATION = "gpu-placement.io/outcomes-counted-until"
+TOTALS_ANNOTATION = "gpu-placement.io/outcomes-totals"  # JSON: the cluster's counts and histograms so far
+_TIMEOUT = (5.0, 15.0)
+
+@dataclass(slots=True, frozen=True)
+class CounterSettings:
+    lease_name: str = "gpu-placement-outcomes"
+    lease_seconds: int = 30  # another replica takes over this long after the holder stops renewing
+    renew_seconds: float = 10.0  # how often the holder renews and counts (and a standby reads W)
+
+
+def format_watermark(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _written(at: float) -> float:
+    """W as it reads back from its annotation (microseconds): what every replica compares with."""
+    parsed = parse_time(format_watermark(at))
+    assert parsed is not None
+    return parsed
+
+
+class OutcomeCounter(LeaderLoop):
+    what = "outcome counter"
+    log = log
+
+    def __init__(self, api: ApiClient, outcomes: Outcomes, namespace: str, identity: str,
+                 settings: CounterSettings | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.api, self.outcomes, self.identity = api, outcomes, identity
+        outcomes.count()
+        self.settings = settings or CounterSettings()
+        lease = Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds,
+                      clock=lambda: datetime.fromtimestamp(clock(), UTC))
+        super().__init__(lease, OUTCOMES_LEADING.labels(self.settings.lease_name), self.settings.renew_seconds, clock)
+        self._counted_until = OUTCOMES_COUNTED_UNTIL.labels(self.settings.lease_name)
+        self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{self.settings.lease_name}"
+        self.last_error: str | None = None
+        self.counted = 0  # events this replica counted: for tests and the log
+
+    def step(self) -> None:
+        """One turn: renew or take the Lease when due, read W; leading, move it and count."""
+        if not self.outcomes.prime():
+            return  # the view has not listed nodes and pods yet: nothing may be decided from it
+        try:
+            self._lead()
+            lease = self._read()
+            watermark = _watermark(lease)
+            self.outcomes.load(_totals(lease))  # every replica exports the cluster's totals as last written
+            if watermark is not None:
+                self.outcomes.settled(watermark)
+                self._counted_until.set(watermark)
+            if self.leading and ((lease.get("spec") or {}).get("holderIdentity") == self.identity):
+                self._count(lease, watermark)
+            self._ok()
+        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+            if self.last_error is None:
+                log.warning("outcome counter: %s (retrying every %g s)", exc, self.settings.renew_seconds)
+            self.last_error = str(exc)
+
+    def _count(self, lease: dict[str, Any], watermark: float | None) -> None:
+        now = self.clock()
+        target = self.outcomes.limit(now) if watermark is not None else now - self.outcomes.settle
+        if watermark is not None and target <= watermark:
+            return
+        target = _written(target)
+        batch = self.outcomes.due(watermark, target) if watermark is not None else []
+        if not self._write(lease, target, self.outcomes.totals(batch)):
+            log.info("outcome counter: the Lease changed under the watermark write; another replica leads now")
+            return
+        self.outcomes.emit(batch)
+        self.outcomes.settled(target)
+        self._counted_until.set(target)
+        self.counted += len(batch)
+        if watermark is None:
+            log.info("outcome counter: counting launch outcomes and node lifecycle times from %s",
+                     format_watermark(target))
+        elif batch:
+            log.debug("outcome counter: counted %d events up to %s", len(batch), format_watermark(target))
+
+    def _ok(self) -> None:
+        if self.last_error is not None:
+            log.info("outcome counter: the API server answers again")
+        self.last_error = None
+
+    def _read(self) -> dict[str, Any]:
+        response = request(self.api, "GET", self._path, timeout=_TIMEOUT)
+        if response.status >= 300:
+            raise api_error(response)
+        try:
+            lease: dict[str, Any] = orjson.loads(response.read())
+        finally:
+            response.release_conn()
+        return lease
+
+    def _write(self, lease: dict[str, Any], watermark: float, totals: dict[str, Any]) -> bool:
+        """The Lease with the new watermark and totals, as read (its resourceVersion included): False on 409."""
+        meta = lease.setdefault("metadata", {})
+        meta["annotations"] = {**(meta.get("annotations") or {}), WATERMARK_ANNOTATION: format_watermark(watermark),
+                               TOTALS_ANNOTATION: orjson.dumps(totals).decode()}
+        response = request(self.api, "PUT", self._path, body=lease, timeout=_TIMEOUT)
+        if response.status == 409:
+            drain(response)
+            return False
+        if response.status >= 300:
+            raise api_error(response)
+        drain(response)
+        return True
+
+
+def _watermark(lease: dict[str, Any]) -> float | None:
+    return parse_time(((lease.get("metadata") or {}).get("annotations") or {}).get(WATERMARK_ANNOTATION))
+
+
+def _totals(lease: dict[str, Any]) -> Any:
+    raw = ((lease.get("metadata") or {}).get("annotations") or {}).get(TOTALS_ANNOTATION)
+    try:
+        return orjson.loads(raw) if isinstance(raw, str) else None
+    except orjson.JSONDecodeError:
+        log.warning("outcome counter: the Lease's %s is not JSON; the totals restart from zero", TOTALS_ANNOTATION)
+        return None
+
+
+class LocalCounter:
+    """Counting without an API server: one process, its watermark in memory (`serve --snapshot`, demo)."""
+
+    def __init__(self, outcomes: Outcomes, clock: Callable[[], float] = time.time,
+                 start: float | None = None) -> None:
+        self.outcomes, self.clock = outcomes, clock
+        outcomes.count()
+        self.watermark = start  # None: counting starts at the first turn, less `settle`
+
+    def step(self) -> int:
+        """Move the watermark and count; returns how many events were counted."""
+        if not self.outcomes.prime():
+            return 0
+        now = self.clock()
+        if self.watermark is None:
+            self.watermark = now - self.outcomes.settle
+            self.outcomes.settled(self.watermark)
+            self.outcomes.load(None)  # counting starts: the totals are this process's
+            return 0
+        target = self.outcomes.limit(now)
+        if target <= self.watermark:
+            return 0
+        batch = self.outcomes.due(self.watermark, target)
+        self.outcomes.emit(batch)
+        self.outcomes.settled(target)
+        self.watermark = target
+        return len(batch)

@@ -1,0 +1,351 @@
+"""The view's DRA part: devices per node, device classes, claims and templates, allocations.
+
+Fed by `gpu_placement.view.ingest` (snapshot or list+watch) one object at a time, under the view's lock.
+A node's facts come from its labels; where a label is missing (a cluster running the DRA driver
+without GPU Feature Discovery), the node's ResourceSlice attributes fill it in (`merge`), so the
+same rules judge both worlds. On a cluster without DRA this holds nothing and `merge` is two dict
+lookups.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpu_placement.base.config import Dra as DraConfig
+from gpu_placement.base.cuda import Version
+from gpu_placement.facts.dra import (
+    Claim,
+    Device,
+    DeviceClass,
+    Slice,
+    claim_from_json,
+    class_from_json,
+    device_product,
+    slice_from_json,
+    template_from_json,
+)
+from gpu_placement.facts.nodes import NodeFacts
+
+__all__ = ["DraState", "MadeForPod", "PodClaims"]
+
+_NOTHING: tuple[Device, ...] = ()
+NodeListener = Callable[[str], None]
+
+
+@dataclass(slots=True, frozen=True)
+class PodClaims:
+    """What a pod's `spec.resourceClaims` ask of the configured GPU classes."""
+
+    classes: tuple[str, ...]  # GPU device classes requested, sorted
+    missing: str | None = None  # a referenced claim or template the view does not have (yet)
+
+
+_NO_CLAIMS = PodClaims(())
+
+
+@dataclass(slots=True)
+class MadeForPod:
+    """The claims kube-controller-manager has made so far for one pod from its templates."""
+
+    claims: int = 0
+    devices: dict[str, int] = field(default_factory=dict)  # class -> devices, as ResourceQuota charges them
+
+
+class DraState:
+    def __init__(self, config: DraConfig, lock: threading.RLock | None = None) -> None:
+        self.config = config
+        self.lock = lock or threading.RLock()
+        self.gpu_classes = frozenset(config.device_classes)
+        self.active = False  # some DRA kind was listed: the API server serves resource.k8s.io
+        # Claims are made from the templates gpu-placement keeps (v1 or v1beta2 `exactly` requests); False
+        # where the API serves only an older version: `dra` namespaces then stay on the device plugin.
+        self.templates_kept = True
+        self.slices: dict[str, Slice] = {}
+        self.classes: dict[str, DeviceClass] = {}
+        self.claims: dict[str, Claim] = {}
+        self.templates: dict[str, Claim] = {}
+        self.extended: dict[str, str] = {}  # extended resource name -> the GPU class that serves it
+        self._by_node: dict[str, dict[str, Slice]] = {}  # node -> slice name -> slice
+        self._devices: dict[str, tuple[Device, ...]] = {}  # node -> its devices, every slice's
+        self._pool_node: dict[str, str] = {}  # pool -> node (NVIDIA names each pool after its node)
+        self._used: dict[str, dict[str, int]] = {}  # node -> device -> claims holding it
+        self._label_facts: dict[str, NodeFacts] = {}  # node -> facts from labels alone, where slices add some
+        # What ResourceQuota charges: the devices of every claim that exists, by namespace then class; and
+        # what the claims made for each pod from its templates charge (the webhook's quota holds).
+        self.namespace_devices: dict[str, dict[str, int]] = {}
+        self.made_for_pod: dict[str, MadeForPod] = {}  # pod UID -> its claims that exist
+        self._on_devices: list[NodeListener] = []
+        self._on_usage: list[NodeListener] = []
+
+    def subscribe(self, on_devices: NodeListener, on_usage: NodeListener) -> None:
+        """`on_devices(node)`: the node's published devices changed; `on_usage(node)`: which of them
+        claims hold changed. Called under the lock."""
+        self._on_devices.append(on_devices)
+        self._on_usage.append(on_usage)
+
+    # -- reading -------------------------------------------------------------------------------
+    def devices_on(self, node: str) -> tuple[Device, ...]:
+        return self._devices.get(node, _NOTHING)
+
+    def slices_of(self, node: str) -> tuple[Slice, ...]:
+        return tuple(self._by_node.get(node, {}).values())
+
+    def used_on(self, node: str) -> Mapping[str, int]:
+        """Device name -> how many allocated claims hold it (admin-access claims share)."""
+        return self._used.get(node) or {}
+
+    def nodes(self) -> list[str]:
+        return sorted(self._devices)
+
+    def node_of_pool(self, pool: str) -> str:
+        return self._pool_node.get(pool, pool)
+
+    def pod_claims(self, namespace: str, spec: Mapping[str, Any]) -> PodClaims:
+        """The GPU classes a pod's claims request; `missing` names a claim or template not in the view."""
+        entries = spec.get("resourceClaims")
+        if not entries or not isinstance(entries, list):
+            return _NO_CLAIMS
+        classes: set[str] = set()
+        missing = None
+        for entry in entries:
+            if not isinstance(entry, Mapping):
+                continue
+            if entry.get("resourceClaimName"):
+                what, table, name = "ResourceClaim", self.claims, entry["resourceClaimName"]
+            elif entry.get("resourceClaimTemplateName"):
+                what, table, name = "ResourceClaimTemplate", self.templates, entry["resourceClaimTemplateName"]
+            else:
+                continue
+            found = table.get(f"{namespace}/{name}")
+            if found is None:
+                missing = missing or f"{what} {namespace}/{name}"
+                continue
+            classes.update(c for c in found.classes if c in self.gpu_classes)
+        return PodClaims(tuple(sorted(classes)), missing) if classes or missing else _NO_CLAIMS
+
+    def backed(self, resources: Iterable[str]) -> frozenset[str]:
+        """Those extended resources a configured GPU class serves through DRA (DRAExtendedResource: on a
+        node without that resource in allocatable, the scheduler allocates a device of the class)."""
+        if not self.extended:
+            return frozenset()
+        return frozenset(r for r in resources if r in self.extended)
+
+    # -- ingest --------------------------------------------------------------------------------
+    def replace(self, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
+        """A full list of one DRA kind (gpu_placement.view.ingest hands it over)."""
+        self.active = True
+        {"resourceslices": self.replace_slices, "deviceclasses": self.replace_classes,
+         "resourceclaims": self.replace_claims, "resourceclaimtemplates": self.replace_templates}[kind](objects)
+
+    def count(self, kind: str) -> int:
+        return len({"resourceslices": self.slices, "deviceclasses": self.classes, "resourceclaims": self.claims,
+                    "resourceclaimtemplates": self.templates}[kind])
+
+    def event(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        key = f"{meta.get('namespace') or 'default'}/{name}"
+        if event_type == "DELETED":
+            {"resourceslices": lambda: self.delete_slice(name), "deviceclasses": lambda: self.delete_class(name),
+             "resourceclaims": lambda: self.delete_claim(key),
+             "resourceclaimtemplates": lambda: self.delete_template(key)}[kind]()
+            return
+        {"resourceslices": self.upsert_slice, "deviceclasses": self.upsert_class, "resourceclaims": self.upsert_claim,
+         "resourceclaimtemplates": self.upsert_template}[kind](obj)
+
+    # -- node facts ----------------------------------------------------------------------------
+    def merge(self, facts: NodeFacts) -> NodeFacts:
+        """The node's facts with what its ResourceSlices add: labels win; a missing product, driver,
+        CUDA or compute capability comes from the devices' attributes."""
+        devices = self._devices.get(facts.name)
+        if not devices:
+            self._label_facts.pop(facts.name, None)
+            return facts
+        self._label_facts[facts.name] = facts
+        gpu = next((d for d in devices if d.type in (None, "gpu")), devices[0])
+        product = facts.product or device_product(gpu)
+        driver = facts.driver or _first(d.driver for d in devices)
+        cuda: Version | None = facts.max_cuda
+        source = facts.max_cuda_source
+        if cuda is None or source == "driver table":  # the driver's own word beats the table
+            found = _first(d.cuda for d in devices)
+            if found is not None:
+                cuda, source = found[:2], f"ResourceSlice cudaDriverVersion ({self.config.driver})"
+        compute = facts.compute or _first(d.compute for d in devices)
+        return replace(facts, product=product, driver=driver, max_cuda=cuda, max_cuda_source=source,
+                       compute=compute, dra_devices=len(devices))
+
+    def label_facts(self, node: str) -> NodeFacts | None:
+        return self._label_facts.get(node)
+
+    def forget_node(self, node: str) -> None:
+        """The Node is gone: its label facts with it (its slices, deleted after it, are the slices' events)."""
+        self._label_facts.pop(node, None)
+
+    # -- slices --------------------------------------------------------------------------------
+    def upsert_slice(self, obj: Mapping[str, Any]) -> None:
+        record = slice_from_json(obj)
+        with self.lock:
+            if record.driver != self.config.driver:
+                self.delete_slice(record.name)  # a slice whose driver changed, or a snapshot's other drivers
+                return
+            old = self.slices.get(record.name)
+            if old == record:
+                return
+            self.slices[record.name] = record
+            touched = {record.node or record.pool}
+            if old is not None:
+                touched.add(old.node or old.pool)
+                self._by_node.get(old.node or old.pool, {}).pop(record.name, None)
+            self._by_node.setdefault(record.node or record.pool, {})[record.name] = record
+            if record.node:
+                self._pool_node[record.pool] = record.node
+            for node in touched:
+                self._reindex(node)
+
+    def delete_slice(self, name: str) -> None:
+        with self.lock:
+            old = self.slices.pop(name, None)
+            if old is not None:
+                node = old.node or old.pool
+                self._by_node.get(node, {}).pop(name, None)
+                self._reindex(node)
+
+    def replace_slices(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        fresh = [o for o in objects]
+        names = {str((o.get("metadata") or {}).get("name") or "") for o in fresh}
+        with self.lock:
+            for name in set(self.slices) - names:
+                self.delete_slice(name)
+            for obj in fresh:
+                self.upsert_slice(obj)
+
+    def _reindex(self, node: str) -> None:
+        slices = self._by_node.get(node)
+        devices = tuple(d for s in sorted(slices.values(), key=lambda s: s.name) for d in s.devices) if slices else ()
+        if not slices:
+            self._by_node.pop(node, None)
+        if devices == self._devices.get(node, _NOTHING):
+            return
+        if devices:
+            self._devices[node] = devices
+        else:
+            self._devices.pop(node, None)
+        for listener in self._on_devices:
+            listener(node)
+
+    # -- classes -------------------------------------------------------------------------------
+    def upsert_class(self, obj: Mapping[str, Any]) -> None:
+        record = class_from_json(obj)
+        with self.lock:
+            self.classes[record.name] = record
+            self._reextend()
+
+    def delete_class(self, name: str) -> None:
+        with self.lock:
+            if self.classes.pop(name, None) is not None:
+                self._reextend()
+
+    def replace_classes(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        records = [class_from_json(o) for o in objects]
+        with self.lock:
+            self.classes = {r.name: r for r in records}
+            self._reextend()
+
+    def _reextend(self) -> None:
+        self.extended = {c.extended_resource: c.name for c in self.classes.values()
+                         if c.extended_resource and c.name in self.gpu_classes}
+
+    # -- claims and templates ------------------------------------------------------------------
+    def upsert_claim(self, obj: Mapping[str, Any]) -> None:
+        record = claim_from_json(obj)
+        with self.lock:
+            old = self.claims.get(record.key)
+            if old == record:
+                return
+            self.claims[record.key] = record
+            self._count(old, -1)
+            self._count(record, +1)
+
+    def delete_claim(self, key: str) -> None:
+        with self.lock:
+            self._count(self.claims.pop(key, None), -1)
+
+    def replace_claims(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        records = {r.key: r for r in (claim_from_json(o) for o in objects)}
+        with self.lock:
+            for key in set(self.claims) - records.keys():
+                self.delete_claim(key)
+            for record in records.values():
+                if self.claims.get(record.key) != record:
+                    self._count(self.claims.get(record.key), -1)
+                    self.claims[record.key] = record
+                    self._count(record, +1)
+
+    def _charge(self, claim: Claim, step: int) -> None:
+        """The claim's devices in its namespace's figures (what ResourceQuota counts), its pod's count."""
+        if claim.devices:
+            used = self.namespace_devices.setdefault(claim.namespace, {})
+            for device_class, number in claim.devices:
+                used[device_class] = used.get(device_class, 0) + step * number
+                if used[device_class] <= 0:
+                    del used[device_class]
+            if not used:
+                del self.namespace_devices[claim.namespace]
+        if claim.owner:
+            made = self.made_for_pod.setdefault(claim.owner, MadeForPod())
+            made.claims += step
+            for device_class, number in claim.devices:
+                made.devices[device_class] = made.devices.get(device_class, 0) + step * number
+                if made.devices[device_class] <= 0:
+                    del made.devices[device_class]
+            if made.claims <= 0:
+                del self.made_for_pod[claim.owner]
+
+    def mig_profiles(self) -> set[str]:
+        """Every MIG profile a device of the driver publishes (`profile`, NVIDIA's spelling: 1g.10gb+me)."""
+        return {d.profile for devices in self._devices.values() for d in devices if d.type == "mig" and d.profile}
+
+    def _count(self, claim: Claim | None, step: int) -> None:
+        """Which devices of our driver allocated claims hold, per node: scoring fills nodes by it."""
+        if claim is None:
+            return
+        self._charge(claim, step)
+        if not claim.allocated:
+            return
+        touched = set()
+        for driver, pool, device in claim.allocated:
+            if driver != self.config.driver:
+                continue
+            node = self.node_of_pool(pool)
+            used = self._used.setdefault(node, {})
+            used[device] = used.get(device, 0) + step
+            if used[device] <= 0:
+                del used[device]
+            if not used:
+                del self._used[node]
+            touched.add(node)
+        for node in touched:
+            for listener in self._on_usage:
+                listener(node)
+
+    def upsert_template(self, obj: Mapping[str, Any]) -> None:
+        record = template_from_json(obj)
+        with self.lock:
+            self.templates[record.key] = record
+
+    def delete_template(self, key: str) -> None:
+        with self.lock:
+            self.templates.pop(key, None)
+
+    def replace_templates(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        records = {r.key: r for r in (template_from_json(o) for o in objects)}
+        with self.lock:
+            self.templates = records
+
+
+def _first(values: Iterable[Version | None]) -> Version | None:
+    return next((v for v in values if v is not None), None)
