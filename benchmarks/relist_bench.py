@@ -307,9 +307,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.client:
         return client(int(args.client[0]), args.client[1], float(args.client[2]))
-    from gpu_placement.app import serve
+    from gpu_placement.app.assembly import SWITCH_INTERVAL_S
 
-    sys.setswitchinterval(args.switch_interval or getattr(serve, "SWITCH_INTERVAL_S", 0.005))
+    sys.setswitchinterval(args.switch_interval or SWITCH_INTERVAL_S)
     bench = _cache_bench()
     load = os.getloadavg()
     print(f"relist_bench: load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs "

@@ -154,7 +154,8 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("batch", "v1", "cronjobs", "cronjob", "CronJob", True, has_status=True, short_names=("cj",)),
     # A CRD with pod templates (Kubeflow's training operator), found through discovery.
     Resource("kubeflow.org", "v1", "pytorchjobs", "pytorchjob", "PyTorchJob", True, has_status=True),
-    # events.k8s.io/v1 Events (k8s.io/api events/v1), stored as written: gpu_placement/controllers/events.py writes them.
+    # events.k8s.io/v1 Events (k8s.io/api events/v1), stored as written: gpu_placement/controllers/events.py
+    # writes them.
     Resource("events.k8s.io", "v1", "events", "event", "Event", True, short_names=("ev",)),
 )
 _BY_NAME = {name.lower(): r for r in RESOURCES for name in (r.plural, r.singular, r.kind, *r.short_names)}

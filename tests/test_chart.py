@@ -381,7 +381,8 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
     assert sched["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert sched["kind"] == "KubeSchedulerConfiguration"
     assert [p["schedulerName"] for p in sched["profiles"]] == [v["schedulerName"]]
-    # The stand-ins of claim pods (gpu_placement/decide/dra_quota.py) are on no node: the profile's node fit ignores them.
+    # The stand-ins of claim pods (gpu_placement/decide/dra_quota.py) are on no node: the profile's node fit
+    # ignores them.
     [profile] = sched["profiles"]
     assert profile["pluginConfig"] == [{"name": "NodeResourcesFit",
                                         "args": {"ignoredResourceGroups": [n.STANDIN_GROUP]}}]

@@ -105,7 +105,7 @@ def _product(parts: list[list[str]]) -> list[str]:
 
 @cache
 def extender_templates() -> dict[str, set[str]]:
-    return _Sentences(ROOT / "gpu_placement" / "rules.py").templates()
+    return _Sentences(ROOT / "gpu_placement" / "decide" / "rules.py").templates()
 
 
 def scheduler_reasons() -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpu_placement.controllers.templates import wanted_templates
+from gpu_placement.decide.claims import wanted_templates
 from gpu_placement.samples.cluster import namespace
 from gpu_placement.web.certs import CertBundle
 from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, serving

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpu_placement.app.assembly import core_from_objects
 from gpu_placement.app.explain import explain_pod
 from gpu_placement.base.config import Config
-from gpu_placement.controllers.templates import wanted_templates
+from gpu_placement.decide.claims import wanted_templates
 from gpu_placement.facts.namespaces import namespace_from_json
 from gpu_placement.facts.policy import parse_policy
 from gpu_placement.samples.cluster import make_pod, namespace, validator_pod

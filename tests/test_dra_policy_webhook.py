@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from gpu_placement.base.config import ConfigError, parse_config
-from gpu_placement.controllers.templates import wanted_templates
+from gpu_placement.decide.claims import wanted_templates
 from gpu_placement.facts.namespaces import namespace_from_json
 from gpu_placement.facts.policy import parse_policy
 from gpu_placement.kube.discovery import DraApi
@@ -37,7 +37,8 @@ DRA_NAMESPACES = [namespace("ai", POLICY),
 
 
 def templates_for(hook: Webhook, name: str) -> list[Obj]:
-    """What the service keeps in namespace `name` (gpu_placement/controllers/templates.py), as the API server stores it."""
+    """What the service keeps in namespace `name` (gpu_placement/controllers/templates.py), as the API server
+    stores it."""
     policy = hook.app.state.admission.policy(name)
     return [t.body(hook.config.dra.driver) for t in wanted_templates(policy, set(), hook.config)]
 

@@ -271,8 +271,7 @@ def test_a_validator_already_waiting_when_the_process_starts_keeps_its_node_unta
     controller existed still holds its node's rule back: a taint would lock it out for good."""
     import argparse
 
-    from gpu_placement.app.assembly import core_from_cluster
-    from gpu_placement.app.serve import _kinds, _start_dra_taints
+    from gpu_placement.app.assembly import _kinds, _start_dra_taints, core_from_cluster
 
     fake = FakeApiServer(dra="v1", taint_rules="v1").start()
     core = None

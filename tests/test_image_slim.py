@@ -55,13 +55,14 @@ def test_bytecode_for_what_the_runs_imported_and_all_of_the_service(tmp_path: Pa
     (DRA's, imported only where a cluster serves resource.k8s.io), nothing else is."""
     site = _site(tmp_path, {"gpu-placement": [], "dep": []})
     (site / "gpu_placement-1.0.dist-info" / "RECORD").write_text(
-        "gpu_placement/__init__.py,,\ngpu_placement/dra/taints.py,,\ngpu_placement-1.0.dist-info/METADATA,,\n")
-    for name in ("gpu_placement/__init__.py", "gpu_placement/controllers/dra_taints.py", "dep/seen.py", "dep/unseen.py"):
+        "gpu_placement/__init__.py,,\ngpu_placement/controllers/dra_taints.py,,\ngpu_placement-1.0.dist-info/METADATA,,\n")
+    for name in ("gpu_placement/__init__.py", "gpu_placement/controllers/dra_taints.py", "dep/seen.py",
+                 "dep/unseen.py"):
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text("X = 1\n")
     py_compile.compile(str(site / "dep/seen.py"))  # what a run imported: a timestamp .pyc
     compiled, modules = slim.freeze_bytecode(site, slim.own_sources(site))
     assert (compiled, modules) == (3, 4)
     pycs = {p.relative_to(site).parent.parent / p.name.split(".")[0]: p.read_bytes() for p in site.rglob("*.pyc")}
-    assert sorted(map(str, pycs)) == ["dep/seen", "gpu_placement/__init__", "gpu_placement/dra/taints"]
+    assert sorted(map(str, pycs)) == ["dep/seen", "gpu_placement/__init__", "gpu_placement/controllers/dra_taints"]
     assert all(int.from_bytes(data[4:8], "little") == 0b01 for data in pycs.values()), "unchecked-hash flags"

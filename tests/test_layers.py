@@ -1,36 +1,48 @@
-"""The package layering of docs/architecture.md, checked: the edges never import each other, and the
-core never imports the edges (only the CLI and process assembly see both)."""
+"""The tree as docs/architecture.md draws it: the import contracts of pyproject.toml hold (import-linter),
+every folder of gpu_placement/ is a layer the contracts and the architecture page name, and no folder
+grows past what a reader takes in at a glance."""
 
 from __future__ import annotations
 
-import ast
+import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
-ASSEMBLY = {"gpu_placement/app/cli.py", "gpu_placement/app/serve.py", "gpu_placement/app/assembly.py",
-            "gpu_placement/app/workload_summary.py", "gpu_placement/report/namespaces.py", "gpu_placement/app/cli_explain.py",
-            "gpu_placement/app/demo.py", "gpu_placement/app/explain.py"}
+PACKAGE = ROOT / "gpu_placement"
+MOST_MODULES = 15  # per folder: past it, the folder wants splitting (issue 35)
 
 
-def imported(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
+def test_the_import_contracts_hold() -> None:
+    """`lint-imports` as `make test` runs it: a failure names the import that runs the wrong way."""
+    linter = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run([str(linter), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-1000:]
+    assert "0 broken" in result.stdout
 
 
-@pytest.mark.parametrize(("package", "forbidden"), [("extender", "webhook"), ("webhook", "extender")])
-def test_edges_do_not_import_each_other(package: str, forbidden: str) -> None:
-    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / package).rglob("*.py") if forbidden in imported(p)]
-    assert offenders == []
+def contract_layers() -> set[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in config["contracts"] if c["type"] == "layers")["layers"]
+    return {name.strip() for layer in layers for name in layer.split("|")}
 
 
-def test_core_does_not_import_the_edges() -> None:
-    offenders = [rel for p in (ROOT / "gpu_placement").rglob("*.py")
-                 if (rel := str(p.relative_to(ROOT))) not in ASSEMBLY and imported(p) & {"extender", "webhook"}]
-    assert offenders == []
+def test_every_folder_is_a_layer_the_contracts_and_the_architecture_page_name() -> None:
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    named = {name.removeprefix("gpu_placement.") for name in contract_layers() if name.startswith("gpu_placement.")}
+    assert folders == named
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    drawn = set(re.findall(r"gpu_placement/([a-z_]+)/", page))
+    assert folders <= drawn, f"not on docs/architecture.md: {sorted(folders - drawn)}"
+    assert not [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"], "a module outside every layer"
+
+
+def test_no_folder_holds_more_than_a_reader_takes_in() -> None:
+    crowded = {str(folder.relative_to(ROOT)): n for folder in [PACKAGE, *PACKAGE.rglob("*"), ROOT / "extender",
+                                                               ROOT / "webhook"]
+               if folder.is_dir() and (n := len([p for p in folder.glob("*.py") if p.name != "__init__.py"]))
+               > MOST_MODULES}
+    assert crowded == {}

@@ -221,7 +221,8 @@ class Admission:
     def _convert(self, policy: NamespacePolicy, subject: Subject) -> Conversion:
         pools = [self.config.pools[name] for name in policy.pools]
         with self.view.lock:
-            # With a quota, the pod carries stand-ins that the API server charges at its create (gpu_placement/decide/dra_quota.py);
+            # With a quota, the pod carries stand-ins that the API server charges at its create
+            # (gpu_placement/decide/dra_quota.py);
             # not in audit mode, where nothing is mirrored.
             mapped = frozenset(c.extended_resource for c in self.view.dra.classes.values() if c.extended_resource) \
                 if policy.quota is not None and self.config.mode != "audit" else None

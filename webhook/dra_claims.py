@@ -22,8 +22,8 @@ from gpu_placement.base import names as n
 from gpu_placement.base.config import Config, Pool
 from gpu_placement.decide.claims import (
     ClaimPlan,
-    ClaimPolicy,
     Template,
+    claim_policy,
     devices_quota_key,
     dra_level,
     level_of,
@@ -37,7 +37,7 @@ from gpu_placement.facts.sharing import Sharing, standin_of
 from gpu_placement.view.dra import DraState
 from webhook.patches import Patch, claim_patch, escape
 
-__all__ = ["TEMPLATE_PENDING", "Conversion", "claim_policy", "convert", "missing_sentence", "pod_devices",
+__all__ = ["TEMPLATE_PENDING", "Conversion", "convert", "missing_sentence", "pod_devices",
            "template_claims"]
 
 TEMPLATE_PENDING = "TemplatePending"
@@ -52,11 +52,6 @@ class Conversion:
     ops: Patch
     plan: ClaimPlan | None
     missing: tuple[Template, ...] = ()  # templates the pod needs that the view does not hold (yet)
-
-
-def claim_policy(policy: NamespacePolicy) -> ClaimPolicy:
-    """The part of a namespace's policy that its templates' selectors carry."""
-    return ClaimPolicy(tuple(sorted(policy.products or ())), policy.gpu_memory, policy.gpu_memory_mib, policy.cuda)
 
 
 def convert(pod: Mapping[str, Any], gpus: GpuRequests, level: Sharing, policy: NamespacePolicy, pools: Sequence[Pool],

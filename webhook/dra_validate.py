@@ -18,11 +18,9 @@ import orjson
 
 from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
-from gpu_placement.controllers.templates import device_hard
-from gpu_placement.decide.claims import template_for
+from gpu_placement.decide.claims import claim_policy, device_hard, template_for
 from gpu_placement.facts.policy import NamespacePolicy
 from gpu_placement.facts.sharing import EXCLUSIVE, SHARED
-from webhook.dra_claims import claim_policy
 
 __all__ = ["CLAIM_KINDS", "CLAIM_OUTSIDE_POLICY", "claim_problems"]
 

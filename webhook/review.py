@@ -243,7 +243,8 @@ def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool], pa
                 for name, value in (resources.get(section) or {}).items():
                     if is_gpu_resource(name):
                         try:
-                            count = to_count(value)  # checked before the core parser: see gpu_placement/base/quantity.py
+                            # checked before the core parser: see gpu_placement/base/quantity.py
+                            count = to_count(value)
                             problem = _too_many(count) if count > MAX_GPU_COUNT else None
                         except QuantityProblem as exc:
                             problem = str(exc)

@@ -1,12 +1,24 @@
-"""Process assembly: the cluster view, its source, and the HTTP apps built on them.
+"""The composition root: how the process is put together, read top to bottom once.
 
-This module and the CLI are the only ones that import both `extender` and `webhook`.
+`serve` (`gpu-placement serve`) is the whole process: the configuration, the cluster view and its
+source, the extender and webhook apps on their uvicorn servers, and the loops a webhook replica runs
+under their Leases (quota mirror, DRA taints, Events, launch outcomes, certificates, webhook
+registration). Below it,
+`Core`: the view, its source and the deciders, built from a live API server (`core_from_cluster`), a
+snapshot (`core_from_snapshot`) or a list of objects (`core_from_objects`: the demo, explain, tests).
+Nothing below gpu_placement/app/ reads the command line: what a layer needs is handed to it here.
+
+This module, the CLI and the commands are the only ones that import both `extender` and `webhook`.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import logging
+import os
+import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,23 +30,156 @@ from starlette.applications import Starlette
 from extender.app import DEFAULT_MAX_BODY
 from extender.app import create_app as create_extender_app
 from extender.binding import Binder, SnapshotBinder
-from gpu_placement.base.config import Config
+from gpu_placement.base.config import Config, load_config
+from gpu_placement.controllers import events as _events  # noqa: F401 - registers gpu_placement_events_total on /metrics
 from gpu_placement.decide.placement import Placement
 from gpu_placement.decide.rollout import track_rollout
 from gpu_placement.facts.dra import DRA_KINDS
 from gpu_placement.kube.discovery import DraApi
 from gpu_placement.observe import metrics
+from gpu_placement.observe.logs import setup_logging
 from gpu_placement.outcomes.idle import track_idle
 from gpu_placement.outcomes.record import Outcomes, track_outcomes
 from gpu_placement.report.cluster_metrics import track_cluster
 from gpu_placement.view.cluster import ClusterView, track_view
 from gpu_placement.view.ingest import FILE_KINDS, KINDS, Ingest
 from gpu_placement.view.snapshot import SnapshotSource
+from gpu_placement.web.http import ops_routes
+from gpu_placement.web.serving import run_servers
 
-__all__ = ["Core", "core_from_cluster", "core_from_objects", "core_from_snapshot", "discover_dra", "freeze_heap"]
+__all__ = ["SWITCH_INTERVAL_S", "Core", "UsageError", "core_from_cluster", "core_from_objects", "core_from_snapshot",
+           "discover_dra", "freeze_heap", "health_app", "serve"]
 
-log = logging.getLogger("gpu_placement.app.assembly")
+log = logging.getLogger("gpu_placement.serve")
+# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). The watch
+# threads do pure-Python work (a relist builds records for what changed); each time the request path
+# wants the GIL back it waits up to this long, several times a request. Measured with
+# benchmarks/relist_bench.py: 1 ms roughly halves /mutate's latency during a relist, at no cost seen
+# when nothing else runs.
+SWITCH_INTERVAL_S = 0.001
 
+
+# -- the process: gpu-placement serve ---------------------------------------------------------------------------------
+
+class UsageError(Exception):
+    pass
+
+
+def serve(args: argparse.Namespace) -> int:
+    from gpu_placement.web.tls import ReloadingTLS, make_server
+
+    setup_logging(args.log_level)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    config = load_config(args.config)
+    if bool(args.extender_tls_cert) != bool(args.extender_tls_key):
+        raise UsageError("--extender-tls-cert and --extender-tls-key go together")
+    if getattr(args, "manage_certs", False):  # refuse bad lifetimes before connecting anywhere
+        from webhook.rotation import RotationSettings
+
+        try:
+            RotationSettings.from_args(args)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    webhooks = _webhook_spec(args)
+    core = (core_from_snapshot(config, args.snapshot, watch=True) if args.snapshot
+            else core_from_cluster(config, args.kubeconfig, _kinds(args, config)))
+    servers = []
+    try:
+        if "extender" in args.components and args.managed_resources:
+            from extender.managed import UnmanagedResources
+
+            UnmanagedResources(core.view, args.managed_resources)
+        if "extender" in args.components:
+            tls = (ReloadingTLS(args.extender_tls_cert, args.extender_tls_key) if args.extender_tls_cert else None)
+            host, port = args.extender_listen
+            servers.append(make_server(core.extender_app(args.extender_max_body_bytes), host, port, tls=tls))
+            _track_expiry("extender", tls)
+            log.info("extender listening on %s://%s:%d", "https" if tls else "http", host, port)
+        if "webhook" in args.components:
+            tls = _webhook_tls(args, core)
+            host, port = args.webhook_listen
+            server = make_server(core.webhook_app(_start_events(args, core)), host, port, tls=tls)
+            servers.append(server)
+            _track_expiry("webhook", tls)
+            _start_quota_mirror(args, core)
+            if webhooks is not None:
+                _start_registration(args, core, webhooks, server, Path(tls.cert_file).parent / "ca.crt")
+            _start_dra_taints(args, core)
+            _start_outcome_counter(args, core)
+            log.info("webhook listening on https://%s:%d", host, port)
+        if getattr(args, "health_listen", None):
+            host, port = args.health_listen
+            servers.append(make_server(health_app(core.readiness), host, port))
+            log.info("health probes on http://%s:%d (/healthz, /readyz)", host, port)
+        run_servers(servers)
+    finally:
+        core.stop()
+    return 0
+
+
+def health_app(ready: Callable[[], tuple[bool, str]]) -> Starlette:
+    """`/healthz` and `/readyz` only: what kubelet's HTTP probes need, and nothing that changes anything."""
+    return Starlette(routes=[route for route in ops_routes(ready) if route.path in ("/healthz", "/readyz")])
+
+
+def _kinds(args: argparse.Namespace, config: Any) -> tuple[str, ...]:
+    """What the live view watches: the core kinds, PodDisruptionBudgets for the extender's /preempt,
+    and the mirrored ResourceQuotas where the webhook's quota mirror runs."""
+    from gpu_placement.view.ingest import KINDS
+
+    extra = ("poddisruptionbudgets",) if "extender" in args.components else ()
+    if "webhook" in args.components and getattr(args, "quota_mirror", True) and config.mode != "audit":
+        extra += ("resourcequotas",)
+    return (*KINDS, *extra)
+
+
+def _webhook_spec(args: argparse.Namespace) -> Any:
+    if not getattr(args, "webhooks_file", None):
+        return None
+    if "webhook" not in args.components or args.snapshot:
+        raise UsageError("--webhooks-file registers the webhook with an API server: it needs --components webhook "
+                         "and no --snapshot")
+    from webhook.registration import load_webhook_spec
+
+    try:
+        return load_webhook_spec(args.webhooks_file)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _webhook_tls(args: argparse.Namespace, core: Core) -> Any:
+    from gpu_placement.web.tls import ReloadingTLS
+
+    namespace = _namespace(args)
+    chosen = [bool(args.tls_cert or args.tls_key), bool(args.self_signed), bool(args.manage_certs)]
+    if sum(chosen) != 1:
+        raise UsageError("the webhook always serves TLS: give exactly one of --tls-cert/--tls-key, "
+                         "--self-signed DIR or --manage-certs")
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise UsageError("--tls-cert and --tls-key go together")
+        return ReloadingTLS(args.tls_cert, args.tls_key)
+    if args.self_signed:
+        from gpu_placement.web.certs import ensure_self_signed
+
+        host = args.webhook_listen[0]
+        extra = tuple(h for h in (host,) if h not in ("0.0.0.0", "::", ""))
+        bundle = ensure_self_signed(args.self_signed, args.service, namespace, extra)
+        log.info("self-signed webhook certificate in %s (trust %s)", args.self_signed, bundle.ca_cert)
+        return ReloadingTLS(str(bundle.cert), str(bundle.key))
+    from webhook.rotation import start_managed_certificates
+
+    paths = start_managed_certificates(core, args, namespace)
+    return ReloadingTLS(str(paths.cert), str(paths.key))
+
+
+def _track_expiry(listener: str, tls: Any) -> None:
+    if tls is not None:
+        tls.start()
+        metrics.CERT_EXPIRY.labels(listener).set_function(lambda: tls.not_after.timestamp())
+
+
+# -- the core: the view, its source and the deciders ------------------------------------------------------------------
 
 @dataclass(slots=True)
 class Core:
@@ -49,7 +194,7 @@ class Core:
     dra: DraApi = field(default_factory=DraApi)  # what of resource.k8s.io the API server serves
     kinds: tuple[str, ...] = KINDS  # what the source lists and watches (ingest.OBJECT_KINDS where needed)
     config_source: str = "built-in defaults"  # where `config` came from, for commands that say so
-    outcomes: Any = None  # gpu_placement.outcomes.record.Outcomes: launch outcomes and node times of this view
+    outcomes: Outcomes | None = None  # launch outcomes and node lifecycle times of this view
 
     def extender_app(self, max_body: int = DEFAULT_MAX_BODY) -> Starlette:
         return create_extender_app(self.view, self.placement, self.binder, self.readiness, max_body)
@@ -68,72 +213,26 @@ class Core:
             stop()
 
 
-def freeze_heap() -> None:
-    """Move what the first full list built out of the garbage collector's sight: a full collection
-    over hundreds of thousands of long-lived records costs hundreds of milliseconds, and one would
-    otherwise land in the middle of a scheduling request."""
-    gc.collect()
-    gc.freeze()
+def core_from_cluster(config: Config, kubeconfig: str | None, kinds: tuple[str, ...] = KINDS) -> Core:
+    """List+watch a live API server (kubeconfig file, else in-cluster config); bind through it. `kinds`:
+    KINDS and the OBJECT_KINDS the process's components need."""
+    from extender.binding import ApiBinder
+    from gpu_placement.kube.api import load_api_client
+    from gpu_placement.view.live import LiveSource
 
-
-def _view_ready(view: ClusterView) -> tuple[bool, str]:
-    missing = [kind for kind in KINDS if kind not in view.listed]
-    return (not missing, f"waiting for the first full list of {', '.join(missing)}" if missing else "")
-
-
-def _with_telemetry(core: Core) -> Core:
-    if core.config.telemetry.url:
-        from gpu_placement.view.telemetry import TelemetrySource
-
-        source = TelemetrySource(core.view, core.config.telemetry)
-        source.start()
-        core.stoppers.append(source.stop)
-    return core
-
-
-def _track(view: ClusterView, config: Config) -> Outcomes:
-    """The view's own metrics, and the cluster's as the view sees it (namespace quotas parsed as the
-    webhook parses them); its launch outcomes and node lifecycle times (counted where a counter runs)."""
-    from gpu_placement.facts.policy import parse_policy
-    from gpu_placement.report.namespaces import policy_problems
-
-    track_view(view)
-    track_cluster(view, config, lambda record: parse_policy(record, record.name, config).quota,
-                  lambda record: policy_problems(record, config))
-    outcomes = track_outcomes(Outcomes(view, config, heard=metrics.last_heard).start())
-    track_idle(outcomes)
-    return outcomes
-
-
-def _placement(view: ClusterView, config: Config) -> Placement:
-    """Placement, with its driver rollout's figures on /metrics."""
-    placement = Placement(view, config)
-    track_rollout(placement.rollout)
-    return placement
-
-
-def _core(config: Config, binder_for: Callable[[ClusterView], Binder]) -> Core:
+    api = load_api_client(kubeconfig)
     view = ClusterView(config)
+    ingest = Ingest(config)
+    dra = discover_dra(api)
+    view.dra.templates_kept = dra.claims_from_templates
+    source = LiveSource(view, ingest, api, kinds=(*kinds, *dra.paths()), paths=dra.paths(),
+                        selectors={"resourceslices": f"spec.driver={config.dra.driver}"})
     outcomes = _track(view, config)
-    return Core(config, view, Ingest(config), _placement(view, config), binder_for(view), lambda: _view_ready(view),
-                outcomes=outcomes)
-
-
-def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
-    """A view of these objects only (the demo, tests): bindings are recorded in the view."""
-    core = _core(config, SnapshotBinder)
-    by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in (*FILE_KINDS, *DRA_KINDS)}
-    for obj in objects:
-        kind = Ingest.kind_of(obj)
-        if kind is not None:
-            by_kind[kind].append(obj)
-    with core.view.lock:
-        for kind in (*FILE_KINDS, *(k for k in DRA_KINDS if by_kind[k])):
-            core.ingest.replace(core.view, kind, by_kind[kind])
-    metrics.heard_from_source()  # the objects are the source, listed in full
-    metrics.SOURCE_UP.set(1)
-    freeze_heap()
-    return core
+    core = Core(config, view, ingest, _placement(view, config), ApiBinder(api), source.readiness, api=api,
+                kinds=(*kinds, *dra.paths()), dra=dra, outcomes=outcomes)
+    source.start()
+    core.stoppers.append(source.stop)
+    return _with_telemetry(core)
 
 
 def core_from_snapshot(config: Config, path: str | Path, watch: bool = False) -> Core:
@@ -150,6 +249,23 @@ def core_from_snapshot(config: Config, path: str | Path, watch: bool = False) ->
         source.start()
         core.stoppers.append(source.stop)
         _with_telemetry(core)
+    return core
+
+
+def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
+    """A view of these objects only (the demo, tests): bindings are recorded in the view."""
+    core = _core(config, SnapshotBinder)
+    by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in (*FILE_KINDS, *DRA_KINDS)}
+    for obj in objects:
+        kind = Ingest.kind_of(obj)
+        if kind is not None:
+            by_kind[kind].append(obj)
+    with core.view.lock:
+        for kind in (*FILE_KINDS, *(k for k in DRA_KINDS if by_kind[k])):
+            core.ingest.replace(core.view, kind, by_kind[kind])
+    metrics.heard_from_source()  # the objects are the source, listed in full
+    metrics.SOURCE_UP.set(1)
+    freeze_heap()
     return core
 
 
@@ -183,23 +299,143 @@ def discover_dra(api: Any, tries: int = 5, wait: float = 2.0) -> DraApi:
     return found
 
 
-def core_from_cluster(config: Config, kubeconfig: str | None, kinds: tuple[str, ...] = KINDS) -> Core:
-    """List+watch a live API server (kubeconfig file, else in-cluster config); bind through it. `kinds`:
-    KINDS and the OBJECT_KINDS the process's components need."""
-    from extender.binding import ApiBinder
-    from gpu_placement.kube.api import load_api_client
-    from gpu_placement.view.live import LiveSource
-
-    api = load_api_client(kubeconfig)
+def _core(config: Config, binder_for: Callable[[ClusterView], Binder]) -> Core:
     view = ClusterView(config)
-    ingest = Ingest(config)
-    dra = discover_dra(api)
-    view.dra.templates_kept = dra.claims_from_templates
-    source = LiveSource(view, ingest, api, kinds=(*kinds, *dra.paths()), paths=dra.paths(),
-                        selectors={"resourceslices": f"spec.driver={config.dra.driver}"})
     outcomes = _track(view, config)
-    core = Core(config, view, ingest, _placement(view, config), ApiBinder(api), source.readiness, api=api,
-                kinds=(*kinds, *dra.paths()), dra=dra, outcomes=outcomes)
-    source.start()
-    core.stoppers.append(source.stop)
-    return _with_telemetry(core)
+    return Core(config, view, Ingest(config), _placement(view, config), binder_for(view), lambda: _view_ready(view),
+                outcomes=outcomes)
+
+
+def _track(view: ClusterView, config: Config) -> Outcomes:
+    """The view's own metrics, and the cluster's as the view sees it (namespace quotas parsed as the
+    webhook parses them); its launch outcomes and node lifecycle times (counted where a counter runs)."""
+    from gpu_placement.facts.policy import parse_policy
+    from gpu_placement.report.namespaces import policy_problems
+
+    track_view(view)
+    track_cluster(view, config, lambda record: parse_policy(record, record.name, config).quota,
+                  lambda record: policy_problems(record, config))
+    outcomes = track_outcomes(Outcomes(view, config, heard=metrics.last_heard).start())
+    track_idle(outcomes)
+    return outcomes
+
+
+def _placement(view: ClusterView, config: Config) -> Placement:
+    """Placement, with its driver rollout's figures on /metrics."""
+    placement = Placement(view, config)
+    track_rollout(placement.rollout)
+    return placement
+
+
+def _with_telemetry(core: Core) -> Core:
+    if core.config.telemetry.url:
+        from gpu_placement.view.telemetry import TelemetrySource
+
+        source = TelemetrySource(core.view, core.config.telemetry)
+        source.start()
+        core.stoppers.append(source.stop)
+    return core
+
+
+def _view_ready(view: ClusterView) -> tuple[bool, str]:
+    missing = [kind for kind in KINDS if kind not in view.listed]
+    return (not missing, f"waiting for the first full list of {', '.join(missing)}" if missing else "")
+
+
+def freeze_heap() -> None:
+    """Move what the first full list built out of the garbage collector's sight: a full collection
+    over hundreds of thousands of long-lived records costs hundreds of milliseconds, and one would
+    otherwise land in the middle of a scheduling request."""
+    gc.collect()
+    gc.freeze()
+
+
+# -- what a webhook replica runs beside its server, each under its own Lease ------------------------------------------
+
+def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:
+    """The ResourceQuota mirror: its own Lease, whatever the certificate mode. In audit mode it only
+    deletes the ResourceQuotas it kept (audit enforces nothing)."""
+    if not getattr(args, "quota_mirror", True):
+        return
+    if core.api is None:
+        log.info("no API server (--snapshot): namespace quotas are not mirrored into ResourceQuotas")
+        return
+    from gpu_placement.controllers.quota_mirror import MirrorSettings, QuotaMirror
+
+    if core.config.mode == "audit":
+        log.info("audit mode: the ResourceQuotas mirrored in enforce mode are deleted, none is written")
+    mirror = QuotaMirror(core.api, core.view, core.config, _namespace(args), _identity(),
+                         MirrorSettings(lease_name=args.quota_lease, owner=getattr(args, "owner", None)))
+    if core.dra.claims_from_templates:  # elsewhere `dra` namespaces stay on the device plugin (view.dra.templates_kept)
+        from gpu_placement.controllers.templates import TemplateKeeper
+
+        mirror.templates = TemplateKeeper(core.api, core.view, core.config, core.dra.version)
+    mirror.start()
+    core.stoppers.append(mirror.stop)
+
+
+def _start_dra_taints(args: argparse.Namespace, core: Core) -> None:
+    """DeviceTaintRules for unverified nodes' DRA devices: its own Lease, in the webhook replicas."""
+    if core.api is None or not core.dra.served:
+        return  # no API server, or no resource.k8s.io: nothing to taint (the log said which at start)
+    if not core.config.dra.taints:
+        log.info("dra.taints is false: no DeviceTaintRules are written; only the extender guards DRA pods")
+        return
+    from gpu_placement.controllers.dra_taints import TaintController, TaintSettings
+
+    controller = TaintController(core.api, core.view, core.config, _namespace(args), _identity(),
+                                 TaintSettings(lease_name=getattr(args, "dra_lease", "gpu-placement-dra"),
+                                               owner=getattr(args, "owner", None)))
+    controller.start()
+    core.stoppers.append(controller.stop)
+
+
+def _start_outcome_counter(args: argparse.Namespace, core: Core) -> None:
+    """Launch outcomes and node lifecycle times, counted by the holder of its Lease (webhook replicas)."""
+    if core.api is None or core.outcomes is None:
+        log.info("no API server (--snapshot): launch outcomes are not counted (the Lease keeps what is counted)")
+        return
+    from gpu_placement.outcomes.counter import CounterSettings, OutcomeCounter
+
+    counter = OutcomeCounter(core.api, core.outcomes, _namespace(args), _identity(),
+                             CounterSettings(lease_name=getattr(args, "outcomes_lease", "gpu-placement-outcomes")))
+    counter.start()
+    core.stoppers.append(counter.stop)
+
+
+def _start_events(args: argparse.Namespace, core: Core) -> Any:
+    """Kubernetes Events (gpu_placement/controllers/events.py) from the webhook replicas: Node and Namespace ones by the
+    holder of --events-lease, a pod's admission warnings by the replica that admitted it. Returns the
+    webhook's hook for those warnings (None: no API server, or --no-events)."""
+    if core.api is None or not getattr(args, "events", True):
+        return None
+    from gpu_placement.controllers.events import EventWriter, PodWarnings, watch_namespaces, watch_nodes
+    from gpu_placement.kube.lease import Lease
+    from gpu_placement.report.namespaces import policy_problems
+
+    identity = _identity()
+    lease = Lease(core.api, _namespace(args), getattr(args, "events_lease", "gpu-placement-events"), identity, 30)
+    writer = EventWriter(core.api, identity, lease)
+    writer.start()
+    core.stoppers.append(writer.stop)
+    watch_nodes(core.view, core.config, writer)
+    watch_namespaces(core.view, writer, lambda record: policy_problems(record, core.config))
+    return PodWarnings(core.view, writer).admitted
+
+
+def _start_registration(args: argparse.Namespace, core: Core, spec: Any, server: Any, ca_file: Path) -> None:
+    """Write the webhooks into their (empty) configurations once this replica answers."""
+    from webhook.registration import WebhookRegistration
+
+    registration = WebhookRegistration(core.api, args.webhook_configuration, _namespace(args), args.service, spec,
+                                       lambda: bool(server.started) and core.readiness()[0], ca_file, _identity())
+    registration.start()
+    core.stoppers.append(registration.stop)
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    return str(args.namespace or os.environ.get("POD_NAMESPACE") or "gpu-placement")
+
+
+def _identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"

@@ -270,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     try:
         if args.command == "serve":
-            from gpu_placement.app.serve import serve
+            from gpu_placement.app.assembly import serve
 
             return serve(args)
         if args.command == "demo":
@@ -307,9 +307,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _extra_errors() -> tuple[type[Exception], ...]:
     """Errors of modules loaded on demand that also mean "bad usage or input"."""
-    from gpu_placement.app import serve
+    from gpu_placement.app.assembly import UsageError as ServeUsageError
 
-    extra: list[type[Exception]] = [serve.UsageError]
+    extra: list[type[Exception]] = [ServeUsageError]
     try:
         from gpu_placement.kube.api import KubeConfigError
         from gpu_placement.view.fetch import FetchError

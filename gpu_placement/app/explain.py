@@ -308,7 +308,7 @@ def _devices(core: Core, found: Explanation, pod: dict[str, Any]) -> list[str]:
 def _policy_claims(core: Core, namespace: str, pod: dict[str, Any], nodes: list[str]) -> list[str]:
     """The claims a `dra` namespace's templates give the pod (docs/dra.md), and the devices on the best
     nodes that pass their selectors, read the way the allocator reads them (Template.matches)."""
-    from gpu_placement.controllers.templates import wanted_templates
+    from gpu_placement.decide.claims import wanted_templates
     from gpu_placement.facts.policy import parse_policy
 
     with core.view.lock:

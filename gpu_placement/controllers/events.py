@@ -51,7 +51,7 @@ from gpu_placement.view.cluster import ClusterView
 __all__ = ["CONTROLLER", "EVENTS", "EventItem", "EventWriter", "PodWarnings", "Regarding", "watch_namespaces",
            "watch_nodes"]
 
-log = logging.getLogger("gpu_placement.controllers.events")
+log = logging.getLogger("gpu_placement.events")
 CONTROLLER = "gpu-placement.io/gpu-placement"  # reportingController: a domain-qualified name, as the API requires
 EVENTS = Counter("gpu_placement_events_total", "Kubernetes Events gpu-placement wrote or did not, by outcome: "
                  "created, series (an isomorphic Event's count raised), limited (the per-object spam filter), "

@@ -223,7 +223,8 @@ class QuotaMirror(LeaderLoop):
         if policy.mode(self.config) == "dra" and self.templates is not None and "deviceclasses" not in self.view.listed:
             return False, None, record.uid  # its DeviceClasses say what claims are charged: not known yet
         hard = desired_hard(policy.quota)
-        if policy.mode(self.config) == "dra":  # what the API server charges claim pods (gpu_placement/decide/dra_quota.py)
+        # What the API server charges claim pods: gpu_placement/decide/dra_quota.py.
+        if policy.mode(self.config) == "dra":
             with self.view.lock:
                 hard.update(claim_hard(policy.quota, self.config, self.view.dra.classes))
         return True, hard, record.uid

@@ -28,53 +28,18 @@ import orjson
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.config import Config
-from gpu_placement.decide.claims import (
-    MANAGED_BY,
-    Template,
-    devices_quota_key,
-    levels_for,
-    plugin_profile,
-    template_for,
-)
+from gpu_placement.decide.claims import MANAGED_BY, Template, wanted_templates
 from gpu_placement.facts.policy import NamespacePolicy
-from gpu_placement.facts.sharing import sharing_of_resource
 from gpu_placement.kube.api import ApiError, api_error, request, write
 from gpu_placement.kube.leader import Failures, namespace_terminating
 from gpu_placement.view.cluster import ClusterView
-from webhook.dra_claims import claim_policy
 
-__all__ = ["TemplateKeeper", "device_hard", "wanted_templates"]
+__all__ = ["TemplateKeeper"]
 
 log = logging.getLogger("gpu_placement.dra_templates")
 
 _SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
 _TIMEOUT = (5.0, 15.0)
-
-
-def wanted_templates(policy: NamespacePolicy, mig_profiles: set[str], config: Config) -> list[Template]:
-    """The templates a `dra` namespace needs: one per level a pod there may be given, and with a quota,
-    only of the device classes it gives devices of."""
-    levels = levels_for(policy.sharing, {plugin_profile(p) for p in mig_profiles})
-    wanted = claim_policy(policy)
-    templates = [template_for(policy.namespace, level, wanted, config) for level in levels]
-    if policy.quota is None:
-        return templates
-    allowed = device_hard(policy.quota, config)
-    return [t for t in templates if devices_quota_key(t.device_class) in allowed]
-
-
-def device_hard(quota: Mapping[str, int], config: Config) -> dict[str, str]:
-    """`gpu-placement.io/quota` as ResourceQuota charges claims: devices per class. MIG resources count
-    against the MIG class, the others (whole and shared GPUs) against the GPU class; each claim of
-    ours is one device (pkg/quota/v1/evaluator/core/resource_claims.go at v1.37.2)."""
-    per_class: dict[str, int] = {}
-    for resource, count in quota.items():
-        if not config.is_gpu_resource(resource):
-            continue
-        kind = sharing_of_resource(resource, config).kind
-        device_class = config.dra.mig_class if kind == "mig" else config.dra.gpu_class
-        per_class[device_class] = per_class.get(device_class, 0) + count
-    return {devices_quota_key(device_class): str(count) for device_class, count in sorted(per_class.items())}
 
 
 class TemplateKeeper:

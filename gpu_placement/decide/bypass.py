@@ -17,8 +17,9 @@ from typing import Any
 
 from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
+from gpu_placement.facts.namespaces import not_selected
 
-__all__ = ["Route", "Webhook", "bypass_reasons", "label_problem", "new_pod_route", "node_name_lines",
+__all__ = ["Route", "Webhook", "bypass_reasons", "new_pod_route", "node_name_lines",
            "scheduler_route"]
 
 _DEFAULT_SCHEDULER = "default-scheduler"
@@ -52,7 +53,7 @@ def bypass_reasons(pod: Mapping[str, Any], config: Config, asks_gpu: bool, webho
     if namespace in config.exempt_namespaces:
         reasons.append(f"namespace {namespace} is exempt (exemptNamespaces): the webhook never sees its pods")
     elif not admitted and namespace_labels is not None and not config.selects(namespace_labels):
-        reasons.append(_not_selected(namespace, config, namespace_labels))
+        reasons.append(not_selected(namespace, config, namespace_labels))
     elif not admitted:
         reasons.append(_not_admitted(meta, webhook))
     if scheduler != config.scheduler_name:
@@ -65,31 +66,6 @@ def bypass_reasons(pod: Mapping[str, Any], config: Config, asks_gpu: bool, webho
         reasons.append(f"its schedulerName is {scheduler}, not {config.scheduler_name} ({why}): gpu-placement's "
                        "extender never saw it, and its verdicts below are what it would have decided")
     return reasons
-
-
-def _not_selected(namespace: str, config: Config, labels: Mapping[str, str] | None = None) -> str:
-    if config.namespace_selection == "optIn":
-        value = (labels or {}).get(n.LABEL_ENABLED)
-        has = (f"it is labelled {n.LABEL_ENABLED}={value}, and only the exact value true opts in (label values are "
-               "case-sensitive)") if value is not None else f"it has no label {n.LABEL_ENABLED}=true"
-        fix = "--overwrite " if value is not None else ""
-        return (f"namespace {namespace} is not opted in (namespaceSelection optIn: {has}): the webhook never sees its "
-                f"pods; kubectl label {fix}namespace {namespace} {n.LABEL_ENABLED}=true opts it in, for pods created "
-                "from then on")
-    return (f"namespace {namespace} is opted out ({n.LABEL_ENABLED}=false): the webhook never sees its pods")
-
-
-def label_problem(namespace: str, labels: Mapping[str, str], config: Config) -> str | None:
-    """The opt-in label set to a value the namespaceSelector does not take as meant (`True`, `yes`, `False`):
-    the sentence saying what it does instead; None when the label is absent, `true` or `false`."""
-    value = labels.get(n.LABEL_ENABLED)
-    if value is None or value in ("true", "false"):
-        return None
-    if config.namespace_selection == "optIn":
-        return _not_selected(namespace, config, labels)
-    return (f"namespace {namespace} is labelled {n.LABEL_ENABLED}={value}: only the exact value false opts a "
-            "namespace out (namespaceSelection optOut; label values are case-sensitive), so gpu-placement acts "
-            f"on its pods; write true, or false to opt it out")
 
 
 @dataclass(slots=True, frozen=True)
@@ -118,7 +94,7 @@ def new_pod_route(pod: Mapping[str, Any], config: Config, asks_gpu: bool, namesp
         return Route(False, False, (f"namespace {namespace} is exempt (exemptNamespaces): the webhook never sees this "
                                     "pod, so it is not shaped and gets no GPU checks",))
     if not config.selects(namespace_labels):
-        return Route(False, False, (_not_selected(namespace, config, namespace_labels),))
+        return Route(False, False, (not_selected(namespace, config, namespace_labels),))
     return Route()
 
 

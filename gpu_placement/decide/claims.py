@@ -56,11 +56,12 @@ from gpu_placement.base.config import Config
 from gpu_placement.base.cuda import Version, driver_table
 from gpu_placement.facts.dra import Device, device_product
 from gpu_placement.facts.pods import container_gpu_requests
+from gpu_placement.facts.policy import NamespacePolicy
 from gpu_placement.facts.sharing import SHARED, Sharing, sharing_of_resource
 
-__all__ = ["MANAGED_BY", "REQUEST", "ClaimPlan", "ClaimPolicy", "Template", "devices_quota_key", "dra_level",
-           "dra_profile", "level_of", "levels_for", "plan", "plugin_profile", "semver_text", "spec_digest",
-           "template_for"]
+__all__ = ["MANAGED_BY", "REQUEST", "ClaimPlan", "ClaimPolicy", "Template", "claim_policy", "device_hard",
+           "devices_quota_key", "dra_level", "dra_profile", "level_of", "levels_for", "plan", "plugin_profile",
+           "semver_text", "spec_digest", "template_for", "wanted_templates"]
 
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
 REQUEST = "gpu"  # the one request of each template; containers name the claim, not the request
@@ -307,3 +308,36 @@ def _sharing_config(level: Sharing, policy: ClaimPolicy, config: Config) -> dict
 
 def _pad(version: Version) -> Version:
     return (*version, 0, 0, 0)[:3]
+
+
+# -- a namespace's templates, and its quota in devices ------------------------------------------------------
+
+def claim_policy(policy: NamespacePolicy) -> ClaimPolicy:
+    """The part of a namespace's policy that its templates' selectors carry."""
+    return ClaimPolicy(tuple(sorted(policy.products or ())), policy.gpu_memory, policy.gpu_memory_mib, policy.cuda)
+
+
+def wanted_templates(policy: NamespacePolicy, mig_profiles: set[str], config: Config) -> list[Template]:
+    """The templates a `dra` namespace needs: one per level a pod there may be given, and with a quota,
+    only of the device classes it gives devices of."""
+    levels = levels_for(policy.sharing, {plugin_profile(p) for p in mig_profiles})
+    wanted = claim_policy(policy)
+    templates = [template_for(policy.namespace, level, wanted, config) for level in levels]
+    if policy.quota is None:
+        return templates
+    allowed = device_hard(policy.quota, config)
+    return [t for t in templates if devices_quota_key(t.device_class) in allowed]
+
+
+def device_hard(quota: Mapping[str, int], config: Config) -> dict[str, str]:
+    """`gpu-placement.io/quota` as ResourceQuota charges claims: devices per class. MIG resources count
+    against the MIG class, the others (whole and shared GPUs) against the GPU class; each claim of
+    ours is one device (pkg/quota/v1/evaluator/core/resource_claims.go at v1.37.2)."""
+    per_class: dict[str, int] = {}
+    for resource, count in quota.items():
+        if not config.is_gpu_resource(resource):
+            continue
+        kind = sharing_of_resource(resource, config).kind
+        device_class = config.dra.mig_class if kind == "mig" else config.dra.gpu_class
+        per_class[device_class] = per_class.get(device_class, 0) + count
+    return {devices_quota_key(device_class): str(count) for device_class, count in sorted(per_class.items())}

@@ -37,8 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_placement.base.config import Config
-from gpu_placement.controllers.templates import device_hard
-from gpu_placement.decide.claims import devices_quota_key
+from gpu_placement.decide.claims import device_hard, devices_quota_key
 from gpu_placement.facts.dra import DeviceClass
 from gpu_placement.facts.pods import GpuRequests, effective_gpu_requests
 from gpu_placement.facts.sharing import Sharing, is_standin, parse_sharing, sharing_of_resource, standin_of

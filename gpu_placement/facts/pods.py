@@ -56,7 +56,8 @@ class PodRecord:
     # (gpu_placement/controllers/templates.py keeps an old template of ours while a pod waits on it).
     claim_templates: tuple[str, ...] = ()
     operator: OperatorPod | None = None  # a GPU Operator driver or validator pod: what the rollout reads
-    # A claim pod's stand-in resources (gpu-placement.io/*, one per device of a level: gpu_placement/decide/dra_quota.py),
+    # A claim pod's stand-in resources (gpu-placement.io/*, one per device of a level:
+    # gpu_placement/decide/dra_quota.py),
     # by the effective-request rule: what the API server's pod quota charges it.
     standins: GpuRequests = ()
     launch: Launch | None = None  # GPU pods only: how its launch went, for the outcome metrics (launch.py)

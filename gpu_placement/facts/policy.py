@@ -21,9 +21,8 @@ from gpu_placement.base.config import Config
 from gpu_placement.base.cuda import Version, parse_version
 from gpu_placement.base.quantity import QuantityProblem, to_count, to_mib
 from gpu_placement.base.text import MAX_ANNOTATION_VALUE, first_non_ascii, quoted
-from gpu_placement.decide.bypass import label_problem
 from gpu_placement.facts.annotation_keys import NAMESPACE_KEYS, unread_namespace_keys
-from gpu_placement.facts.namespaces import NamespaceRecord
+from gpu_placement.facts.namespaces import NamespaceRecord, label_problem
 from gpu_placement.facts.sharing import EXCLUSIVE, Sharing, parse_sharing, sharing_of_resource
 
 __all__ = [

@@ -33,7 +33,7 @@ from kubernetes.config.config_exception import ConfigException
 __all__ = ["ApiError", "KubeConfigError", "Status", "WatchSettings", "api_error", "error_from", "load_api_client",
            "request"]
 
-log = logging.getLogger("gpu_placement.kube.api")
+log = logging.getLogger("gpu_placement.kube")
 
 Query = Sequence[tuple[str, str | int | bool]]
 Timeout = tuple[float, float]  # (connect, read) seconds, as urllib3 takes them

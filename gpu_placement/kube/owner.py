@@ -21,7 +21,7 @@ from gpu_placement.kube.lease import drain
 
 __all__ = ["Owner"]
 
-log = logging.getLogger("gpu_placement.kube.owner")
+log = logging.getLogger("gpu_placement.owner")
 _TIMEOUT = (5.0, 15.0)
 
 

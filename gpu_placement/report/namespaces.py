@@ -96,8 +96,8 @@ def _enforced(row: dict[str, Any]) -> str:
 def policy_problems(record: NamespaceRecord, config: Config) -> dict[str, list[str]]:
     """The namespace's problems by kind (PROBLEM_KINDS), each a list of sentences; empty when none. Cheap
     enough for every namespace change (the metric and the Namespace Events follow it)."""
-    from gpu_placement.decide.bypass import label_problem
     from gpu_placement.facts.annotation_keys import unread_namespace_keys
+    from gpu_placement.facts.namespaces import label_problem
     from gpu_placement.facts.policy import parse_policy
 
     found: dict[str, list[str]] = {}

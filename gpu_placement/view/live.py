@@ -40,7 +40,7 @@ from gpu_placement.view.ingest import KINDS, Ingest
 
 __all__ = ["LiveSource"]
 
-log = logging.getLogger("gpu_placement.view.live")
+log = logging.getLogger("gpu_placement.live")
 
 _PATHS = {"namespaces": "/api/v1/namespaces", "nodes": "/api/v1/nodes", "pods": "/api/v1/pods",
           "poddisruptionbudgets": "/apis/policy/v1/poddisruptionbudgets", "resourcequotas": "/api/v1/resourcequotas"}

@@ -22,7 +22,7 @@ from gpu_placement.view.ingest import FILE_KINDS, Ingest
 
 __all__ = ["SnapshotError", "SnapshotSource", "read_objects"]
 
-log = logging.getLogger("gpu_placement.view.snapshot")
+log = logging.getLogger("gpu_placement.snapshot")
 _SUFFIXES = (".json", ".yaml", ".yml")
 _LIST_ITEM_KIND = {"NodeList": "Node", "PodList": "Pod", "NamespaceList": "Namespace"}
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

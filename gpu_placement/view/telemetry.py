@@ -34,7 +34,7 @@ from gpu_placement.view.cluster import ClusterView, Telemetry
 
 __all__ = ["FB_FREE", "XID", "TelemetrySource", "fb_free_query", "readings_from", "xid_query"]
 
-log = logging.getLogger("gpu_placement.view.telemetry")
+log = logging.getLogger("gpu_placement.telemetry")
 FB_FREE = "DCGM_FI_DEV_FB_FREE"
 XID = "DCGM_FI_DEV_XID_ERRORS"
 APPLICATION_XIDS = (13, 31, 43, 45)  # raised by a program's own faults; the GPU is fine

@@ -21,7 +21,7 @@ import uvicorn
 
 __all__ = ["ServerThread", "make_server", "run_servers"]
 
-log = logging.getLogger("gpu_placement.web.serving")
+log = logging.getLogger("gpu_placement.serving")
 
 
 def make_server(app: Any, host: str, port: int, ssl_context: ssl.SSLContext | None = None,

@@ -92,7 +92,8 @@ def test_one_annotation_moves_a_namespace_between_dra_and_the_device_plugin(e2e:
             in r.json()["message"]), r.text
     r = e2e.gpu_pod(ns, "second", group)
     assert r.status_code == 201, r.text
-    # The pod carries its stand-in, which the API server's pod quota charged at its create (gpu_placement/decide/dra_quota.py).
+    # The pod carries its stand-in, which the API server's pod quota charged at its create
+    # (gpu_placement/decide/dra_quota.py).
     assert r.json()["spec"]["containers"][0]["resources"]["limits"]["gpu-placement.io/gpu"] == "1"
 
     def used() -> dict[str, str]:

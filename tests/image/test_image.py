@@ -411,4 +411,5 @@ def test_the_chart_containers_unchanged_against_an_api_server(chart: Chart, fake
     found = {"webhook": _audit(webhook), "extender": _audit(extender)}
     for name, audit in found.items():
         assert audit["uncompiled"] == [], (name, audit["uncompiled"])
-    assert "gpu_placement.controllers.dra_taints" in found["webhook"]["dra"], "the webhook's DeviceTaintRule controller ran"
+    assert "gpu_placement.controllers.dra_taints" in found["webhook"]["dra"], (
+        "the webhook's DeviceTaintRule controller ran")
