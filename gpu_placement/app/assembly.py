@@ -3,9 +3,9 @@
 `serve` (`gpu-placement serve`) is the whole process: the configuration, the cluster view and its
 source, the extender and webhook apps on their uvicorn servers, and the loops a webhook replica runs
 under their Leases (quota mirror, DRA taints, Events, launch outcomes, certificates, webhook
-registration). Below it,
-`Core`: the view, its source and the deciders, built from a live API server (`core_from_cluster`), a
-snapshot (`core_from_snapshot`) or a list of objects (`core_from_objects`: the demo, explain, tests).
+registration). Below it, `Core`: the view, its source and the deciders, built from a live API server
+(`core_from_cluster`), a snapshot (`core_from_snapshot`) or a list of objects (`core_from_objects`: the
+demo, explain, tests).
 Nothing below gpu_placement/app/ reads the command line: what a layer needs is handed to it here.
 
 This module, the CLI and the commands are the only ones that import both `extender` and `webhook`.
