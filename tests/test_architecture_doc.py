@@ -21,8 +21,9 @@ def diagrams() -> list[str]:
 
 def test_the_pod_path_and_the_operator_objects_are_drawn() -> None:
     kinds = [block.split("\n", 1)[0].strip() for block in diagrams()]
-    assert kinds[0] == "sequenceDiagram" and "flowchart LR" in kinds[1:]
-    path = diagrams()[0]
+    assert kinds[0] == "flowchart TB" and "gpu_placement/decide/" in diagrams()[0]  # the folders come first
+    assert kinds[1] == "sequenceDiagram" and "flowchart LR" in kinds[2:]
+    path = diagrams()[1]
     for step in ("/mutate", "/validate", "ResourceQuota", "kube-scheduler", "/filter", "/prioritize", "/bind"):
         assert step in path, step
     assert path.index("/mutate") < path.index("/validate") < path.index("ResourceQuota admission")

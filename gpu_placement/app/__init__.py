@@ -1,0 +1,1 @@
+"""The application: the command line, the composition root (assembly), the demo and explain."""

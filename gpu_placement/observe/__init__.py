@@ -1,0 +1,1 @@
+"""Every Prometheus metric the process exports, declared in one place, and the log format."""
