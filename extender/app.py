@@ -1,11 +1,15 @@
-"""The extender's HTTP edge: parse what kube-scheduler sends, ask `Placement`, encode the answer."""
+"""The extender's HTTP edge: parse what kube-scheduler sends, ask `Placement`, encode the answer.
+
+One endpoint per verb (`filter_`, `prioritize`, `bind`, and `preempt` in extender/preempt.py), each a
+plain function of the request; what they share is `app.state.extender` (extender/state.py). `timed`
+wraps each in its latency and request counters and answers a bug with a 500 whose body says so.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from itertools import islice
 from typing import Any
@@ -15,10 +19,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
 
-from extender.args import ParsedArgs, WireError, json_object, parse_extender_args, pod_label
+from extender.args import WireError, json_object, pod_label
 from extender.binding import Binder, BindError
-from extender.preempt import preempt_endpoint
-from extender.settle import Settle
+from extender.preempt import preempt
+from extender.state import DEFAULT_MAX_BODY, Extender, extender, pod_key_of
 from extender.wire import ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement.decide.nominated import keep_for_nominated
 from gpu_placement.decide.placement import FilterResult, Placement
@@ -26,240 +30,19 @@ from gpu_placement.decide.requirements import Requirements
 from gpu_placement.decide.rules import unknown_node
 from gpu_placement.facts.pods import pod_key, pod_priority
 from gpu_placement.observe import metrics
-from gpu_placement.report.cluster_metrics import tracker_for
 from gpu_placement.view.cluster import ClusterView, same_pod
 from gpu_placement.web import shape
-from gpu_placement.web.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
+from gpu_placement.web.http import ORJSONResponse, ops_routes
 from gpu_placement.web.shape import ShapeError
 
 __all__ = ["DEFAULT_MAX_BODY", "create_app"]
 
 log = logging.getLogger("gpu_placement.extender")
-DEFAULT_MAX_BODY = 64 * 2**20
-_RECENT_PODS = 10_000  # pods seen in /filter, so /bind knows their ask before the watch shows them
+Endpoint = Callable[[Request], Awaitable[ORJSONResponse]]
 
 
 def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: Callable[[], tuple[bool, str]],
                max_body: int = DEFAULT_MAX_BODY) -> Starlette:
-    recent: OrderedDict[str, tuple[str, Requirements]] = OrderedDict()  # pod -> (UID, what /filter judged)
-    tracker = tracker_for(view)  # pods rejected on every node, for gpu_placement_pods_waiting
-    decisions: dict[str, Any] = {}  # reason code -> its gpu_placement_decisions child, looked up once
-    settle = Settle(view)  # when an answer that passes no node waits for the view (extender/settle.py)
-
-    def refuse(verb: str, status: int, problem: str, message: str) -> ORJSONResponse:
-        log.warning("extender %s refused (%d): %s", verb, status, message)
-        metrics.BAD_REQUESTS.labels("extender", problem).inc()
-        metrics.REQUESTS.labels("extender", verb, str(status)).inc()
-        error: Any = {"Error": message}
-        return ORJSONResponse(error, status_code=status)
-
-    async def read(request: Request, verb: str) -> bytes | ORJSONResponse:
-        try:
-            return await read_body(request, max_body)
-        except BodyTooLarge as exc:
-            return refuse(verb, 413, "too_large", f"{exc} (raise it with --extender-max-body-bytes)")
-
-    def remember(pod: dict[str, Any], req: Requirements) -> None:
-        key = _key(pod)
-        recent[key] = (str((pod.get("metadata") or {}).get("uid") or ""), req)
-        recent.move_to_end(key)
-        if len(recent) > _RECENT_PODS:
-            recent.popitem(last=False)
-
-    listed = [False]  # latched: a view once listed in full keeps serving (a dead API server changes nothing)
-
-    def not_ready(verb: str) -> str | None:
-        """Why the view cannot decide yet: before every kind's first full list (a restart, a leader
-        failover) a verdict would miss validators, nodes or the pods holding memory."""
-        if listed[0]:
-            return None
-        ok, why = ready()
-        if ok:
-            listed[0] = True
-            return None
-        metrics.DECISIONS.labels("extender", "ViewNotReady").inc()
-        log.info("extender %s answered Error: view not ready: %s", verb, why)
-        return f"view not ready: {why}; kube-scheduler retries the pod with backoff"
-
-    async def extender_args(request: Request, verb: str) -> ParsedArgs | ORJSONResponse:
-        body = await read(request, verb)
-        if isinstance(body, ORJSONResponse):
-            return body
-        try:
-            return parse_extender_args(body)
-        except (WireError, ShapeError) as exc:
-            return refuse(verb, 400, "malformed", str(exc))
-
-    def decide(pod: dict[str, Any], req: Requirements, names: list[str], objects: list[dict[str, Any]] | None
-               ) -> tuple[FilterResult, bytes] | ORJSONResponse:
-        result = placement.filter(req, names)  # a kind's unchanged answer comes back with its bytes
-        # Room preemption made for a nominated pod of equal or higher priority stays its (nominated.py).
-        result = keep_for_nominated(placement, req, result, pod_priority(pod.get("spec") or {}), _key(pod),
-                                    str((pod.get("metadata") or {}).get("uid") or ""))
-        try:
-            return result, _encode_filter(result, objects)
-        except ShapeError as exc:  # a passing node too deep to echo back
-            return refuse("filter", 400, "malformed", str(exc))
-
-    async def filter_(request: Request) -> ORJSONResponse:
-        args = await extender_args(request, "filter")
-        if isinstance(args, ORJSONResponse):
-            return args
-        pod, names, objects = args
-        waiting = not_ready("filter")
-        if waiting is not None:  # 200 with Error: kube-scheduler shows the sentence (a non-200 loses it)
-            return ORJSONResponse(_NOT_DECIDED | {"Error": waiting})
-        req = placement.requirements(pod)
-        if req.wants_gpu and req.error is None:  # a pod no node can take is not bound; and its text is not kept
-            remember(pod, req)
-        decided = decide(pod, req, names, objects)
-        if isinstance(decided, ORJSONResponse):
-            return decided
-        result, encoded = decided
-        if not result.passed and req.error is None and (len(result.failed_json) > 2 or
-                                                          len(result.unresolvable_json) > 2):
-            # The pod fits nowhere. kube-scheduler may have moved it on an event our watch has not
-            # applied yet (a validator turned Ready, a pod deleted): answered from that view, it would
-            # wait for the next event or kube-scheduler's 5-minute flush. Where the view is plausibly
-            # behind, it gets a moment (budgeted) to take the change, and the pod is judged again.
-            meta = pod.get("metadata") or {}
-            key, uid, version = _key(pod), str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
-            why = settle.why(key, uid, version, result)
-            if why is not None and await settle.wait(key, why, version):
-                decided = decide(pod, req, names, objects)
-                if isinstance(decided, ORJSONResponse):
-                    return decided
-                result, encoded = decided
-            settle.answered(key, uid, version, result)
-        elif result.passed:
-            settle.forget(_key(pod))
-        for code, count in result.reasons.items():
-            (decisions.get(code) or decisions.setdefault(code, metrics.DECISIONS.labels("extender", code))).inc(count)
-        if tracker is not None and req.gpus:
-            tracker.filtered(_key(pod), bool(result.passed), result.reasons)
-        if log.isEnabledFor(logging.DEBUG):
-            short = {name: placement.detail(req, name) for name in islice(orjson.loads(result.failed_json), 20)}
-            log.debug("filter pod=%s needs=%s passed=%d rejected=%s short=%s", pod_label(pod), req.describe(),
-                      len(result.passed), dict(result.reasons), short)
-        return ORJSONResponse(encoded)
-
-    async def prioritize(request: Request) -> ORJSONResponse:
-        args = await extender_args(request, "prioritize")
-        if isinstance(args, ORJSONResponse):
-            return args
-        pod, names, _ = args
-        waiting = not_ready("prioritize")
-        if waiting is not None:  # HostPriorityList has no Error field: a non-200 is kube-scheduler's error
-            metrics.REQUESTS.labels("extender", "prioritize", "503").inc()
-            return ORJSONResponse({"Error": waiting}, status_code=503)
-        return ORJSONResponse(placement.scores_json(placement.requirements(pod), names))
-
-    async def bind(request: Request) -> ORJSONResponse:
-        body = await read(request, "bind")
-        if isinstance(body, ORJSONResponse):
-            return body
-        try:
-            args: ExtenderBindingArgs = json_object(body, "ExtenderBindingArgs")
-            name, node = shape.name(args.get("PodName"), "PodName"), shape.name(args.get("Node"), "Node")
-            namespace = shape.name(args.get("PodNamespace"), "PodNamespace", shape.LABEL_LIMIT)
-            uid = shape.opt_str(args.get("PodUID"), "PodUID", shape.UID_LIMIT)
-        except (WireError, ShapeError) as exc:
-            return refuse("bind", 400, "malformed", str(exc))
-        uid = uid or ""
-        waiting = not_ready("bind")
-        if waiting is not None:
-            metrics.BINDINGS.labels("error").inc()
-            return ORJSONResponse({"Error": waiting})
-        error = await _bind(namespace, name, uid, node)
-        metrics.BINDINGS.labels("error" if error else "ok").inc()
-        if error:
-            log.warning("bind %s/%s to %s failed: %s", namespace, name, node, error)
-        else:
-            log.debug("bound %s/%s to %s", namespace, name, node)  # kube-scheduler logs it, and writes an Event
-        return ORJSONResponse({"Error": error})
-
-    async def _bind(namespace: str, name: str, uid: str, node: str) -> str:
-        key = pod_key(namespace, name)
-        with view.lock:  # the fit is checked and the memory reserved in one step: no other bind in between
-            reserved = _recheck_and_reserve(key, uid, node)
-            if isinstance(reserved, str):
-                return reserved
-        try:
-            # The API call, a coroutine on this loop (no thread, a kept connection): outside the lock.
-            await binder.bind(namespace, name, uid, node)
-        except BindError as exc:
-            if reserved and not exc.ambiguous:
-                view.release(key, uid)
-            return str(exc) + ("; its GPUs stay reserved until the pod is seen bound or deleted, or "
-                               "reservationTTLSeconds passes" if reserved and exc.ambiguous else "")
-        return ""
-
-    def _recheck_and_reserve(key: str, uid: str, node: str) -> bool | str:
-        """Whether a reservation was made, or why the bind is refused. kube-scheduler binds
-        asynchronously: other pods may have been bound since this one's /filter, so its verdict is
-        taken again now, with every reservation counted."""
-        view.expire_reservations()
-        if node not in view.nodes:
-            return unknown_node()
-        pod = view.pods.get(key)
-        # Identity is the UID: the view may still show the pod this one replaced under the same name (a
-        # StatefulSet's, with the watch a moment behind), bound elsewhere; that says nothing of this pod.
-        if pod is not None and pod.node and same_pod(pod.uid, uid):
-            return False  # already bound: the binder says to which node
-        known = recent.get(key)
-        if known is None:
-            if pod is None or not pod.gpus:
-                return False  # a pod with no GPU: nothing to check or hold
-            return (f"pod {key} was not filtered by this extender (restarted since its /filter?); "
-                    "kube-scheduler retries it")
-        filtered_uid, req = known
-        if uid and filtered_uid and uid != filtered_uid:
-            return f"pod {key} has UID {uid}, not {filtered_uid} as filtered: it was replaced; kube-scheduler retries"
-        if not req.wants_gpu:
-            return False
-        held = view.reservations.get(key)  # a retry after an ambiguous failure: its own hold does not count
-        if held is not None:
-            view.release(key)
-            if not same_pod(held.uid, uid):
-                held = None  # the hold of the pod this one replaced: that pod is gone
-        problem = placement.recheck(req, node)
-        if problem is not None:
-            if held is not None:
-                view.reserve(key, held.node, held.gpus, held.memory_annotation, held.uid)
-            metrics.DECISIONS.labels("extender", "BindRefused").inc()
-            return f"{problem} (checked again at /bind; kube-scheduler retries the pod)"
-        memory = f"{req.memory_mib}Mi" if req.memory_mib is not None else None  # the ask /filter judged
-        view.reserve(key, node, req.gpus, memory, uid or filtered_uid)
-        return True
-
-    async def not_found(request: Request, exc: Exception) -> ORJSONResponse:
-        status = getattr(exc, "status_code", 404)
-        return refuse(request.url.path.strip("/") or "root", status, "bad_path",
-                      f"{request.method} {request.url.path} is not an extender verb: use POST /filter, "
-                      "/prioritize, /preempt or /bind")
-
-    async def crashed(request: Request, exc: Exception) -> ORJSONResponse:
-        log.exception("extender %s failed", request.url.path)
-        return refuse(request.url.path.strip("/"), 500, "internal", f"internal error: {type(exc).__name__}: {exc}")
-
-    def timed(verb: str, handler: Callable[[Request], Awaitable[ORJSONResponse]]) -> Route:
-        timer = metrics.REQUEST_SECONDS.labels("extender", verb)
-
-        async def endpoint(request: Request) -> ORJSONResponse:
-            start = time.perf_counter()
-            try:
-                response = await handler(request)
-            except Exception as exc:  # answered here: through the error middleware the body can be lost
-                log.exception("extender %s failed", verb)
-                return refuse(verb, 500, "internal", f"internal error: {type(exc).__name__}: {exc}")
-            timer.observe(time.perf_counter() - start)
-            if response.status_code == 200:
-                metrics.REQUESTS.labels("extender", verb, "200").inc()
-            return response
-
-        return Route(f"/{verb}", endpoint, methods=["POST"])
-
-    preempt = preempt_endpoint(placement, ready, read, refuse)
     routes = [timed("filter", filter_), timed("prioritize", prioritize), timed("bind", bind),
               timed("preempt", preempt), *ops_routes(ready)]
 
@@ -272,8 +55,203 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed},
                     lifespan=lifespan)
-    app.state.settle = settle  # its budget and memory of rejected pods, for tests
+    app.state.extender = Extender(view, placement, binder, ready, max_body)
     return app
+
+
+# -- the verbs ---------------------------------------------------------------------------------------------
+
+async def filter_(request: Request) -> ORJSONResponse:
+    ex = extender(request)
+    args = await ex.args(request, "filter")
+    if isinstance(args, ORJSONResponse):
+        return args
+    pod, names, objects = args
+    waiting = ex.not_ready("filter")
+    if waiting is not None:  # 200 with Error: kube-scheduler shows the sentence (a non-200 loses it)
+        return ORJSONResponse(_NOT_DECIDED | {"Error": waiting})
+    req = ex.placement.requirements(pod)
+    if req.wants_gpu and req.error is None:  # a pod no node can take is not bound; and its text is not kept
+        ex.remember(pod, req)
+    decided = _decide(ex, pod, req, names, objects)
+    if isinstance(decided, ORJSONResponse):
+        return decided
+    result, encoded = decided
+    settle = ex.settle
+    assert settle is not None
+    if not result.passed and req.error is None and (len(result.failed_json) > 2 or
+                                                      len(result.unresolvable_json) > 2):
+        # The pod fits nowhere. kube-scheduler may have moved it on an event our watch has not
+        # applied yet (a validator turned Ready, a pod deleted): answered from that view, it would
+        # wait for the next event or kube-scheduler's 5-minute flush. Where the view is plausibly
+        # behind, it gets a moment (budgeted) to take the change, and the pod is judged again.
+        meta = pod.get("metadata") or {}
+        key, uid, version = pod_key_of(pod), str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+        why = settle.why(key, uid, version, result)
+        if why is not None and await settle.wait(key, why, version):
+            decided = _decide(ex, pod, req, names, objects)
+            if isinstance(decided, ORJSONResponse):
+                return decided
+            result, encoded = decided
+        settle.answered(key, uid, version, result)
+    elif result.passed:
+        settle.forget(pod_key_of(pod))
+    ex.count(result.reasons)
+    if ex.tracker is not None and req.gpus:
+        ex.tracker.filtered(pod_key_of(pod), bool(result.passed), result.reasons)
+    if log.isEnabledFor(logging.DEBUG):
+        short = {name: ex.placement.detail(req, name) for name in islice(orjson.loads(result.failed_json), 20)}
+        log.debug("filter pod=%s needs=%s passed=%d rejected=%s short=%s", pod_label(pod), req.describe(),
+                  len(result.passed), dict(result.reasons), short)
+    return ORJSONResponse(encoded)
+
+
+async def prioritize(request: Request) -> ORJSONResponse:
+    ex = extender(request)
+    args = await ex.args(request, "prioritize")
+    if isinstance(args, ORJSONResponse):
+        return args
+    pod, names, _ = args
+    waiting = ex.not_ready("prioritize")
+    if waiting is not None:  # HostPriorityList has no Error field: a non-200 is kube-scheduler's error
+        metrics.REQUESTS.labels("extender", "prioritize", "503").inc()
+        return ORJSONResponse({"Error": waiting}, status_code=503)
+    return ORJSONResponse(ex.placement.scores_json(ex.placement.requirements(pod), names))
+
+
+async def bind(request: Request) -> ORJSONResponse:
+    ex = extender(request)
+    body = await ex.body(request, "bind")
+    if isinstance(body, ORJSONResponse):
+        return body
+    try:
+        args: ExtenderBindingArgs = json_object(body, "ExtenderBindingArgs")
+        name, node = shape.name(args.get("PodName"), "PodName"), shape.name(args.get("Node"), "Node")
+        namespace = shape.name(args.get("PodNamespace"), "PodNamespace", shape.LABEL_LIMIT)
+        uid = shape.opt_str(args.get("PodUID"), "PodUID", shape.UID_LIMIT)
+    except (WireError, ShapeError) as exc:
+        return ex.refuse("bind", 400, "malformed", str(exc))
+    uid = uid or ""
+    waiting = ex.not_ready("bind")
+    if waiting is not None:
+        metrics.BINDINGS.labels("error").inc()
+        return ORJSONResponse({"Error": waiting})
+    error = await _bind(ex, namespace, name, uid, node)
+    metrics.BINDINGS.labels("error" if error else "ok").inc()
+    if error:
+        log.warning("bind %s/%s to %s failed: %s", namespace, name, node, error)
+    else:
+        log.debug("bound %s/%s to %s", namespace, name, node)  # kube-scheduler logs it, and writes an Event
+    return ORJSONResponse({"Error": error})
+
+
+# -- what every route gets -----------------------------------------------------------------------------------
+
+def timed(verb: str, endpoint: Endpoint) -> Route:
+    """`POST /<verb>`: its latency and 200s counted, and a bug answered here with a 500 whose body says
+    so (through Starlette's error middleware the body can be lost)."""
+    timer = metrics.REQUEST_SECONDS.labels("extender", verb)
+    answered = metrics.REQUESTS.labels("extender", verb, "200")
+
+    async def counted(request: Request) -> ORJSONResponse:
+        start = time.perf_counter()
+        try:
+            response = await endpoint(request)
+        except Exception as exc:
+            log.exception("extender %s failed", verb)
+            return extender(request).refuse(verb, 500, "internal", f"internal error: {type(exc).__name__}: {exc}")
+        timer.observe(time.perf_counter() - start)
+        if response.status_code == 200:
+            answered.inc()
+        return response
+
+    return Route(f"/{verb}", counted, methods=["POST"])
+
+
+async def not_found(request: Request, exc: Exception) -> ORJSONResponse:
+    status = getattr(exc, "status_code", 404)
+    return extender(request).refuse(request.url.path.strip("/") or "root", status, "bad_path",
+                                    f"{request.method} {request.url.path} is not an extender verb: use POST /filter, "
+                                    "/prioritize, /preempt or /bind")
+
+
+async def crashed(request: Request, exc: Exception) -> ORJSONResponse:
+    log.exception("extender %s failed", request.url.path)
+    return extender(request).refuse(request.url.path.strip("/"), 500, "internal",
+                                    f"internal error: {type(exc).__name__}: {exc}")
+
+
+# -- /filter's decision and its bytes ------------------------------------------------------------------------
+
+def _decide(ex: Extender, pod: dict[str, Any], req: Requirements, names: list[str],
+            objects: list[dict[str, Any]] | None) -> tuple[FilterResult, bytes] | ORJSONResponse:
+    result = ex.placement.filter(req, names)  # a kind's unchanged answer comes back with its bytes
+    # Room preemption made for a nominated pod of equal or higher priority stays its (nominated.py).
+    result = keep_for_nominated(ex.placement, req, result, pod_priority(pod.get("spec") or {}), pod_key_of(pod),
+                                str((pod.get("metadata") or {}).get("uid") or ""))
+    try:
+        return result, _encode_filter(result, objects)
+    except ShapeError as exc:  # a passing node too deep to echo back
+        return ex.refuse("filter", 400, "malformed", str(exc))
+
+
+# -- /bind: the fit checked again, then the Binding ------------------------------------------------------------
+
+async def _bind(ex: Extender, namespace: str, name: str, uid: str, node: str) -> str:
+    key = pod_key(namespace, name)
+    with ex.view.lock:  # the fit is checked and the memory reserved in one step: no other bind in between
+        reserved = _recheck_and_reserve(ex, key, uid, node)
+        if isinstance(reserved, str):
+            return reserved
+    try:
+        # The API call, a coroutine on this loop (no thread, a kept connection): outside the lock.
+        await ex.binder.bind(namespace, name, uid, node)
+    except BindError as exc:
+        if reserved and not exc.ambiguous:
+            ex.view.release(key, uid)
+        return str(exc) + ("; its GPUs stay reserved until the pod is seen bound or deleted, or "
+                           "reservationTTLSeconds passes" if reserved and exc.ambiguous else "")
+    return ""
+
+
+def _recheck_and_reserve(ex: Extender, key: str, uid: str, node: str) -> bool | str:
+    """Whether a reservation was made, or why the bind is refused. kube-scheduler binds
+    asynchronously: other pods may have been bound since this one's /filter, so its verdict is
+    taken again now, with every reservation counted."""
+    view = ex.view
+    view.expire_reservations()
+    if node not in view.nodes:
+        return unknown_node()
+    pod = view.pods.get(key)
+    # Identity is the UID: the view may still show the pod this one replaced under the same name (a
+    # StatefulSet's, with the watch a moment behind), bound elsewhere; that says nothing of this pod.
+    if pod is not None and pod.node and same_pod(pod.uid, uid):
+        return False  # already bound: the binder says to which node
+    known = ex.recent.get(key)
+    if known is None:
+        if pod is None or not pod.gpus:
+            return False  # a pod with no GPU: nothing to check or hold
+        return (f"pod {key} was not filtered by this extender (restarted since its /filter?); "
+                "kube-scheduler retries it")
+    filtered_uid, req = known
+    if uid and filtered_uid and uid != filtered_uid:
+        return f"pod {key} has UID {uid}, not {filtered_uid} as filtered: it was replaced; kube-scheduler retries"
+    if not req.wants_gpu:
+        return False
+    held = view.reservations.get(key)  # a retry after an ambiguous failure: its own hold does not count
+    if held is not None:
+        view.release(key)
+        if not same_pod(held.uid, uid):
+            held = None  # the hold of the pod this one replaced: that pod is gone
+    problem = ex.placement.recheck(req, node)
+    if problem is not None:
+        if held is not None:
+            view.reserve(key, held.node, held.gpus, held.memory_annotation, held.uid)
+        metrics.DECISIONS.labels("extender", "BindRefused").inc()
+        return f"{problem} (checked again at /bind; kube-scheduler retries the pod)"
+    memory = f"{req.memory_mib}Mi" if req.memory_mib is not None else None  # the ask /filter judged
+    view.reserve(key, node, req.gpus, memory, uid or filtered_uid)
+    return True
 
 
 _NOT_DECIDED = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}}
@@ -302,8 +280,4 @@ def _encode_filter(result: FilterResult, objects: list[dict[str, Any]] | None) -
                 shape.check_depth(node, f"Nodes.items[{index}]", shape.ECHO_DEPTH - _NODE_LIST_DEPTH)
         raise
 
-
-def _key(pod: dict[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return pod_key(meta.get("namespace") or "default", meta.get("name") or "")
 

@@ -11,23 +11,23 @@ preemption: "expected at least one victim pod on node"). Nodes left out are not 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 from starlette.requests import Request
 
 from extender.args import WireError, json_object, pod_label
+from extender.state import extender
 from extender.wire import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaVictims
-from gpu_placement.decide.placement import Placement
-from gpu_placement.decide.preemption import NodePlan, Proposal, preempt
+from gpu_placement.decide.preemption import NodePlan, Proposal
+from gpu_placement.decide.preemption import preempt as preempt_on
 from gpu_placement.facts.pods import pod_priority
 from gpu_placement.observe import metrics
 from gpu_placement.web import shape
 from gpu_placement.web.http import ORJSONResponse
 from gpu_placement.web.shape import ShapeError
 
-__all__ = ["encode_result", "parse_preemption_args", "preempt_endpoint"]
+__all__ = ["encode_result", "parse_preemption_args", "preempt"]
 
 log = logging.getLogger("gpu_placement.extender")
 
@@ -90,39 +90,32 @@ def encode_result(plans: dict[str, NodePlan]) -> bytes:
     return orjson.dumps(result)
 
 
-Refuse = Callable[[str, int, str, str], ORJSONResponse]
-
-
-def preempt_endpoint(placement: Placement, ready: Callable[[], tuple[bool, str]],
-                     read: Callable[[Request, str], Awaitable[bytes | ORJSONResponse]],
-                     refuse: Refuse) -> Callable[[Request], Awaitable[ORJSONResponse]]:
-    async def endpoint(request: Request) -> ORJSONResponse:
-        body = await read(request, "preempt")
-        if isinstance(body, ORJSONResponse):
-            return body
-        try:
-            pod, proposals = parse_preemption_args(json_object(body, "ExtenderPreemptionArgs"))
-        except (PreemptWireError, WireError) as exc:
-            return refuse("preempt", 400, "malformed", str(exc))
-        up, why = ready()
-        if not up:  # an answer from a partial view could evict the wrong pods; kube-scheduler retries
-            return refuse("preempt", 503, "not_ready", f"gpu-placement is not ready: {why}")
-        spec = pod.get("spec") or {}
-        if spec.get("preemptionPolicy") == "Never":
-            # kube-scheduler never preempts for such a pod (PodEligibleToPreemptOthers): if one arrives
-            # anyway, no node is a candidate.
-            plans: dict[str, NodePlan] = {}
-        else:
-            plans = preempt(placement, placement.requirements(pod), pod_priority(spec), proposals)
-        for node, plan in plans.items():
-            outcome = "dropped" if not plan.ok else "victims_added" if any(v.added for v in plan.victims) else "kept"
-            metrics.PREEMPTION_NODES.labels(outcome).inc()
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("preempt pod=%s node=%s outcome=%s victims=%s reason=%s", pod_label(pod), node, outcome,
-                          [v.pod or v.uid for v in plan.victims], plan.reason)
-        log.info("preempt pod=%s priority=%d: %d of %d proposed nodes kept", pod_label(pod), pod_priority(spec),
-                 sum(plan.ok for plan in plans.values()), len(proposals))
-        return ORJSONResponse(encode_result(plans))
-
-    return endpoint
-
+async def preempt(request: Request) -> ORJSONResponse:
+    ex = extender(request)
+    body = await ex.body(request, "preempt")
+    if isinstance(body, ORJSONResponse):
+        return body
+    try:
+        pod, proposals = parse_preemption_args(json_object(body, "ExtenderPreemptionArgs"))
+    except (PreemptWireError, WireError) as exc:
+        return ex.refuse("preempt", 400, "malformed", str(exc))
+    up, why = ex.ready()
+    if not up:  # an answer from a partial view could evict the wrong pods; kube-scheduler retries
+        return ex.refuse("preempt", 503, "not_ready", f"gpu-placement is not ready: {why}")
+    spec = pod.get("spec") or {}
+    placement = ex.placement
+    if spec.get("preemptionPolicy") == "Never":
+        # kube-scheduler never preempts for such a pod (PodEligibleToPreemptOthers): if one arrives
+        # anyway, no node is a candidate.
+        plans: dict[str, NodePlan] = {}
+    else:
+        plans = preempt_on(placement, placement.requirements(pod), pod_priority(spec), proposals)
+    for node, plan in plans.items():
+        outcome = "dropped" if not plan.ok else "victims_added" if any(v.added for v in plan.victims) else "kept"
+        metrics.PREEMPTION_NODES.labels(outcome).inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("preempt pod=%s node=%s outcome=%s victims=%s reason=%s", pod_label(pod), node, outcome,
+                      [v.pod or v.uid for v in plan.victims], plan.reason)
+    log.info("preempt pod=%s priority=%d: %d of %d proposed nodes kept", pod_label(pod), pod_priority(spec),
+             sum(plan.ok for plan in plans.values()), len(proposals))
+    return ORJSONResponse(encode_result(plans))

@@ -124,7 +124,7 @@ def test_a_pod_retried_with_nothing_new_waits_only_within_the_budget(quiet: Exte
     """The worst case: kube-scheduler sends the same waiting pod again and again (moved by events the
     view does not watch), the view never changes. Each retry may wait; all of them together stay
     within the budget: with no time passing for its refill, SETTLE_BURST and the overrun of the last wait."""
-    settle = quiet.app.state.settle
+    settle = quiet.app.state.extender.settle
     settle.budget = Budget(clock=lambda: 0.0)  # no refill: only what is saved up
     pod = _waiting("retried")
     first = quiet.filter(pod, T4S)
