@@ -33,7 +33,7 @@ from gpu_placement.kube.api import ApiError, api_error, request
 from gpu_placement.kube.lease import Lease, drain, parse_time
 from gpu_placement.web.certs import cert_not_after, make_ca, make_serving_cert
 
-__all__ = ["CertPaths", "CertificateManager", "RotationSettings", "start_managed_certificates"]
+__all__ = ["CertPaths", "CertificateManager", "RotationSettings"]
 
 log = logging.getLogger("gpu_placement.rotation")
 _TIMEOUT = (5.0, 15.0)
@@ -296,14 +296,3 @@ class CertificateManager:
 def _split_pem(blob: bytes) -> list[bytes]:
     marker = b"-----END CERTIFICATE-----"
     return [part.strip() + b"\n" + marker + b"\n" for part in blob.split(marker) if part.strip()]
-
-
-def start_managed_certificates(core: Any, args: Any, namespace: str) -> CertPaths:
-    """`serve --manage-certs`: the Secret, caBundle and rotation, through the core's API client."""
-    if getattr(core, "api", None) is None:
-        raise ValueError("--manage-certs needs the API server (not --snapshot)")
-    manager = CertificateManager(core.api, namespace, args.cert_secret, args.service, args.webhook_configuration,
-                                 args.cert_dir, RotationSettings.from_args(args))
-    paths = manager.start()
-    core.stoppers.append(manager.stop)
-    return paths

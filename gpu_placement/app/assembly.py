@@ -6,7 +6,7 @@ under their Leases (quota mirror, DRA taints, Events, launch outcomes, certifica
 registration). Below it, `Core`: the view, its source and the deciders, built from a live API server
 (`core_from_cluster`), a snapshot (`core_from_snapshot`) or a list of objects (`core_from_objects`: the
 demo, explain, tests).
-Nothing below gpu_placement/app/ reads the command line: what a layer needs is handed to it here.
+Nothing below gpu_placement/app/ reads `serve`'s command line: what a layer needs is handed to it here.
 
 This module, the CLI and the commands are the only ones that import both `extender` and `webhook`.
 """
@@ -167,9 +167,14 @@ def _webhook_tls(args: argparse.Namespace, core: Core) -> Any:
         bundle = ensure_self_signed(args.self_signed, args.service, namespace, extra)
         log.info("self-signed webhook certificate in %s (trust %s)", args.self_signed, bundle.ca_cert)
         return ReloadingTLS(str(bundle.cert), str(bundle.key))
-    from webhook.rotation import start_managed_certificates
+    from webhook.rotation import CertificateManager, RotationSettings
 
-    paths = start_managed_certificates(core, args, namespace)
+    if core.api is None:
+        raise UsageError("--manage-certs needs the API server (not --snapshot)")
+    manager = CertificateManager(core.api, namespace, args.cert_secret, args.service, args.webhook_configuration,
+                                 args.cert_dir, RotationSettings.from_args(args))
+    paths = manager.start()
+    core.stoppers.append(manager.stop)
     return ReloadingTLS(str(paths.cert), str(paths.key))
 
 
