@@ -15,6 +15,7 @@ import pytest
 
 from gpu_placement.base.config import Config
 from gpu_placement.kube.api import load_api_client
+from gpu_placement.samples.cluster import validator_pod
 from gpu_placement.samples.dra import device_classes
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
@@ -125,6 +126,43 @@ def test_a_dra_pod_gets_no_device_of_an_unverified_node_and_lands_once_it_is_ver
         assert (device["driver"], device["pool"]) == ("gpu.nvidia.com", node)
     assert wait_for("the pod Running (claim allocated and reserved for it)",
                     lambda: e2e.pod(ns, "train")["status"].get("phase") == "Running")
+
+
+def test_a_dra_validator_waiting_through_a_webhook_restart_keeps_its_node_untainted(
+        e2e: E2E, plugin: DraPlugin) -> None:
+    """Review finding 2 on the real control plane: a GPU Operator DRA validator pod already pending when a
+    webhook replica starts holds its node's rule back in the new process too (the controller reads the
+    waiting validators from the view, not only from pod events after it subscribed). A rule there would
+    keep the validator from its device for good: the node would never be verified."""
+    group = "s19-restart"
+    waiting, control = e2e.nodes(group, [(suffix, "h100", {"allocatable": {}, "validator_ready": None})
+                                         for suffix in ("waiting", "control")])
+    for name in (waiting, control):
+        plugin.publish(name, 2)
+        wait_rule(e2e, name, "NotValidated")  # no validator at all yet
+    template(e2e, "gpu-operator", f"validation-{group}")
+    pod = validator_pod(waiting, ready=False)  # as the operator's DaemonSet makes it: pinned, not bound yet
+    pod["metadata"] = {"name": f"nvidia-dra-validator-{waiting}", "namespace": "gpu-operator",
+                       "labels": pod["metadata"]["labels"]}
+    pod.pop("status", None)
+    spec = pod["spec"]
+    del spec["nodeName"]
+    spec.update(schedulerName="e2e-held-back",  # no scheduler runs it: it stays pending through the restart
+                tolerations=[{"operator": "Exists"}],
+                affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [waiting]}]}]}}},
+                resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": f"validation-{group}"}])
+    spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    r = e2e.api.create("/api/v1/namespaces/gpu-operator/pods", pod)
+    assert r.status_code == 201, r.text
+    try:
+        wait_rule(e2e, waiting, None)  # held back while the validator waits for a device
+        e2e.restart_webhooks()  # a fresh process: its view lists the pending validator before the controller
+        e2e.kubelets.add_validator(control, ready=True)
+        wait_rule(e2e, control, None)  # the new replica's controller leads and has made its passes
+        assert rule(e2e, waiting) is None, "the restarted controller tainted a node whose validator waits"
+    finally:
+        e2e.api.http.delete(f"/api/v1/namespaces/gpu-operator/pods/{pod['metadata']['name']}")
 
 
 def test_the_webhook_reads_a_template_its_view_lacks_with_its_own_credentials(e2e: E2E, plugin: DraPlugin) -> None:
