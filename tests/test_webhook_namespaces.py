@@ -18,7 +18,7 @@ from gpu_placement.ingest import KINDS, Ingest
 from gpu_placement.serving import ServerThread
 from gpu_placement.view import ClusterView
 from tests.fakeapi import FakeApiServer
-from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, find, trusting, user_pod
+from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, find, review, trusting, user_pod
 from webhook.app import create_app
 from webhook.certs import CertBundle
 from webhook.tls import ReloadingTLS, make_server
@@ -117,3 +117,37 @@ def test_the_mutate_patch_is_unchanged_by_where_the_namespace_came_from(fake_api
         hook.ingest.event(hook.view, "namespaces", "ADDED", FRESH)
         _, from_view, _ = hook.mutate(user_pod("fresh", "x", gpus={"nvidia.com/gpu": 1}), "fresh")
         assert from_api == from_view and find(from_api, "/spec/schedulerName")
+
+
+# -- forged reviews: the webhook port is reachable from every pod (issue 36) --------------------------
+
+@pytest.mark.parametrize(("forged", "got"), [
+    ("../../apis/x", 'a string "../../apis/x"'), ("a?watch=true", 'a string "a?watch=true"'), ("A", 'a string "A"'),
+    ("a" * 64, "64 characters"), ("-a", 'a string "-a"'), ("a.b", 'a string "a.b"')])
+def test_a_forged_namespace_is_refused_and_never_reaches_the_api_server(fake_api: FakeApiServer, bundle: CertBundle,
+                                                                         forged: str, got: str) -> None:
+    with webhook(fake_api, bundle) as hook:
+        fake_api.clear_log()
+        for path in ("/mutate", "/validate"):
+            answer = hook.post(path, review(user_pod("fresh", "a", gpus={"nvidia.com/gpu": 1}), forged))
+            assert answer.status_code == 400
+            status = answer.json()
+            assert (status["kind"], status["reason"], status["code"]) == ("Status", "BadRequest", 400)
+            assert status["message"] == (
+                "request.namespace: expected a namespace name (at most 63 lowercase letters, digits and '-', starting "
+                f"and ending with a letter or digit, as the API server names namespaces), got {got}")
+        assert fake_api.requests_log == []
+
+
+def test_a_pod_namespace_read_from_the_object_is_held_to_the_same_rule(fake_api: FakeApiServer,
+                                                                      bundle: CertBundle) -> None:
+    """A review without request.namespace (the API server always sends one for a pod) falls back to the
+    pod's own metadata.namespace: a refusal naming that field, and no GET."""
+    with webhook(fake_api, bundle) as hook:
+        fake_api.clear_log()
+        body = review(user_pod("../x", "a", gpus={"nvidia.com/gpu": 1}), "")
+        del body["request"]["namespace"]
+        verdict = hook.answer("/validate", body)
+        assert verdict["allowed"] is False and verdict["status"]["code"] == 400
+        assert verdict["status"]["message"].startswith('request.object.metadata.namespace: expected a namespace name')
+        assert fake_api.requests_log == []
