@@ -75,7 +75,7 @@ def _snapshot(folder: Path, label: int, pid: int, trim: bool = False) -> None:
         time.sleep(0.1)
     figures = orjson.loads((folder / f"{label}.json").read_bytes())
     print(f"{label:>7} requests  " + "  ".join(f"{key.removesuffix('_mib')} {value:.1f}"
-                                              for key, value in figures.items()) + " (MiB)", flush=True)
+                                              for key, value in figures.items()) + " (MiB; ms)", flush=True)
 
 
 def _grown(folder: Path, first: int, last: int, top: int = 12) -> None:

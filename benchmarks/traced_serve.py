@@ -38,6 +38,27 @@ def _rss() -> float:
     return 0.0
 
 
+def _resident() -> dict[str, float]:
+    """RSS by where it lives (/proc/self/smaps): glibc's main heap (brk), other anonymous mappings
+    (pymalloc's arenas, malloc's mmapped blocks and other arenas, thread stacks), and files."""
+    heap = anon = files = 0
+    where = ""
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and ":" not in head[0]:  # a mapping's first line: address range, perms, ...
+            where = "heap" if line.endswith("[heap]") else "file" if len(head) >= 6 and head[5].startswith("/") \
+                else "anon"
+        elif line.startswith("Rss:"):
+            kib = int(head[1])
+            if where == "heap":
+                heap += kib
+            elif where == "file":
+                files += kib
+            else:
+                anon += kib
+    return {"rss_heap_mib": heap / 1024, "rss_anon_other_mib": anon / 1024, "rss_files_mib": files / 1024}
+
+
 def _pymalloc() -> dict[str, float]:
     """Python's small-object allocator (its arenas are mmapped, outside malloc's figures): from
     `sys._debugmallocstats`, which writes to fd 2."""
@@ -70,7 +91,7 @@ def _figures() -> dict[str, float]:
     figures = {"rss_mib": _rss(), "malloc_in_use_mib": info.uordblks / mib, "malloc_free_kept_mib": info.fordblks / mib,
                "malloc_heap_mib": info.arena / mib, "malloc_mmapped_mib": info.hblkhd / mib,
                "malloc_top_releasable_mib": info.keepcost / mib}
-    figures |= _pymalloc()
+    figures |= _resident() | _pymalloc()
     if tracemalloc.is_tracing():
         figures["python_traced_mib"] = tracemalloc.get_traced_memory()[0] / mib
         figures["tracemalloc_overhead_mib"] = tracemalloc.get_tracemalloc_memory() / mib
@@ -83,7 +104,9 @@ def _dumper(folder: Path) -> None:
             gc.collect()
             figures = _figures()
             if want.read_text().strip() == "trim":  # what malloc keeps that it could give back
+                start = time.perf_counter()
                 ctypes.CDLL("libc.so.6").malloc_trim(0)
+                figures["malloc_trim_ms"] = (time.perf_counter() - start) * 1000
                 figures["rss_after_malloc_trim_mib"] = _rss()
             want.with_suffix(".json").write_text(json.dumps(figures))
             if tracemalloc.is_tracing():
