@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpu_placement.app.assembly import TRIM_THRESHOLD
 from gpu_placement.app.demo import write_snapshot
 from gpu_placement.samples.cluster import make_pod
 
@@ -162,3 +163,32 @@ def test_serve_against_an_api_server_manages_its_webhook_certificate(fake_api: o
         assert 'gpu_placement_outcomes_leading{lease="gpu-placement-outcomes"} 1.0' in scraped
     finally:
         stop(process)
+
+
+def _heap_resident(pid: int) -> int:
+    """KiB of glibc's main heap (the brk mapping) the process holds in memory."""
+    lines = Path(f"/proc/{pid}/smaps").read_text().splitlines()
+    for index, line in enumerate(lines):
+        if line.endswith("[heap]"):
+            return next(int(entry.split()[1]) for entry in lines[index + 1:] if entry.startswith("Rss:"))
+    return 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc")
+def test_large_bodies_leave_nothing_in_the_heap(served: dict[str, object]) -> None:
+    """Issue 36: glibc raised its mmap threshold to the size of each large block freed, so later request
+    bodies were carved from the heap, whose pages stayed resident once freed (35 MiB under
+    benchmarks/fuzz_rss.py; 24 MiB here). serve fixes it (2 MiB), and the heap's trim threshold (4 MiB):
+    larger bodies come and go as maps."""
+    ports: dict[str, int] = served["ports"]  # type: ignore[assignment]
+    process: subprocess.Popen[str] = served["process"]  # type: ignore[assignment]
+    wait_ready(f"http://127.0.0.1:{ports['extender']}/readyz")
+    with httpx.Client(base_url=f"http://127.0.0.1:{ports['extender']}", timeout=30) as client:
+        assert client.post("/filter", content=b"{").status_code == 400  # the connection's first request
+        before = _heap_resident(process.pid)
+        for mib in (3, 2.5, 5, 4, 8, 3):
+            body = b'"' + b"x" * int(mib * 2**20) + b'"'  # JSON, but not ExtenderArgs: read, parsed, refused
+            answer = client.post("/filter", content=body)
+            assert answer.status_code == 400 and "body must be a JSON object" in answer.json()["Error"]
+    grown = _heap_resident(process.pid) - before  # at most the free top it may keep, and a little
+    assert grown < (TRIM_THRESHOLD + 2**20) // 1024, f"the heap holds {grown} KiB more after bodies of 2.5 to 8 MiB"

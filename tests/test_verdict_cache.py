@@ -16,6 +16,7 @@ from gpu_placement.base.config import Config
 from gpu_placement.decide import placement as placement_module
 from gpu_placement.decide.rules import Rejection, check_node
 from gpu_placement.samples.cluster import demo_objects, make_pod
+from tests.hostile import held_by_the_service
 
 
 def _pod(name: str, container: str, image: str = "nvcr.io/nvidia/cuda:13.0.0-runtime-ubuntu24.04",
@@ -119,3 +120,53 @@ def test_an_answer_put_right_for_other_names_equals_one_built_afresh() -> None:
         assert sorted(got.passed) == sorted(fresh.passed), step
         assert (got.failed, got.unresolvable, +got.reasons) == (fresh.failed, fresh.unresolvable, +fresh.reasons), step
         assert set(got.passed) | set(got.failed) | set(got.unresolvable) == set(asked), step
+
+
+def test_what_a_pod_or_a_caller_wrote_is_not_kept() -> None:
+    """Issue 36: a stream of /filter requests from no scheduler (the port takes any caller) must not
+    fill the cache. A pod whose ask is broken is refused by every node with a sentence quoting it, so
+    it gets no kind; an answer naming nodes the view lacks echoes the names, so it is not kept. Both
+    still answer as before."""
+    core = core_from_objects(Config(), demo_objects())
+    names = sorted(core.view.nodes)
+    placement = core.placement
+    good = placement.requirements(_pod("good", "main"))
+    with held_by_the_service() as growth:
+        for i in range(300):
+            ghost = f"ghost-{i}-" + "x" * 20_000
+            broken = placement.requirements(_pod(f"b{i}", "main", annotations={
+                "gpu-placement.io/gpu-memory": f"{i} lots"}))
+            refused = placement.filter(broken, [*names, ghost])
+            assert refused.passed == [] and refused.failed == {}
+            assert refused.unresolvable[names[0]] == (
+                f'BadAnnotation: gpu-placement.io/gpu-memory="{i} lots" on pod research/b{i}: "{i} lots" is not a '
+                "Kubernetes quantity (examples: 2, 20Gi, 512Mi)")
+            assert refused.unresolvable[ghost].startswith("UnknownNode:")
+            assert refused.reasons == {"BadAnnotation": len(names), "UnknownNode": 1}
+            assert placement.scores(broken, names[:2]) == [(names[0], 0), (names[1], 0)]
+            answer = placement.filter(good, [*names, ghost])
+            assert answer.unresolvable[ghost].startswith("UnknownNode:") and answer.passed
+    assert growth[0] < 2**20, f"the cache holds {growth[0] / 2**20:.1f} MiB more after 300 requests"
+    assert list(placement._cache) == [placement_module._decision_key(good)]
+    assert placement.filter(good, names) is placement.filter(good, names)  # a scheduler's answer is still kept
+
+
+def test_the_budget_counts_what_a_kind_really_costs() -> None:
+    """The cache is bounded by its estimate of each kind's bytes: on a small cluster, where a kind's
+    own tables outweigh its nodes, the estimate was less than half of what tracemalloc sees."""
+    core = core_from_objects(Config(), demo_objects())
+    names = sorted(core.view.nodes)
+    kinds = iter(range(10**6))
+
+    def new_kinds(n: int) -> None:
+        for _ in range(n):
+            req = core.placement.requirements(_pod("p", "main", annotations={
+                "gpu-placement.io/min-driver": f"{400 + next(kinds)}.1"}))
+            core.placement.filter(req, names)
+
+    new_kinds(20)
+    before = core.placement._cache_bytes
+    with held_by_the_service() as growth:
+        new_kinds(200)
+    estimated = core.placement._cache_bytes - before
+    assert estimated >= 0.7 * growth[0], f"{estimated} bytes estimated, {growth[0]} held"

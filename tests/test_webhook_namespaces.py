@@ -4,12 +4,14 @@ GPU pods are refused with a retriable answer (audit mode: allowed with a warning
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from gpu_placement.base.config import parse_config
@@ -20,8 +22,10 @@ from gpu_placement.web.certs import CertBundle
 from gpu_placement.web.serving import ServerThread
 from gpu_placement.web.tls import ReloadingTLS, make_server
 from tests.fakeapi import FakeApiServer
-from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, find, trusting, user_pod
+from tests.test_quota_metrics import sample
+from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, find, review, trusting, user_pod
 from webhook.app import create_app
+from webhook.namespace_reader import NamespaceReader
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -118,3 +122,90 @@ def test_the_mutate_patch_is_unchanged_by_where_the_namespace_came_from(fake_api
         hook.ingest.event(hook.view, "namespaces", "ADDED", FRESH)
         _, from_view, _ = hook.mutate(user_pod("fresh", "x", gpus={"nvidia.com/gpu": 1}), "fresh")
         assert from_api == from_view and find(from_api, "/spec/schedulerName")
+
+
+# -- forged reviews: the webhook port is reachable from every pod (issue 36) --------------------------
+
+@pytest.mark.parametrize(("forged", "got"), [
+    ("../../apis/x", 'a string "../../apis/x"'), ("a?watch=true", 'a string "a?watch=true"'), ("A", 'a string "A"'),
+    ("a" * 64, "64 characters"), ("-a", 'a string "-a"'), ("a.b", 'a string "a.b"')])
+def test_a_forged_namespace_is_refused_and_never_reaches_the_api_server(fake_api: FakeApiServer, bundle: CertBundle,
+                                                                         forged: str, got: str) -> None:
+    with webhook(fake_api, bundle) as hook:
+        fake_api.clear_log()
+        for path in ("/mutate", "/validate"):
+            answer = hook.post(path, review(user_pod("fresh", "a", gpus={"nvidia.com/gpu": 1}), forged))
+            assert answer.status_code == 400
+            status = answer.json()
+            assert (status["kind"], status["reason"], status["code"]) == ("Status", "BadRequest", 400)
+            assert status["message"] == (
+                "request.namespace: expected a namespace name (at most 63 lowercase letters, digits and '-', starting "
+                f"and ending with a letter or digit, as the API server names namespaces), got {got}")
+        assert fake_api.requests_log == []
+
+
+def test_a_pod_namespace_read_from_the_object_is_held_to_the_same_rule(fake_api: FakeApiServer,
+                                                                      bundle: CertBundle) -> None:
+    """A review without request.namespace (the API server always sends one for a pod) falls back to the
+    pod's own metadata.namespace: a refusal naming that field, and no GET."""
+    with webhook(fake_api, bundle) as hook:
+        fake_api.clear_log()
+        body = review(user_pod("../x", "a", gpus={"nvidia.com/gpu": 1}), "")
+        del body["request"]["namespace"]
+        verdict = hook.answer("/validate", body)
+        assert verdict["allowed"] is False and verdict["status"]["code"] == 400
+        assert verdict["status"]["message"].startswith('request.object.metadata.namespace: expected a namespace name')
+        assert fake_api.requests_log == []
+
+
+def test_the_namespace_goes_into_the_path_as_one_segment(fake_api: FakeApiServer) -> None:
+    """Quoted where it goes into the GET's path, should anything but a namespace name get that far."""
+    with fake_api.api_client() as api:
+        reader = NamespaceReader(ClusterView(parse_config(TEST_CONFIG)), api)
+        asyncio.run(reader.read("a?watch=true"))
+    [record] = [r for r in fake_api.requests_log if r.path.startswith("/api/v1/namespaces/")]
+    assert (record.verb, record.path, record.query) == ("get", "/api/v1/namespaces/a%3Fwatch=true", {})  # no watch
+
+
+def test_a_namespace_that_does_not_exist_is_not_read_again_and_again(fake_api: FakeApiServer,
+                                                                     bundle: CertBundle) -> None:
+    """The API server never sends a review for a namespace that does not exist (NamespaceLifecycle
+    refuses the create first): a 404 is kept for a while, so forged reviews naming it cost one GET."""
+    with webhook(fake_api, bundle) as hook:
+        reader = hook.app.state.admission.reader
+        reader.retry_seconds = 0.0  # other failures: asked again at once
+        for name in ("a", "b", "c"):
+            verdict = hook.validate(user_pod("nowhere", name, gpus={"nvidia.com/gpu": 1}), "nowhere")
+            assert verdict["allowed"] is False and verdict["status"]["code"] == 503
+            assert 'namespaces \\"nowhere\\" not found' in orjson.dumps(verdict["status"]["message"]).decode()
+        assert fake_api.count("get", "/api/v1/namespaces/nowhere") == 1
+        reader.missing_seconds = 0.0  # its time is up: asked again
+        hook.validate(user_pod("nowhere", "d", gpus={"nvidia.com/gpu": 1}), "nowhere")
+        assert fake_api.count("get", "/api/v1/namespaces/nowhere") == 2
+
+
+def test_reviews_naming_many_unknown_namespaces_are_refused_without_a_read(fake_api: FakeApiServer,
+                                                                           bundle: CertBundle) -> None:
+    """Past its rate of reads, a namespace the view lacks is not read: the pod is refused retriably,
+    the sentence says why, and the metric counts it."""
+    limited = sample("gpu_placement_namespace_reads_total", outcome="limited")
+    with webhook(fake_api, bundle) as hook:
+        reader = hook.app.state.admission.reader
+        reader.burst, reader.reads_per_second = 5, 0.001  # five reads, then none within the test's time
+        fake_api.clear_log()
+        verdicts = [hook.validate(user_pod(f"forged-{i}", "p", gpus={"nvidia.com/gpu": 1}), f"forged-{i}")
+                    for i in range(12)]
+        reads = [r for r in fake_api.requests_log if r.path.startswith("/api/v1/namespaces/forged-")]
+        assert len(reads) == 5
+        for verdict in verdicts[5:]:
+            assert verdict["allowed"] is False and verdict["status"]["code"] == 503
+            namespace = verdict["status"]["message"].split()[1]
+            assert verdict["status"]["message"] == (
+                f"namespace {namespace} is not in gpu-placement's view yet and could not be read from the API server "
+                "(not asked: reviews named namespaces it lacks faster than it reads them (5 at once, then 0.001 a "
+                "second), which only reviews the API server did not send do), so its GPU policy (the "
+                "gpu-placement.io/* annotations) is unknown: try again in a few seconds")
+        assert sample("gpu_placement_namespace_reads_total", outcome="limited") == limited + 7
+        fake_api.add(FRESH)  # a real namespace the view has: no read needed, decided as ever
+        hook.ingest.event(hook.view, "namespaces", "ADDED", FRESH)
+        assert hook.admit(user_pod("fresh", "a", gpus={"nvidia.com/gpu": 1}), "fresh")[1]["allowed"] is True

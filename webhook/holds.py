@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 import urllib3
@@ -120,7 +121,7 @@ class HoldChecker:
             query: list[tuple[str, str | int | bool]] = [("limit", self.page_size)]
             if token:
                 query.append(("continue", token))
-            response = request(self.api, "GET", f"/api/v1/namespaces/{namespace}/pods", query=query,
+            response = request(self.api, "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods", query=query,
                                timeout=_TIMEOUT, accept=_ACCEPT)
             if response.status >= 300:
                 raise api_error(response)

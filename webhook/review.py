@@ -151,7 +151,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
 def _check_request(request: Mapping[str, Any]) -> None:
     """The fields of the request itself (not its pod) that the webhook reads."""
     shape.opt_str(request["uid"], "request.uid", shape.UID_LIMIT)
-    shape.opt_str(request.get("namespace"), "request.namespace", shape.LABEL_LIMIT)
+    shape.namespace_name(request.get("namespace"), "request.namespace")  # goes into API paths and cache keys
     shape.opt_str(request.get("name"), "request.name", shape.NAME_LIMIT)
     for field in ("operation", "subResource"):
         shape.opt_str(request.get(field), f"request.{field}")
@@ -216,6 +216,11 @@ def subject_of(request: AdmissionRequest, is_gpu_resource: Callable[[str], bool]
             raise BadPod(f"request.object asks for {resource} in total: {_too_many(count)}")
     meta = obj.get("metadata") or {}
     namespace = request.get("namespace") or meta.get("namespace") or "default"
+    if not request.get("namespace"):  # the object's own: checked as request.namespace is (parse_review)
+        try:
+            shape.namespace_name(namespace, "request.object.metadata.namespace")
+        except ShapeError as exc:
+            raise BadPod(str(exc)) from None
     pod_name = meta.get("name") or request.get("name") or ""
     uid = str(meta.get("uid") or "")
     shown = pod_name or f"{meta.get('generateName') or ''}*"

@@ -24,6 +24,7 @@ from gpu_placement.decide.rules import (
     UNKNOWN_NODE,
     Need,
     Rejection,
+    broken_ask,
     check_node,
     insufficient_memory,
     insufficient_units,
@@ -38,9 +39,14 @@ __all__ = ["FilterResult", "Freed", "NodeVerdict", "Placement"]
 MAX_SCORE = 10
 # Kinds of pod remembered, bounded by memory rather than by count: a kind costs about 330 bytes a node
 # (tracemalloc, 5,000 nodes: 1.4-1.7 MB a kind), so 128 MiB holds about 75 kinds at 5,000 nodes and
-# 400 at 1,000.
+# 400 at 1,000. What the pod wrote is kept only as the kind's key (bounded by the annotation limit,
+# counted below): a pod whose ask is broken gets no kind, and an answer naming nodes the view lacks is
+# not kept (both quote or echo request text; a stream of them filled memory, issue 36).
 _CACHE_BYTES = 128 * 2**20
 _PER_NODE_BYTES = 320  # table slots, score piece, Need tuple, last answer: a kind's cost per node besides its fragments
+# Its tables and record whatever the cluster's size: tracemalloc, 16 nodes: 14 KB a kind in all, of which the
+# per-node part and fragments are 6.4 KB. Without it, on a small cluster 128 MiB by estimate was 300 MiB.
+_PER_KIND_BYTES = 8 * 1024
 _EMPTY = b"{}"
 _NO_NODES: Mapping[str, Any] = {}  # the default of per-resource lookups: not a new dict per call
 Freed = Mapping[str, tuple[int, int]]  # resource -> (units, MiB) that evicting some pods would give back
@@ -118,6 +124,7 @@ class _Answer:
     result: FilterResult
     failed_changed: bool = False  # since `result`: its FailedNodes bytes are joined again, else kept
     unresolvable_changed: bool = False
+    strangers: bool = False  # names asked that the view lacks: an answer that echoes them is not kept
 
 
 class Placement:
@@ -151,6 +158,8 @@ class Placement:
         each one up in the nodes it asked about."""
         if not req.wants_gpu:
             return FilterResult(list(names))
+        if req.error is not None:
+            return self._refused(req.error, names)
         view = self.view
         view.expire_reservations()
         self.rollout.expire()
@@ -175,9 +184,25 @@ class Placement:
                     if len(differ) + len(changed) <= _PATCH_AT_MOST:
                         removed = differ - asked
                         return _patch(verdicts, last, asked, differ - removed, removed)
-            verdicts.answer = _answer(verdicts, asked)
-            changed.clear()
-            return verdicts.answer.result
+            answer = _answer(verdicts, asked)
+            if not answer.strangers:  # else the last answer stays, and the changes it has not taken in
+                verdicts.answer = answer
+                changed.clear()
+            return answer.result
+
+    def _refused(self, error: str, names: Sequence[str]) -> FilterResult:
+        """A pod whose own ask is broken: refused by every node with the same sentence (which quotes
+        what it wrote), answered without a kind in the cache."""
+        rejection = broken_ask(error)
+        mine, stranger = b":" + orjson.dumps(rejection.message), b":" + orjson.dumps(unknown_node())
+        asked = dict.fromkeys(names)  # each name once, as the kinds answer
+        with self.view.lock:
+            known = asked.keys() & self.view.nodes.keys()
+        pieces = [orjson.dumps(name) + (mine if name in known else stranger) for name in asked]
+        reasons = Counter({rejection.code: len(known)} if known else {})
+        if len(asked) > len(known):
+            reasons[UNKNOWN_NODE] = len(asked) - len(known)
+        return FilterResult([], _EMPTY, _object(pieces), reasons)
 
     def recheck(self, req: Requirements, name: str) -> str | None:
         """None when the pod fits on the node now, reservations included; else the reason. For `/bind`,
@@ -197,7 +222,7 @@ class Placement:
             return entry.message if entry.__class__ is Rejection else self._shortfall(name, entry)  # type: ignore
 
     def scores(self, req: Requirements, names: Sequence[str]) -> list[tuple[str, int]]:
-        if not req.wants_gpu:
+        if not req.wants_gpu or req.error is not None:  # a broken ask passes no node: 0 everywhere
             return [(name, 0) for name in names]
         self.view.expire_reservations()
         self.rollout.expire()
@@ -207,7 +232,7 @@ class Placement:
 
     def scores_json(self, req: Requirements, names: Sequence[str]) -> bytes:
         """`[{"Host": name, "Score": n}, ...]` for /prioritize, joined from per-node pieces."""
-        if req.wants_gpu:
+        if req.wants_gpu and req.error is None:  # a broken ask passes no node: 0 everywhere
             self.view.expire_reservations()
             self.rollout.expire()
             with self.view.lock:
@@ -268,7 +293,10 @@ class Placement:
             return verdicts
         verdicts = _Verdicts(key, seen=self._log_start + len(self._log))
         self._build(verdicts)
-        verdicts.size = _PER_NODE_BYTES * len(verdicts.entries) + sum(map(len, verdicts.fragments.values()))
+        if key.error is not None:  # preemption or explain asking about a broken ask: not kept (see filter)
+            return verdicts
+        verdicts.size = (_PER_KIND_BYTES + len(repr(key)) + _PER_NODE_BYTES * len(verdicts.entries)
+                         + sum(map(len, verdicts.fragments.values())))
         self._cache[key] = verdicts
         self._cache_bytes += verdicts.size
         while self._cache_bytes > _CACHE_BYTES and len(self._cache) > 1:  # least recently used first
@@ -547,6 +575,7 @@ def _answer(verdicts: _Verdicts, asked: frozenset[str]) -> _Answer:
     for name in failing - known:  # asked about, not in the view
         answer.unresolvable[name] = _fragment(name, unknown_node())
         answer.codes[name] = UNKNOWN_NODE
+        answer.strangers = True
     answer.counts.update(answer.codes.values())
     answer.failed_changed = answer.unresolvable_changed = True
     answer.result = _result(answer)
@@ -578,13 +607,18 @@ def _patch(verdicts: _Verdicts, answer: _Answer, asked: frozenset[str], added: A
             answer.failed[name] = fragments[name]
             answer.failed_changed = True
         else:
-            answer.unresolvable[name] = fragments.get(name) or _fragment(name, unknown_node())
+            fragment = fragments.get(name)
+            if fragment is None:  # asked about, not in the view
+                fragment, answer.strangers = _fragment(name, unknown_node()), True
+            answer.unresolvable[name] = fragment
             answer.unresolvable_changed = True
         code = answer.codes[name] = codes.get(name, UNKNOWN_NODE)
         answer.counts[code] += 1
     verdicts.changed.clear()
     answer.version = verdicts.version
     answer.result = _result(answer)
+    if answer.strangers:  # it now names nodes the view lacks: not kept (see _answer)
+        verdicts.answer = None
     return answer.result
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "RESOLVABLE",
     "Need",
     "Rejection",
+    "broken_ask",
     "check_node",
     "cuda_rule",
     "dra_readiness",
@@ -86,14 +87,19 @@ def _reject(code: str, sentence: str) -> Rejection:
     return Rejection(code, f"{code}: {sentence}")
 
 
+def broken_ask(error: str) -> Rejection:
+    """Every node's verdict for a pod whose own ask is broken (`Requirements.error`): the same on each."""
+    code = error.split(":", 1)[0]
+    return Rejection(code if code in CODES else BAD_ANNOTATION, error)
+
+
 def check_node(node: NodeFacts, validator: ValidatorState, req: Requirements, config: Config,
                soak: Soak = NO_SOAK) -> Rejection | Need:
     """The verdict that does not depend on what else runs on the node: readiness, the driver's soak,
     compatibility, and whether one device can ever hold the ask. Otherwise, what the pod will take
     (`Need`)."""
     if req.error is not None:
-        code = req.error.split(":", 1)[0]
-        return Rejection(code if code in CODES else BAD_ANNOTATION, req.error)
+        return broken_ask(req.error)
     if req.claims or req.dra_resources:
         plugin = tuple((res, count) for res, count in req.gpus if not _served_by_dra(node, req, res))
         if req.claims or len(plugin) < len(req.gpus):

@@ -95,7 +95,8 @@ QUOTA_HOLD_SETTLEMENTS = Counter("gpu_placement_quota_hold_settlements", "Quota 
 QUOTA_HOLD_LISTS = Counter("gpu_placement_quota_hold_lists",
                            "Lists of a namespace's pods made to settle overdue quota holds, by outcome.", ["outcome"])
 NAMESPACE_READS = Counter("gpu_placement_namespace_reads",
-                          "GETs of a namespace the view lacked when one of its pods was admitted, by outcome.",
+                          "GETs of a namespace the view lacked when one of its pods was admitted, by outcome "
+                          "(limited: not made, past the webhook's rate of such reads).",
                           ["outcome"])
 CLAIM_READS = Counter("gpu_placement_claim_reads", "GETs of a ResourceClaim or ResourceClaimTemplate the view lacked "
                       "when a pod naming it was admitted (webhook/claim_reader.py), by outcome.", ["outcome"])

@@ -14,6 +14,7 @@ it echoes back (orjson encodes at most 254 levels).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -31,6 +32,7 @@ __all__ = [
     "fail",
     "key",
     "name",
+    "namespace_name",
     "obj",
     "objects",
     "opt_list",
@@ -43,6 +45,12 @@ NAME_LIMIT = 253  # a DNS subdomain: pod and node names (k8s.io/apimachinery val
 LABEL_LIMIT = 63  # a DNS label: namespaces and container names
 UID_LIMIT = 128  # UIDs are 36-character UUIDs; room for anything a test or a proxy writes
 ECHO_DEPTH = 254  # orjson refuses to encode deeper, so deeper is never echoed back
+# A namespace name as the API server allows it: a DNS-1123 label (apimachinery v0.37.2
+# pkg/api/validation/generic.go: ValidateNamespaceName = NameIsDNSLabel; pkg/util/validation/validation.go:
+# IsDNS1123Label, dns1123LabelFmt, at most DNS1123LabelMaxLength = 63).
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_NAMESPACE = ("a namespace name (at most 63 lowercase letters, digits and '-', starting and ending with a letter "
+              "or digit, as the API server names namespaces)")
 
 
 class ShapeError(ValueError):
@@ -93,6 +101,18 @@ def opt_str(value: Any, path: str, limit: int | None = None) -> str:
         fail(path, "a string", value)
     if limit is not None and len(value) > limit:
         raise ShapeError(path, f"at most {limit} characters", str(len(value)))
+    return value  # type: ignore[no-any-return]
+
+
+def namespace_name(value: Any, path: str) -> str:
+    """A namespace name, or None/"" (a cluster-scoped object has none). The webhook puts it into API
+    paths and keys its caches by it: anything else (`../x`, `a?watch=true`) is refused here."""
+    if not opt_str(value, path):
+        return ""
+    if len(value) > LABEL_LIMIT:
+        raise ShapeError(path, _NAMESPACE, f"{len(value)} characters")
+    if _DNS_LABEL.fullmatch(value) is None:
+        fail(path, _NAMESPACE, value)
     return value  # type: ignore[no-any-return]
 
 
