@@ -48,6 +48,10 @@ class Requirements:
     claims: tuple[str, ...] = ()  # GPU device classes its ResourceClaims request (DRA: gpu_placement.dra)
     dra_resources: frozenset[str] = frozenset()  # of `gpus`, those a DeviceClass serves where a node lacks them
     canary: bool = False  # its namespace has gpu-placement.io/canary: "true": takes soaking drivers first
+    # What its claims' `exactly` requests take: (class, count, capacity asked per device); the
+    # fragmentation score foresees the allocator's device choice with it (gpu_placement.decide.fragmentation).
+    dra_asks: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = ()
+    cpu_milli: int = 0  # CPU asked, rounded up (gpu_placement.decide.fragmentation); 0 unless that strategy scores
 
     @property
     def wants_gpu(self) -> bool:
@@ -86,6 +90,7 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
     except QuantityError as exc:
         return Requirements(error=f"BadRequest: a GPU request of {where} is not a quantity: {exc}")
     claims: tuple[str, ...] = ()
+    dra_asks: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = ()
     dra_resources: frozenset[str] = frozenset()
     if dra is not None:
         if spec.get("resourceClaims"):
@@ -94,7 +99,7 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
                 return Requirements(gpus, error=f"UnknownClaim: {where} uses {found.missing}, which is not in "
                                                 "gpu-placement's view yet (just created, or deleted); kube-scheduler "
                                                 "retries the pod")
-            claims = found.classes
+            claims, dra_asks = found.classes, found.asks
         if gpus:
             dra_resources = dra.backed(res for res, _ in gpus)
     if not gpus and not claims:
@@ -121,7 +126,7 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
     level = narrowed(level or EXCLUSIVE, asked)
     return Requirements(gpus, memory, memory_source, cuda, cuda_source, compat == "minor",
                         min_driver, min_compute, products, level.text, image_cuda, None, claims, dra_resources,
-                        canary=ns_ann.get(n.ANN_CANARY) == "true")
+                        canary=ns_ann.get(n.ANN_CANARY) == "true", dra_asks=dra_asks)
 
 
 def _first(pod_ann: Mapping[str, str], ns_ann: Mapping[str, str], key: str, where: str, ns_where: str,

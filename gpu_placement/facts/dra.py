@@ -4,10 +4,12 @@ Wire shapes as the API serves them (k8s.io/api resource/v1 types.go at v0.37.2; 
 same; v1beta1 nests a device's fields under `basic` and puts a request's class on the request):
 
     ResourceSlice    spec.driver, spec.pool.name, spec.nodeName, spec.devices[].{name, attributes,
-                     capacity, taints}; attribute values are {"string"|"version"|"int"|"bool": v}
+                     capacity, taints, allowMultipleAllocations}; attribute values are
+                     {"string"|"version"|"int"|"bool": v}; capacity {name: {value, requestPolicy}}
     DeviceClass      spec.selectors[].cel.expression, spec.extendedResourceName
     ResourceClaim    spec.devices.requests[].exactly.deviceClassName or .firstAvailable[].deviceClassName,
-                     status.allocation.devices.results[].{driver, pool, device}, status.reservedFor
+                     .exactly.{count, capacity.requests}, status.allocation.devices.results[].{driver,
+                     pool, device, consumedCapacity}, status.reservedFor
     ResourceClaimTemplate  spec.spec: a ResourceClaimSpec
 
 What NVIDIA's driver publishes (dra-driver-nvidia-gpu v0.4.1, cmd/gpu-kubelet-plugin/deviceinfo.go and
@@ -34,9 +36,8 @@ import orjson
 from gpu_placement.base.cuda import Version, VersionError, parse_version
 from gpu_placement.base.quantity import QuantityError, parse_quantity
 
-__all__ = ["DRA_BY_KIND", "DRA_KINDS", "Claim", "Device", "DeviceClass", "Slice", "Taint", "claim_from_json",
-           "class_from_json",
-           "device_product", "slice_from_json", "template_from_json"]
+__all__ = ["DRA_BY_KIND", "DRA_KINDS", "Ask", "Capacity", "Claim", "Device", "DeviceClass", "Slice", "Taint",
+           "claim_from_json", "class_from_json", "device_product", "slice_from_json", "template_from_json"]
 
 # The view's DRA kinds, listed and watched only when the API server serves them (gpu_placement.kube.discovery).
 DRA_KINDS = ("deviceclasses", "resourceclaimtemplates", "resourceclaims", "resourceslices")
@@ -66,6 +67,26 @@ class Taint:
 
 
 @dataclass(slots=True, frozen=True)
+class Capacity:
+    """One consumable capacity of a device (KEP-5075, resource.k8s.io/v1 DeviceCapacity), in milli-units
+    (Kubernetes' MilliValue: "1" is 1000) so that shares add up exactly."""
+
+    name: str
+    value: int
+    default: int | None = None  # requestPolicy.default: what a claim that asks nothing of it consumes
+    valid_values: tuple[int, ...] = ()  # requestPolicy.validValues, ascending
+    minimum: int | None = None  # requestPolicy.validRange
+    maximum: int | None = None
+    step: int | None = None
+
+
+# One request of a claim, as the allocator reads it: the class, ExactCount's count (0: All), and the
+# capacity asked of each device (name, milli-units), empty when it asks none (then a shareable device's
+# `default`, else all of it, is consumed).
+Ask = tuple[str, int, tuple[tuple[str, int], ...]]
+
+
+@dataclass(slots=True, frozen=True)
 class Device:
     name: str
     type: str | None  # NVIDIA: "gpu" or "mig"
@@ -77,6 +98,8 @@ class Device:
     memory_mib: int | None
     profile: str | None  # MIG profile, e.g. "1g.10gb"
     taints: tuple[Taint, ...] = ()
+    shared: bool = False  # allowMultipleAllocations: several claims may each consume part of its capacity
+    capacity: tuple[Capacity, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,6 +133,8 @@ class Claim:
     digest: str = ""  # templates: of spec.spec, to tell gpu-placement's own templates (gpu_placement.decide.claims)
     owner: str = ""  # claims made for a pod from a template: the pod's UID (its controller reference)
     level: str = ""  # gpu-placement's templates: their gpu-placement.io/sharing (the level of each claim made)
+    asks: tuple[Ask, ...] = ()  # its `exactly` requests (firstAvailable ones are not foreseen)
+    consumed: tuple[tuple[tuple[str, int], ...], ...] = ()  # per `allocated` entry: its consumedCapacity
 
     @property
     def key(self) -> str:
@@ -151,6 +176,33 @@ def _memory_mib(capacity: Any, driver: str) -> int | None:
         return None
 
 
+def _milli(value: Any) -> int | None:
+    """A quantity in milli-units (Kubernetes' MilliValue, rounded up), None when it is not one."""
+    if value is None:
+        return None
+    try:
+        amount = parse_quantity(value) * 1000
+    except (QuantityError, ValueError, TypeError):
+        return None
+    return -(-amount.numerator // amount.denominator)
+
+
+def _capacities(capacity: Any) -> tuple[Capacity, ...]:
+    if not isinstance(capacity, Mapping):
+        return ()
+    found = []
+    for name, raw in sorted(capacity.items()):
+        value = _milli(raw.get("value")) if isinstance(raw, Mapping) else None
+        if value is None:
+            continue
+        policy = raw.get("requestPolicy") if isinstance(raw.get("requestPolicy"), Mapping) else {}
+        valid = policy.get("validRange") if isinstance(policy.get("validRange"), Mapping) else {}
+        values = [_milli(v) for v in policy.get("validValues") or () if _milli(v) is not None]
+        found.append(Capacity(sys.intern(str(name)), value, _milli(policy.get("default")), tuple(sorted(values)),
+                              _milli(valid.get("min")), _milli(valid.get("max")), _milli(valid.get("step"))))
+    return tuple(found)
+
+
 def _taints(items: Any) -> tuple[Taint, ...]:
     taints = []
     for taint in items if isinstance(items, list) else ():
@@ -175,6 +227,8 @@ def _device(raw: Mapping[str, Any], driver: str) -> Device:
         memory_mib=_memory_mib(body.get("capacity"), driver),
         profile=text["profile"],
         taints=_taints(body.get("taints")),
+        shared=body.get("allowMultipleAllocations") is True,
+        capacity=_capacities(body.get("capacity")),
     )
 
 
@@ -248,6 +302,34 @@ def _devices(spec: Any) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((sys.intern(k), v) for k, v in counts.items() if v))
 
 
+def _asks(spec: Any) -> tuple[Ask, ...]:
+    """The `exactly` requests (v1, v1beta2; v1beta1's request itself) as the allocator reads them."""
+    devices = (spec or {}).get("devices") if isinstance(spec, Mapping) else None
+    asks: list[Ask] = []
+    for request in (devices or {}).get("requests") or () if isinstance(devices, Mapping) else ():
+        if not isinstance(request, Mapping):
+            continue
+        exact = request.get("exactly") if isinstance(request.get("exactly"), Mapping) else (
+            request if request.get("deviceClassName") else None)
+        if exact is None or not isinstance(exact.get("deviceClassName"), str):
+            continue
+        mode = exact.get("allocationMode") or "ExactCount"
+        count = exact.get("count")
+        number = 0 if mode == "All" else count if isinstance(count, int) and count > 0 else 1
+        capacity = exact.get("capacity") if isinstance(exact.get("capacity"), Mapping) else {}
+        asked = capacity.get("requests") if isinstance(capacity.get("requests"), Mapping) else {}
+        wants = tuple(sorted((sys.intern(str(k)), v) for k, raw in asked.items() if (v := _milli(raw)) is not None))
+        asks.append((sys.intern(exact["deviceClassName"]), number, wants))
+    return tuple(asks)
+
+
+def _consumed(result: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    raw = result.get("consumedCapacity")
+    if not isinstance(raw, Mapping):
+        return ()
+    return tuple(sorted((sys.intern(str(k)), v) for k, q in raw.items() if (v := _milli(q)) is not None))
+
+
 def _claim(namespace: str, name: str, spec: Any, status: Any, digest: str = "", owner: str = "",
            level: str = "") -> Claim:
     classes: list[str] = []
@@ -264,14 +346,17 @@ def _claim(namespace: str, name: str, spec: Any, status: Any, digest: str = "", 
                 tolerations.append((str(toleration.get("key") or ""), str(toleration.get("operator") or "Equal"),
                                     str(toleration.get("value") or ""), str(toleration.get("effect") or "")))
     allocated: list[tuple[str, str, str]] = []
+    consumed: list[tuple[tuple[str, int], ...]] = []
     allocation = (status or {}).get("allocation") if isinstance(status, Mapping) else None
     results = ((allocation or {}).get("devices") or {}).get("results") if isinstance(allocation, Mapping) else None
     for result in results or ():
         if isinstance(result, Mapping):
             allocated.append((sys.intern(str(result.get("driver") or "")), sys.intern(str(result.get("pool") or "")),
                               str(result.get("device") or "")))
+            consumed.append(_consumed(result))
     return Claim(sys.intern(namespace), name, tuple(sorted(classes)), selectors, tuple(tolerations),
-                 tuple(allocated), admin, _devices(spec), digest, owner, level)
+                 tuple(allocated), admin, _devices(spec), digest, owner, level, _asks(spec),
+                 tuple(consumed) if any(consumed) else ())
 
 
 def claim_from_json(obj: Mapping[str, Any]) -> Claim:

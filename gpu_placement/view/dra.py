@@ -17,6 +17,7 @@ from typing import Any
 from gpu_placement.base.config import Dra as DraConfig
 from gpu_placement.base.cuda import Version
 from gpu_placement.facts.dra import (
+    Ask,
     Claim,
     Device,
     DeviceClass,
@@ -41,6 +42,7 @@ class PodClaims:
 
     classes: tuple[str, ...]  # GPU device classes requested, sorted
     missing: str | None = None  # a referenced claim or template the view does not have (yet)
+    asks: tuple[Ask, ...] = ()  # their `exactly` requests of GPU classes: what the allocator will take
 
 
 _NO_CLAIMS = PodClaims(())
@@ -72,6 +74,8 @@ class DraState:
         self._devices: dict[str, tuple[Device, ...]] = {}  # node -> its devices, every slice's
         self._pool_node: dict[str, str] = {}  # pool -> node (NVIDIA names each pool after its node)
         self._used: dict[str, dict[str, int]] = {}  # node -> device -> claims holding it
+        # node -> device -> capacity -> what allocated claims consume of it (milli-units; consumable capacity)
+        self._consumed: dict[str, dict[str, dict[str, int]]] = {}
         self._label_facts: dict[str, NodeFacts] = {}  # node -> facts from labels alone, where slices add some
         # What ResourceQuota charges: the devices of every claim that exists, by namespace then class; and
         # what the claims made for each pod from its templates charge (the webhook's quota holds).
@@ -97,6 +101,10 @@ class DraState:
         """Device name -> how many allocated claims hold it (admin-access claims share)."""
         return self._used.get(node) or {}
 
+    def consumed_on(self, node: str) -> Mapping[str, Mapping[str, int]]:
+        """Device name -> capacity -> what allocated claims consume of it (status...consumedCapacity)."""
+        return self._consumed.get(node) or {}
+
     def nodes(self) -> list[str]:
         return sorted(self._devices)
 
@@ -109,6 +117,7 @@ class DraState:
         if not entries or not isinstance(entries, list):
             return _NO_CLAIMS
         classes: set[str] = set()
+        asks: list[Ask] = []
         missing = None
         for entry in entries:
             if not isinstance(entry, Mapping):
@@ -124,7 +133,8 @@ class DraState:
                 missing = missing or f"{what} {namespace}/{name}"
                 continue
             classes.update(c for c in found.classes if c in self.gpu_classes)
-        return PodClaims(tuple(sorted(classes)), missing) if classes or missing else _NO_CLAIMS
+            asks.extend(ask for ask in found.asks if ask[0] in self.gpu_classes)
+        return PodClaims(tuple(sorted(classes)), missing, tuple(asks)) if classes or missing else _NO_CLAIMS
 
     def backed(self, resources: Iterable[str]) -> frozenset[str]:
         """Those extended resources a configured GPU class serves through DRA (DRAExtendedResource: on a
@@ -317,7 +327,7 @@ class DraState:
         if not claim.allocated:
             return
         touched = set()
-        for driver, pool, device in claim.allocated:
+        for index, (driver, pool, device) in enumerate(claim.allocated):
             if driver != self.config.driver:
                 continue
             node = self.node_of_pool(pool)
@@ -327,10 +337,24 @@ class DraState:
                 del used[device]
             if not used:
                 del self._used[node]
+            if index < len(claim.consumed) and claim.consumed[index]:
+                self._consume(node, device, claim.consumed[index], step)
             touched.add(node)
         for node in touched:
             for listener in self._on_usage:
                 listener(node)
+
+    def _consume(self, node: str, device: str, amounts: tuple[tuple[str, int], ...], step: int) -> None:
+        on_node = self._consumed.setdefault(node, {})
+        held = on_node.setdefault(device, {})
+        for name, amount in amounts:
+            held[name] = held.get(name, 0) + step * amount
+            if held[name] <= 0:
+                del held[name]
+        if not held:
+            del on_node[device]
+        if not on_node:
+            del self._consumed[node]
 
     def upsert_template(self, obj: Mapping[str, Any]) -> None:
         record = template_from_json(obj)
