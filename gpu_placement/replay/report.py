@@ -94,7 +94,7 @@ def _run_json(run: Run) -> dict[str, Any]:
 
 
 def render_json(gpus: int, runs: dict[str, list[Run]]) -> bytes:
-    """CONTRACT.md section 16: `{"gpus", "strategies": {NAME: {"points", "placements", "failed"}}}`. With
+    """The JSON (docs/replay.md): `{"gpus", "strategies": {NAME: {"points", "placements", "failed"}}}`. With
     several seeds, `points` are the means over them, `placements` and `failed` the first seed's, and
     `seeds` lists each seed's own run."""
     strategies: dict[str, Any] = {}

@@ -97,17 +97,23 @@ def _int(path: Path, line: int, row: dict[str, str], column: str, low: int = 0) 
     return value
 
 
+def _new_name(path: Path, line: int, row: dict[str, str], column: str, what: str, seen: set[str]) -> str:
+    """The row's name, which must be there and not seen before."""
+    name = (row.get(column) or "").strip()
+    if not name:
+        raise TraceError(f"{path}:{line}: empty {column}{' (node name)' if column == 'sn' else ''}")
+    if name in seen:
+        raise TraceError(f"{path}:{line}: {what} {name} is listed twice")
+    seen.add(name)
+    return name
+
+
 def read_nodes_csv(path: str | Path) -> list[NodeRow]:
     path = Path(path)
     nodes: list[NodeRow] = []
     seen: set[str] = set()
     for line, row in _rows(path, _NODE_COLUMNS):
-        name = (row.get("sn") or "").strip()
-        if not name:
-            raise TraceError(f"{path}:{line}: empty sn (node name)")
-        if name in seen:
-            raise TraceError(f"{path}:{line}: node {name} is listed twice")
-        seen.add(name)
+        name = _new_name(path, line, row, "sn", "node", seen)
         gpus = _int(path, line, row, "gpu")
         model = (row.get("model") or "").strip()
         if model.lower() == "nan":
@@ -128,12 +134,7 @@ def read_tasks_csv(path: str | Path) -> list[Task]:
     tasks: list[Task] = []
     seen: set[str] = set()
     for line, row in _rows(path, _TASK_COLUMNS):
-        name = (row.get("name") or "").strip()
-        if not name:
-            raise TraceError(f"{path}:{line}: empty name")
-        if name in seen:
-            raise TraceError(f"{path}:{line}: task {name} is listed twice")
-        seen.add(name)
+        name = _new_name(path, line, row, "name", "task", seen)
         gpus = _int(path, line, row, "num_gpu")
         milli = min(_int(path, line, row, "gpu_milli"), MILLI) if gpus else 0
         if gpus and milli == 0:
