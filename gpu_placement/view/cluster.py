@@ -101,6 +101,10 @@ class ClusterView:
         # node -> validator pods made for it (by its DaemonSet) and not bound yet: the DRA taint controller
         # holds the node's rule back while any waits (gpu_placement/controllers/dra_taints.py), the device table says so
         self.waiting_validators: dict[str, set[str]] = {}
+        # node -> DRA device -> why it is kept out: a pod running on it reports it unhealthy
+        # (status.containerStatuses[].allocatedResourcesStatus, KEP-4680); the DeviceTaintRule controller taints
+        # it as it taints an XID device, and the DRA fit leaves it out (gpu_placement/decide/dra_fit.py)
+        self.unhealthy_devices: dict[str, dict[str, str]] = {}
         # namespace/template -> pods waiting for their claims from it (PodRecord.claim_templates)
         self.template_waiters: dict[str, set[str]] = {}
         self.nominated: dict[str, set[str]] = {}  # node -> unbound GPU pods nominated there (status.nominatedNodeName)
