@@ -54,13 +54,14 @@ import orjson
 from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
 from gpu_placement.base.cuda import Version, driver_table
-from gpu_placement.facts.dra import Device, device_product
-from gpu_placement.facts.pods import container_gpu_requests
+from gpu_placement.facts.dra import Device, DeviceClass, device_product
+from gpu_placement.facts.pods import GpuRequests, container_gpu_requests
 from gpu_placement.facts.policy import NamespacePolicy
 from gpu_placement.facts.sharing import SHARED, Sharing, sharing_of_resource
 
 __all__ = ["MANAGED_BY", "REQUEST", "ClaimPlan", "ClaimPolicy", "Template", "claim_policy", "device_hard",
-           "devices_quota_key", "dra_level", "dra_profile", "level_of", "levels_for", "plan", "plugin_profile",
+           "devices_quota_key", "dra_level", "dra_profile", "keeps_resource", "level_of", "levels_for", "plan",
+           "plugin_profile",
            "semver_text", "spec_digest", "template_for", "wanted_templates"]
 
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
@@ -341,3 +342,42 @@ def device_hard(quota: Mapping[str, int], config: Config) -> dict[str, str]:
         device_class = config.dra.mig_class if kind == "mig" else config.dra.gpu_class
         per_class[device_class] = per_class.get(device_class, 0) + count
     return {devices_quota_key(device_class): str(count) for device_class, count in sorted(per_class.items())}
+
+
+# -- pods the cluster serves through DRA without claims of ours -----------------------------------------
+
+def keeps_resource(gpus: GpuRequests, level: Sharing, policy: NamespacePolicy, extended: Mapping[str, str],
+                   classes: Mapping[str, DeviceClass], config: Config, routed: bool) -> bool:
+    """Whether a GPU pod of a `dra` namespace keeps its resources as written, served through DRA by the
+    cluster itself (DRAExtendedResource, GA in 1.37: on a node without the resource in its allocatable,
+    kube-scheduler makes a claim for a device of the DeviceClass naming it), instead of claims from the
+    namespace's templates. `extended`: resource -> the GPU class kube-scheduler allocates for it
+    (gpu_placement/view/dra.py); `routed`: the pod goes to gpu-placement's scheduler, whose extender holds
+    it to the namespace's CUDA floor by the node's driver.
+
+    Kept when the cluster maps every GPU resource the pod asks, and:
+    - a resource is a class's implicit name (`deviceclass.resource.kubernetes.io/<class>`): the pod
+      asked for that class's devices itself; or
+    - the pod's level is `exclusive`, it goes to gpu-placement's scheduler, the namespace holds devices
+      to no product list and no device memory (only a claim's CEL selector holds one device to them:
+      a namespace asking either gets claims), and its quota gives no other level of a class the API
+      server charges to the same resource (a `shared` claim of gpu.nvidia.com counts against
+      requests.nvidia.com/gpu too): the pod's own create is then charged its whole GPUs, atomically,
+      and its claim is not charged them again (resource_claims.go `addExtendedResourceQuota`).
+    """
+    if not gpus or not all(resource in extended for resource, _ in gpus):
+        return False
+    if any(resource.startswith(n.IMPLICIT_CLASS_PREFIX) for resource, _ in gpus):
+        return True
+    if level.kind != "exclusive" or not routed or policy.products or policy.gpu_memory is not None:
+        return False
+    charged = {classes[extended[resource]].extended_resource for resource, _ in gpus
+               if extended[resource] in classes}
+    for resource in policy.quota or {}:
+        other = sharing_of_resource(resource, config)
+        if not config.is_gpu_resource(resource) or other.kind == "exclusive":
+            continue
+        device_class = classes.get(config.dra.mig_class if other.kind == "mig" else config.dra.gpu_class)
+        if device_class is not None and device_class.extended_resource in charged:
+            return False
+    return True
