@@ -83,7 +83,7 @@ def test_a_monitor_claim_takes_no_device_from_the_fit_or_the_quota(monitoring: W
         monitoring.ingest.replace(monitoring.view, "resourceslices", [resource_slice("n1", 2)])
         monitoring.ingest.replace(monitoring.view, "resourceclaims", [claim])
         assert monitoring.view.dra.used_on("n1") == {}
-    team, verdict = monitoring.admit(monitor_pod("monitoring", "train") | {"spec": {"containers": [{
+    _, verdict = monitoring.admit(monitor_pod("monitoring", "train") | {"spec": {"containers": [{
         "name": "main", "image": "cuda", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}, "monitoring")
     assert verdict["allowed"] is True, verdict
 

@@ -247,7 +247,7 @@ class Admission:
                 if policy.quota is not None and self.config.mode != "audit" else None
             return convert(subject.pod, subject.gpus, self._sharing(policy, subject), policy, pools,
                            self.view.dra.templates, self.config, keep_scheduler=_is_daemonset_pod(subject.pod),
-                           mapped=mapped)
+                           mapped=mapped, shares=self.view.dra.shares_memory())
 
     def _shape(self, policy: NamespacePolicy, subject: Subject) -> list[dict[str, Any]]:
         """The patch that shapes a GPU pod under its namespace's policy: empty for a pod already shaped

@@ -313,11 +313,11 @@ def _policy_claims(core: Core, namespace: str, pod: dict[str, Any], nodes: list[
 
     with core.view.lock:
         record = core.view.namespaces.get(namespace)
-        profiles = core.view.dra.mig_profiles()
+        profiles, shares = core.view.dra.mig_profiles(), core.view.dra.shares_memory()
     policy = parse_policy(record, namespace, core.config)
     if policy.mode(core.config) != "dra" or not policy.shapes_ok:
         return []
-    templates = {t.name: t for t in wanted_templates(policy, profiles, core.config)}
+    templates = {t.name: t for t in wanted_templates(policy, profiles, core.config, shares)}
     claims = [(str(entry.get("name")), templates[entry.get("resourceClaimTemplateName")])
               for entry in (pod.get("spec") or {}).get("resourceClaims") or ()
               if isinstance(entry, dict) and entry.get("resourceClaimTemplateName") in templates]
@@ -327,8 +327,12 @@ def _policy_claims(core: Core, namespace: str, pod: dict[str, Any], nodes: list[
     rows = []
     for template in {t.name: t for _, t in claims}.values():
         names = ", ".join(name for name, t in claims if t is template)
-        lines.append(f"  {names}: {template.name}, 1 device of {template.device_class} each")
+        share = f" (a share: {template.share} of its memory)" if template.share else ""
+        lines.append(f"  {names}: {template.name}, 1 device of {template.device_class} each{share}")
         lines += [f"    where {selector}" for selector in template.selectors]
+        for index, (alternative, selectors) in enumerate(template.alternatives):
+            lines.append(f"    {'first' if index == 0 else 'else'} {alternative}: "
+                         f"{next((s for s in selectors if 'productName' in s), '')}")
         kind = "mig" if template.level.kind == "mig" else "gpu"
         with core.view.lock:
             for node in nodes:
