@@ -108,6 +108,7 @@ class Explanation:
     node_lines: list[str] = field(default_factory=list)  # spec.nodeName: what happens on that node
     cuda_note: str | None = None  # why no CUDA requirement was inferred from the images, and what to set
     fragmented: list[str] = field(default_factory=list)  # no node has the room, the verified ones do in pieces
+    health: list[str] = field(default_factory=list)  # what its kubelet reports Unhealthy, and which device that is
 
     @property
     def hypothetical(self) -> bool:
@@ -133,6 +134,7 @@ def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bo
     name = meta.get("name") or meta.get("generateName") or "?"
     key = f"{namespace}/{meta.get('name') or ''}"
     holds = _holds(core.view.held(key))
+    health = _health(core, pod, namespace)
     if existing:
         core.view.delete_pod(key)
     route = _route_before(core, pod, namespace, context) if context.new else None
@@ -166,7 +168,20 @@ def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bo
                         {node: rule for node, rule in sorted(rules.items()) if rule}, context, rejected,
                         unmodelled(created.get("spec") or {}), message, route, node_lines, cuda_note)
     found.fragmented = _fragmented(core, found)
+    found.health = health
     return found
+
+
+def _health(core: Core, pod: dict[str, Any], namespace: str) -> list[str]:
+    """The devices the pod's kubelet reports Unhealthy (allocatedResourcesStatus, KEP-4680), found as the
+    DeviceTaintRule controller finds them."""
+    if not (pod.get("spec") or {}).get("nodeName") or not (pod.get("status") or {}).get("containerStatuses"):
+        return []
+    placed = copy.deepcopy(pod)
+    placed.setdefault("metadata", {}).setdefault("namespace", namespace)
+    record = core.ingest.pod(placed)
+    with core.view.lock:
+        return core.view.reported(record)
 
 
 def _route_before(core: Core, pod: dict[str, Any], namespace: str, context: Context) -> Route:
@@ -248,6 +263,10 @@ def render(core: Core, found: Explanation, show_all: bool = False, examples: int
         lines.append(f"  {'allowed' if admission.allowed else 'DENIED'}" +
                      (f": {admission.message}" if admission.message else ""))
     lines += [f"  warning: {w}" for w in admission.warnings]
+    if found.health:  # the launch outcomes count it as device_unhealthy; the device is tainted alone
+        lines += ["", "devices reported Unhealthy by its kubelet (status.containerStatuses[].allocatedResourcesStatus; "
+                      "gpu-placement keeps them out with a DeviceTaintRule, DeviceUnhealthy):",
+                  *(f"  {line}" for line in found.health)]
     head = "extender (hypothetical: it never sees this pod; what it would decide if it did)" if found.hypothetical \
         else "extender"
     lines += ["", *_scheduler_lines(found), "", f"{head}: needs {found.needs}"]

@@ -319,7 +319,7 @@ def excluded_devices(view: ClusterView, node: str) -> frozenset[str]:
     by UUID) or a pod's report that its device is unhealthy (`allocatedResourcesStatus`)."""
     reading = view.telemetry.get(node)
     xid = reading.xid_devices if reading is not None else frozenset()
-    unhealthy = view.unhealthy_devices.get(node)
+    unhealthy = view.unhealthy_on(node)
     if not xid and not unhealthy:
         return frozenset()
     names = {d.name for d in view.dra.devices_on(node) if d.uuid in xid} if xid else set()
