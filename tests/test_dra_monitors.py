@@ -140,3 +140,12 @@ def test_the_mirror_gives_a_monitors_claims_room_of_their_own(monitoring: Webhoo
         monitoring.ingest.event(monitoring.view, "pods", "DELETED", recorded)
         monitoring.ingest.event(monitoring.view, "resourceclaims", "DELETED", made)
     assert hard() == {"requests.nvidia.com/gpu": "1", "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "1"}
+
+
+def test_a_monitors_template_is_within_any_policy(monitoring: Webhook) -> None:
+    """Its All request (32 devices for quota) takes no device: on main /validate refused the template as more
+    than the namespace's quota of 1, on the real API server too (tests/e2e/test_19_dra.py)."""
+    from webhook.dra_validate import claim_problems
+
+    policy = monitoring.app.state.admission.policy("monitoring")
+    assert claim_problems(admin_template("monitoring"), "resourceclaimtemplates", policy, monitoring.config) == []

@@ -56,8 +56,8 @@ def claim_problems(obj: Mapping[str, Any], resource: str, policy: NamespacePolic
     problems: list[str] = []
     for path, request in _requests(spec, prefix):
         device_class = request.get("deviceClassName")
-        if device_class not in gpu_classes:
-            continue
+        if device_class not in gpu_classes or request.get("adminAccess") is True:
+            continue  # a monitor's admin access takes no device: its charge has room of its own (dra_quota.py)
         if level.kind != "exclusive" and not (level.kind == "mig" and device_class == config.dra.mig_class) and not (
                 level == SHARED and device_class == config.dra.gpu_class and shared_config in configs):
             fix = ("add the opaque configuration of namespace's shared level: {driver: "

@@ -179,6 +179,7 @@ class Claim:
     consumed: tuple[tuple[tuple[str, int], ...], ...] = ()  # per `allocated` entry: its consumedCapacity (milli)
     extended: bool = False  # made by kube-scheduler for a pod's extended resources (EXTENDED_CLAIM: "true")
     results_for: tuple[str, ...] = ()  # per `allocated` entry: the request it serves (`request/subrequest`)
+    shared_results: tuple[bool, ...] = ()  # per `allocated` entry: adminAccess (the device is not taken)
 
     @property
     def asks(self) -> tuple[Ask, ...]:
@@ -430,6 +431,7 @@ def _claim(namespace: str, name: str, spec: Any, status: Any, digest: str = "", 
     allocated: list[tuple[str, str, str]] = []
     consumed: list[tuple[tuple[str, int], ...]] = []
     served: list[str] = []
+    admin_results: list[bool] = []
     allocation = (status or {}).get("allocation") if isinstance(status, Mapping) else None
     results = ((allocation or {}).get("devices") or {}).get("results") if isinstance(allocation, Mapping) else None
     for result in results if isinstance(results, list) else ():
@@ -438,9 +440,11 @@ def _claim(namespace: str, name: str, spec: Any, status: Any, digest: str = "", 
                               str(result.get("device") or "")))
             consumed.append(_consumed(result))
             served.append(str(result.get("request") or ""))
+            admin_results.append(result.get("adminAccess") is True)
     return Claim(sys.intern(namespace), name, tuple(sorted(classes)), selectors, tuple(tolerations),
                  tuple(allocated), admin, _devices(spec), digest, owner, level, _request_alternatives(spec),
-                 tuple(consumed) if any(consumed) else (), extended, tuple(served))
+                 tuple(consumed) if any(consumed) else (), extended, tuple(served),
+                 tuple(admin_results) if any(admin_results) else ())
 
 
 def claim_from_json(obj: Mapping[str, Any]) -> Claim:

@@ -9,10 +9,10 @@ lookups.
 Device use, in one place (what decide/dra_fit.py fits against, and what a replay of the allocator
 reads): per node and device, how many allocated claims hold it (`used_on`) and, for devices shared
 by capacity (`allowMultipleAllocations`), what their allocations consume of each capacity
-(`consumed_on`, from `status.allocation.devices.results[].consumedCapacity`, milli-units). Claims
-whose every request has admin access (monitors: a DCGM exporter) share devices without taking them
-and count in neither (the allocator's `deviceInUse` skips admin requests: structured/internal/
-stable/allocator_stable.go `allocateDevice`).
+(`consumed_on`, from `status.allocation.devices.results[].consumedCapacity`, milli-units). A result
+with `adminAccess` (a monitor: a DCGM exporter) shares the device without taking it and counts in
+neither, as kube-scheduler counts it (pkg/scheduler/framework/plugins/dynamicresources/
+allocateddevices.go `foreachAllocatedDevice`, v1.37.2: "Is not considered as allocated").
 """
 
 from __future__ import annotations
@@ -382,12 +382,13 @@ class DraState:
         if claim is None:
             return
         self._charge(claim, step)
-        if not claim.allocated or claim.monitor:
+        if not claim.allocated:
             return
         touched = set()
+        admin = claim.shared_results
         for index, (driver, pool, device) in enumerate(claim.allocated):
-            if driver != self.config.driver:
-                continue
+            if driver != self.config.driver or (index < len(admin) and admin[index]):
+                continue  # an admin-access result is not an allocation (allocateddevices.go foreachAllocatedDevice)
             node = self.node_of_pool(pool)
             used = self._used.setdefault(node, {})
             used[device] = used.get(device, 0) + step
