@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from gpu_placement.app.assembly import core_from_objects
 from gpu_placement.app.explain import explain_pod
+from gpu_placement.base.config import Config
 from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
 from gpu_placement.samples.dra import device_classes, resource_slice
 from tests.test_dra_extender import OLD_DRIVER, dra_node, verdicts
@@ -195,3 +197,45 @@ def test_claims_of_a_class_naming_the_resource_count_against_it(cluster: Webhook
     _, verdict = cluster.admit(user_pod("classic", "two", gpus={"nvidia.com/gpu": 1}), "classic")
     assert verdict["allowed"] is False
     assert "may use 2 nvidia.com/gpu (gpu-placement.io/quota); 2 are in use" in verdict["status"]["message"]
+
+
+def test_each_way_of_a_node_serving_it_both_ways_is_counted_on_its_own_books() -> None:
+    """`both` serves nvidia.com/gpu from the device plugin (4 units, all held by running pods) and publishes 2 DRA
+    devices of gpu.nvidia.com, both free. kube-scheduler does not fall back to DRA for a resource the node's
+    allocatable has (extendeddynamicresources.go `filterExtendedResources`: DRA only where allocatable is 0;
+    noderesources/fit.go `fitsRequest` counts it against allocatable), so an nvidia.com/gpu pod does not fit
+    there, and kube-scheduler may preempt for it (FailedNodes); a pod asking the class's implicit name takes a
+    free DRA device. On `held`, the other way round: its DRA devices held, its device plugin's free."""
+    busy = [make_pod("ml", f"dp-{i}", gpus={"nvidia.com/gpu": 1}, node="both") for i in range(4)]
+    objects_ = [namespace("ml"), *device_classes(),
+                make_node("both", "h100", allocatable={"nvidia.com/gpu": "4"}), validator_pod("both"),
+                resource_slice("both", 2), *busy,
+                make_node("held", "h100", allocatable={"nvidia.com/gpu": "4"}), validator_pod("held"),
+                resource_slice("held", 1), implicit_claim("ml", "earlier", "held")]
+    placement = core_from_objects(Config(), objects_).placement
+    classic = placement.filter(placement.requirements(make_pod("ml", "classic", gpus={"nvidia.com/gpu": 1})),
+                               ["both", "held"])
+    assert classic.passed == ["held"]
+    assert classic.failed["both"].startswith("InsufficientGPU: the pod needs 1 nvidia.com/gpu free")  # resolvable
+    implicit = placement.filter(placement.requirements(make_pod("ml", "implicit", gpus={IMPLICIT: 1})),
+                                ["both", "held"])
+    assert implicit.passed == ["both"]
+    assert implicit.unresolvable["held"].startswith("InsufficientGPU: no free DRA device of gpu.nvidia.com")
+
+
+def test_explain_and_nodes_say_a_node_serves_it_both_ways(extender: Extender) -> None:
+    """On the branch before this: `both` read `nvidia.com/gpu from the device plugin` and `0/4 gpu` only, as a
+    device-plugin node does; nothing said its DRA devices would not serve the pod."""
+    text = explain_pod(extender.core, make_pod("ml", "train", gpus={"nvidia.com/gpu": 1}), "ml")
+    [both] = [line for line in text.splitlines() if line.startswith("both ")]
+    assert ("nvidia.com/gpu from the device plugin, not from its 2 DRA devices of gpu.nvidia.com "
+            "(kube-scheduler uses DRA for it only on nodes whose allocatable lacks it)") in both
+    [plugin] = [line for line in text.splitlines() if line.startswith("plugin ")]
+    assert "nvidia.com/gpu from the device plugin;" in plugin
+    from gpu_placement.report.nodes import _gpus, node_records
+
+    records = {r["node"]: r for r in node_records(extender.core)}
+    assert records["both"]["both_ways"] == ["nvidia.com/gpu"]
+    assert records["plugin"]["both_ways"] == [] and records["bare"]["both_ways"] == []
+    assert _gpus(records["both"]) == "0/4 gpu (device plugin; DRA devices too), 0/2 gpu.nvidia.com (DRA)"
+    assert _gpus(records["bare"]) == "0/2 gpu.nvidia.com (DRA), 0/2 gpu (DRA)"

@@ -48,8 +48,9 @@ from gpu_placement.facts.dra import Alternative, Capacity, Device, Request, devi
 if TYPE_CHECKING:
     from gpu_placement.view.cluster import ClusterView
 
-__all__ = ["DEVICE_PLUGIN", "DRA", "DraFit", "Selectors", "consumption", "excluded_devices", "extended_requests", "fit",
-           "fit_on", "matches", "parse_selectors", "served_by", "served_on", "why_not", "why_not_on"]
+__all__ = ["DEVICE_PLUGIN", "DRA", "DraFit", "Selectors", "both_ways_on", "consumption", "excluded_devices",
+           "extended_requests", "fit", "fit_on", "matches", "parse_selectors", "served_by", "served_on", "why_not",
+           "why_not_on"]
 
 _BLOCKING = ("NoSchedule", "NoExecute")
 _NONE: Mapping[str, int] = {}
@@ -356,8 +357,13 @@ def served_by(resource: str, allocatable: Mapping[str, int], devices: Sequence[D
     device_class = extended.get(resource)
     if device_class is None:
         return None
+    return DRA if _of_class(device_class, devices, types) else None
+
+
+def _of_class(device_class: str, devices: Sequence[Device], types: Mapping[str, str | None]) -> int:
+    """How many of `devices` the class selects (by the device type its CEL asks for)."""
     kind = types.get(device_class)
-    return DRA if any(kind is None or d.type == kind for d in devices) else None
+    return sum(1 for d in devices if kind is None or d.type == kind)
 
 
 def served_on(view: ClusterView, node: str, resources: Sequence[str]) -> dict[str, str]:
@@ -371,4 +377,25 @@ def served_on(view: ClusterView, node: str, resources: Sequence[str]) -> dict[st
         way = served_by(resource, facts.allocatable if facts else {}, devices, dra.extended, types)
         if way is not None:
             found[resource] = way
+    return found
+
+
+def both_ways_on(view: ClusterView, node: str, resources: Sequence[str]) -> dict[str, tuple[str, int]]:
+    """The resources the node serves from the device plugin although it also publishes devices of the class
+    that maps them, each with (that class, how many of its devices): kube-scheduler counts such a resource
+    against allocatable alone and never takes those devices for it (`filterExtendedResources`); they serve
+    claims and the class's implicit name. Call under the view's lock."""
+    facts = view.nodes.get(node)
+    if facts is None:
+        return {}
+    dra = view.dra
+    types = {name: found.device_type for name, found in dra.classes.items()}
+    devices = dra.devices_on(node)
+    found = {}
+    for resource in resources:
+        device_class = dra.extended.get(resource)
+        if device_class is not None and facts.allocatable.get(resource, 0):
+            count = _of_class(device_class, devices, types)
+            if count:
+                found[resource] = (device_class, count)
     return found

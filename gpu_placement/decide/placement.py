@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from gpu_placement.base.config import Config
-from gpu_placement.decide.dra_fit import DRA, DraFit, extended_requests, fit_on, served_on, why_not_on
+from gpu_placement.decide.dra_fit import DRA, DraFit, both_ways_on, extended_requests, fit_on, served_on, why_not_on
 from gpu_placement.decide.requirements import Requirements, requirements_for
 from gpu_placement.decide.rollout import Rollout
 from gpu_placement.decide.rules import (
@@ -559,9 +559,18 @@ class Placement:
         soak = self.rollout.soak(name)
         parts = []
         if req is not None and req.dra_resources:  # which way the node serves what it asks (KEP-5004)
-            for resource, way in served_on(self.view, name, sorted(r for r, _ in req.gpus)).items():
-                parts.append(f"{resource} through DRA (DeviceClass {self.view.dra.extended[resource]})"
-                             if way == DRA else f"{resource} from the device plugin")
+            asked = sorted(r for r, _ in req.gpus)
+            both = both_ways_on(self.view, name, asked)
+            for resource, way in served_on(self.view, name, asked).items():
+                if way == DRA:
+                    parts.append(f"{resource} through DRA (DeviceClass {self.view.dra.extended[resource]})")
+                elif resource in both:
+                    device_class, count = both[resource]
+                    parts.append(f"{resource} from the device plugin, not from its {count} DRA devices of "
+                                 f"{device_class} (kube-scheduler uses DRA for it only on nodes whose "
+                                 "allocatable lacks it)")
+                else:
+                    parts.append(f"{resource} from the device plugin")
         for resource, units, mib in entry:  # type: ignore[union-attr]
             if resource == DRA_DEVICES:
                 parts.append(f"{len(self.view.dra.used_on(name))} of {self.view.nodes[name].dra_devices} "
