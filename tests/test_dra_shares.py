@@ -102,3 +102,20 @@ def test_a_whole_gpu_takes_a_shared_device_only_when_nothing_consumes_it() -> No
     assert fit(devices, {"gpu-0": 1, "gpu-1": 1}, {**consumed, "gpu-1": {"memory": GIB * 1000}}, frozenset(), whole,
                types) is None
     assert Gpu().memory_bytes // 2**20 == 81559
+
+
+def test_whether_devices_are_shared_by_memory_follows_the_slices() -> None:
+    """`shares_memory` (asked by /mutate for every pod of a `shared` dra namespace) is kept per node as slices
+    come and go, not found by walking every device each time."""
+    from gpu_placement.view.dra import DraState
+
+    dra = DraState(Config().dra)
+    assert not dra.shares_memory()
+    dra.upsert_slice(resource_slice("a", 1, consumable=True))
+    dra.upsert_slice(resource_slice("b", 1))
+    assert dra.shares_memory()
+    dra.upsert_slice(resource_slice("a", 1))  # the driver restarted without --consumable-shares=memory
+    assert not dra.shares_memory()
+    dra.upsert_slice(resource_slice("a", 1, consumable=True))
+    dra.delete_slice(resource_slice("a", 1)["metadata"]["name"])
+    assert not dra.shares_memory()

@@ -86,6 +86,7 @@ class DraState:
         self.extended: dict[str, str] = {}
         self._by_node: dict[str, dict[str, Slice]] = {}  # node -> slice name -> slice
         self._devices: dict[str, tuple[Device, ...]] = {}  # node -> its devices, every slice's
+        self._sharing_nodes: set[str] = set()  # nodes with a device shared by memory: `shares_memory`, per /mutate
         self._pool_node: dict[str, str] = {}  # pool -> node (NVIDIA names each pool after its node)
         self._used: dict[str, dict[str, int]] = {}  # node -> device -> claims holding it (monitors aside)
         # node -> device -> capacity -> what allocated claims consume of it (milli-units; consumable capacity)
@@ -134,8 +135,7 @@ class DraState:
     def shares_memory(self) -> bool:
         """Some device of the driver is shared by its memory (allowMultipleAllocations with capacity
         `memory`): `shared` templates then ask a share of it (gpu_placement/decide/claims.py)."""
-        return any(d.shared and d.capacity_of("memory") is not None
-                   for devices in self._devices.values() for d in devices)
+        return bool(self._sharing_nodes)  # kept by `_reindex`: /mutate asks it for every pod
 
     def class_of(self, resource: str) -> str | None:
         """The configured GPU class kube-scheduler allocates for an extended resource, if any."""
@@ -288,6 +288,10 @@ class DraState:
             self._devices[node] = devices
         else:
             self._devices.pop(node, None)
+        if any(d.shared and d.capacity_of("memory") is not None for d in devices):
+            self._sharing_nodes.add(node)
+        else:
+            self._sharing_nodes.discard(node)
         for listener in self._on_devices:
             listener(node)
 
