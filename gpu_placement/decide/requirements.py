@@ -17,6 +17,7 @@ from gpu_placement.base.cuda import Version, format_version, parse_version
 from gpu_placement.base.quantity import QuantityError, quantity_to_mib
 from gpu_placement.base.text import MAX_ANNOTATION_VALUE, quoted
 from gpu_placement.facts.cudaneed import CudaNeed, container_need
+from gpu_placement.facts.dra import Request
 from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.pods import GpuRequests, effective_gpu_requests
 from gpu_placement.facts.sharing import EXCLUSIVE, Sharing, narrowed, parse_sharing
@@ -48,6 +49,9 @@ class Requirements:
     claims: tuple[str, ...] = ()  # GPU device classes its ResourceClaims request (DRA: gpu_placement.dra)
     dra_resources: frozenset[str] = frozenset()  # of `gpus`, those a DeviceClass serves where a node lacks them
     canary: bool = False  # its namespace has gpu-placement.io/canary: "true": takes soaking drivers first
+    # Its claims' requests the allocator has yet to serve (alternatives in order): the DRA fit
+    # (gpu_placement/decide/dra_fit.py) and the score by the first alternative that fits.
+    dra_requests: tuple[Request, ...] = ()
 
     @property
     def wants_gpu(self) -> bool:
@@ -86,6 +90,7 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
     except QuantityError as exc:
         return Requirements(error=f"BadRequest: a GPU request of {where} is not a quantity: {exc}")
     claims: tuple[str, ...] = ()
+    dra_requests: tuple[Request, ...] = ()
     dra_resources: frozenset[str] = frozenset()
     if dra is not None:
         if spec.get("resourceClaims"):
@@ -94,7 +99,7 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
                 return Requirements(gpus, error=f"UnknownClaim: {where} uses {found.missing}, which is not in "
                                                 "gpu-placement's view yet (just created, or deleted); kube-scheduler "
                                                 "retries the pod")
-            claims = found.classes
+            claims, dra_requests = found.classes, found.requests
         if gpus:
             dra_resources = dra.backed(res for res, _ in gpus)
     if not gpus and not claims:
@@ -121,7 +126,7 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
     level = narrowed(level or EXCLUSIVE, asked)
     return Requirements(gpus, memory, memory_source, cuda, cuda_source, compat == "minor",
                         min_driver, min_compute, products, level.text, image_cuda, None, claims, dra_resources,
-                        canary=ns_ann.get(n.ANN_CANARY) == "true")
+                        canary=ns_ann.get(n.ANN_CANARY) == "true", dra_requests=dra_requests)
 
 
 def _first(pod_ann: Mapping[str, str], ns_ann: Mapping[str, str], key: str, where: str, ns_where: str,
