@@ -1040,6 +1040,12 @@ SAMPLE_PODS: list[tuple[str, Callable[[Rendered], Doc], bool, bool]] = [
      True, False),
     ("DaemonSet asking for a gpu", lambda r: _pod(_asks("requests", "nvidia.com/gpu"), owner="DaemonSet"),
      True, True),
+    # DRAExtendedResource: every DeviceClass answers to deviceclass.resource.kubernetes.io/<class>; for a
+    # configured GPU class that is a GPU pod (kube-scheduler allocates a device of the class), else not.
+    ("the implicit name of a GPU class", lambda r: _pod(_asks("limits", "deviceclass.resource.kubernetes.io/"
+                                                                     "gpu.nvidia.com")), True, True),
+    ("the implicit name of another class", lambda r: _pod(_asks("limits", "deviceclass.resource.kubernetes.io/"
+                                                                         "nic.example.com")), False, False),
     # DRA: the class is in the claim, which the CEL cannot read: /mutate sees any pod with claims and
     # routes those that ask for a GPU class; /validate counts their devices in `dra` namespaces.
     ("ResourceClaims", lambda r: {**_pod(CPU), "spec": {**_pod(CPU)["spec"], "resourceClaims": [

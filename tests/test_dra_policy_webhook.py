@@ -162,7 +162,8 @@ def test_one_annotation_moves_a_namespace_back_to_the_device_plugin(dra: Webhook
     mutated, _, _ = dra.mutate(user_pod("ai", "train", gpus={"nvidia.com/gpu": 2}), "ai")
     assert "resourceClaims" not in mutated["spec"]
     assert mutated["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
-    assert mutated["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true", "pool": "training"}
+    # gpu.nvidia.com serves nvidia.com/gpu through DRA too: no GFD label is required of the node.
+    assert mutated["spec"]["nodeSelector"] == {"pool": "training"}
 
 
 def test_a_bad_allocation_annotation_is_named_and_the_pod_refused(dra: Webhook) -> None:

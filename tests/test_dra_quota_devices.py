@@ -87,9 +87,14 @@ def without_extended_resource() -> list[Obj]:
 
 @contextlib.contextmanager
 def dra_namespace(hook: Webhook, quota: str, classes: list[Obj] | None = None, sharing: str | None = None,
-                  pods: list[Obj] = (), name: str = "team") -> Iterator[Webhook]:  # type: ignore[assignment]
-    """Namespace `name` on DRA with this quota, NVIDIA's classes and its templates in the view."""
+                  pods: list[Obj] = (), name: str = "team",  # type: ignore[assignment]
+                  products: str | None = "NVIDIA-H100-80GB-HBM3") -> Iterator[Webhook]:
+    """Namespace `name` on DRA with this quota, NVIDIA's classes and its templates in the view. With a
+    product list (the default) its whole-GPU pods get claims; without one, where gpu.nvidia.com serves
+    nvidia.com/gpu, they keep it (gpu_placement/decide/claims.py `keeps_resource`)."""
     annotations = {"gpu-placement.io/allocation": "dra", "gpu-placement.io/quota": quota}
+    if products:
+        annotations["gpu-placement.io/gpu-products"] = products
     if sharing:
         annotations["gpu-placement.io/sharing"] = sharing
     set_namespaces(hook, [namespace(name, annotations)])

@@ -23,8 +23,10 @@ from tests.test_webhook_helpers import Webhook, user_pod
 pytestmark = pytest.mark.timeout(30)
 Obj = dict[str, Any]
 KEY = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
-# nvidia.com/gpu=3: the mirror gives the namespace 3 devices of gpu.nvidia.com.
-TEAM = namespace("team", {"gpu-placement.io/allocation": "dra", "gpu-placement.io/quota": "nvidia.com/gpu=3"})
+# nvidia.com/gpu=3: the mirror gives the namespace 3 devices of gpu.nvidia.com. Its product list makes its pods
+# claim pods (only a claim's selector holds one device to a product: gpu_placement/decide/claims.py keeps_resource).
+TEAM = namespace("team", {"gpu-placement.io/allocation": "dra", "gpu-placement.io/quota": "nvidia.com/gpu=3",
+                          "gpu-placement.io/gpu-products": "NVIDIA-H100-80GB-HBM3"})
 
 
 @pytest.fixture

@@ -81,6 +81,21 @@ def test_without_dra_a_claim_pod_is_not_a_gpu_pod(hook: Webhook) -> None:
     assert ops == []
 
 
-def test_device_plugin_pods_unchanged_with_dra(dra: Webhook) -> None:
+def test_a_gpu_pod_a_device_class_serves_is_not_held_to_gfds_label(dra: Webhook) -> None:
+    """gpu.nvidia.com names extendedResourceName nvidia.com/gpu: kube-scheduler serves the pod through DRA
+    on a node whose allocatable lacks it, and such a node may carry no GPU Feature Discovery label at all.
+    The pod is shaped as before, without the nvidia.com/gpu.present selector that would keep it off it."""
+    mutated, _, _ = dra.mutate(user_pod("team-a", None, gpus={"nvidia.com/gpu": 2}), "team-a")
+    assert mutated["spec"]["nodeSelector"] == {"pool": "training"}
+    assert mutated["spec"]["schedulerName"] == "gpu-placement"
+    assert mutated["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    # A resource no class serves (the shared one): held to GPU nodes by the label, as always.
+    shared, _, _ = dra.mutate(user_pod("team-a", None, gpus={"nvidia.com/gpu.shared": 1}), "team-a")
+    assert shared["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true", "pool": "training"}
+
+
+def test_device_plugin_pods_unchanged_where_no_class_serves_them(dra: Webhook) -> None:
+    with dra.view.lock:  # v1beta2 classes: the API server dropped extendedResourceName (1.34, 1.35)
+        dra.ingest.replace(dra.view, "deviceclasses", copy.deepcopy(device_classes("v1beta2")))
     mutated, _, _ = dra.mutate(user_pod("team-a", None, gpus={"nvidia.com/gpu": 2}), "team-a")
     assert mutated["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true", "pool": "training"}

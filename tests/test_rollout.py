@@ -252,3 +252,21 @@ def test_a_pod_claiming_gpus_through_dra_follows_the_soak_too() -> None:
     assert team.passed == ["settled"] and team.unresolvable["soaking"] == SOAKING_SENTENCE
     canary = placement.filter(placement.requirements(claim_pod("canary", "smoke", "one-gpu")), nodes)
     assert sorted(canary.passed) == nodes
+
+
+@pytest.mark.parametrize("resource", ["nvidia.com/gpu", "deviceclass.resource.kubernetes.io/gpu.nvidia.com"])
+def test_a_pod_served_through_dra_by_its_resource_follows_the_soak_too(resource: str) -> None:
+    """KEP-5004: an unchanged nvidia.com/gpu pod (or one asking the class's implicit name) on nodes whose
+    allocatable lacks the resource takes a DRA device; the soak holds for it as for any GPU pod."""
+    now = time.time()
+    objects: list[dict[str, Any]] = [namespace("team"), namespace("canary", {"gpu-placement.io/canary": "true"}),
+                                     *device_classes()]
+    for name, ready_ago in (("settled", 40 * DAY), ("soaking", 10 * 60)):
+        objects += [dra_node(name, labels=driver_labels(*NEW), created=now - 100 * DAY), validator_pod(name),
+                    resource_slice(name, 2), driver_pod(name, NEW[0], now - ready_ago)]
+    placement = core_from_objects(STRICT, objects).placement
+    nodes = ["settled", "soaking"]
+    team = placement.filter(placement.requirements(make_pod("team", "train", gpus={resource: 1})), nodes)
+    assert team.passed == ["settled"] and team.unresolvable["soaking"] == SOAKING_SENTENCE
+    canary = placement.filter(placement.requirements(make_pod("canary", "smoke", gpus={resource: 1})), nodes)
+    assert sorted(canary.passed) == nodes

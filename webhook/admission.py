@@ -7,7 +7,7 @@ reason code (for metrics and the debug log); the sentences the user reads name t
 resource, the figures and the annotation to change.
 
 Reason codes, one place each: Mutated, Unchanged, KeptOffGpuNodes, ChoseGpuNodes, NoGpuAsked, NotAPodCreate,
-Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed (in this module); BadPod
+Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed, Monitor (in this module); BadPod
 (review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); NotShaped, NotShapedAllowed
 (shaping.py); OverQuota, NotInQuota (quota.py); QuotaPending (quota_gate.py); TemplatePending
 (dra_claims.py); ClaimOutsidePolicy (dra_validate.py). In audit mode a would-be
@@ -23,6 +23,7 @@ from typing import Any
 
 from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
+from gpu_placement.decide.claims import keeps_resource
 from gpu_placement.decide.dra_quota import (
     ClaimCharge,
     by_kind,
@@ -30,7 +31,11 @@ from gpu_placement.decide.dra_quota import (
     claim_hard,
     claim_names,
     claim_usage,
+    monitor_devices,
+    monitor_room,
+    plain_charge,
     pod_standins,
+    resource_usage,
 )
 from gpu_placement.facts.annotation_keys import unread_pod_keys
 from gpu_placement.facts.pods import GpuRequests
@@ -75,6 +80,9 @@ __all__ = ["Admission", "Decision"]
 MUTATED, UNCHANGED, KEPT_OFF_GPU, CHOSE_GPU_NODES = "Mutated", "Unchanged", "KeptOffGpuNodes", "ChoseGpuNodes"
 NO_GPU, NOT_A_POD, EXEMPT, POLICY_BROKEN = "NoGpuAsked", "NotAPodCreate", "Exempt", "NamespacePolicyBroken"
 NAMESPACE_UNKNOWN, ANNOTATIONS_FIXED = "NamespaceUnknown", "AnnotationsFixed"
+# A pod whose only GPU claims have admin access (a DCGM exporter, KEP-5018): it shares devices in use and
+# takes none, so it is left as it is: not routed, shaped, kept off GPU nodes, charged or held.
+MONITOR = "Monitor"
 BAD_POD, BAD_ANNOTATION, NO_GPU_ACCESS, ESCALATION, ALLOWED = (
     "BadPod", "BadAnnotation", "NoGpuAccess", "Escalation", "Allowed")
 _RETRIABLE = (QUOTA_PENDING, TEMPLATE_PENDING)  # refusals that pass by themselves: 503, nothing is wrong with the pod
@@ -198,7 +206,7 @@ class Admission:
             problems = [policy.errors[key] for key in (n.ANN_SHARING, n.ANN_POOLS, n.ANN_ALLOCATION)
                         if key in policy.errors]
             return self._decision(allowed(uid, warnings=problems), POLICY_BROKEN, subject, problems)
-        if self._dra(policy):
+        if self._dra(policy) and not self._kept(policy, subject):
             conversion = self._convert(policy, subject)
             if conversion.missing:  # /validate refuses it, retriably, with the same sentence
                 text = missing_sentence(conversion.missing, f"pod {subject.namespace}/{subject.name}")
@@ -218,6 +226,17 @@ class Admission:
         dra = self.view.dra
         return policy.mode(self.config) == "dra" and dra.active and dra.templates_kept
 
+    def _kept(self, policy: NamespacePolicy, subject: Subject) -> bool:
+        """A GPU pod of a `dra` namespace that keeps its resources: the cluster serves them through DRA
+        itself (gpu_placement/decide/claims.py `keeps_resource`); it is shaped as any GPU pod."""
+        scheduler = subject.pod["spec"].get("schedulerName") or ""
+        routed = not _is_daemonset_pod(subject.pod) and scheduler in ("", "default-scheduler",
+                                                                       self.config.scheduler_name)
+        with self.view.lock:
+            dra = self.view.dra
+            return keeps_resource(subject.gpus, self._sharing(policy, subject), policy, dra.extended, dra.classes,
+                                  self.config, routed)
+
     def _convert(self, policy: NamespacePolicy, subject: Subject) -> Conversion:
         pools = [self.config.pools[name] for name in policy.pools]
         with self.view.lock:
@@ -228,7 +247,7 @@ class Admission:
                 if policy.quota is not None and self.config.mode != "audit" else None
             return convert(subject.pod, subject.gpus, self._sharing(policy, subject), policy, pools,
                            self.view.dra.templates, self.config, keep_scheduler=_is_daemonset_pod(subject.pod),
-                           mapped=mapped)
+                           mapped=mapped, shares=self.view.dra.shares_memory())
 
     def _shape(self, policy: NamespacePolicy, subject: Subject) -> list[dict[str, Any]]:
         """The patch that shapes a GPU pod under its namespace's policy: empty for a pod already shaped
@@ -237,7 +256,8 @@ class Admission:
         # DaemonSet pods keep their scheduler: the controller pins each to its node, and the extender
         # would refuse nodes the DaemonSet's own tolerations allow.
         return gpu_patch(subject.pod, subject.gpus, self._sharing(policy, subject), pools, policy.gpu_memory,
-                         self.config, keep_scheduler=_is_daemonset_pod(subject.pod))
+                         self.config, keep_scheduler=_is_daemonset_pod(subject.pod),
+                         served_by_dra=self.view.dra.extended.__contains__)
 
     def _told(self, uid: str, text: str, reason: str, subject: Subject) -> Decision:
         """Audit mode: the patch is not sent; the warning says what it would have done."""
@@ -257,6 +277,8 @@ class Admission:
                     "routed to the gpu-placement scheduler and its GPUs are not checked by gpu-placement's node rules "
                     "(create the claim or template before the pod, or create the pod again)")
             return self._decision(allowed(uid, warnings=[text]), UNCHANGED, subject, [text])
+        if found.monitor:
+            return self._decision(allowed(uid), MONITOR, subject)
         if not found.classes:
             return None
         policy = self.policy(subject.namespace)
@@ -364,11 +386,22 @@ class Admission:
                     used = dict(self.view.namespace_usage.get(namespace) or {})
                     pending = self.reservations.pending(namespace, exclude=subject.key)
                     enforced = self.view.resourcequotas.get(namespace)
+                    dra = self.view.dra
+                    room: dict[str, int] = {}
+                    if dra.classes:  # where a DeviceClass serves a resource, its claims count there too
+                        gpus = plain_charge(gpus, dra.classes, policy.quota)
+                        devices, extended = dra.namespace_devices.get(namespace), dra.namespace_extended.get(namespace)
+                        monitors = dra.namespace_monitors.get(namespace)
+                        used = {resource: resource_usage(resource, used, devices or {}, dra.classes, extended, monitors)
+                                for resource in {*used, *policy.quota}}
+                        room = monitor_room({f"requests.{r}": c for r, c in policy.quota.items()},
+                                            monitor_devices(self.view, namespace), dra.classes)
                 # Holds, which any caller that reaches the port can make, never refuse: they only warn
                 # (docs/webhook.md, "Who may hold quota"). What exists refuses; the API server's quota decides
                 # the last unit of a burst.
                 over = quota_problems(namespace, policy.quota, used, gpus)
-                problems += over or (quota_pending(namespace, policy.quota, enforced, gpus) if self.quota_gate else [])
+                problems += over or (quota_pending(namespace, policy.quota, enforced, gpus, room) if self.quota_gate
+                                     else [])
                 if not problems:
                     held = held_warnings(namespace, policy.quota, used, pending, gpus)
         texts = [text for _, text in problems]
@@ -400,16 +433,22 @@ class Admission:
         requests.<extendedResourceName> when they are made) against the figures the mirror writes, so the
         pod is refused with a sentence instead of waiting on claims the API server refuses."""
         namespace = subject.namespace
+        spec = subject.pod["spec"]
+        with self.view.lock:
+            monitor = self.view.dra.pod_claims(namespace, spec).monitor
+        if monitor:  # admin access shares devices in use: nothing of gpu-placement's quota is charged or held
+            return self._decision(allowed(uid), MONITOR, subject)
         policy = self.policy(namespace)
         if policy.mode(self.config) != "dra" or policy.quota is None or n.ANN_QUOTA in policy.errors:
             return self._decision(allowed(uid), ALLOWED, subject)
-        spec = subject.pod["spec"]
         with self.view.lock:
             dra = self.view.dra
             charge = claim_charge(dra, namespace, spec, pod_standins(spec))
             hard = {key: int(value) for key, value in claim_hard(policy.quota, self.config, dra.classes).items()}
             used = claim_usage(self.view.namespace_usage.get(namespace) or {},
-                               dra.namespace_devices.get(namespace) or {}, dra.classes, hard)
+                               dra.namespace_devices.get(namespace) or {}, dra.classes, hard,
+                               dra.namespace_extended.get(namespace), dra.namespace_monitors.get(namespace))
+            room = monitor_room(hard, monitor_devices(self.view, namespace), dra.classes)
             # Admitted claim pods whose claims do not all exist yet (webhook/quota.py): without them two pods
             # created at once both pass, and the API server then refuses the second one's claims.
             pending = self.reservations.pending(namespace, exclude=subject.key)
@@ -422,7 +461,8 @@ class Admission:
         for kind in by_kind(asks):
             problems = problems or quota_problems(namespace, hard, used, kind, names)
         if not problems and self.quota_gate:
-            problems = keys_pending(namespace, hard, enforced, [key for key, _ in asks], names)
+            mirrored = {key: limit + room.get(key, 0) for key, limit in hard.items()}  # as the mirror writes them
+            problems = keys_pending(namespace, mirrored, enforced, [key for key, _ in asks], names)
         held: list[str] = []
         for kind in by_kind(asks) if not problems else ():  # the first kind over is worth a sentence, as above
             held = held or held_warnings(namespace, hard, used, pending, kind, names)
@@ -451,7 +491,7 @@ class Admission:
 
     def _unshaped(self, policy: NamespacePolicy, subject: Subject, where: str) -> list[tuple[str, str]]:
         """A GPU pod in a namespace with a GPU policy that /mutate did not shape (webhook/shaping.py)."""
-        if self._dra(policy) and policy.shapes_ok:
+        if self._dra(policy) and policy.shapes_ok and not self._kept(policy, subject):
             conversion = self._convert(policy, subject)
             if conversion.missing:  # none is kept for a class the quota gives nothing of: say that instead
                 unlisted = [p for p in quota_problems(subject.namespace, policy.quota, {}, subject.gpus)

@@ -41,8 +41,7 @@ __all__ = ["TEMPLATE_PENDING", "Conversion", "convert", "missing_sentence", "pod
            "template_claims"]
 
 TEMPLATE_PENDING = "TemplatePending"
-# resourceapi.ResourceDeviceClassPrefix (k8s.io/api resource/v1): every DeviceClass's implicit extended resource
-_IMPLICIT_EXTENDED = "deviceclass.resource.kubernetes.io/"
+_IMPLICIT_EXTENDED = n.IMPLICIT_CLASS_PREFIX  # every DeviceClass's implicit extended resource
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,13 +55,14 @@ class Conversion:
 
 def convert(pod: Mapping[str, Any], gpus: GpuRequests, level: Sharing, policy: NamespacePolicy, pools: Sequence[Pool],
             templates: Mapping[str, Claim], config: Config, keep_scheduler: bool = False,
-            mapped: frozenset[str] | None = None) -> Conversion:
+            mapped: frozenset[str] | None = None, shares: bool = False) -> Conversion:
     """The patch that gives a GPU pod claims instead of GPU resources. `level`: the pod's sharing (its
     own narrower ask or the namespace's); `templates`: the view's, by namespace/name. `mapped`: the
-    extended resources DeviceClasses name; not None where the pod is to carry stand-ins (`_standins`)."""
+    extended resources DeviceClasses name; not None where the pod is to carry stand-ins (`_standins`).
+    `shares`: some device is shared by memory (the `shared` template asks a share of one)."""
     spec: Mapping[str, Any] = pod.get("spec") or {}
     namespace = policy.namespace
-    wanted = claim_policy(policy)
+    wanted = claim_policy(policy, shares)
     levels = {resource: template_for(namespace, dra_level(level_of(resource, level, config), policy.sharing), wanted,
                                      config)
               for resource, _ in gpus}

@@ -4,8 +4,9 @@ sharing allows, its products, and no more devices in one claim than its quota gi
 
 Each problem names the field (`spec.devices.requests[0].exactly.deviceClassName`) and what to write
 instead. Selectors are CEL, which is not evaluated here: a namespace with `gpu-placement.io/gpu-products`
-requires the request to carry the same products selector its templates carry, word for word, so
-the allocator is the one that holds the line. Claims the resourceclaim controller makes from a
+requires each request (each `firstAvailable` alternative) to carry a products selector of the form its
+templates carry (`productName.replace(' ', '-') in [...]`) listing only products the namespace allows,
+so the allocator is the one that holds the line. Claims the resourceclaim controller makes from a
 template were checked when the template was written, and pass the same way.
 """
 
@@ -18,9 +19,10 @@ import orjson
 
 from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
-from gpu_placement.decide.claims import claim_policy, device_hard, template_for
+from gpu_placement.decide.claims import claim_policy, device_hard, product_selector, template_for
+from gpu_placement.decide.dra_fit import parse_selectors
 from gpu_placement.facts.policy import NamespacePolicy
-from gpu_placement.facts.sharing import EXCLUSIVE, SHARED
+from gpu_placement.facts.sharing import SHARED
 
 __all__ = ["CLAIM_KINDS", "CLAIM_OUTSIDE_POLICY", "claim_problems"]
 
@@ -42,9 +44,8 @@ def claim_problems(obj: Mapping[str, Any], resource: str, policy: NamespacePolic
     gpu_classes = set(config.dra.device_classes)
     level = policy.sharing
     products = claim_policy(policy)
-    # The selector the namespace's own templates carry for its products (the same text).
-    wanted_products = template_for(policy.namespace, EXCLUSIVE, products, config).selectors if products.products else ()
-    wanted_products = tuple(s for s in wanted_products if "productName" in s)
+    # The selector to suggest: the namespace's products, the form its templates carry.
+    wanted_products = product_selector(config.dra.driver, products.products) if products.products else None
     quota = device_hard(policy.quota, config) if policy.quota is not None else None
     # `shared` through DRA: the GPU class with the opaque GpuConfig the namespace's shared template carries.
     shared = template_for(policy.namespace, SHARED, products, config)
@@ -55,8 +56,8 @@ def claim_problems(obj: Mapping[str, Any], resource: str, policy: NamespacePolic
     problems: list[str] = []
     for path, request in _requests(spec, prefix):
         device_class = request.get("deviceClassName")
-        if device_class not in gpu_classes:
-            continue
+        if device_class not in gpu_classes or request.get("adminAccess") is True:
+            continue  # a monitor's admin access takes no device: its charge has room of its own (dra_quota.py)
         if level.kind != "exclusive" and not (level.kind == "mig" and device_class == config.dra.mig_class) and not (
                 level == SHARED and device_class == config.dra.gpu_class and shared_config in configs):
             fix = ("add the opaque configuration of namespace's shared level: {driver: "
@@ -65,13 +66,13 @@ def claim_problems(obj: Mapping[str, Any], resource: str, policy: NamespacePolic
                 f"ask {config.dra.mig_class} with profile {level.profile}")
             problems.append(f"{where}: {path}.deviceClassName is {device_class}, more than namespace "
                             f"{policy.namespace} gives ({n.ANN_SHARING}={level.text}): {fix}")
-        expressions = {str((s.get("cel") or {}).get("expression") or "") for s in request.get("selectors") or ()
-                       if isinstance(s, Mapping)}
-        for selector in wanted_products:
-            if selector not in expressions:
-                problems.append(f"{where}: {path}.selectors lacks the products selector of namespace "
-                                f"{policy.namespace} ({n.ANN_PRODUCTS}={','.join(products.products)}): add "
-                                f"{{cel: {{expression: \"{selector}\"}}}}")
+        expressions = tuple(str((s.get("cel") or {}).get("expression") or "") for s in request.get("selectors") or ()
+                            if isinstance(s, Mapping))
+        named = parse_selectors(expressions).products
+        if wanted_products is not None and (named is None or not named <= set(products.products)):
+            problems.append(f"{where}: {path}.selectors lacks the products selector of namespace "
+                            f"{policy.namespace} ({n.ANN_PRODUCTS}={','.join(products.products)}): add "
+                            f"{{cel: {{expression: \"{wanted_products}\"}}}} (or one listing fewer of them)")
         key = f"{device_class}.deviceclass.resource.k8s.io/devices"
         if quota is not None:
             allowed = int(quota.get(key, "0"))

@@ -14,7 +14,7 @@ the second time. An empty term matches no node in Kubernetes; it is kept empty, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -42,14 +42,19 @@ def escape(token: str) -> str:
 
 
 def gpu_patch(pod: Mapping[str, Any], gpus: GpuRequests, sharing: Sharing, pools: Sequence[Pool],
-              memory_default: str | None, config: Config, keep_scheduler: bool = False) -> Patch:
+              memory_default: str | None, config: Config, keep_scheduler: bool = False,
+              served_by_dra: Callable[[str], bool] = lambda _resource: False) -> Patch:
     """Shape a GPU pod (whose effective GPU request is `gpus`): resource rewrite, tolerations, node
     selection, scheduler (not with `keep_scheduler`: DaemonSet pods, which the DaemonSet controller
-    pins to one node each), our annotations."""
+    pins to one node each), our annotations. `served_by_dra`: whether a DRA DeviceClass serves the
+    resource where a node lacks it (DRAExtendedResource): a pod asking only such resources gets no
+    nvidia.com/gpu.present selector, which a node whose GPUs only the DRA driver gives may lack (no GPU
+    Feature Discovery); kube-scheduler keeps it off nodes without devices (DynamicResources)."""
     spec: Mapping[str, Any] = pod.get("spec") or {}
     ops: Patch = []
     gpus = _rewritten(spec, gpus, sharing.resource(config), config, ops)
-    scheduler = _route(spec, pools, config, keep_scheduler, GPU_PRESENT_TRUE, ops)
+    dra_only = bool(gpus) and all(served_by_dra(resource) for resource, _ in gpus)
+    scheduler = _route(spec, pools, config, keep_scheduler, {} if dra_only else GPU_PRESENT_TRUE, ops)
     meta: Mapping[str, Any] = pod.get("metadata") or {}
     annotations: Mapping[str, str] = meta.get("annotations") or {}
     wanted_annotations = {n.ANN_ADMITTED: admitted_value(sharing, gpus, pools, scheduler)}

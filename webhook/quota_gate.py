@@ -46,10 +46,12 @@ GATED_HOLD_SECONDS = 5.0
 
 
 def quota_pending(namespace: str, quota: Mapping[str, int], status: QuotaStatus | None,
-                  asks: GpuRequests) -> list[tuple[str, str]]:
+                  asks: GpuRequests, room: Mapping[str, int] | None = None) -> list[tuple[str, str]]:
     """(QUOTA_PENDING, sentence) for the first resource the pod asks for whose quota the API server does
-    not enforce yet at the annotation's figure or below; [] when it does for all of them."""
-    wanted = {f"requests.{resource}": quota[resource] for resource, _ in asks if resource in quota}
+    not enforce yet at the annotation's figure or below; [] when it does for all of them. `room`: what the
+    mirror adds to a key for the namespace's monitors (gpu_placement/decide/dra_quota.py `monitor_room`)."""
+    wanted = {f"requests.{resource}": quota[resource] + (room or {}).get(f"requests.{resource}", 0)
+              for resource, _ in asks if resource in quota}
     return keys_pending(namespace, wanted, status, [key for key in wanted], {f"requests.{r}": r for r in quota})
 
 

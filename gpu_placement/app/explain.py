@@ -108,6 +108,7 @@ class Explanation:
     node_lines: list[str] = field(default_factory=list)  # spec.nodeName: what happens on that node
     cuda_note: str | None = None  # why no CUDA requirement was inferred from the images, and what to set
     fragmented: list[str] = field(default_factory=list)  # no node has the room, the verified ones do in pieces
+    health: list[str] = field(default_factory=list)  # what its kubelet reports Unhealthy, and which device that is
 
     @property
     def hypothetical(self) -> bool:
@@ -133,6 +134,7 @@ def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bo
     name = meta.get("name") or meta.get("generateName") or "?"
     key = f"{namespace}/{meta.get('name') or ''}"
     holds = _holds(core.view.held(key))
+    health = _health(core, pod, namespace)
     if existing:
         core.view.delete_pod(key)
     route = _route_before(core, pod, namespace, context) if context.new else None
@@ -166,7 +168,20 @@ def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bo
                         {node: rule for node, rule in sorted(rules.items()) if rule}, context, rejected,
                         unmodelled(created.get("spec") or {}), message, route, node_lines, cuda_note)
     found.fragmented = _fragmented(core, found)
+    found.health = health
     return found
+
+
+def _health(core: Core, pod: dict[str, Any], namespace: str) -> list[str]:
+    """The devices the pod's kubelet reports Unhealthy (allocatedResourcesStatus, KEP-4680), found as the
+    DeviceTaintRule controller finds them."""
+    if not (pod.get("spec") or {}).get("nodeName") or not (pod.get("status") or {}).get("containerStatuses"):
+        return []
+    placed = copy.deepcopy(pod)
+    placed.setdefault("metadata", {}).setdefault("namespace", namespace)
+    record = core.ingest.pod(placed)
+    with core.view.lock:
+        return core.view.reported(record)
 
 
 def _route_before(core: Core, pod: dict[str, Any], namespace: str, context: Context) -> Route:
@@ -248,6 +263,10 @@ def render(core: Core, found: Explanation, show_all: bool = False, examples: int
         lines.append(f"  {'allowed' if admission.allowed else 'DENIED'}" +
                      (f": {admission.message}" if admission.message else ""))
     lines += [f"  warning: {w}" for w in admission.warnings]
+    if found.health:  # the launch outcomes count it as device_unhealthy; the device is tainted alone
+        lines += ["", "devices reported Unhealthy by its kubelet (status.containerStatuses[].allocatedResourcesStatus; "
+                      "gpu-placement keeps them out with a DeviceTaintRule, DeviceUnhealthy):",
+                  *(f"  {line}" for line in found.health)]
     head = "extender (hypothetical: it never sees this pod; what it would decide if it did)" if found.hypothetical \
         else "extender"
     lines += ["", *_scheduler_lines(found), "", f"{head}: needs {found.needs}"]
@@ -313,11 +332,11 @@ def _policy_claims(core: Core, namespace: str, pod: dict[str, Any], nodes: list[
 
     with core.view.lock:
         record = core.view.namespaces.get(namespace)
-        profiles = core.view.dra.mig_profiles()
+        profiles, shares = core.view.dra.mig_profiles(), core.view.dra.shares_memory()
     policy = parse_policy(record, namespace, core.config)
     if policy.mode(core.config) != "dra" or not policy.shapes_ok:
         return []
-    templates = {t.name: t for t in wanted_templates(policy, profiles, core.config)}
+    templates = {t.name: t for t in wanted_templates(policy, profiles, core.config, shares)}
     claims = [(str(entry.get("name")), templates[entry.get("resourceClaimTemplateName")])
               for entry in (pod.get("spec") or {}).get("resourceClaims") or ()
               if isinstance(entry, dict) and entry.get("resourceClaimTemplateName") in templates]
@@ -327,8 +346,12 @@ def _policy_claims(core: Core, namespace: str, pod: dict[str, Any], nodes: list[
     rows = []
     for template in {t.name: t for _, t in claims}.values():
         names = ", ".join(name for name, t in claims if t is template)
-        lines.append(f"  {names}: {template.name}, 1 device of {template.device_class} each")
+        share = f" (a share: {template.share} of its memory)" if template.share else ""
+        lines.append(f"  {names}: {template.name}, 1 device of {template.device_class} each{share}")
         lines += [f"    where {selector}" for selector in template.selectors]
+        for index, (alternative, selectors) in enumerate(template.alternatives):
+            lines.append(f"    {'first' if index == 0 else 'else'} {alternative}: "
+                         f"{next((s for s in selectors if 'productName' in s), '')}")
         kind = "mig" if template.level.kind == "mig" else "gpu"
         with core.view.lock:
             for node in nodes:

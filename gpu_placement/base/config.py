@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from gpu_placement.base.names import GPU_RESOURCE, LABEL_ENABLED, MIG_RESOURCE_PREFIX
+from gpu_placement.base.names import GPU_RESOURCE, IMPLICIT_CLASS_PREFIX, LABEL_ENABLED, MIG_RESOURCE_PREFIX
 from gpu_placement.base.selectors import LabelSelector, SelectorError
 
 __all__ = ["Config", "ConfigError", "Dra", "Pool", "Rollout", "Scoring", "Telemetry", "Validator", "load_config",
@@ -117,7 +117,11 @@ class Config:
         return value == "true" if self.namespace_selection == "optIn" else value != "false"
 
     def is_gpu_resource(self, name: str) -> bool:
-        return name in self.gpu_resources or name == self.shared_resource or name.startswith(MIG_RESOURCE_PREFIX)
+        """A GPU resource: the device plugin's (gpuResources, the shared one, MIG slices) or the implicit
+        extended resource of a configured DRA device class (`deviceclass.resource.kubernetes.io/gpu.nvidia.com`:
+        kube-scheduler allocates a device of the class for it, DRAExtendedResource)."""
+        return name in self.gpu_resources or name == self.shared_resource or name.startswith(MIG_RESOURCE_PREFIX) or (
+            name.startswith(IMPLICIT_CLASS_PREFIX) and name[len(IMPLICIT_CLASS_PREFIX):] in self.dra.device_classes)
 
 
 def load_config(path: str | Path | None) -> Config:

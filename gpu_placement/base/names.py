@@ -33,6 +33,9 @@ UPGRADE_FAILED = "upgrade-failed"
 # Resources.
 GPU_RESOURCE = "nvidia.com/gpu"
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+# Every DeviceClass also answers to this extended resource name with its own name after it
+# (resourceapi.ResourceDeviceClassPrefix, k8s.io/api resource/v1; DRAExtendedResource, GA in 1.37).
+IMPLICIT_CLASS_PREFIX = "deviceclass.resource.kubernetes.io/"
 # The stand-in extended resources a claim pod of a `dra` namespace asks one of per device, by level
 # (gpu_placement/facts/sharing.py `standin_of`): the API server's pod quota charges them atomically at the
 # pod's create. No node has them; the chart's scheduler profile ignores the group for node fit.

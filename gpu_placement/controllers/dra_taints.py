@@ -16,9 +16,10 @@ configured driver whose node-level verdict is NotValidated, DriverUpgrade or MIG
     taint     {key: gpu-placement.io/unverified, value: <reason code>, effect: <dra.taintEffect>}
 
 and, where telemetry names a device by UUID (a recent XID), `gpu-placement-<pool>-<device>` for that
-device alone (value XIDError). Deleted when the node is verified again. Not tainted: NodeNotReady (a
-NotReady or cordoned node already takes no pod, and NoExecute would turn every cordon into an
-eviction).
+device alone (value XIDError); the same for a device a pod running on it reports Unhealthy in its
+status (`allocatedResourcesStatus`, KEP-4680: value DeviceUnhealthy, `ClusterView.unhealthy_on`), for
+as long as one does. Deleted when the node is verified again. Not tainted: NodeNotReady (a NotReady or
+cordoned node already takes no pod, and NoExecute would turn every cordon into an eviction).
 
 The validator's way in. GPU Operator 26.7's DRA validator proves a node by taking one of its GPUs
 through a ResourceClaim (manifests/state-dra-validation: adminAccess, no toleration), and admin
@@ -89,6 +90,7 @@ from gpu_placement.observe.metrics import (
 from gpu_placement.view.cluster import ClusterView
 
 __all__ = [
+    "DEVICE_UNHEALTHY",
     "MANAGED_BY",
     "NODE_LABEL",
     "TAINTED",
@@ -110,6 +112,9 @@ REASON_ANNOTATION = "gpu-placement.io/reason"
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
 TAINTED = frozenset({NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING})
 XID_ERROR = "XIDError"
+# A pod running on the device reports it Unhealthy (status.containerStatuses[].allocatedResourcesStatus,
+# KEP-4680): tainted alone, as an XID device is, for as long as a pod reports it.
+DEVICE_UNHEALTHY = "DeviceUnhealthy"
 _SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
 _TIMEOUT = (5.0, 15.0)
 _ACTIONS = {"POST": "create", "PUT": "update", "DELETE": "delete"}
@@ -187,14 +192,19 @@ def desired_rules(view: ClusterView, config: Config, node: str) -> tuple[list[Ru
                 for pool in pools], False
     reading = view.telemetry.get(node)
     bad = reading.xid_devices if reading is not None else frozenset()
-    rules = []
-    for slice_ in dra.slices_of(node) if bad else ():
+    sick = view.unhealthy_on(node)
+    rules: dict[str, Rule] = {}
+    for slice_ in dra.slices_of(node) if bad or sick else ():
         for device in slice_.devices:
+            name = _rule_name(slice_.pool, device.name)
             if device.uuid in bad:
-                rules.append(Rule(_rule_name(slice_.pool, device.name), node, slice_.pool, device.name, XID_ERROR,
-                                  _effect(config), f"{XID_ERROR}: telemetry reports a recent XID error on GPU "
-                                  f"{device.uuid} (DCGM_FI_DEV_XID_ERRORS)", 1))
-    return rules, False
+                rules[name] = Rule(name, node, slice_.pool, device.name, XID_ERROR, _effect(config),
+                                   f"{XID_ERROR}: telemetry reports a recent XID error on GPU {device.uuid} "
+                                   "(DCGM_FI_DEV_XID_ERRORS)", 1)
+            elif device.name in sick:
+                rules[name] = Rule(name, node, slice_.pool, device.name, DEVICE_UNHEALTHY, _effect(config),
+                                   f"{DEVICE_UNHEALTHY}: {sick[device.name]}"[:1024], 1)
+    return list(rules.values()), False
 
 
 class TaintController(LeaderLoop):

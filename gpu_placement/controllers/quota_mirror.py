@@ -44,7 +44,7 @@ from kubernetes.client import ApiClient
 
 from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
-from gpu_placement.decide.dra_quota import claim_hard, requests_hard
+from gpu_placement.decide.dra_quota import claim_hard, monitor_devices, monitor_room, requests_hard
 from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.pods import PodRecord
 from gpu_placement.facts.policy import NamespacePolicy, parse_policy
@@ -114,6 +114,7 @@ class QuotaMirror(LeaderLoop):
         self._classes: tuple[bool, tuple[tuple[str, str], ...]] = (False, ())
         self._owner = Owner(self.settings.owner, "quota mirror") if self.settings.owner else None
         view.subscribe_records(self._pod_changed, self._changed)
+        view.dra.subscribe_monitors(self._monitors_changed)
 
     # -- events --------------------------------------------------------------------------------
     def _changed(self, name: str, _record: NamespaceRecord | None) -> None:
@@ -122,13 +123,17 @@ class QuotaMirror(LeaderLoop):
             self._dirty.add(name)
         self._wake.set()
 
-    def _pod_changed(self, key: str, _record: PodRecord | None) -> None:
+    def _pod_changed(self, key: str, record: PodRecord | None) -> None:
         """View listener (under the view's lock, for every pod): a pod of a namespace where an old template
-        is kept for waiting pods may have its claims now, or be gone: take that namespace again."""
-        if self.templates is not None and self.templates.kept_namespaces:
-            namespace = key.split("/", 1)[0]
-            if namespace in self.templates.kept_namespaces:
-                self._changed(namespace, None)
+        is kept for waiting pods may have its claims now, or be gone; a pod waiting for a monitor's claim
+        needs room for it first (`monitor_room`): take that namespace again."""
+        namespace = key.split("/", 1)[0]
+        if (self.templates is not None and namespace in self.templates.kept_namespaces) or (
+                namespace in self.view.dra.monitor_templates and (record is None or record.claim_templates)):
+            self._changed(namespace, None)
+
+    def _monitors_changed(self, namespace: str) -> None:
+        self._changed(namespace, None)
 
     # -- running -------------------------------------------------------------------------------
     def step(self) -> None:
@@ -223,10 +228,14 @@ class QuotaMirror(LeaderLoop):
         if policy.mode(self.config) == "dra" and self.templates is not None and "deviceclasses" not in self.view.listed:
             return False, None, record.uid  # its DeviceClasses say what claims are charged: not known yet
         hard = desired_hard(policy.quota)
-        # What the API server charges claim pods: gpu_placement/decide/dra_quota.py.
-        if policy.mode(self.config) == "dra":
-            with self.view.lock:
+        with self.view.lock:
+            # What the API server charges claim pods: gpu_placement/decide/dra_quota.py.
+            if policy.mode(self.config) == "dra":
                 hard.update(claim_hard(policy.quota, self.config, self.view.dra.classes))
+            # Room for the monitors' admin-access claims, which the API server charges too.
+            room = monitor_room(hard, monitor_devices(self.view, name), self.view.dra.classes)
+        for key, extra in room.items():
+            hard[key] = str(int(hard[key]) + extra)
         return True, hard, record.uid
 
     def _classes_changed(self) -> bool:

@@ -61,8 +61,8 @@ class TemplateKeeper:
         wanted: dict[str, Template] = {}
         if policy is not None and policy.mode(self.config) == "dra":
             with self.view.lock:
-                profiles = self.view.dra.mig_profiles()
-            wanted = {t.name: t for t in wanted_templates(policy, profiles, self.config)}
+                profiles, shares = self.view.dra.mig_profiles(), self.view.dra.shares_memory()
+            wanted = {t.name: t for t in wanted_templates(policy, profiles, self.config, shares)}
         tried: set[str] = set()
         if current is None:
             if not wanted and not self._any_in_view(name):

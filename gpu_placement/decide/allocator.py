@@ -33,9 +33,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpu_placement.facts.dra import Ask, Capacity, Device
+from gpu_placement.decide.dra_fit import consumption
+from gpu_placement.facts.dra import Ask, Device
 
-__all__ = ["Allocation", "consumption", "first_fit"]
+__all__ = ["Allocation", "consumption", "first_fit"]  # consumption: dra_fit.py's, the one count of capacity
 
 _BLOCKING = ("NoSchedule", "NoExecute")
 _NONE: Mapping[str, int] = {}
@@ -48,50 +49,6 @@ class Allocation:
     request: int  # index of the request in the claim's asks
     device: str
     consumed: tuple[tuple[str, int], ...] = ()
-
-
-def _consumed_amount(asked: int | None, capacity: Capacity) -> int:
-    """`calculateConsumedCapacity`: what one request consumes of one capacity."""
-    if asked is None:  # fillEmptyRequest
-        return capacity.default if capacity.default is not None else capacity.value
-    if capacity.minimum is not None:  # roundUpRange
-        if asked < capacity.minimum:
-            return capacity.minimum
-        if capacity.step is None or capacity.step <= 0:
-            return asked
-        steps = -(-(asked - capacity.minimum) // capacity.step)
-        return capacity.minimum + steps * capacity.step
-    if capacity.valid_values:  # roundUpValidValues
-        return next((v for v in capacity.valid_values if asked <= v), asked)
-    return asked
-
-
-def _violates(amount: int, capacity: Capacity) -> bool:
-    """`violatesPolicy`."""
-    if capacity.default is not None and amount == capacity.default:
-        return False
-    if capacity.minimum is not None:
-        if capacity.maximum is not None and amount > capacity.maximum:
-            return True
-        return bool(capacity.step) and (amount - capacity.minimum) % capacity.step != 0  # type: ignore[operator]
-    if capacity.valid_values:
-        return amount not in capacity.valid_values
-    return False
-
-
-def consumption(device: Device, wants: Mapping[str, int]) -> dict[str, int] | None:
-    """What a request asking `wants` (capacity -> milli-units) consumes of each capacity of the device;
-    None when the device lacks a capacity asked or an amount breaks its requestPolicy."""
-    names = {c.name for c in device.capacity}
-    if any(name not in names for name in wants):  # requestsContainNonExistCapacity
-        return None
-    amounts = {}
-    for capacity in device.capacity:
-        amount = _consumed_amount(wants.get(capacity.name), capacity)
-        if amount < 0 or _violates(amount, capacity):
-            return None
-        amounts[capacity.name] = amount
-    return amounts
 
 
 def _fits(device: Device, amounts: Mapping[str, int], used: Mapping[str, int], taking: Mapping[str, int]) -> bool:

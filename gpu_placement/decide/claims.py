@@ -54,14 +54,33 @@ import orjson
 from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
 from gpu_placement.base.cuda import Version, driver_table
-from gpu_placement.facts.dra import Device, device_product
-from gpu_placement.facts.pods import container_gpu_requests
+from gpu_placement.facts.dra import Device, DeviceClass, device_product
+from gpu_placement.facts.pods import GpuRequests, container_gpu_requests
 from gpu_placement.facts.policy import NamespacePolicy
 from gpu_placement.facts.sharing import SHARED, Sharing, sharing_of_resource
 
-__all__ = ["MANAGED_BY", "REQUEST", "ClaimPlan", "ClaimPolicy", "Template", "claim_policy", "device_hard",
-           "devices_quota_key", "dra_level", "dra_profile", "level_of", "levels_for", "plan", "plugin_profile",
-           "semver_text", "spec_digest", "template_for", "wanted_templates"]
+__all__ = [
+    "MANAGED_BY",
+    "REQUEST",
+    "ClaimPlan",
+    "ClaimPolicy",
+    "Template",
+    "claim_policy",
+    "device_hard",
+    "devices_quota_key",
+    "dra_level",
+    "dra_profile",
+    "keeps_resource",
+    "level_of",
+    "levels_for",
+    "plan",
+    "plugin_profile",
+    "product_selector",
+    "semver_text",
+    "spec_digest",
+    "template_for",
+    "wanted_templates",
+]
 
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
 REQUEST = "gpu"  # the one request of each template; containers name the claim, not the request
@@ -74,10 +93,23 @@ _SLUG = re.compile(r"[^a-z0-9]+")
 class ClaimPolicy:
     """What a namespace's annotations decide about the devices, beyond the sharing level."""
 
-    products: tuple[str, ...] = ()  # nvidia.com/gpu.product values (GFD's form: spaces as dashes), sorted
+    products: tuple[str, ...] = ()  # nvidia.com/gpu.product values (GFD's form: spaces as dashes), as written
     memory: str | None = None  # gpu-memory as written (a Kubernetes quantity)
     memory_mib: int | None = None
     cuda: Version | None = None  # the namespace's CUDA floor; the driver table gives the driver for it
+    shares: bool = False  # some device is shared by its memory (consumable capacity): `shared` asks a share
+
+    @property
+    def share(self) -> str | None:
+        """What a `shared` claim asks of a device shared by memory: the namespace's gpu-memory, in the
+        canonical form the API server stores a quantity in (so the stored template keeps its digest)."""
+        if not self.shares or self.memory_mib is None:
+            return None
+        size = self.memory_mib * 2**20
+        for suffix, power in (("Ti", 40), ("Gi", 30), ("Mi", 20)):
+            if size % 2**power == 0:
+                return f"{size >> power}{suffix}"
+        return f"{self.memory_mib}Mi"  # pragma: no cover: a whole number of MiB always divides
 
     @property
     def min_driver(self) -> Version | None:
@@ -92,13 +124,17 @@ class Template:
     name: str
     level: Sharing
     device_class: str
-    selectors: tuple[str, ...]
+    selectors: tuple[str, ...]  # of its one request; with `alternatives`, those every alternative carries
     config: Mapping[str, Any] | None  # the opaque parameters (GpuConfig), or None
     digest: str  # of the claim spec: what a template of this name must hold
     policy: ClaimPolicy = field(default_factory=ClaimPolicy)
+    # A product list of more than one: `firstAvailable` subrequests in the order written, each (name, its
+    # selectors); the allocator takes the first it can satisfy (KEP-4816).
+    alternatives: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    share: str | None = None  # capacity.requests.memory: a share of a device shared by memory (KEP-5075)
 
     def claim_spec(self, driver: str) -> dict[str, Any]:
-        return _claim_spec(self.device_class, self.selectors, self.config, driver)
+        return _claim_spec(self.device_class, self.selectors, self.config, driver, self.alternatives, self.share)
 
     def body(self, driver: str, version: str = "v1") -> dict[str, Any]:
         labels = {MANAGED_BY[0]: MANAGED_BY[1]}
@@ -119,6 +155,8 @@ class Template:
         policy = self.policy
         if policy.products and device_product(device) not in policy.products:
             return f"product {device.product}"
+        if self.share is not None and device.shared and (device.memory_mib or 0) < (policy.memory_mib or 0):
+            return f"memory {device.memory_mib} MiB"
         if policy.memory_mib is not None and (device.memory_mib or 0) < policy.memory_mib:
             return f"memory {device.memory_mib} MiB"
         floor = policy.min_driver
@@ -135,21 +173,40 @@ def template_for(namespace: str, level: Sharing, policy: ClaimPolicy, config: Co
     device_class = dra.mig_class if level.kind == "mig" else dra.gpu_class
     if level.kind == "mig":
         selectors.append(f"{domain}.profile == '{dra_profile(level.profile)}'")
-    if policy.products:
-        listed = ", ".join(f"'{product}'" for product in policy.products)
-        # productName as published ("NVIDIA H100 80GB HBM3"), compared in GPU Feature Discovery's form,
-        # the form gpu-placement.io/gpu-products is written in.
-        selectors.append(f"{domain}.productName.replace(' ', '-') in [{listed}]")
+    if len(policy.products) == 1:
+        selectors.append(product_selector(dra.driver, policy.products))
     if policy.memory is not None:
         selectors.append(f"device.capacity['{dra.driver}'].memory.compareTo(quantity('{policy.memory}')) >= 0")
     floor = policy.min_driver
     if floor is not None:
         selectors.append(f"{domain}.driverVersion.compareTo(semver('{semver_text(floor)}')) >= 0")
+    alternatives: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    if len(policy.products) > 1:  # one alternative per product, in the order written: the first that fits wins
+        names = _alternative_names(policy.products)
+        alternatives = tuple((name, (*selectors[:1], product_selector(dra.driver, (product,)), *selectors[1:]))
+                             for name, product in zip(names, policy.products, strict=True))
+    share = policy.share if level.kind == "shared" else None
     config_params = _sharing_config(level, policy, config)
-    digest = spec_digest(_claim_spec(device_class, tuple(selectors), config_params, dra.driver))
+    digest = spec_digest(_claim_spec(device_class, tuple(selectors), config_params, dra.driver, alternatives, share))
     slug = _SLUG.sub("-", "gpu" if level.kind == "exclusive" else level.text.lower()).strip("-")
     return Template(namespace, f"gpu-placement-{slug}-{digest[:10]}", level, device_class, tuple(selectors),
-                    config_params, digest, policy)
+                    config_params, digest, policy, alternatives, share)
+
+
+def product_selector(driver: str, products: Iterable[str]) -> str:
+    """productName as published ("NVIDIA H100 80GB HBM3"), compared in GPU Feature Discovery's form, the
+    form gpu-placement.io/gpu-products is written in."""
+    listed = ", ".join(f"'{product}'" for product in products)
+    return f"device.attributes['{driver}'].productName.replace(' ', '-') in [{listed}]"
+
+
+def _alternative_names(products: Sequence[str]) -> list[str]:
+    """A subrequest name per product (a DNS label: `nvidia-h100-80gb-hbm3`), unique in the request."""
+    names: list[str] = []
+    for index, product in enumerate(products):
+        name = _SLUG.sub("-", product.lower()).strip("-")[:56] or "product"
+        names.append(name if name not in names else f"{name}-{index}")
+    return names
 
 
 def levels_for(level: Sharing, profiles: Iterable[str]) -> list[Sharing]:
@@ -275,16 +332,28 @@ def level_of(resource: str, pod_level: Sharing, config: Config) -> Sharing:
 # -- pieces -----------------------------------------------------------------------------------------------
 
 def _claim_spec(device_class: str, selectors: Sequence[str], config: Mapping[str, Any] | None,
-                driver: str) -> dict[str, Any]:
-    # allocationMode and count written out: the API server defaults them, and the stored template must
-    # compare equal to this one (the digest).
-    exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1}
-    if selectors:
-        exactly["selectors"] = [{"cel": {"expression": expression}} for expression in selectors]
-    devices: dict[str, Any] = {"requests": [{"name": REQUEST, "exactly": exactly}]}
+                driver: str, alternatives: Sequence[tuple[str, Sequence[str]]] = (),
+                share: str | None = None) -> dict[str, Any]:
+    if alternatives:
+        request: dict[str, Any] = {"name": REQUEST, "firstAvailable": [
+            {"name": name, **_device_request(device_class, alternative, share)} for name, alternative in alternatives]}
+    else:
+        request = {"name": REQUEST, "exactly": _device_request(device_class, selectors, share)}
+    devices: dict[str, Any] = {"requests": [request]}
     if config is not None:
         devices["config"] = [{"requests": [REQUEST], "opaque": {"driver": driver, "parameters": dict(config)}}]
     return {"devices": devices}
+
+
+def _device_request(device_class: str, selectors: Sequence[str], share: str | None) -> dict[str, Any]:
+    # allocationMode and count written out: the API server defaults them, and the stored template must
+    # compare equal to this one (the digest).
+    request: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount", "count": 1}
+    if selectors:
+        request["selectors"] = [{"cel": {"expression": expression}} for expression in selectors]
+    if share is not None:  # on a device without allowMultipleAllocations, the whole device (that holds it)
+        request["capacity"] = {"requests": {"memory": share}}
+    return request
 
 
 def _sharing_config(level: Sharing, policy: ClaimPolicy, config: Config) -> dict[str, Any] | None:
@@ -312,16 +381,18 @@ def _pad(version: Version) -> Version:
 
 # -- a namespace's templates, and its quota in devices ------------------------------------------------------
 
-def claim_policy(policy: NamespacePolicy) -> ClaimPolicy:
-    """The part of a namespace's policy that its templates' selectors carry."""
-    return ClaimPolicy(tuple(sorted(policy.products or ())), policy.gpu_memory, policy.gpu_memory_mib, policy.cuda)
+def claim_policy(policy: NamespacePolicy, shares: bool = False) -> ClaimPolicy:
+    """The part of a namespace's policy that its templates' selectors carry. `shares`: some device of the
+    driver is shared by memory (gpu_placement/view/dra.py `shares_memory`)."""
+    return ClaimPolicy(policy.product_order, policy.gpu_memory, policy.gpu_memory_mib, policy.cuda, shares)
 
 
-def wanted_templates(policy: NamespacePolicy, mig_profiles: set[str], config: Config) -> list[Template]:
+def wanted_templates(policy: NamespacePolicy, mig_profiles: set[str], config: Config,
+                     shares: bool = False) -> list[Template]:
     """The templates a `dra` namespace needs: one per level a pod there may be given, and with a quota,
     only of the device classes it gives devices of."""
     levels = levels_for(policy.sharing, {plugin_profile(p) for p in mig_profiles})
-    wanted = claim_policy(policy)
+    wanted = claim_policy(policy, shares)
     templates = [template_for(policy.namespace, level, wanted, config) for level in levels]
     if policy.quota is None:
         return templates
@@ -341,3 +412,42 @@ def device_hard(quota: Mapping[str, int], config: Config) -> dict[str, str]:
         device_class = config.dra.mig_class if kind == "mig" else config.dra.gpu_class
         per_class[device_class] = per_class.get(device_class, 0) + count
     return {devices_quota_key(device_class): str(count) for device_class, count in sorted(per_class.items())}
+
+
+# -- pods the cluster serves through DRA without claims of ours -----------------------------------------
+
+def keeps_resource(gpus: GpuRequests, level: Sharing, policy: NamespacePolicy, extended: Mapping[str, str],
+                   classes: Mapping[str, DeviceClass], config: Config, routed: bool) -> bool:
+    """Whether a GPU pod of a `dra` namespace keeps its resources as written, served through DRA by the
+    cluster itself (DRAExtendedResource, GA in 1.37: on a node without the resource in its allocatable,
+    kube-scheduler makes a claim for a device of the DeviceClass naming it), instead of claims from the
+    namespace's templates. `extended`: resource -> the GPU class kube-scheduler allocates for it
+    (gpu_placement/view/dra.py); `routed`: the pod goes to gpu-placement's scheduler, whose extender holds
+    it to the namespace's CUDA floor by the node's driver.
+
+    Kept when the cluster maps every GPU resource the pod asks, and:
+    - a resource is a class's implicit name (`deviceclass.resource.kubernetes.io/<class>`): the pod
+      asked for that class's devices itself; or
+    - the pod's level is `exclusive`, it goes to gpu-placement's scheduler, the namespace holds devices
+      to no product list and no device memory (only a claim's CEL selector holds one device to them:
+      a namespace asking either gets claims), and its quota gives no other level of a class the API
+      server charges to the same resource (a `shared` claim of gpu.nvidia.com counts against
+      requests.nvidia.com/gpu too): the pod's own create is then charged its whole GPUs, atomically,
+      and its claim is not charged them again (resource_claims.go `addExtendedResourceQuota`).
+    """
+    if not gpus or not all(resource in extended for resource, _ in gpus):
+        return False
+    if any(resource.startswith(n.IMPLICIT_CLASS_PREFIX) for resource, _ in gpus):
+        return True
+    if level.kind != "exclusive" or not routed or policy.products or policy.gpu_memory is not None:
+        return False
+    charged = {classes[extended[resource]].extended_resource for resource, _ in gpus
+               if extended[resource] in classes}
+    for resource in policy.quota or {}:
+        other = sharing_of_resource(resource, config)
+        if not config.is_gpu_resource(resource) or other.kind == "exclusive":
+            continue
+        device_class = classes.get(config.dra.mig_class if other.kind == "mig" else config.dra.gpu_class)
+        if device_class is not None and device_class.extended_resource in charged:
+            return False
+    return True

@@ -28,6 +28,25 @@ The mirror writes (`claim_hard`), beyond `requests.<resource>` of the annotation
 level; the devices per class (`device_hard`); and `requests.X`, where the view's DeviceClass of a
 class names X, no lower than that class's devices, so claims charged there are not refused below the
 devices key. /validate counts the same keys (`claim_charge`, `claim_usage`) and refuses first.
+
+A pod that asks an extended resource a DeviceClass serves (`nvidia.com/gpu`, or the class's implicit
+`deviceclass.resource.kubernetes.io/<class>`) and lands where kube-scheduler serves it through DRA is
+charged twice as well: `requests.<what it asked>` at its create, and the claim kube-scheduler makes
+for it (annotated resource.kubernetes.io/extended-resource-claim, owned by the pod) the class's devices
+and both names of the class, less what the pod asked of each (resource_claims.go
+`addExtendedResourceQuota`, `getVerifiedPodUsage`): a pod asking `nvidia.com/gpu: 1` is charged
+requests.nvidia.com/gpu once, at its create, and its claim requests.deviceclass.resource.kubernetes.io/
+gpu.nvidia.com (only where the class names an extendedResourceName: the claim evaluator's
+`MatchingResources`). So /validate counts against each name of a class (`resource_usage`) the pods
+asking either name and the claims of the class that kube-scheduler did not make for a pod, and charges
+a pod asking one name the other too where the quota lists it (`plain_charge`; a pod the device plugin
+serves is never charged the second: counted anyway, the count errs on the side of refusing early).
+
+Monitors (claims whose every request has admin access: a DCGM exporter) are charged like any claim
+(resource_claims_test.go: "Admins are *not* exempt from quota"; allocationMode All counts 32 devices).
+So that they never take a namespace's quota, the mirror raises every key they are charged by what they
+are charged, for their claims and for the claims their pods wait for (`monitor_devices`,
+`monitor_room`), and /validate counts the namespace's use without them.
 """
 
 from __future__ import annotations
@@ -38,13 +57,15 @@ from typing import Any
 
 from gpu_placement.base.config import Config
 from gpu_placement.decide.claims import device_hard, devices_quota_key
-from gpu_placement.facts.dra import DeviceClass
+from gpu_placement.facts.dra import DeviceClass, implicit_name
 from gpu_placement.facts.pods import GpuRequests, effective_gpu_requests
 from gpu_placement.facts.sharing import Sharing, is_standin, parse_sharing, sharing_of_resource, standin_of
+from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.dra import DraState
 
 __all__ = ["ClaimCharge", "by_kind", "claim_charge", "claim_hard", "claim_names", "claim_usage", "is_standin_key",
-           "level_quota", "mapped", "pod_standins", "requests_hard"]
+           "level_quota", "mapped", "monitor_devices", "monitor_room", "plain_charge", "pod_standins", "requests_hard",
+           "resource_usage"]
 
 _REQUESTS = "requests."
 _DEVICES = devices_quota_key("")  # the suffix
@@ -114,7 +135,7 @@ def claim_charge(dra: DraState, namespace: str, spec: Mapping[str, Any], standin
     for entry in spec.get("resourceClaims") or ():
         name = entry.get("resourceClaimTemplateName") if isinstance(entry, Mapping) else None
         template = dra.templates.get(f"{namespace}/{name}") if name else None
-        if template is None:
+        if template is None or template.monitor:  # a monitor's claim has room of its own (`monitor_room`)
             continue
         level = _level(template.level)
         for device_class, count in template.devices:
@@ -141,18 +162,91 @@ def pod_standins(spec: Mapping[str, Any]) -> GpuRequests:
 
 
 def claim_usage(usage: Mapping[str, int], devices: Mapping[str, int], classes: Mapping[str, DeviceClass],
-                keys: Any) -> dict[str, int]:
-    """What the API server counts for each key in the namespace, from the view: `usage` (its pods' GPU and
-    stand-in requests, view.namespace_usage) and `devices` (its claims' devices per class)."""
+                keys: Any, extended: Mapping[str, int] | None = None,
+                monitors: Mapping[str, int] | None = None) -> dict[str, int]:
+    """What the API server counts for each key in the namespace, monitors aside, from the view: `usage`
+    (its pods' GPU and stand-in requests, view.namespace_usage), `devices` (its claims' devices per class)
+    and, of those, `extended` (the claims kube-scheduler made for pods' extended resources:
+    view.dra.namespace_extended) and `monitors` (admin-access claims: view.dra.namespace_monitors)."""
     used: dict[str, int] = {}
     for key in keys:
         if key.endswith(_DEVICES):
-            used[key] = devices.get(key[: -len(_DEVICES)], 0)
+            device_class = key[: -len(_DEVICES)]
+            used[key] = devices.get(device_class, 0) - (monitors or {}).get(device_class, 0)
         elif key.startswith(_REQUESTS):
-            resource = key[len(_REQUESTS):]
-            used[key] = usage.get(resource, 0) + sum(
-                devices.get(name, 0) for name, found in classes.items() if found.extended_resource == resource)
+            used[key] = resource_usage(key[len(_REQUESTS):], usage, devices, classes, extended, monitors)
     return used
+
+
+def _names(device_class: str, found: DeviceClass) -> frozenset[str]:
+    """The extended resources whose quota a claim of the class is charged: its extendedResourceName and
+    its implicit name, both only where it names one (the claim evaluator's `MatchingResources` matches
+    the implicit key only for a class with an extendedResourceName)."""
+    return frozenset((found.extended_resource, implicit_name(device_class))) if found.extended_resource \
+        else frozenset()
+
+
+def resource_usage(resource: str, usage: Mapping[str, int], devices: Mapping[str, int],
+                   classes: Mapping[str, DeviceClass], extended: Mapping[str, int] | None = None,
+                   monitors: Mapping[str, int] | None = None) -> int:
+    """What the API server counts against `requests.<resource>` in a namespace, monitors aside: its pods
+    asking it, and for each class charged to it, its claims but those kube-scheduler made for a pod's
+    extended resources (their pod's own create paid for what it asked) and monitors' (the mirror gives
+    their charge room of its own: `monitor_room`), and the pods asking the class's other name (their
+    claim pays this one)."""
+    total = usage.get(resource, 0)
+    for device_class, found in classes.items():
+        names = _names(device_class, found)
+        if resource in names:
+            total += devices.get(device_class, 0) - (extended or {}).get(device_class, 0) - (
+                monitors or {}).get(device_class, 0)
+            total += sum(usage.get(other, 0) for other in names if other != resource)
+    return total
+
+
+def monitor_devices(view: ClusterView, namespace: str) -> dict[str, int]:
+    """Devices per class the API server charges a namespace's monitors (admin-access claims: not exempt
+    from quota, resource_claims_test.go "admin"): their claims that exist, and those their pods wait for
+    from admin-access templates (the resourceclaim controller retries a create the quota refused, so the
+    room must be there before the claim is). Call under the view's lock."""
+    dra = view.dra
+    devices = dict(dra.namespace_monitors.get(namespace) or {})
+    for key, waiting in view.template_waiters.items():
+        template = dra.templates.get(key) if key.startswith(namespace + "/") else None
+        if template is not None and template.monitor:
+            for device_class, count in template.devices:
+                devices[device_class] = devices.get(device_class, 0) + count * len(waiting)
+    return devices
+
+
+def monitor_room(hard: Mapping[str, int], monitors: Mapping[str, int], classes: Mapping[str, DeviceClass]
+                 ) -> dict[str, int]:
+    """How much each key of `hard` is raised so that monitors' claims never take a namespace's quota: their
+    devices per class, and each name of a class they are charged to (`_names`)."""
+    room: dict[str, int] = {}
+    for device_class, count in monitors.items():
+        keys = [devices_quota_key(device_class)]
+        found = classes.get(device_class)
+        keys += [f"{_REQUESTS}{name}" for name in (_names(device_class, found) if found is not None else ())]
+        for key in keys:
+            if key in hard and count:
+                room[key] = room.get(key, 0) + count
+    return room
+
+
+def plain_charge(gpus: GpuRequests, classes: Mapping[str, DeviceClass], listed: Any) -> GpuRequests:
+    """What a pod asking extended resources is charged by quota: each at its create, and where a class
+    serves one through DRA, the class's other name by the claim kube-scheduler makes for it (only the
+    names `listed`: a ResourceQuota restricts only what it lists)."""
+    asks = dict(gpus)
+    for resource, count in gpus:
+        for device_class, found in classes.items():
+            names = _names(device_class, found)
+            if resource in names:
+                for other in names - {resource}:
+                    if other in listed:
+                        asks[other] = asks.get(other, 0) + count
+    return tuple(sorted(asks.items()))
 
 
 def by_kind(asks: GpuRequests) -> list[GpuRequests]:

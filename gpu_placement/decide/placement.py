@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from gpu_placement.base.config import Config
+from gpu_placement.decide.dra_fit import DRA, DraFit, both_ways_on, extended_requests, fit_on, served_on, why_not_on
 from gpu_placement.decide.fragmentation import Fragmentation, round_cpu
 from gpu_placement.decide.requirements import Requirements, requirements_for
 from gpu_placement.decide.rollout import Rollout
@@ -27,6 +28,7 @@ from gpu_placement.decide.rules import (
     Rejection,
     broken_ask,
     check_node,
+    insufficient_devices,
     insufficient_memory,
     insufficient_units,
     unknown_node,
@@ -230,7 +232,14 @@ class Placement:
             verdicts = self._cache.get(key)
             if verdicts is not None:  # brought current with every change of the node and of what is free on it
                 self._catch_up(verdicts)
-                return None if name in verdicts.passing else verdicts.messages.get(name, unknown_node())
+                if name in verdicts.passing:
+                    return None
+                entry = verdicts.entries.get(name)
+                if entry is not None and entry.__class__ is not Rejection and _dra(entry):  # type: ignore[arg-type]
+                    # kube-scheduler allocated the pod's devices before it asked to bind (PreBind): by now the
+                    # view may count them as taken by the pod itself. Only the device-plugin part is rechecked.
+                    return self._shortfall(name, entry)  # type: ignore[arg-type]
+                return verdicts.messages.get(name, unknown_node())
             entry = check_node(facts, view.validator_state(name), key, self.config, self.rollout.soak(name))
             return entry.message if entry.__class__ is Rejection else self._shortfall(name, entry)  # type: ignore
 
@@ -338,14 +347,14 @@ class Placement:
                 entry = by_class[node_class] = check_node(facts, view.validator_state(name), req, config, soak(name))
             entries[name] = entry
             if entry.__class__ is not Rejection:  # a fresh kind has nothing to clear: _place without it
-                shortfall = self._shortfall(name, entry)  # type: ignore[arg-type]
+                shortfall, resolvable, dra = self._fit(name, entry, req)  # type: ignore[arg-type]
                 if shortfall is None:
-                    scores[name] = score = self._score(name, entry, req)  # type: ignore[arg-type]
+                    scores[name] = score = self._score(name, entry, req, dra)  # type: ignore[arg-type]
                     score_json[name] = b'{"Host":%b,"Score":%d}' % (dumps(name), score)
                     passing.add(name)
                 else:
                     _set_score(verdicts, name, 0)
-                    _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, True)
+                    _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, resolvable)
                 continue
             message = entry.message  # type: ignore[union-attr]
             encoded = messages_json.get(message)
@@ -450,22 +459,48 @@ class Placement:
             self._place(verdicts, name, entry)  # type: ignore[arg-type]
 
     def _place(self, verdicts: _Verdicts, name: str, need: Need) -> None:
-        shortfall = self._shortfall(name, need)
+        shortfall, resolvable, dra = self._fit(name, need, verdicts.req)
         if shortfall is None:
-            _set_score(verdicts, name, self._score(name, need, verdicts.req))
+            _set_score(verdicts, name, self._score(name, need, verdicts.req, dra))
             _clear_failure(verdicts, name)
             if name not in verdicts.passing:
                 verdicts.passing.add(name)
                 _bump(verdicts, name)
         else:
             _set_score(verdicts, name, 0)
-            _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, True)
+            _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, resolvable)
+
+    def _fit(self, name: str, need: Need, req: Requirements) -> tuple[str | None, bool, DraFit | None]:
+        """(why the pod does not fit what is free now, whether preemption could help, its DRA fit)."""
+        shortfall = self._shortfall(name, need)
+        if shortfall is not None or not _dra(need):
+            return shortfall, True, None
+        dra = self.dra_fit(name, req)
+        if dra is None:
+            return insufficient_devices(", ".join(self._dra_classes(name, req)) or "the classes asked"), False, None
+        return None, False, dra
+
+    def dra_fit(self, name: str, req: Requirements) -> DraFit | None:
+        """How the pod's DRA asks (its claims' requests, and its extended resources served through DRA on
+        this node) fit the node's devices now (gpu_placement/decide/dra_fit.py). Call under `view.lock`."""
+        return fit_on(self.view, name, self._dra_requests(name, req))
+
+    def _dra_requests(self, name: str, req: Requirements) -> tuple[Any, ...]:
+        facts = self.view.nodes.get(name)
+        served = extended_requests(req.gpus, req.dra_resources, facts.allocatable if facts else {},
+                                   self.view.dra.extended) if req.dra_resources else ()
+        return (*req.dra_requests, *served)
+
+    def _dra_classes(self, name: str, req: Requirements) -> list[str]:
+        return sorted({a.device_class for r in self._dra_requests(name, req) for a in r})
 
     # -- figures -------------------------------------------------------------------------------
     def _shortfall(self, name: str, need: Need, freed: Freed = _NOTHING_FREED) -> str | None:
         """Why `need` does not fit what is free on the node (plus what `freed` would give back), or None."""
         view = self.view
         for resource, units, mib in need:
+            if resource == DRA_DEVICES:  # the allocator's: `_fit` counts it against the node's devices
+                continue
             freed_units, freed_mib = freed.get(resource, (0, 0))
             free_units = view.free_units.get(resource, _NO_NODES).get(name, 0) + freed_units
             if units > free_units:
@@ -481,7 +516,7 @@ class Placement:
                 return insufficient_memory(resource, mib // units)
         return None
 
-    def _score(self, name: str, need: Need, req: Requirements) -> int:
+    def _score(self, name: str, need: Need, req: Requirements, dra: DraFit | None = None) -> int:
         """Binpack: how full the node is once the pod is on it (fill used nodes first, keep whole nodes
         free for big jobs); spread: how empty; fragmentation: how little the pod there adds to the
         fragments of the node's free GPUs for the pods that typically arrive (gpu_placement.decide.fragmentation).
@@ -499,8 +534,13 @@ class Placement:
             score = round(MAX_SCORE * self.fragmentation.raw(name, req)) - self._penalty(view.nodes[name])
             return max(0, min(top, score))
         fills = []
+        tier = (0, 1)  # (the alternative the allocator would take, how many a request lists)
         for resource, units, mib in need:
-            if resource == DRA_DEVICES:  # devices the DRA allocator gives: how many claims hold already
+            if resource == DRA_DEVICES:  # the node's devices of the classes asked, in use once the pod is there
+                if dra is not None:
+                    fills.append(dra.fill)
+                    tier = (dra.rank, dra.choices)
+                    continue
                 total = view.nodes[name].dra_devices
                 fills.append(min(1.0, (len(view.dra.used_on(name)) + 1) / total) if total else 0.0)
                 continue
@@ -512,6 +552,9 @@ class Placement:
             fills.append(min(1.0, (capacity - free + mib) / capacity) if capacity else 0.0)
         fill = sum(fills) / len(fills)
         raw = fill if self.config.scoring.strategy == "binpack" else 1.0 - fill
+        rank, choices = tier
+        if choices > 1:  # a node where a request gets only its n-th alternative scores below every node
+            raw = (choices - 1 - rank + raw) / choices  # where it gets an earlier one (firstAvailable's order)
         score = round(MAX_SCORE * raw) - self._penalty(view.nodes[name])
         return max(0, min(top, score))
 
@@ -525,16 +568,46 @@ class Placement:
             penalty += weights.xid_errors
         return penalty
 
+    def _dra_detail(self, name: str, req: Requirements) -> str:
+        found = self.dra_fit(name, req)
+        if found is None:
+            requests = self._dra_requests(name, req)
+            reasons = [f"{alternative.device_class}{' (' + alternative.name + ')' if alternative.name else ''}: "
+                       + ("; ".join(f"{d} {w}" for d, w in why_not_on(self.view, name, alternative).items())
+                          or "fewer devices than asked")
+                       for request in requests for alternative in request]
+            return "no free device serves its claims: " + " | ".join(reasons)
+        taken = ", ".join(found.devices) or "nothing (admin access)"
+        if found.choices > 1:
+            order = ", ".join(f"alternative {index + 1}" for index in found.chosen)
+            return f"would take {taken} ({order} of its firstAvailable list); fill {found.fill:.0%} after"
+        return f"would take {taken}; fill {found.fill:.0%} after"
+
     def _detail(self, name: str, entry: Rejection | Need | None, canary: bool = False,
                 req: Requirements | None = None) -> str:
         if entry is None or entry.__class__ is Rejection:
             return ""
         soak = self.rollout.soak(name)
         parts = []
+        if req is not None and req.dra_resources:  # which way the node serves what it asks (KEP-5004)
+            asked = sorted(r for r, _ in req.gpus)
+            both = both_ways_on(self.view, name, asked)
+            for resource, way in served_on(self.view, name, asked).items():
+                if way == DRA:
+                    parts.append(f"{resource} through DRA (DeviceClass {self.view.dra.extended[resource]})")
+                elif resource in both:
+                    device_class, count = both[resource]
+                    parts.append(f"{resource} from the device plugin, not from its {count} DRA devices of "
+                                 f"{device_class} (kube-scheduler uses DRA for it only on nodes whose "
+                                 "allocatable lacks it)")
+                else:
+                    parts.append(f"{resource} from the device plugin")
         for resource, units, mib in entry:  # type: ignore[union-attr]
             if resource == DRA_DEVICES:
                 parts.append(f"{len(self.view.dra.used_on(name))} of {self.view.nodes[name].dra_devices} "
                              f"{self.config.dra.driver} devices held by claims (DRA allocates)")
+                if req is not None:
+                    parts.append(self._dra_detail(name, req))
                 continue
             free_units = self.view.free_units.get(resource, _NO_NODES).get(name, 0)
             free_mib = self.view.free_mib.get(resource, _NO_NODES).get(name)
@@ -550,6 +623,10 @@ class Placement:
         elif penalty:
             parts.append(f"score -{penalty} (upgrade/unhealthy/XID)")
         return "; ".join(parts)
+
+
+def _dra(need: Need) -> bool:
+    return any(resource == DRA_DEVICES for resource, _, _ in need)
 
 
 # Per node, or read by scores only: no part of a node's class (its static verdicts).

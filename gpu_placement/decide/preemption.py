@@ -12,6 +12,15 @@ could add, those whose eviction would break a budget come last and are spared fi
 still adds are counted into the node's `NumPDBViolations`, by which kube-scheduler picks the node.
 Budgets are drawn on by kube-scheduler's own victims first (as far as the view knows their labels:
 GPU pods only; the others it counted itself).
+
+DRA devices: kube-scheduler 1.37 does not preempt for them. Its DynamicResources plugin has no
+PreFilterExtensions (the dry run cannot take a victim's claims away) and refuses a node without the
+devices as UnschedulableAndUnresolvable, which keeps it out of preemption (v1.37.2
+pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go `PreFilterExtensions`,
+`statusUnschedulable`); DRA-aware preemption is KEP-5690, not merged. So for a pod that takes devices
+through DRA (its claims, or an extended resource a DeviceClass serves on the node) gpu-placement never
+adds a victim for its devices, and drops a node whose devices its claims do not find free, with that
+sentence (`NO_DRA_PREEMPTION`); kube-scheduler's own victims, for what else the pod needs, stand.
 """
 
 from __future__ import annotations
@@ -22,11 +31,15 @@ from typing import Any
 
 from gpu_placement.decide.placement import Placement
 from gpu_placement.decide.requirements import Requirements
-from gpu_placement.decide.rules import Need, Rejection, unknown_node
+from gpu_placement.decide.rules import DRA_DEVICES, INSUFFICIENT_GPU, Need, Rejection, unknown_node
 from gpu_placement.facts.budgets import Budget, violations
 from gpu_placement.facts.pods import PodRecord, pod_priority
 
-__all__ = ["NodePlan", "Proposal", "Victim", "explain_preemption", "plan_node", "preempt"]
+__all__ = ["NO_DRA_PREEMPTION", "NodePlan", "Proposal", "Victim", "explain_preemption", "plan_node", "preempt"]
+
+NO_DRA_PREEMPTION = ("kube-scheduler does not preempt for DRA devices (Kubernetes 1.37: its DynamicResources plugin "
+                     "cannot take a victim's claims away in its dry run; DRA-aware preemption, KEP-5690, is not "
+                     "merged), so evicting pods here frees no device for this pod's claims")
 
 
 @dataclass(slots=True, frozen=True)
@@ -80,6 +93,8 @@ def plan_node(placement: Placement, req: Requirements, priority: int, node: str,
     if entry.__class__ is Rejection:
         return NodePlan(node, (), proposal.pdb_violations, entry.message)  # type: ignore[union-attr]
     need: Need = entry  # type: ignore[assignment]
+    if any(resource == DRA_DEVICES for resource, _, _ in need) and placement.dra_fit(node, req) is None:
+        return NodePlan(node, (), proposal.pdb_violations, f"no free DRA device its claims ask: {NO_DRA_PREEMPTION}")
     on_node = {pod.uid: pod for pod in view.pods_on(node) if pod.uid}
     chosen: list[Victim] = []
     for index, uid in enumerate(proposal.uids):
@@ -211,7 +226,8 @@ def explain_preemption(placement: Placement, req: Requirements, pod: Mapping[str
         result = placement.filter(req, names)
         if result.passed:
             return []
-        rows = []
+        rows = [[node, "no", NO_DRA_PREEMPTION] for node, code in sorted(result.unresolvable.items())
+                if code.startswith(f"{INSUFFICIENT_GPU}: no free DRA device")]
         for node in sorted(result.failed):
             need: Need = placement.entry(req, node)  # type: ignore[assignment]  # FailedNodes: never a Rejection
             in_tree = _in_tree_victims(placement, node, need, priority)

@@ -17,6 +17,7 @@ from gpu_placement.base.cuda import Version, format_version, parse_version
 from gpu_placement.base.quantity import QuantityError, quantity_to_mib
 from gpu_placement.base.text import MAX_ANNOTATION_VALUE, quoted
 from gpu_placement.facts.cudaneed import CudaNeed, container_need
+from gpu_placement.facts.dra import Ask, Request
 from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.pods import GpuRequests, effective_gpu_requests
 from gpu_placement.facts.sharing import EXCLUSIVE, Sharing, narrowed, parse_sharing
@@ -48,10 +49,16 @@ class Requirements:
     claims: tuple[str, ...] = ()  # GPU device classes its ResourceClaims request (DRA: gpu_placement.dra)
     dra_resources: frozenset[str] = frozenset()  # of `gpus`, those a DeviceClass serves where a node lacks them
     canary: bool = False  # its namespace has gpu-placement.io/canary: "true": takes soaking drivers first
-    # What its claims' `exactly` requests take: (class, count, capacity asked per device); the
-    # fragmentation score foresees the allocator's device choice with it (gpu_placement.decide.fragmentation).
-    dra_asks: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = ()
+    # Its claims' requests the allocator has yet to serve (alternatives in order): the DRA fit
+    # (gpu_placement/decide/dra_fit.py) and the score by the first alternative that fits.
+    dra_requests: tuple[Request, ...] = ()
     cpu_milli: int = 0  # CPU asked, rounded up (gpu_placement.decide.fragmentation); 0 unless that strategy scores
+
+    @property
+    def dra_asks(self) -> tuple[Ask, ...]:
+        """What the allocator will take, as the fragmentation score foresees it: each request's first
+        alternative (a `firstAvailable` list's later ones are tried only where the first fails)."""
+        return tuple(request[0].ask for request in self.dra_requests if request)
 
     @property
     def wants_gpu(self) -> bool:
@@ -90,7 +97,7 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
     except QuantityError as exc:
         return Requirements(error=f"BadRequest: a GPU request of {where} is not a quantity: {exc}")
     claims: tuple[str, ...] = ()
-    dra_asks: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = ()
+    dra_requests: tuple[Request, ...] = ()
     dra_resources: frozenset[str] = frozenset()
     if dra is not None:
         if spec.get("resourceClaims"):
@@ -99,7 +106,7 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
                 return Requirements(gpus, error=f"UnknownClaim: {where} uses {found.missing}, which is not in "
                                                 "gpu-placement's view yet (just created, or deleted); kube-scheduler "
                                                 "retries the pod")
-            claims, dra_asks = found.classes, found.asks
+            claims, dra_requests = found.classes, found.requests
         if gpus:
             dra_resources = dra.backed(res for res, _ in gpus)
     if not gpus and not claims:
@@ -126,7 +133,7 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
     level = narrowed(level or EXCLUSIVE, asked)
     return Requirements(gpus, memory, memory_source, cuda, cuda_source, compat == "minor",
                         min_driver, min_compute, products, level.text, image_cuda, None, claims, dra_resources,
-                        canary=ns_ann.get(n.ANN_CANARY) == "true", dra_asks=dra_asks)
+                        canary=ns_ann.get(n.ANN_CANARY) == "true", dra_requests=dra_requests)
 
 
 def _first(pod_ann: Mapping[str, str], ns_ann: Mapping[str, str], key: str, where: str, ns_where: str,

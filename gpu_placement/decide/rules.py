@@ -33,6 +33,7 @@ __all__ = [
     "cuda_rule",
     "dra_readiness",
     "driver_fit",
+    "insufficient_devices",
     "insufficient_memory",
     "insufficient_units",
     "node_readiness",
@@ -61,8 +62,9 @@ CODES = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURIN
          BAD_LABEL,
          UNKNOWN_DRIVER, DRIVER_TOO_OLD, COMPUTE_CAPABILITY, PRODUCT_MISMATCH, UNKNOWN_GPU_MEMORY,
          INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU, UNKNOWN_NODE, BAD_ANNOTATION, UNKNOWN_CLAIM)
-# The DRA allocator owns devices: a pod's DRA part is judged by the node rules only, and stands in a
-# Need as this one entry (0 units, no memory: nothing to fit or reserve; scoring counts devices in use).
+# A pod's DRA part stands in a Need as this one entry (units: the devices it asks, for people; no memory:
+# nothing to reserve, the allocator gives the devices). Placement fits it against the node's devices
+# (gpu_placement/decide/dra_fit.py) and scores by the alternative that fits.
 DRA_DEVICES = "resource.k8s.io/devices"
 # Preemption can free memory and devices on a node; it cannot install a driver, validate a node, or
 # make a device bigger than it is. Static rules therefore never reject as resolvable.
@@ -126,7 +128,9 @@ def _check_dra(node: NodeFacts, validator: ValidatorState, req: Requirements, pl
     if rejection:
         return rejection
     fit = _device_fit(node, plugin) if plugin.gpus else ()
-    return fit if isinstance(fit, Rejection) else (*fit, (DRA_DEVICES, 0, None))
+    served = sum(count for resource, count in req.gpus if _served_by_dra(node, req, resource))
+    asked = served + sum(request[0].count for request in req.dra_requests)
+    return fit if isinstance(fit, Rejection) else (*fit, (DRA_DEVICES, asked, None))
 
 
 def dra_readiness(node: NodeFacts, validator: ValidatorState, config: Config) -> Rejection | None:
@@ -466,6 +470,16 @@ HELD_FOR_NOMINATED = ("; part of what is free there is held for a pod of equal o
 
 def insufficient_units(resource: str, need: int) -> str:
     return f"{INSUFFICIENT_GPU}: the pod needs {need} {resource} free and the node has fewer"
+
+
+def insufficient_devices(classes: str) -> str:
+    """No alternative of some request of the pod fits the node's free DRA devices. Unresolvable:
+    kube-scheduler does not preempt for DRA devices (its DynamicResources plugin answers
+    UnschedulableAndUnresolvable and has no PreFilterExtensions to simulate victims, v1.37.2
+    dynamicresources.go; KEP-5690 is not merged)."""
+    return (f"{INSUFFICIENT_GPU}: no free DRA device of {classes} on the node serves what the pod's claims ask "
+            "(held by other claims, kept out by a taint, or not of the product, profile, memory or driver asked; "
+            "per-device figures: gpu-placement explain); kube-scheduler does not preempt for DRA devices")
 
 
 UNKNOWN_NODE_MESSAGE = (f"{UNKNOWN_NODE}: the node is not in gpu-placement's view of the cluster "

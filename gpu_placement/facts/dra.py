@@ -6,18 +6,28 @@ same; v1beta1 nests a device's fields under `basic` and puts a request's class o
     ResourceSlice    spec.driver, spec.pool.name, spec.nodeName, spec.devices[].{name, attributes,
                      capacity, taints, allowMultipleAllocations}; attribute values are
                      {"string"|"version"|"int"|"bool": v}; capacity {name: {value, requestPolicy}}
-    DeviceClass      spec.selectors[].cel.expression, spec.extendedResourceName
-    ResourceClaim    spec.devices.requests[].exactly.deviceClassName or .firstAvailable[].deviceClassName,
-                     .exactly.{count, capacity.requests}, status.allocation.devices.results[].{driver,
-                     pool, device, consumedCapacity}, status.reservedFor
+    DeviceClass      metadata.creationTimestamp, spec.selectors[].cel.expression, spec.extendedResourceName
+    ResourceClaim    metadata.annotations[resource.kubernetes.io/extended-resource-claim],
+                     spec.devices.requests[].exactly (deviceClassName, allocationMode, count, selectors,
+                     adminAccess, capacity.requests) or .firstAvailable[] (the same, by name, in order),
+                     status.allocation.devices.results[].{driver, pool, device, consumedCapacity}
     ResourceClaimTemplate  spec.spec: a ResourceClaimSpec
+
+Consumable capacity (KEP-5075, DRAConsumableCapacity: beta and on in 1.36 and 1.37): a device with
+`allowMultipleAllocations: true` may be given to several claims, each consuming part of its capacity
+(`capacity.requests` in the request; what it asks nothing of, the capacity's `requestPolicy.default`,
+else all of it). The amounts are kept in milli-units (Kubernetes' MilliValue) so shares add up exactly.
 
 What NVIDIA's driver publishes (dra-driver-nvidia-gpu v0.4.1, cmd/gpu-kubelet-plugin/deviceinfo.go and
 mig.go): one pool per node, named after it; per device `gpu-<minor>` (MIG: `gpu-<minor>-mig-...`)
 the attributes `type` ("gpu", "mig"), `uuid`, `productName`, `brand`, `architecture`, version-typed
 `driverVersion`, `cudaDriverVersion`, `cudaComputeCapability`; MIG devices `parentUUID`, `profile`;
 capacity `memory` in bytes. Its own taints (device_health.go): `gpu.nvidia.com/xid=<code>`,
-`gpu.nvidia.com/gpu-lost`, `gpu.nvidia.com/unmonitored`.
+`gpu.nvidia.com/gpu-lost`, `gpu.nvidia.com/unmonitored`. With its `ConsumableShares` feature gate and
+`--consumable-shares=memory` (kubernetes-sigs/dra-driver-nvidia-gpu v0.5,
+cmd/gpu-kubelet-plugin/consumable_shares.go `applyConsumableShares`) each GPU and MIG device also says
+`allowMultipleAllocations: true`, its `memory` rounded down to whole MiB with `requestPolicy` default
+all of it, validRange min 1Mi, step 1Mi (`unlimited` and a share count: default 0).
 
 Junk values become None, never an exception: the objects are written by drivers and users.
 """
@@ -33,11 +43,14 @@ from typing import Any
 
 import orjson
 
+from gpu_placement.base import names as n
 from gpu_placement.base.cuda import Version, VersionError, parse_version
 from gpu_placement.base.quantity import QuantityError, parse_quantity
+from gpu_placement.base.timestamps import parse_time
 
-__all__ = ["DRA_BY_KIND", "DRA_KINDS", "Ask", "Capacity", "Claim", "Device", "DeviceClass", "Slice", "Taint",
-           "claim_from_json", "class_from_json", "device_product", "slice_from_json", "template_from_json"]
+__all__ = ["DRA_BY_KIND", "DRA_KINDS", "EXTENDED_CLAIM", "IMPLICIT_PREFIX", "Alternative", "Ask", "Capacity", "Claim",
+           "Device", "DeviceClass", "Request", "Slice", "Taint", "claim_from_json", "class_from_json", "device_product",
+           "implicit_name", "milli", "slice_from_json", "template_from_json"]
 
 # The view's DRA kinds, listed and watched only when the API server serves them (gpu_placement.kube.discovery).
 DRA_KINDS = ("deviceclasses", "resourceclaimtemplates", "resourceclaims", "resourceslices")
@@ -45,6 +58,11 @@ DRA_BY_KIND = {"DeviceClass": "deviceclasses", "ResourceClaimTemplate": "resourc
                "ResourceClaim": "resourceclaims", "ResourceSlice": "resourceslices"}
 
 
+# resourceapi.ResourceDeviceClassPrefix (k8s.io/api resource/v1 types.go): every DeviceClass also answers to
+# `deviceclass.resource.kubernetes.io/<class>` as an extended resource (DRAExtendedResource).
+IMPLICIT_PREFIX = n.IMPLICIT_CLASS_PREFIX
+# resourceapi.ExtendedResourceClaimAnnotation: on the claim kube-scheduler makes for a pod's extended resources.
+EXTENDED_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 _MIB = 2**20
 _ALL_DEVICES = 32  # resourceapi.AllocationResultsMaxSize: what allocationMode All is charged
 _SHARING = "gpu-placement.io/sharing"  # on gpu-placement's templates (gpu_placement/decide/claims.py Template.body)
@@ -68,22 +86,42 @@ class Taint:
 
 @dataclass(slots=True, frozen=True)
 class Capacity:
-    """One consumable capacity of a device (KEP-5075, resource.k8s.io/v1 DeviceCapacity), in milli-units
-    (Kubernetes' MilliValue: "1" is 1000) so that shares add up exactly."""
+    """One consumable capacity of a device (resource/v1 DeviceCapacity), in milli-units (Kubernetes'
+    MilliValue: "1" is 1000) so that shares add up exactly."""
 
     name: str
     value: int
-    default: int | None = None  # requestPolicy.default: what a claim that asks nothing of it consumes
+    default: int | None = None  # requestPolicy.default: what a request that asks nothing of it consumes
     valid_values: tuple[int, ...] = ()  # requestPolicy.validValues, ascending
     minimum: int | None = None  # requestPolicy.validRange
     maximum: int | None = None
     step: int | None = None
 
 
-# One request of a claim, as the allocator reads it: the class, ExactCount's count (0: All), and the
-# capacity asked of each device (name, milli-units), empty when it asks none (then a shareable device's
-# `default`, else all of it, is consumed).
+# One `exactly` request as the allocator reads it: the class, ExactCount's count (0: All), and the capacity
+# asked of each device (name, milli-units), empty when it asks none.
 Ask = tuple[str, int, tuple[tuple[str, int], ...]]
+
+
+@dataclass(slots=True, frozen=True)
+class Alternative:
+    """One way to serve a claim's request: its `exactly` request, or one of its `firstAvailable`
+    subrequests (the allocator tries them in order and takes the first it can satisfy)."""
+
+    name: str  # the subrequest's name; "" for `exactly`
+    device_class: str
+    count: int  # ExactCount's count; 0: allocationMode All
+    capacity: tuple[tuple[str, int], ...] = ()  # capacity.requests per device, milli-units
+    selectors: tuple[str, ...] = ()  # CEL expressions (the allocator evaluates them; decide/dra_fit.py reads
+    # the forms gpu-placement writes)
+    admin: bool = False  # adminAccess (only `exactly` may set it): shares devices already in use
+
+    @property
+    def ask(self) -> Ask:
+        return (self.device_class, self.count, self.capacity)
+
+
+Request = tuple[Alternative, ...]  # a request's alternatives, in order (one for `exactly`)
 
 
 @dataclass(slots=True, frozen=True)
@@ -99,7 +137,10 @@ class Device:
     profile: str | None  # MIG profile, e.g. "1g.10gb"
     taints: tuple[Taint, ...] = ()
     shared: bool = False  # allowMultipleAllocations: several claims may each consume part of its capacity
-    capacity: tuple[Capacity, ...] = ()
+    capacity: tuple[Capacity, ...] = ()  # every capacity it publishes, sorted by name
+
+    def capacity_of(self, name: str) -> Capacity | None:
+        return next((c for c in self.capacity if c.name == name), None)
 
 
 @dataclass(slots=True, frozen=True)
@@ -116,6 +157,7 @@ class DeviceClass:
     name: str
     extended_resource: str | None  # spec.extendedResourceName (DRAExtendedResource)
     device_type: str | None  # the `type` its CEL selector asks for, when it names one plainly
+    created: float = 0.0  # metadata.creationTimestamp: the newer of two classes naming one resource serves it
 
 
 @dataclass(slots=True, frozen=True)
@@ -133,8 +175,21 @@ class Claim:
     digest: str = ""  # templates: of spec.spec, to tell gpu-placement's own templates (gpu_placement.decide.claims)
     owner: str = ""  # claims made for a pod from a template: the pod's UID (its controller reference)
     level: str = ""  # gpu-placement's templates: their gpu-placement.io/sharing (the level of each claim made)
-    asks: tuple[Ask, ...] = ()  # its `exactly` requests (firstAvailable ones are not foreseen)
-    consumed: tuple[tuple[tuple[str, int], ...], ...] = ()  # per `allocated` entry: its consumedCapacity
+    requests: tuple[Request, ...] = ()  # every request, its alternatives in order
+    consumed: tuple[tuple[tuple[str, int], ...], ...] = ()  # per `allocated` entry: its consumedCapacity (milli)
+    extended: bool = False  # made by kube-scheduler for a pod's extended resources (EXTENDED_CLAIM: "true")
+    results_for: tuple[str, ...] = ()  # per `allocated` entry: the request it serves (`request/subrequest`)
+    shared_results: tuple[bool, ...] = ()  # per `allocated` entry: adminAccess (the device is not taken)
+
+    @property
+    def asks(self) -> tuple[Ask, ...]:
+        """The `exactly` requests, as the allocator reads them (firstAvailable ones are in `requests`)."""
+        return tuple(r[0].ask for r in self.requests if len(r) == 1 and not r[0].name)
+
+    @property
+    def monitor(self) -> bool:
+        """Every request has admin access (a DCGM exporter's claim): it shares devices in use, takes none."""
+        return bool(self.requests) and all(a.admin for r in self.requests for a in r)
 
     @property
     def key(self) -> str:
@@ -176,9 +231,9 @@ def _memory_mib(capacity: Any, driver: str) -> int | None:
         return None
 
 
-def _milli(value: Any) -> int | None:
+def milli(value: Any) -> int | None:
     """A quantity in milli-units (Kubernetes' MilliValue, rounded up), None when it is not one."""
-    if value is None:
+    if value is None or isinstance(value, bool):
         return None
     try:
         amount = parse_quantity(value) * 1000
@@ -191,15 +246,15 @@ def _capacities(capacity: Any) -> tuple[Capacity, ...]:
     if not isinstance(capacity, Mapping):
         return ()
     found = []
-    for name, raw in sorted(capacity.items()):
-        value = _milli(raw.get("value")) if isinstance(raw, Mapping) else None
+    for name, raw in sorted(capacity.items(), key=lambda item: str(item[0])):
+        value = milli(raw.get("value")) if isinstance(raw, Mapping) else None
         if value is None:
             continue
         policy = raw.get("requestPolicy") if isinstance(raw.get("requestPolicy"), Mapping) else {}
         valid = policy.get("validRange") if isinstance(policy.get("validRange"), Mapping) else {}
-        values = [_milli(v) for v in policy.get("validValues") or () if _milli(v) is not None]
-        found.append(Capacity(sys.intern(str(name)), value, _milli(policy.get("default")), tuple(sorted(values)),
-                              _milli(valid.get("min")), _milli(valid.get("max")), _milli(valid.get("step"))))
+        values = [v for v in (milli(x) for x in policy.get("validValues") or ()) if v is not None]
+        found.append(Capacity(sys.intern(str(name)), value, milli(policy.get("default")), tuple(sorted(values)),
+                              milli(valid.get("min")), milli(valid.get("max")), milli(valid.get("step"))))
     return tuple(found)
 
 
@@ -255,7 +310,13 @@ def class_from_json(obj: Mapping[str, Any]) -> DeviceClass:
         if found:
             device_type = found.group(2)
     extended = spec.get("extendedResourceName")
-    return DeviceClass(name, extended if isinstance(extended, str) and extended else None, device_type)
+    return DeviceClass(name, extended if isinstance(extended, str) and extended else None, device_type,
+                       parse_time(meta.get("creationTimestamp")) or 0.0)
+
+
+def implicit_name(device_class: str) -> str:
+    """`deviceclass.resource.kubernetes.io/<class>`: the extended resource every DeviceClass answers to."""
+    return IMPLICIT_PREFIX + device_class
 
 
 def _requests(spec: Any) -> Iterable[Mapping[str, Any]]:
@@ -302,36 +363,58 @@ def _devices(spec: Any) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((sys.intern(k), v) for k, v in counts.items() if v))
 
 
-def _asks(spec: Any) -> tuple[Ask, ...]:
-    """The `exactly` requests (v1, v1beta2; v1beta1's request itself) as the allocator reads them."""
+def _alternative(raw: Mapping[str, Any], name: str) -> Alternative | None:
+    device_class = raw.get("deviceClassName")
+    if not isinstance(device_class, str) or not device_class:
+        return None
+    mode = raw.get("allocationMode") or "ExactCount"
+    count = raw.get("count")
+    counted = isinstance(count, int) and not isinstance(count, bool) and count > 0
+    number = 0 if mode == "All" else count if counted else 1
+    capacity = raw.get("capacity") if isinstance(raw.get("capacity"), Mapping) else {}
+    asked = capacity.get("requests") if isinstance(capacity.get("requests"), Mapping) else {}
+    wants = tuple(sorted((sys.intern(str(k)), v) for k, q in asked.items() if (v := milli(q)) is not None))
+    selectors = tuple(expression for selector in raw.get("selectors") or ()
+                      if isinstance(expression := _cel(selector), str))
+    return Alternative(sys.intern(name), sys.intern(device_class), number, wants, selectors,
+                       raw.get("adminAccess") is True)
+
+
+def _cel(selector: Any) -> Any:
+    cel = selector.get("cel") if isinstance(selector, Mapping) else None
+    return cel.get("expression") if isinstance(cel, Mapping) else None
+
+
+def _request_alternatives(spec: Any) -> tuple[Request, ...]:
+    """Each request of a ResourceClaimSpec with its alternatives in order: `exactly` (v1, v1beta2; v1beta1's
+    request itself) as one, `firstAvailable` as its subrequests."""
     devices = (spec or {}).get("devices") if isinstance(spec, Mapping) else None
-    asks: list[Ask] = []
+    found: list[Request] = []
     for request in (devices or {}).get("requests") or () if isinstance(devices, Mapping) else ():
         if not isinstance(request, Mapping):
             continue
-        exact = request.get("exactly") if isinstance(request.get("exactly"), Mapping) else (
-            request if request.get("deviceClassName") else None)
-        if exact is None or not isinstance(exact.get("deviceClassName"), str):
-            continue
-        mode = exact.get("allocationMode") or "ExactCount"
-        count = exact.get("count")
-        number = 0 if mode == "All" else count if isinstance(count, int) and count > 0 else 1
-        capacity = exact.get("capacity") if isinstance(exact.get("capacity"), Mapping) else {}
-        asked = capacity.get("requests") if isinstance(capacity.get("requests"), Mapping) else {}
-        wants = tuple(sorted((sys.intern(str(k)), v) for k, raw in asked.items() if (v := _milli(raw)) is not None))
-        asks.append((sys.intern(exact["deviceClassName"]), number, wants))
-    return tuple(asks)
+        if isinstance(request.get("exactly"), Mapping):
+            alternatives = [_alternative(request["exactly"], "")]
+        elif request.get("firstAvailable"):
+            alternatives = [_alternative(a, str(a.get("name") or "")) for a in request["firstAvailable"]
+                            if isinstance(a, Mapping)]
+        else:
+            alternatives = [_alternative(request, "")]  # v1beta1
+        kept = tuple(a for a in alternatives if a is not None)
+        if kept:
+            found.append(kept)
+    return tuple(found)
 
 
 def _consumed(result: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     raw = result.get("consumedCapacity")
     if not isinstance(raw, Mapping):
         return ()
-    return tuple(sorted((sys.intern(str(k)), v) for k, q in raw.items() if (v := _milli(q)) is not None))
+    return tuple(sorted((sys.intern(str(k)), v) for k, q in raw.items() if (v := milli(q)) is not None))
 
 
 def _claim(namespace: str, name: str, spec: Any, status: Any, digest: str = "", owner: str = "",
-           level: str = "") -> Claim:
+           level: str = "", extended: bool = False) -> Claim:
     classes: list[str] = []
     selectors = 0
     tolerations: list[tuple[str, str, str, str]] = []
@@ -347,24 +430,31 @@ def _claim(namespace: str, name: str, spec: Any, status: Any, digest: str = "", 
                                     str(toleration.get("value") or ""), str(toleration.get("effect") or "")))
     allocated: list[tuple[str, str, str]] = []
     consumed: list[tuple[tuple[str, int], ...]] = []
+    served: list[str] = []
+    admin_results: list[bool] = []
     allocation = (status or {}).get("allocation") if isinstance(status, Mapping) else None
     results = ((allocation or {}).get("devices") or {}).get("results") if isinstance(allocation, Mapping) else None
-    for result in results or ():
+    for result in results if isinstance(results, list) else ():
         if isinstance(result, Mapping):
             allocated.append((sys.intern(str(result.get("driver") or "")), sys.intern(str(result.get("pool") or "")),
                               str(result.get("device") or "")))
             consumed.append(_consumed(result))
+            served.append(str(result.get("request") or ""))
+            admin_results.append(result.get("adminAccess") is True)
     return Claim(sys.intern(namespace), name, tuple(sorted(classes)), selectors, tuple(tolerations),
-                 tuple(allocated), admin, _devices(spec), digest, owner, level, _asks(spec),
-                 tuple(consumed) if any(consumed) else ())
+                 tuple(allocated), admin, _devices(spec), digest, owner, level, _request_alternatives(spec),
+                 tuple(consumed) if any(consumed) else (), extended, tuple(served),
+                 tuple(admin_results) if any(admin_results) else ())
 
 
 def claim_from_json(obj: Mapping[str, Any]) -> Claim:
     meta = obj.get("metadata") or {}
     owner = next((str(o.get("uid") or "") for o in meta.get("ownerReferences") or ()
                   if isinstance(o, Mapping) and o.get("kind") == "Pod" and o.get("controller")), "")
+    annotations = meta.get("annotations")
+    extended = isinstance(annotations, Mapping) and annotations.get(EXTENDED_CLAIM) == "true" and bool(owner)
     return _claim(str(meta.get("namespace") or "default"), str(meta.get("name") or ""), obj.get("spec"),
-                  obj.get("status"), owner=owner)
+                  obj.get("status"), owner=owner, extended=extended)
 
 
 def template_from_json(obj: Mapping[str, Any]) -> Claim:

@@ -20,6 +20,11 @@ The cause is read where Kubernetes puts it (Kubernetes v1.37.2):
   `CUDA_ERROR_NO_DEVICE`, `no CUDA-capable device is detected`, ...), else `exit_code` (the pod's own).
   The message is what the container wrote to its terminationMessagePath, or with
   `terminationMessagePolicy: FallbackToLogsOnError` the tail of its log.
+- a device the pod was given reported unhealthy (`device_unhealthy`): an entry of
+  `status.containerStatuses[].allocatedResourcesStatus` with `health: Unhealthy` (KEP-4680,
+  ResourceHealthStatus beta and on since 1.36: the kubelet writes it from the DRA driver's or the device
+  plugin's health stream, pkg/kubelet/cm/dra/manager.go `UpdateAllocatedResourcesStatus`). It comes
+  first: whatever else failed, the device did.
 - not the node's: `image_pull` (`ErrImagePull`, `ImagePullBackOff`, `InvalidImageName`,
   `ErrImageNeverPull`: `pkg/kubelet/images/types.go`), `pod_config` (`CreateContainerConfigError`: a
   missing ConfigMap or Secret), `exit_code`.
@@ -41,6 +46,7 @@ from gpu_placement.base.timestamps import parse_time
 
 __all__ = [
     "CAUSES",
+    "DEVICE_UNHEALTHY",
     "FAILED",
     "NODE_CAUSES",
     "NOT_STARTED",
@@ -50,10 +56,12 @@ __all__ = [
     "Launch",
     "classify",
     "launch_of",
+    "unhealthy",
 ]
 
 STARTED, FAILED, PENDING = "started", "failed", "pending"
 NONE = "none"  # the cause label of a pod that started
+DEVICE_UNHEALTHY = "device_unhealthy"
 DEVICE_PLUGIN = "device_plugin"
 KUBELET_REJECTED = "kubelet_rejected"
 CONTAINER_TOOLKIT = "container_toolkit"
@@ -64,7 +72,7 @@ POD_CONFIG = "pod_config"
 EXIT_CODE = "exit_code"
 NOT_STARTED = "not_started"  # bound, no verdict in its status within the horizon (gpu_placement/outcomes/record.py)
 # Failed causes, the node's first: when a pod shows several, the first in this order is its cause.
-NODE_CAUSES = (DEVICE_PLUGIN, CONTAINER_TOOLKIT, CUDA_INIT, CONTAINER_RUNTIME, KUBELET_REJECTED)
+NODE_CAUSES = (DEVICE_UNHEALTHY, DEVICE_PLUGIN, CONTAINER_TOOLKIT, CUDA_INIT, CONTAINER_RUNTIME, KUBELET_REJECTED)
 POD_CAUSES = (IMAGE_PULL, POD_CONFIG, EXIT_CODE)
 CAUSES = (*NODE_CAUSES, *POD_CAUSES, NOT_STARTED)
 START_WINDOW = 60.0  # seconds: a container that exits sooner than this after starting failed to start
@@ -132,6 +140,8 @@ def classify(status: Mapping[str, Any], is_gpu_resource: Callable[[str], bool] =
     apps = [c for c in status.get("containerStatuses") or () if isinstance(c, dict)]
     inits = [c for c in status.get("initContainerStatuses") or () if isinstance(c, dict)]
     found = {cause for c in (*inits, *apps) if (cause := _container_failure(c))}
+    if unhealthy(status):
+        found.add(DEVICE_UNHEALTHY)
     node_side = next((cause for cause in NODE_CAUSES if cause in found), None)
     if phase == "Succeeded":
         return STARTED, NONE
@@ -149,6 +159,23 @@ def classify(status: Mapping[str, Any], is_gpu_resource: Callable[[str], bool] =
     if phase == "Failed":  # it ran past the start window, then failed: a crash later is not a launch failure
         return STARTED, NONE
     return PENDING, NONE
+
+
+def unhealthy(status: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    """(resource name, resourceID, message) of every allocated resource the kubelet reports Unhealthy in
+    the pod's container statuses (`allocatedResourcesStatus`: name `claim:<claim>[/<request>]` for DRA,
+    the resource name for a device plugin's; resourceID a CDI device ID, or `<driver>/<pool>/<device>`)."""
+    found: list[tuple[str, str, str]] = []
+    for field in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(field) or ():
+            for entry in (container.get("allocatedResourcesStatus") or ()) if isinstance(container, Mapping) else ():
+                if not isinstance(entry, Mapping):
+                    continue
+                for resource in entry.get("resources") or ():
+                    if isinstance(resource, Mapping) and resource.get("health") == "Unhealthy":
+                        found.append((str(entry.get("name") or ""), str(resource.get("resourceID") or ""),
+                                      str(resource.get("message") or "")[:256]))
+    return tuple(dict.fromkeys(found))
 
 
 def _first(found: set[str]) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpu_placement.base import names as n
 from gpu_placement.base.quantity import QuantityError, parse_quantity, quantity_to_int
-from gpu_placement.facts.launch import Launch, launch_of
+from gpu_placement.facts.launch import Launch, launch_of, unhealthy
 from gpu_placement.facts.sharing import is_standin
 from gpu_placement.facts.soak import OperatorPod, operator_pod_from_json
 
@@ -61,6 +61,10 @@ class PodRecord:
     # by the effective-request rule: what the API server's pod quota charges it.
     standins: GpuRequests = ()
     launch: Launch | None = None  # GPU pods only: how its launch went, for the outcome metrics (launch.py)
+    # Allocated resources its kubelet reports Unhealthy (KEP-4680): (name, resourceID, message); and then, to
+    # find the devices, its claims' names: (its entry in spec.resourceClaims, the ResourceClaim's name).
+    unhealthy: tuple[tuple[str, str, str], ...] = ()
+    claim_names: tuple[tuple[str, str], ...] = ()
     cpu_milli: int = 0  # CPU requested (milli), read only for the fragmentation score (Ingest says when)
 
     @property
@@ -94,6 +98,10 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
     waits_for = _daemon_node(spec) if validator_ready is not None and not spec.get("nodeName") else None
     node = sys.intern(spec["nodeName"]) if spec.get("nodeName") else None
     nominated = status.get("nominatedNodeName") if gpus and not node else None
+    sick = unhealthy(status) if node and status.get("containerStatuses") else ()
+    annotations = meta.get("annotations") or {}
+    # A claim pod gpu-placement's webhook routed for its GPU claims has a launch to count too.
+    routed = bool(spec.get("resourceClaims")) and '"claims"' in str(annotations.get(n.ANN_ADMITTED) or "")
     return PodRecord(
         namespace=namespace,
         name=str(meta.get("name") or ""),
@@ -113,9 +121,25 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         operator=operator_pod_from_json(obj) if operator and spec.get("nodeName") else None,
         claim_templates=_awaited_templates(spec, status) if status.get("phase") not in _TERMINAL else (),
         standins=standins,
-        launch=launch_of(obj, is_gpu_resource, scheduler) if gpus else None,
+        launch=launch_of(obj, is_gpu_resource, scheduler) if gpus or routed else None,
+        unhealthy=sick,
+        claim_names=_claim_names(status) if sick else (),
         cpu_milli=cpu_request(spec) if with_cpu else 0,
     )
+
+
+def _claim_names(status: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The pod's claims by its own name for them (status.resourceClaimStatuses), and the claim
+    kube-scheduler made for its extended resources (status.extendedResourceClaimStatus), by its own name:
+    what `claim:<name>` in allocatedResourcesStatus refers to."""
+    names: list[tuple[str, str]] = []
+    for entry in status.get("resourceClaimStatuses") or ():
+        if isinstance(entry, Mapping) and entry.get("name") and entry.get("resourceClaimName"):
+            names.append((str(entry["name"]), str(entry["resourceClaimName"])))
+    extended = status.get("extendedResourceClaimStatus")
+    if isinstance(extended, Mapping) and extended.get("resourceClaimName"):
+        names.append((str(extended["resourceClaimName"]), str(extended["resourceClaimName"])))
+    return tuple(names)
 
 
 def _awaited_templates(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple[str, ...]:

@@ -61,6 +61,7 @@ class NamespacePolicy:
     gpu_memory: str | None = None  # the namespace default as written (the extender parses the same text)
     gpu_memory_mib: int | None = None
     products: frozenset[str] | None = None
+    product_order: tuple[str, ...] = ()  # the products as written: the order of a DRA claim's alternatives
     cuda: Version | None = None
     errors: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # annotation -> sentence
     warnings: tuple[str, ...] = ()
@@ -118,7 +119,8 @@ def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> N
         namespace=name, sharing=sharing, quota=quota, pools=values.get(n.ANN_POOLS, ()),  # type: ignore[arg-type]
         gpu_memory=annotations.get(n.ANN_GPU_MEMORY) if memory is not None else None,
         gpu_memory_mib=memory,  # type: ignore[arg-type]
-        products=values.get(n.ANN_PRODUCTS), cuda=values.get(n.ANN_CUDA),  # type: ignore[arg-type]
+        products=frozenset(values[n.ANN_PRODUCTS]) if n.ANN_PRODUCTS in values else None,  # type: ignore[arg-type]
+        product_order=values.get(n.ANN_PRODUCTS, ()), cuda=values.get(n.ANN_CUDA),  # type: ignore[arg-type]
         errors=MappingProxyType(errors), warnings=tuple(warnings),
         annotated=any(key in annotations for key in NAMESPACE_ANNOTATIONS),
         allocation=values.get(n.ANN_ALLOCATION))  # type: ignore[arg-type]
@@ -257,14 +259,15 @@ def _parse_memory(text: str) -> int:
         raise ValueError(str(exc)) from None
 
 
-def _parse_products(text: str) -> frozenset[str]:
-    products = [part.strip() for part in text.split(",") if part.strip()]
+def _parse_products(text: str) -> tuple[str, ...]:
+    """The products in the order written, each once (a DRA namespace's claims try them in that order)."""
+    products = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     if not products:
         raise ValueError("it lists no product")
     for product in products:
         if not _LABEL_VALUE.fullmatch(product):
             raise ValueError(f"{quoted(product)} is not an nvidia.com/gpu.product label value")
-    return frozenset(products)
+    return products
 
 
 def _parse_allocation(text: str) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from gpu_placement.base.cuda import format_version
+from gpu_placement.decide.dra_fit import DRA, both_ways_on, served_on
 from gpu_placement.decide.rules import node_readiness
 from gpu_placement.facts.soak import FAILED, SOAKING
 from gpu_placement.report.tables import table
@@ -75,8 +76,20 @@ def node_records(core: Any) -> list[dict[str, Any]]:
             total = sum(v or 0 for v in (view.capacity_mib.get(res, {}).get(name) for res in resources))
             free = sum(v or 0 for v in (view.free_mib.get(res, {}).get(name) for res in resources))
             state, why = _state(core, facts, rejection)
+            # Which way each GPU resource is served here (KEP-5004): the device plugin's where the node's
+            # allocatable has it, else through DRA where a DeviceClass maps it and the node has its devices.
+            served = served_on(view, name, sorted(set(resources) | set(view.dra.extended)))
+            # ...and those served from the device plugin although the node also publishes devices of the class
+            # mapping them (those devices serve claims and the class's implicit name, not the resource)
+            both_ways = sorted(both_ways_on(view, name, sorted(served)))
+            dra = {res: way for res, way in served.items() if way == DRA}
+            if dra:
+                held = len(view.dra.used_on(name))
+                for res in dra:
+                    gpus.setdefault(res, {"used": held, "allocatable": facts.dra_devices, "capacity": facts.dra_devices,
+                                          "free": max(0, facts.dra_devices - held)})
             records.append({"node": name, "state": state, "why": why, "product": facts.product,
-                            "pool": facts.pool, "gpus": gpus,
+                            "pool": facts.pool, "gpus": gpus, "served": served, "both_ways": both_ways,
                             "driver": format_version(facts.driver) if facts.driver else None,
                             "max_cuda": format_version(facts.max_cuda) if facts.max_cuda else None,
                             "memory_mib": {"total": total, "free": free}})
@@ -117,8 +130,21 @@ def _left(soak: Any, core: Any) -> str:
 
 
 def _gpus(record: dict[str, Any]) -> str:
-    return ", ".join(f"{g['used']}/{g['allocatable']} {res.removeprefix('nvidia.com/')}"
+    """`1/8 gpu`, and for a resource served through DRA its devices held by claims: `0/2 gpu (DRA)`; a node
+    serving it both ways: `1/4 gpu (device plugin; DRA devices too)` (kube-scheduler counts the device plugin's)."""
+    served, both = record.get("served") or {}, record.get("both_ways") or ()
+    return ", ".join(f"{g['used']}/{g['allocatable']} {_short(res)}" + _way(res, served, both)
                      for res, g in record["gpus"].items()) or "-"
+
+
+def _way(resource: str, served: dict[str, str], both: Any) -> str:
+    if served.get(resource) == DRA:
+        return " (DRA)"
+    return " (device plugin; DRA devices too)" if resource in both else ""
+
+
+def _short(resource: str) -> str:
+    return resource.removeprefix("nvidia.com/").removeprefix("deviceclass.resource.kubernetes.io/")
 
 
 def _free(record: dict[str, Any]) -> str:

@@ -101,6 +101,8 @@ class ClusterView:
         # node -> validator pods made for it (by its DaemonSet) and not bound yet: the DRA taint controller
         # holds the node's rule back while any waits (gpu_placement/controllers/dra_taints.py), the device table says so
         self.waiting_validators: dict[str, set[str]] = {}
+        # node -> pods there whose kubelet reports an allocated resource Unhealthy (KEP-4680): `unhealthy_on`
+        self._unhealthy: dict[str, dict[str, PodRecord]] = {}
         # namespace/template -> pods waiting for their claims from it (PodRecord.claim_templates)
         self.template_waiters: dict[str, set[str]] = {}
         self.nominated: dict[str, set[str]] = {}  # node -> unbound GPU pods nominated there (status.nominatedNodeName)
@@ -135,6 +137,50 @@ class ClusterView:
             return _NO_VALIDATOR
         ready = [key for key, ok in pods.items() if ok]
         return ValidatorState(ready[0] if ready else next(iter(pods)), bool(ready))
+
+    def unhealthy_on(self, node: str) -> dict[str, str]:
+        """The node's DRA devices a pod running on them reports unhealthy
+        (status.containerStatuses[].allocatedResourcesStatus, KEP-4680), each with a sentence: the
+        DeviceTaintRule controller taints them as it taints an XID device, and the DRA fit leaves them out
+        (gpu_placement/decide/dra_fit.py). Found by the resourceID when it is `<driver>/<pool>/<device>`
+        (the kubelet's form without a CDI device), else through the pod's claim (`claim:<name>[/<request>]`)
+        and the CDI device NVIDIA's driver names `<claim uid>-<device>`. Call under `lock`."""
+        pods = self._unhealthy.get(node)
+        if not pods:
+            return {}
+        found: dict[str, str] = {}
+        for pod in pods.values():
+            for name, resource_id, message in pod.unhealthy:
+                for device in self._devices_of(pod, name, resource_id):
+                    found.setdefault(device, f"pod {pod.key} reports {device} Unhealthy ({name}"
+                                             f"{': ' + message if message else ''})")
+        return found
+
+    def reported(self, pod: PodRecord) -> list[str]:
+        """For `explain`: what the pod's kubelet reports Unhealthy, with the DRA device each is. Call under `lock`."""
+        lines = []
+        for name, resource_id, message in pod.unhealthy:
+            devices = self._devices_of(pod, name, resource_id)
+            where = f"device {', '.join(devices)} of node {pod.node}" if devices else "a device the view cannot name"
+            lines.append(f"{name} ({resource_id}) is Unhealthy{': ' + message if message else ''}: {where}")
+        return lines
+
+    def _devices_of(self, pod: PodRecord, name: str, resource_id: str) -> list[str]:
+        driver = self.config.dra.driver
+        parts = resource_id.split("/")
+        if len(parts) == 3 and parts[0] == driver:
+            return [parts[2]]
+        if not name.startswith("claim:"):
+            return []  # a device plugin's resource: its allocatable shows it
+        entry, _, request = name[len("claim:"):].partition("/")
+        claim = self.dra.claims.get(f"{pod.namespace}/{dict(pod.claim_names).get(entry, entry)}")
+        if claim is None:
+            return []
+        served = [device for index, (owner, _pool, device) in enumerate(claim.allocated)
+                  if owner == driver and (not request or index >= len(claim.results_for)
+                                          or claim.results_for[index].split("/", 1)[0] == request)]
+        named = [device for device in served if resource_id.endswith((f"-{device}", f"/{device}"))]
+        return named or served
 
     def pods_on(self, node: str) -> list[PodRecord]:
         return [self.pods[key] for key in self._node_pods.get(node, ())]
@@ -409,6 +455,9 @@ class ClusterView:
         if pod.validator_ready is not None and pod.node:
             self.validators.setdefault(pod.node, {})[key] = pod.validator_ready
             self._changed(pod.node)
+        if pod.unhealthy and pod.node and pod.active:
+            self._unhealthy.setdefault(pod.node, {})[key] = pod
+            self._changed(pod.node)
         if pod.validator_ready is not None and pod.waits_for:
             self.waiting_validators.setdefault(pod.waits_for, set()).add(key)
             self._changed(pod.waits_for)
@@ -436,6 +485,11 @@ class ClusterView:
             self._discharge(key)
             validators = self.validators.get(pod.node)
             if validators and validators.pop(key, None) is not None:
+                self._changed(pod.node)
+            sick = self._unhealthy.get(pod.node)
+            if sick and sick.pop(key, None) is not None:
+                if not sick:
+                    del self._unhealthy[pod.node]
                 self._changed(pod.node)
         waiting = self.waiting_validators.get(pod.waits_for or "")
         if pod.waits_for and waiting is not None and key in waiting:

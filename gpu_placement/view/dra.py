@@ -5,6 +5,14 @@ A node's facts come from its labels; where a label is missing (a cluster running
 without GPU Feature Discovery), the node's ResourceSlice attributes fill it in (`merge`), so the
 same rules judge both worlds. On a cluster without DRA this holds nothing and `merge` is two dict
 lookups.
+
+Device use, in one place (what decide/dra_fit.py fits against, and what a replay of the allocator
+reads): per node and device, how many allocated claims hold it (`used_on`) and, for devices shared
+by capacity (`allowMultipleAllocations`), what their allocations consume of each capacity
+(`consumed_on`, from `status.allocation.devices.results[].consumedCapacity`, milli-units). A result
+with `adminAccess` (a monitor: a DCGM exporter) shares the device without taking it and counts in
+neither, as kube-scheduler counts it (pkg/scheduler/framework/plugins/dynamicresources/
+allocateddevices.go `foreachAllocatedDevice`, v1.37.2: "Is not considered as allocated").
 """
 
 from __future__ import annotations
@@ -17,14 +25,15 @@ from typing import Any
 from gpu_placement.base.config import Dra as DraConfig
 from gpu_placement.base.cuda import Version
 from gpu_placement.facts.dra import (
-    Ask,
     Claim,
     Device,
     DeviceClass,
+    Request,
     Slice,
     claim_from_json,
     class_from_json,
     device_product,
+    implicit_name,
     slice_from_json,
     template_from_json,
 )
@@ -40,9 +49,12 @@ NodeListener = Callable[[str], None]
 class PodClaims:
     """What a pod's `spec.resourceClaims` ask of the configured GPU classes."""
 
-    classes: tuple[str, ...]  # GPU device classes requested, sorted
+    classes: tuple[str, ...]  # GPU device classes requested, sorted (monitors' admin-access claims aside)
     missing: str | None = None  # a referenced claim or template the view does not have (yet)
-    asks: tuple[Ask, ...] = ()  # their `exactly` requests of GPU classes: what the allocator will take
+    # The requests of its claims not allocated yet (templates, claims still to be allocated) that ask a GPU
+    # class, alternatives in order: what the allocator still has to find on a node.
+    requests: tuple[Request, ...] = ()
+    monitor: bool = False  # its only GPU claims have admin access (a DCGM exporter): never routed nor charged
 
 
 _NO_CLAIMS = PodClaims(())
@@ -69,26 +81,41 @@ class DraState:
         self.classes: dict[str, DeviceClass] = {}
         self.claims: dict[str, Claim] = {}
         self.templates: dict[str, Claim] = {}
-        self.extended: dict[str, str] = {}  # extended resource name -> the GPU class that serves it
+        # extended resource -> the GPU class kube-scheduler allocates for it: each class's extendedResourceName
+        # (the newest class naming it; tie: the lower name) and its implicit deviceclass.resource.kubernetes.io/
+        self.extended: dict[str, str] = {}
         self._by_node: dict[str, dict[str, Slice]] = {}  # node -> slice name -> slice
         self._devices: dict[str, tuple[Device, ...]] = {}  # node -> its devices, every slice's
+        self._sharing_nodes: set[str] = set()  # nodes with a device shared by memory: `shares_memory`, per /mutate
         self._pool_node: dict[str, str] = {}  # pool -> node (NVIDIA names each pool after its node)
-        self._used: dict[str, dict[str, int]] = {}  # node -> device -> claims holding it
+        self._used: dict[str, dict[str, int]] = {}  # node -> device -> claims holding it (monitors aside)
         # node -> device -> capacity -> what allocated claims consume of it (milli-units; consumable capacity)
         self._consumed: dict[str, dict[str, dict[str, int]]] = {}
         self._label_facts: dict[str, NodeFacts] = {}  # node -> facts from labels alone, where slices add some
         # What ResourceQuota charges: the devices of every claim that exists, by namespace then class; and
         # what the claims made for each pod from its templates charge (the webhook's quota holds).
         self.namespace_devices: dict[str, dict[str, int]] = {}
+        # Of those, the claims kube-scheduler made for pods' extended resources (DRAExtendedResource): the API
+        # server takes what their pods asked off their extendedResourceName charges (resource_claims.go
+        # addExtendedResourceQuota); and the monitors' (admin access is not exempt from quota: resource_claims_test.go).
+        self.namespace_extended: dict[str, dict[str, int]] = {}
+        self.namespace_monitors: dict[str, dict[str, int]] = {}
+        self.monitor_templates: dict[str, int] = {}  # namespace -> its admin-access templates
         self.made_for_pod: dict[str, MadeForPod] = {}  # pod UID -> its claims that exist
         self._on_devices: list[NodeListener] = []
         self._on_usage: list[NodeListener] = []
+        self._on_monitors: list[Callable[[str], None]] = []
 
     def subscribe(self, on_devices: NodeListener, on_usage: NodeListener) -> None:
         """`on_devices(node)`: the node's published devices changed; `on_usage(node)`: which of them
         claims hold changed. Called under the lock."""
         self._on_devices.append(on_devices)
         self._on_usage.append(on_usage)
+
+    def subscribe_monitors(self, on_namespace: Callable[[str], None]) -> None:
+        """`on_namespace(name)`: a monitor's claim there came or went (the quota mirror gives the
+        namespace room for what the API server charges it). Called under the lock."""
+        self._on_monitors.append(on_namespace)
 
     # -- reading -------------------------------------------------------------------------------
     def devices_on(self, node: str) -> tuple[Device, ...]:
@@ -98,12 +125,21 @@ class DraState:
         return tuple(self._by_node.get(node, {}).values())
 
     def used_on(self, node: str) -> Mapping[str, int]:
-        """Device name -> how many allocated claims hold it (admin-access claims share)."""
+        """Device name -> how many allocated claims hold it (monitors' admin-access claims aside)."""
         return self._used.get(node) or {}
 
     def consumed_on(self, node: str) -> Mapping[str, Mapping[str, int]]:
-        """Device name -> capacity -> what allocated claims consume of it (status...consumedCapacity)."""
+        """Device name -> capacity -> what allocated claims consume of it (status...consumedCapacity, milli)."""
         return self._consumed.get(node) or {}
+
+    def shares_memory(self) -> bool:
+        """Some device of the driver is shared by its memory (allowMultipleAllocations with capacity
+        `memory`): `shared` templates then ask a share of it (gpu_placement/decide/claims.py)."""
+        return bool(self._sharing_nodes)  # kept by `_reindex`: /mutate asks it for every pod
+
+    def class_of(self, resource: str) -> str | None:
+        """The configured GPU class kube-scheduler allocates for an extended resource, if any."""
+        return self.extended.get(resource)
 
     def nodes(self) -> list[str]:
         return sorted(self._devices)
@@ -117,8 +153,9 @@ class DraState:
         if not entries or not isinstance(entries, list):
             return _NO_CLAIMS
         classes: set[str] = set()
-        asks: list[Ask] = []
+        requests: list[Request] = []
         missing = None
+        monitor = False
         for entry in entries:
             if not isinstance(entry, Mapping):
                 continue
@@ -132,9 +169,16 @@ class DraState:
             if found is None:
                 missing = missing or f"{what} {namespace}/{name}"
                 continue
+            gpu = [r for r in found.requests if any(a.device_class in self.gpu_classes for a in r)]
+            if found.monitor:
+                monitor = monitor or bool(gpu)
+                continue
             classes.update(c for c in found.classes if c in self.gpu_classes)
-            asks.extend(ask for ask in found.asks if ask[0] in self.gpu_classes)
-        return PodClaims(tuple(sorted(classes)), missing, tuple(asks)) if classes or missing else _NO_CLAIMS
+            if not found.allocated:
+                requests.extend(r for r in gpu if not all(a.admin for a in r))
+        if classes or missing:
+            return PodClaims(tuple(sorted(classes)), missing, tuple(requests))
+        return PodClaims((), None, (), True) if monitor else _NO_CLAIMS
 
     def backed(self, resources: Iterable[str]) -> frozenset[str]:
         """Those extended resources a configured GPU class serves through DRA (DRAExtendedResource: on a
@@ -244,6 +288,10 @@ class DraState:
             self._devices[node] = devices
         else:
             self._devices.pop(node, None)
+        if any(d.shared and d.capacity_of("memory") is not None for d in devices):
+            self._sharing_nodes.add(node)
+        else:
+            self._sharing_nodes.discard(node)
         for listener in self._on_devices:
             listener(node)
 
@@ -266,8 +314,21 @@ class DraState:
             self._reextend()
 
     def _reextend(self) -> None:
-        self.extended = {c.extended_resource: c.name for c in self.classes.values()
-                         if c.extended_resource and c.name in self.gpu_classes}
+        """Which class serves each extended resource, as kube-scheduler's cache decides it
+        (k8s.io/dynamic-resource-allocation v0.37.2 deviceclass/extendedresourcecache `updateResourceName2class`):
+        of classes naming the same extendedResourceName, the newest (tie: the lower name); every class also
+        serves its implicit name. Only configured GPU classes are kept."""
+        chosen: dict[str, DeviceClass] = {}
+        for found in self.classes.values():
+            name = found.extended_resource
+            if not name:
+                continue
+            other = chosen.get(name)
+            if other is None or (found.created, other.name) > (other.created, found.name):
+                chosen[name] = found
+        extended = {name: found.name for name, found in chosen.items() if found.name in self.gpu_classes}
+        extended.update((implicit_name(name), name) for name in self.classes if name in self.gpu_classes)
+        self.extended = extended
 
     # -- claims and templates ------------------------------------------------------------------
     def upsert_claim(self, obj: Mapping[str, Any]) -> None:
@@ -298,13 +359,13 @@ class DraState:
     def _charge(self, claim: Claim, step: int) -> None:
         """The claim's devices in its namespace's figures (what ResourceQuota counts), its pod's count."""
         if claim.devices:
-            used = self.namespace_devices.setdefault(claim.namespace, {})
-            for device_class, number in claim.devices:
-                used[device_class] = used.get(device_class, 0) + step * number
-                if used[device_class] <= 0:
-                    del used[device_class]
-            if not used:
-                del self.namespace_devices[claim.namespace]
+            _add(self.namespace_devices, claim.namespace, claim.devices, step)
+            if claim.extended:
+                _add(self.namespace_extended, claim.namespace, claim.devices, step)
+            if claim.monitor:
+                _add(self.namespace_monitors, claim.namespace, claim.devices, step)
+                for listener in self._on_monitors:
+                    listener(claim.namespace)
         if claim.owner:
             made = self.made_for_pod.setdefault(claim.owner, MadeForPod())
             made.claims += step
@@ -320,16 +381,18 @@ class DraState:
         return {d.profile for devices in self._devices.values() for d in devices if d.type == "mig" and d.profile}
 
     def _count(self, claim: Claim | None, step: int) -> None:
-        """Which devices of our driver allocated claims hold, per node: scoring fills nodes by it."""
+        """Which devices of our driver allocated claims hold, and what they consume of shared ones, per
+        node: the fit and the scores read it. Monitors' claims hold nothing (they share)."""
         if claim is None:
             return
         self._charge(claim, step)
         if not claim.allocated:
             return
         touched = set()
+        admin = claim.shared_results
         for index, (driver, pool, device) in enumerate(claim.allocated):
-            if driver != self.config.driver:
-                continue
+            if driver != self.config.driver or (index < len(admin) and admin[index]):
+                continue  # an admin-access result is not an allocation (allocateddevices.go foreachAllocatedDevice)
             node = self.node_of_pool(pool)
             used = self._used.setdefault(node, {})
             used[device] = used.get(device, 0) + step
@@ -359,16 +422,41 @@ class DraState:
     def upsert_template(self, obj: Mapping[str, Any]) -> None:
         record = template_from_json(obj)
         with self.lock:
+            self._monitor_template(self.templates.get(record.key), -1)
             self.templates[record.key] = record
+            self._monitor_template(record, +1)
 
     def delete_template(self, key: str) -> None:
         with self.lock:
-            self.templates.pop(key, None)
+            self._monitor_template(self.templates.pop(key, None), -1)
 
     def replace_templates(self, objects: Iterable[Mapping[str, Any]]) -> None:
         records = {r.key: r for r in (template_from_json(o) for o in objects)}
         with self.lock:
             self.templates = records
+            self.monitor_templates = {}
+            for record in records.values():
+                self._monitor_template(record, +1)
+
+    def _monitor_template(self, template: Claim | None, step: int) -> None:
+        """Namespaces with admin-access templates (monitors): their pods' claims are charged by quota."""
+        if template is None or not template.monitor:
+            return
+        count = self.monitor_templates.get(template.namespace, 0) + step
+        if count > 0:
+            self.monitor_templates[template.namespace] = count
+        else:
+            self.monitor_templates.pop(template.namespace, None)
+
+
+def _add(table: dict[str, dict[str, int]], namespace: str, devices: tuple[tuple[str, int], ...], step: int) -> None:
+    used = table.setdefault(namespace, {})
+    for device_class, number in devices:
+        used[device_class] = used.get(device_class, 0) + step * number
+        if used[device_class] <= 0:
+            del used[device_class]
+    if not used:
+        del table[namespace]
 
 
 def _first(values: Iterable[Version | None]) -> Version | None:

@@ -8,18 +8,21 @@ scheduler's allocator gives out an unverified node's devices.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpu_placement.app.cli import main
 from gpu_placement.base.config import Config
 from gpu_placement.kube.api import load_api_client
 from gpu_placement.samples.cluster import validator_pod
 from gpu_placement.samples.dra import device_classes
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
-from tests.e2e.cluster import DraPlugin, wait_for
+from tests.e2e.cluster import ADMIN_TOKEN, DraPlugin, now_rfc3339, wait_for
 from tests.e2e.conftest import E2E
 from webhook.claim_reader import ClaimReader
 
@@ -251,3 +254,176 @@ def test_nvidia_gpu_served_by_dra_still_goes_through_the_extender(e2e: E2E, plug
         assert device["pool"] == node
     finally:
         e2e.upgrade({})
+
+
+# -- issue 31: DRA as Kubernetes 1.37 ships it ---------------------------------------------------------------
+
+IMPLICIT = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
+
+
+def test_an_unchanged_nvidia_gpu_pod_lands_on_the_verified_dra_node_and_never_on_the_unverified_one(
+        e2e: E2E, plugin: DraPlugin) -> None:
+    """KEP-5004: gpu.nvidia.com names extendedResourceName nvidia.com/gpu (DraPlugin installs NVIDIA's classes),
+    so a pod written the usual way is served by a DRA device of a node without the resource in its
+    allocatable; kube-scheduler makes its claim. The webhook shapes it as any GPU pod but without the
+    nvidia.com/gpu.present selector; the DeviceTaintRule and the extender keep it off the unverified node.
+    The class's implicit name goes the same way."""
+    group = "s19-kep5004"
+    verified, unverified = dra_nodes(e2e, plugin, group, [("ok", True, {}), ("bad", False, {})])
+    wait_rule(e2e, unverified, "NotValidated")
+    ns = e2e.namespace("dra-kep5004")
+    for name, resource in (("classic", "nvidia.com/gpu"), ("implicit", IMPLICIT)):
+        r = e2e.gpu_pod(ns, name, group, resource=resource)
+        assert r.status_code == 201, r.text
+        spec = r.json()["spec"]
+        assert spec["containers"][0]["resources"]["limits"][resource] == "1" and "resourceClaims" not in spec
+        assert spec["schedulerName"] == "gpu-placement"
+        assert "nvidia.com/gpu.present" not in (spec.get("nodeSelector") or {})
+        assert e2e.wait_bound(ns, name, timeout=60) == verified
+        [device] = allocation(e2e, ns, name)
+        assert (device["driver"], device["pool"]) == ("gpu.nvidia.com", verified)
+    # Both of the verified node's devices are taken now; the unverified node's two are free, and stay so.
+    assert e2e.gpu_pod(ns, "third", group).status_code == 201
+    cond = e2e.scheduled_condition(ns, "third")
+    assert "cannot allocate all claims" in cond["message"] or "NotValidated" in cond["message"], cond
+    assert not e2e.pod(ns, "third")["spec"].get("nodeName")
+
+
+def test_a_monitor_pod_is_untouched_and_uncharged(e2e: E2E, plugin: DraPlugin) -> None:
+    """KEP-5018: a DCGM-like pod whose claim has adminAccess (all the node's GPUs), in a namespace labelled
+    resource.kubernetes.io/admin-access=true that also has a GPU quota: /mutate leaves it as it is (on main
+    it moved it to the gpu-placement scheduler), the API server's charge for its claim (32 devices: All is
+    the worst case) gets room of its own in the mirrored quota, and the namespace's own pod still gets its
+    one GPU, on a device the monitor shares."""
+    group = "s19-monitor"
+    [node] = dra_nodes(e2e, plugin, group, [("a", True, {})])
+    ns = e2e.namespace("dra-monitor", {"gpu-placement.io/allocation": "dra",
+                                       "gpu-placement.io/quota": "nvidia.com/gpu=1"})
+    e2e.api.merge_patch(f"/api/v1/namespaces/{ns}",
+                        {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}})
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "monitor", "namespace": ns},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": "gpu.nvidia.com", "allocationMode": "All", "adminAccess": True}}]}}}}
+    r = e2e.api.create(f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", body)
+    assert r.status_code == 201, r.text
+    pod = claim_pod(e2e, ns, "dcgm", group, "monitor")
+    assert pod["spec"]["schedulerName"] == "default-scheduler"
+    assert "gpu-placement.io/admitted" not in (pod["metadata"].get("annotations") or {})
+    assert all(t.get("key") != "nvidia.com/gpu" for t in pod["spec"].get("tolerations") or ())
+    assert e2e.wait_bound(ns, "dcgm", timeout=60) == node
+    assert {d["device"] for d in allocation(e2e, ns, "dcgm")} == {"gpu-0", "gpu-1"}
+    quota = f"/api/v1/namespaces/{ns}/resourcequotas/gpu-placement"
+    wait_for("room for the monitor's claim in the mirrored quota",
+             lambda: e2e.api.get(quota).get("status", {}).get("hard", {}).get("requests.nvidia.com/gpu") == "33",
+             timeout=30)
+    r = e2e.gpu_pod(ns, "tenant", group)
+    assert r.status_code == 201, r.text
+    assert e2e.wait_bound(ns, "tenant", timeout=60) == node
+    used = e2e.api.get(quota)["status"]["used"]
+    assert used["requests.nvidia.com/gpu"] == "33", used  # the monitor's 32 and the tenant's 1: the quota's 1 is whole
+
+
+def test_a_device_its_pod_reports_unhealthy_is_tainted_alone(e2e: E2E, plugin: DraPlugin) -> None:
+    """KEP-4680: the kubelet reports the pod's device Unhealthy in allocatedResourcesStatus (the harness plays
+    the kubelet; resourceID in its form without a CDI device: <driver>/<pool>/<device>). The webhook's
+    leader taints that device alone, DeviceUnhealthy; the node's other device stays free for others."""
+    group = "s19-health"
+    [node] = dra_nodes(e2e, plugin, group, [("a", True, {})])
+    ns = e2e.namespace("dra-health")
+    template(e2e, ns)
+    claim_pod(e2e, ns, "sick", group)
+    assert e2e.wait_bound(ns, "sick", timeout=60) == node
+    [device] = allocation(e2e, ns, "sick")
+    wait_for("the pod Running", lambda: e2e.pod(ns, "sick")["status"].get("phase") == "Running")
+    status = {"containerStatuses": [{
+        "name": "main", "ready": True, "restartCount": 0, "image": "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04",
+        "imageID": "", "state": {"running": {"startedAt": now_rfc3339()}},
+        "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [
+            {"resourceID": f"gpu.nvidia.com/{node}/{device['device']}", "health": "Unhealthy",
+             "message": "XID 79: GPU has fallen off the bus"}]}]}]}
+    e2e.api.merge_patch(f"/api/v1/namespaces/{ns}/pods/sick/status", {"status": status})
+    name = f"gpu-placement-{node}-{device['device']}"
+    def written() -> Obj | None:
+        r = e2e.api.http.get(f"{RESOURCE}/devicetaintrules/{name}")
+        return dict(r.json()) if r.status_code == 200 else None
+    found = wait_for(f"DeviceTaintRule {name}", written, timeout=30)
+    assert found["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": node, "device": device["device"]}
+    assert found["spec"]["taint"]["value"] == "DeviceUnhealthy"
+    assert "XID 79: GPU has fallen off the bus" in found["metadata"]["annotations"]["gpu-placement.io/reason"]
+    assert rule(e2e, node) is None  # the node stays verified: only that device is kept out
+    e2e.api.delete(f"/api/v1/namespaces/{ns}/pods/sick")
+    wait_for(f"DeviceTaintRule {name} gone once no pod reports it",
+             lambda: e2e.api.http.get(f"{RESOURCE}/devicetaintrules/{name}").status_code == 404, timeout=60)
+
+
+def _nodes_json(e2e: E2E, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Obj]:
+    """`gpu-placement nodes -o json` as a platform engineer runs it, through a kubeconfig: per node."""
+    kubeconfig = e2e.api.kubeconfig(tmp_path / "admin.kubeconfig", ADMIN_TOKEN, "e2e-admin")
+    capsys.readouterr()
+    assert main(["nodes", "--kubeconfig", str(kubeconfig), "-o", "json"]) == 0
+    return {r["node"]: r for r in json.loads(capsys.readouterr().out)["nodes"]}
+
+
+def test_a_node_serving_nvidia_gpu_both_ways_gives_it_from_the_device_plugin_alone(
+        e2e: E2E, plugin: DraPlugin, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A node whose allocatable has nvidia.com/gpu: 1 (the device plugin) and whose ResourceSlice publishes 2
+    devices of gpu.nvidia.com (the class naming nvidia.com/gpu): kube-scheduler serves nvidia.com/gpu there from
+    the device plugin alone (no claim made), and with that one unit taken a second such pod does not fit, DRA
+    devices free or not (extendeddynamicresources.go filterExtendedResources: DRA only where allocatable is 0).
+    The class's implicit name takes a DRA device there. `gpu-placement nodes` says it serves it both ways."""
+    group = "s19-both"
+    [node] = e2e.nodes(group, [("a", "h100", {"allocatable": {"nvidia.com/gpu": "1"}})])
+    plugin.publish(node, 2)
+    ns = e2e.namespace("dra-both")
+    assert e2e.gpu_pod(ns, "plugin", group).status_code == 201
+    assert e2e.wait_bound(ns, "plugin", timeout=60) == node
+    assert not e2e.pod(ns, "plugin").get("status", {}).get("extendedResourceClaimStatus")  # no claim: the plugin's
+    assert e2e.gpu_pod(ns, "more", group).status_code == 201
+    cond = e2e.scheduled_condition(ns, "more", timeout=60)
+    assert "Insufficient nvidia.com/gpu" in cond["message"], cond
+    assert not allocation(e2e, ns, "more") and not e2e.pod(ns, "more")["spec"].get("nodeName")
+    r = e2e.gpu_pod(ns, "implicit", group, resource=IMPLICIT)
+    assert r.status_code == 201, r.text
+    assert e2e.wait_bound(ns, "implicit", timeout=60) == node
+    [device] = allocation(e2e, ns, "implicit")
+    assert (device["driver"], device["pool"]) == ("gpu.nvidia.com", node)
+    record = _nodes_json(e2e, tmp_path, capsys)[node]
+    assert record["served"]["nvidia.com/gpu"] == "device-plugin" and record["served"][IMPLICIT] == "dra"
+    assert record["both_ways"] == ["nvidia.com/gpu"]
+    assert not e2e.pod(ns, "more")["spec"].get("nodeName")  # still: the free DRA device does not serve it
+
+
+def test_a_claim_pod_does_not_preempt_for_devices(e2e: E2E, plugin: DraPlugin) -> None:
+    """kube-scheduler 1.37 does not preempt for DRA devices (its DynamicResources plugin has no
+    PreFilterExtensions and refuses the node as UnschedulableAndUnresolvable): a high-priority claim pod whose
+    device a low-priority claim pod holds stays Pending, nominated nowhere, and the holder keeps running. The
+    extender refuses such a node as unresolvable too, so nothing asks /preempt to free a device."""
+    group = "s19-preempt"
+    for name, value in (("s19-low", 10), ("s19-high", 1000000)):
+        r = e2e.api.create("/apis/scheduling.k8s.io/v1/priorityclasses", {
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": value})
+        assert r.status_code in (201, 409), r.text
+    [node] = e2e.nodes(group, [("a", "h100", {"allocatable": {}})])
+    plugin.publish(node, 1)
+    ns = e2e.namespace("dra-preempt")
+    template(e2e, ns)
+    for name, priority in (("low", "s19-low"), ("high", "s19-high")):
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+               "spec": {"nodeSelector": {"e2e-group": group}, "restartPolicy": "Never", "priorityClassName": priority,
+                        "terminationGracePeriodSeconds": 0,
+                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                        "containers": [{"name": "main", "image": "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04",
+                                        "resources": {"claims": [{"name": "gpu"}],
+                                                      "requests": {"cpu": "100m", "memory": "128Mi"}}}]}}
+        r = e2e.api.create(f"/api/v1/namespaces/{ns}/pods", pod)
+        assert r.status_code == 201, r.text
+        if name == "low":
+            assert e2e.wait_bound(ns, "low", timeout=60) == node
+            wait_for("the holder Running", lambda: e2e.pod(ns, "low")["status"].get("phase") == "Running", timeout=30)
+    cond = e2e.scheduled_condition(ns, "high", timeout=60)  # written after kube-scheduler's PostFilter (preemption)
+    assert "cannot allocate all claims" in cond["message"], cond
+    high, low = e2e.pod(ns, "high"), e2e.pod(ns, "low")
+    assert not high["status"].get("nominatedNodeName"), high["status"]
+    assert not low["metadata"].get("deletionTimestamp") and low["spec"]["nodeName"] == node
+    assert not any(c.get("type") == "DisruptionTarget" for c in low["status"].get("conditions", ())), low["status"]

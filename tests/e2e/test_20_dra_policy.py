@@ -132,7 +132,8 @@ def test_one_annotation_moves_a_namespace_between_dra_and_the_device_plugin(e2e:
     classic = r.json()
     assert "resourceClaims" not in classic["spec"]
     assert classic["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert classic["spec"]["nodeSelector"]["nvidia.com/gpu.present"] == "true"
+    # gpu.nvidia.com serves nvidia.com/gpu through DRA where a node lacks it: no GFD label is required of the node.
+    assert "nvidia.com/gpu.present" not in classic["spec"]["nodeSelector"]
 
 
 def test_a_mig_namespace_gets_a_device_of_its_profile(e2e: E2E, plugin: DraPlugin) -> None:
@@ -290,3 +291,82 @@ def test_two_replicas_and_bursts_of_claim_pods_never_exceed_a_quota_just_set(e2e
             "requests.nvidia.com/gpu": "3"}
     finally:
         e2e.stop_webhook(1)
+
+
+# -- issue 31: DRA as Kubernetes 1.37 ships it ---------------------------------------------------------------
+
+A100_NAME, H100_NAME = "NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"
+
+
+def test_a_namespace_with_two_products_gets_claims_that_fall_back_in_order(e2e: E2E, plugin: DraPlugin) -> None:
+    """gpu-products H100 then A100: the template's request is firstAvailable, one subrequest per product in
+    that order; the extender scores the node where the first fits above the other, the allocator takes the
+    first alternative it can satisfy there. The first pod gets the H100, the second falls back to the A100."""
+    group = "s20-order"
+    h100, a100 = e2e.nodes(group, [(suffix, "h100", {"allocatable": {}}) for suffix in ("h100", "a100")])
+    plugin.publish(h100, 1)
+    plugin.publish(a100, 1, gpu=A100)
+    ns = dra_namespace(e2e, "dra-order", {"gpu-placement.io/allocation": "dra",
+                                          "gpu-placement.io/gpu-products": f"{H100_NAME},{A100_NAME}",
+                                          "gpu-placement.io/quota": "nvidia.com/gpu=2"})
+    [exclusive] = [t for t in ours(e2e, ns) if t["metadata"]["annotations"]["gpu-placement.io/sharing"] == "exclusive"]
+    alternatives = exclusive["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
+    assert [a["name"] for a in alternatives] == [H100_NAME.lower(), A100_NAME.lower()]
+    for name, node, product in (("first", h100, H100_NAME), ("second", a100, A100_NAME)):
+        r = e2e.gpu_pod(ns, name, group)
+        assert r.status_code == 201, r.text
+        assert r.json()["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == exclusive["metadata"]["name"]
+        assert e2e.wait_bound(ns, name, timeout=60) == node
+        [device] = allocation(e2e, ns, name)
+        assert (device["pool"], device["request"]) == (node, f"gpu/{product.lower()}")
+
+
+def test_shared_pods_take_device_capacity(e2e: E2E, plugin: DraPlugin) -> None:
+    """NVIDIA's driver with --consumable-shares=memory publishes its GPU shared by memory: a `shared` namespace's
+    template asks the namespace's gpu-memory of it (capacity.requests.memory), and two pods share one GPU,
+    each consuming 30Gi (consumedCapacity); a third would pass 80 GB and waits."""
+    group = "s20-shares"
+    [node] = e2e.nodes(group, [("h100", "h100", {"allocatable": {}})])
+    plugin.publish(node, 1, consumable=True)
+    ns = dra_namespace(e2e, "dra-share", {"gpu-placement.io/allocation": "dra", "gpu-placement.io/sharing": "shared",
+                                          "gpu-placement.io/gpu-memory": "30Gi",
+                                          "gpu-placement.io/quota": "nvidia.com/gpu.shared=3"}, templates=1)
+    [shared] = ours(e2e, ns)
+    assert shared["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"] == {"requests": {"memory": "30Gi"}}
+    for name in ("a", "b"):
+        assert e2e.gpu_pod(ns, name, group).status_code == 201
+        assert e2e.wait_bound(ns, name, timeout=60) == node
+        [device] = allocation(e2e, ns, name)
+        assert device["device"] == "gpu-0" and device["consumedCapacity"] == {"memory": "30Gi"} and device["shareID"]
+    assert e2e.gpu_pod(ns, "c", group).status_code == 201
+    cond = e2e.scheduled_condition(ns, "c")
+    assert "cannot allocate all claims" in cond["message"] or "InsufficientGPU" in cond["message"], cond
+
+
+def test_a_namespace_the_cluster_serves_keeps_nvidia_gpu_and_is_charged_once(e2e: E2E, plugin: DraPlugin) -> None:
+    """A `dra` namespace that names no products or device memory, with whole GPUs only in its quota: where
+    gpu.nvidia.com serves nvidia.com/gpu its pods keep it (no claims of ours, no stand-in). The API server
+    charges each pod requests.nvidia.com/gpu at its create, atomically, and the claim kube-scheduler makes
+    for it only its device (addExtendedResourceQuota takes what the pod asked off): the quota counts 2 of 2,
+    not 4, and /validate refuses the third with its own sentence, counting the same."""
+    group = "s20-kept"
+    [node] = e2e.nodes(group, [("h100", "h100", {"allocatable": {}})])
+    plugin.publish(node, 3)
+    ns = dra_namespace(e2e, "dra-kept", {"gpu-placement.io/allocation": "dra",
+                                         "gpu-placement.io/quota": "nvidia.com/gpu=2"})
+    for name in ("one", "two"):
+        r = e2e.gpu_pod(ns, name, group)
+        assert r.status_code == 201, r.text
+        spec = r.json()["spec"]
+        assert "resourceClaims" not in spec and spec["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        assert e2e.wait_bound(ns, name, timeout=60) == node
+        assert allocation(e2e, ns, name)  # kube-scheduler's claim for its extended resource
+
+    def used() -> dict[str, str]:
+        return dict((e2e.api.get(f"/api/v1/namespaces/{ns}/resourcequotas/gpu-placement").get("status") or {})
+                    .get("used", {}))
+    wait_for("both claims charged", lambda: used().get(DEVICES) == "2", timeout=60)
+    assert used()["requests.nvidia.com/gpu"] == "2"
+    r = e2e.gpu_pod(ns, "three", group)
+    assert r.status_code == 403, r.text
+    assert "namespace " + ns + " may use 2 nvidia.com/gpu (gpu-placement.io/quota); 2 are in use" in r.json()["message"]

@@ -258,7 +258,7 @@ def _audit():
     uncompiled = sorted(n for n, m in list(sys.modules.items()) if getattr(m, "__spec__", None) is not None
                         and (m.__spec__.origin or "").endswith(".py") and m.__spec__.cached
                         and not os.path.exists(m.__spec__.cached))
-    dra = sorted(n for n in sys.modules if n.startswith("gpu_placement.dra."))
+    dra = sorted(n for n in sys.modules if n.startswith("gpu_placement.") and "dra" in n.rsplit(".", 1)[-1])
     print("AUDIT " + json.dumps({"modules": len(sys.modules), "uncompiled": uncompiled, "dra": dra}), file=sys.stderr,
           flush=True)
 atexit.register(_audit)

@@ -162,8 +162,14 @@ means failurePolicy). */}}
 [{{ join ", " $quoted }}]
 {{- end }}
 
+{{/* A GPU resource: the device plugin's, or the implicit extended resource of a configured DRA device class
+(deviceclass.resource.kubernetes.io/<class>: kube-scheduler allocates a device of the class for it). */}}
 {{- define "gpu-placement.cel.isGpuResource" -}}
-r in {{ include "gpu-placement.cel.list" (concat .Values.gpuResources (list .Values.sharedResource) | uniq) }} || r.startsWith('nvidia.com/mig-')
+{{- $implicit := list }}
+{{- range ((.Values.config.dra | default dict).deviceClasses | default (list "gpu.nvidia.com" "mig.nvidia.com")) }}
+{{- $implicit = append $implicit (printf "deviceclass.resource.kubernetes.io/%s" .) }}
+{{- end -}}
+r in {{ include "gpu-placement.cel.list" (concat .Values.gpuResources (list .Values.sharedResource) $implicit | uniq) }} || r.startsWith('nvidia.com/mig-')
 {{- end }}
 
 {{- define "gpu-placement.cel.containerAsksGpu" -}}
