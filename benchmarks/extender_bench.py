@@ -21,7 +21,13 @@ asked and the kind's verdicts as they were, the same nodes and a node's verdict 
 asked; the in-process cost per node (an answer built from nothing / node count).
 Bounded: a fixed number of requests per size; stops by itself.
 
+With `--strategies binpack,fragmentation` every size runs once per scoring strategy (a server each, one
+after the other) and a last table puts /prioritize side by side: the fragmentation score
+(gpu_placement/decide/fragmentation.py) against binpack's in the same run, with the in-process cost of scoring
+every node and of re-scoring a kind when the learned shares of what arrives are re-read.
+
     .venv/bin/python benchmarks/extender_bench.py [--sizes 1000,5000,15000] [--requests 200] [--profile]
+        [--strategies binpack,fragmentation]
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from starlette.routing import Route
 
 from extender.app import DEFAULT_MAX_BODY, create_app
 from extender.binding import SnapshotBinder
-from gpu_placement.base.config import Config
+from gpu_placement.base.config import Config, Scoring
 from gpu_placement.decide import placement as placement_module
 from gpu_placement.decide.placement import Placement
 from gpu_placement.samples.cluster import BASES, make_node, make_pod, validator_pod
@@ -300,15 +306,19 @@ def _in_process(cluster: Cluster) -> dict[str, float]:
     new_kind["metadata"]["annotations"]["gpu-placement.io/min-driver"] = "550"  # not cached yet
     new_req = placement.requirements(new_kind)
     verdicts = placement._verdicts(req)  # the answer built for the names, not the one replayed
-    return {"filter": statistics.median(_timed(lambda: placement_module._answer(verdicts, set(cluster.names)), 50)),
-            "scores": statistics.median(_timed(lambda: placement.scores(req, cluster.names), 50)),
-            "cold": _timed(lambda: placement.filter(new_req, cluster.names), 1)[0]}
+    figures = {"filter": statistics.median(_timed(lambda: placement_module._answer(verdicts, set(cluster.names)), 50)),
+               "scores": statistics.median(_timed(lambda: placement.scores(req, cluster.names), 50)),
+               "cold": _timed(lambda: placement.filter(new_req, cluster.names), 1)[0]}
+    if placement.fragmentation is not None:  # the learned shares re-read: this kind's nodes scored again, once
+        with cluster.view.lock:
+            figures["rescore"] = statistics.median(_timed(lambda: placement._rescore(verdicts), 5))
+    return figures
 
 
-def serve(size: int) -> int:
+def serve(size: int, strategy: str = "binpack") -> int:
     """Child process: build the cluster, serve it on a free loopback port, print one JSON line (port,
     cluster figures), serve until stdin closes."""
-    config = Config()
+    config = Config(scoring=Scoring(strategy=strategy))
     cluster = Cluster(size, config)
     app = _BenchApp(create_app(cluster.view, cluster.placement, SnapshotBinder(cluster.view), lambda: (True, "")),
                     cluster)
@@ -340,18 +350,18 @@ def _bodies(names: list[str], leave_out: bool = False, kinds: int = 16) -> Itera
     return itertools.cycle(made)
 
 
-def run_size(size: int, requests: int, profile: bool) -> dict[str, Any]:
+def run_size(size: int, requests: int, profile: bool, strategy: str = "binpack") -> dict[str, Any]:
     names = [f"gpu-{i:05d}" for i in range(size)]  # as the child names them
     body = _bodies(names).__next__
     fewer = _bodies(names, leave_out=True).__next__
-    child = subprocess.Popen([sys.executable, __file__, "--serve", str(size)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, __file__, "--serve", str(size), "--strategies", strategy],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None
     try:
         hello = orjson.loads(child.stdout.readline() or "{}")
         if "port" not in hello:
             raise RuntimeError(f"the server for {size} nodes did not start (exit {child.wait(30)})")
-        out: dict[str, Any] = {"size": size, "pods": hello["pods"], "build": hello["build"],
+        out: dict[str, Any] = {"size": size, "strategy": strategy, "pods": hello["pods"], "build": hello["build"],
                                "body_kib": len(body()) / 1024}
         client = Client(hello["port"])
         try:
@@ -415,11 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--profile", action="store_true",
                         help="cProfile the server's event-loop thread over 50 filter+prioritize rounds per size")
+    parser.add_argument("--strategies", default="binpack", help="scoring strategies, each size run once per "
+                        "strategy (e.g. binpack,fragmentation); a last table compares their /prioritize")
     parser.add_argument("--serve", type=int, metavar="NODES", help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args(argv)
     if args.serve:
-        return serve(args.serve)
+        return serve(args.serve, args.strategies)
     sizes = [int(s) for s in args.sizes.split(",")]
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     started = time.perf_counter()
     print(f"extender benchmark: the real app in uvicorn ({sys.executable.rsplit('/', 1)[-1]} "
           f"{sys.version.split()[0]}), one server process per size on 127.0.0.1, a keep-alive HTTP/1.1 client in "
@@ -430,25 +443,27 @@ def main(argv: list[str] | None = None) -> int:
           "request")
     print(f"{'nodes':>6} {'pods':>7} {'body':>6} {'answer':>6} {'pass':>5} {'cold':>6} {'filter p50':>10} {'p99':>6} "
           f"{'repeat p50':>10} {'p99':>6} {'prio p50':>8} {'p99':>6} {'parse p50':>9} {'filt/parse':>10} "
-          f"{'µs/node':>7} {'rtt':>5}")
+          f"{'µs/node':>7} {'rtt':>5}  scoring")
     results = []
-    for size in sizes:
-        r = run_size(size, args.requests, args.profile)
+    for size, strategy in itertools.product(sizes, strategies):
+        r = run_size(size, args.requests, args.profile, strategy)
         results.append(r)
         f50, f99, parse50 = _pct(r["filter"], 0.5), _pct(r["filter"], 0.99), _pct(r["parse"], 0.5)
         print(f"{size:>6} {r['pods']:>7} {r['body_kib']:>4.0f}Ki {r['answer_kib']:>4.0f}Ki {r['passed']:>5} "
               f"{_ms(r['cold']):>6} {_ms(f50):>10} {_ms(f99):>6} {_ms(_pct(r['repeat'], 0.5)):>10} "
               f"{_ms(_pct(r['repeat'], 0.99)):>6} {_ms(_pct(r['prioritize'], 0.5)):>8} "
               f"{_ms(_pct(r['prioritize'], 0.99)):>6} {_ms(parse50):>9} {f50 / parse50:>9.1f}x "
-              f"{r['inproc']['filter'] / size * 1e6:>7.3f} {_ms(r['rtt']):>5}", flush=True)
+              f"{r['inproc']['filter'] / size * 1e6:>7.3f} {_ms(r['rtt']):>5}  {strategy}", flush=True)
     print("\nin the server process, no HTTP (median of 50 over every node; filter: the answer built for the names "
           "asked); cold: the first filter of a new kind of pod, which builds its verdicts; build: the cluster view "
           "from objects")
     for r in results:
         inproc = r["inproc"]
-        print(f"{r['size']:>6} nodes: filter {_ms(inproc['filter'])} ms ({inproc['filter'] / r['size'] * 1e6:.3f} "
-              f"µs/node), scores {_ms(inproc['scores'])} ms, cold filter {_ms(inproc['cold'])} ms "
-              f"({inproc['cold'] / r['size'] * 1e6:.1f} µs/node), build {r['build']:.1f} s")
+        rescore = f", re-read shares: rescore {_ms(inproc['rescore'])} ms" if "rescore" in inproc else ""
+        print(f"{r['size']:>6} nodes ({r['strategy']}): filter {_ms(inproc['filter'])} ms "
+              f"({inproc['filter'] / r['size'] * 1e6:.3f} µs/node), scores {_ms(inproc['scores'])} ms, cold filter "
+              f"{_ms(inproc['cold'])} ms ({inproc['cold'] / r['size'] * 1e6:.1f} µs/node), build {r['build']:.1f} s"
+              f"{rescore}")
     print("\nthe floor, side by side (interleaved with /filter in the same run): the same request parsed with orjson "
           "and every node answered passing,\non the same stack (uvicorn, Starlette, the extender's body reader and "
           "orjson response). filter: a GPU pod bound or deleted between requests\n(this kind's verdicts unchanged: "
@@ -465,6 +480,22 @@ def main(argv: list[str] | None = None) -> int:
               f"{_ms(_pct(r['floor'], 0.99)):>6} {_ms(f50):>10} {_ms(_pct(r['filter2'], 0.99)):>6} "
               f"{f50 / fl50:>6.2f}x {_ms(b50):>11} {_ms(_pct(r['flipped'], 0.99)):>6} {b50 / fl50:>6.2f}x "
               f"{_ms(n50):>15} {_ms(_pct(r['fewer'], 0.99)):>6} {n50 / fl50:>6.2f}x")
+    if len(strategies) > 1:
+        print("\n/prioritize by scoring strategy, same sizes, servers one after the other (the view changed between "
+              "requests: a GPU pod bound or deleted)")
+        print(f"{'nodes':>6} " + " ".join(f"{s + ' p50':>20} {'p99':>6}" for s in strategies) + " "
+              + " ".join(f"{s + '/' + strategies[0] + ' p50':>24}" for s in strategies[1:]))
+        for size in sizes:
+            row = {r["strategy"]: r for r in results if r["size"] == size}
+            base = _pct(row[strategies[0]]["prioritize"], 0.5)
+            print(f"{size:>6} " + " ".join(f"{_ms(_pct(row[s]['prioritize'], 0.5)):>20} "
+                                           f"{_ms(_pct(row[s]['prioritize'], 0.99)):>6}" for s in strategies) + " "
+                  + " ".join(f"{_pct(row[s]['prioritize'], 0.5) / base:>23.2f}x" for s in strategies[1:]))
+        for r in results:
+            if r["size"] == TARGET_NODES:
+                p99 = _pct(r["prioritize"], 0.99) * 1000
+                print(f"target: /prioritize p99 <= {TARGET_P99_MS:g} ms at {TARGET_NODES:,} nodes ({r['strategy']}): "
+                      f"{p99:.2f} ms {'PASS' if p99 <= TARGET_P99_MS else 'MISS'}")
     at_target = [r for r in results if r["size"] == TARGET_NODES]
     if at_target:
         p99 = _pct(at_target[0]["filter"], 0.99) * 1000

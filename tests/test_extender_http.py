@@ -317,7 +317,7 @@ def _scoring_cluster() -> list[dict[str, Any]]:
     return [*objects, *(validator_pod(n) for n in ("busy", "idle", "upgrading", "unhealthy"))]
 
 
-@pytest.fixture(scope="module", params=["binpack", "spread"])
+@pytest.fixture(scope="module", params=["binpack", "spread", "fragmentation"])
 def scoring(request: pytest.FixtureRequest) -> Iterator[tuple[str, Extender]]:
     extender = Extender(_scoring_cluster(), Config(scoring=Scoring(strategy=request.param)))
     yield request.param, extender
@@ -337,8 +337,10 @@ def test_prioritize_scores_every_node_asked(scoring: tuple[str, Extender]) -> No
     assert score["ghost"] == 0
     if strategy == "binpack":
         assert score["busy"] > score["idle"]  # fill the node already in use
-    else:
+    elif strategy == "spread":
         assert score["idle"] > score["busy"]  # spread: the emptier node
+    else:  # one GPU adds no fragment for a pod like it on either: the emptier node's GPUs (the spread half)
+        assert score["idle"] == 8 and score["busy"] == 5
     assert score["upgrading"] < score["idle"]  # upgrade-required only lowers the score
     assert score["unhealthy"] < score["idle"] or score["idle"] == 0
     # and upgrade-required still passes the filter

@@ -1,4 +1,5 @@
-"""The `gpu-placement` command: serve, demo, explain, nodes, namespaces, rollout, survey, migrate, report, certs.
+"""The `gpu-placement` command: serve, demo, explain, nodes, namespaces, rollout, survey, migrate, report, replay,
+certs.
 
 Exit status 0 on success, 2 on bad usage or bad input with a one-line message naming the problem (never a
 traceback: an unexpected error is one line too, status 70, and GPU_PLACEMENT_DEBUG=1 shows its traceback);
@@ -224,6 +225,31 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("-o", "--output", choices=["text", "markdown", "json"], default="text",
                         help="json adds the PromQL behind each figure")
     report.add_argument("--config", metavar="FILE", help="configuration file (for telemetry.url)")
+    replay = commands.add_parser("replay", help="replay a trace (Alibaba openb CSVs) through the real filter, scores "
+                                 "and bind bookkeeping, no cluster: the GPUs each scoring strategy allocates")
+    replay.add_argument("--nodes", metavar="NODES", required=True, help="the trace's node CSV (sn, cpu_milli, "
+                        "memory_mib, gpu, model), or a `kubectl get nodes -o json` file or folder")
+    replay.add_argument("--pods", metavar="PODS.csv", required=True, help="the trace's task CSV (name, cpu_milli, "
+                        "memory_mib, num_gpu, gpu_milli[, gpu_spec])")
+    replay.add_argument("--arrivals", type=_positive_float, default=1.3, metavar="RATIO",
+                        help="tasks arrive until they ask this many times the cluster's GPUs (default 1.3)")
+    replay.add_argument("--seed", type=int, default=42, help="draws the tasks and their order as the ATC'23 "
+                        "simulator does with the same seed (default 42)")
+    replay.add_argument("--seeds", type=_positive_int, default=1, metavar="N",
+                        help="replay seeds SEED..SEED+N-1 and report means and spread (default 1)")
+    replay.add_argument("--scoring", type=_strategies, default=("binpack", "fragmentation"), metavar="a,b,c",
+                        help="scoring strategies, side by side: binpack, spread, fragmentation (default "
+                        "binpack,fragmentation)")
+    replay.add_argument("--mode", choices=["dra", "device-plugin"], default="dra",
+                        help="dra: GPUs as DRA devices with consumable capacity, the allocator picks the device; "
+                        "device-plugin: exclusive or time-sliced GPUs (default dra)")
+    replay.add_argument("--replicas", type=_positive_int, default=2, help="device-plugin: replicas of a "
+                        "time-sliced GPU; tasks asking at most 1/REPLICAS of a GPU take one (default 2)")
+    replay.add_argument("--extender-weight", type=_positive_int, default=5, dest="weight",
+                        help="kube-scheduler's weight of the extender's scores (the chart's default: 5)")
+    replay.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    replay.add_argument("--config", metavar="FILE", help="configuration file to judge with (scoring.strategy "
+                        "is replaced by each strategy replayed)")
 
     certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle")
     certs.add_argument("--out", metavar="DIR", required=True)
@@ -293,6 +319,8 @@ def _run(args: argparse.Namespace) -> int:
             return _survey(args)
         if args.command == "migrate":
             return _migrate(args)
+        if args.command == "replay":
+            return _replay(args)
         if args.command == "certs":
             return _certs(args)
         if args.command == "report":
@@ -308,8 +336,9 @@ def _run(args: argparse.Namespace) -> int:
 def _extra_errors() -> tuple[type[Exception], ...]:
     """Errors of modules loaded on demand that also mean "bad usage or input"."""
     from gpu_placement.app.assembly import UsageError as ServeUsageError
+    from gpu_placement.replay.trace import TraceError
 
-    extra: list[type[Exception]] = [ServeUsageError]
+    extra: list[type[Exception]] = [ServeUsageError, TraceError]
     try:
         from gpu_placement.kube.api import KubeConfigError
         from gpu_placement.view.fetch import FetchError
@@ -318,6 +347,47 @@ def _extra_errors() -> tuple[type[Exception], ...]:
     except ImportError:  # pragma: no cover - the live source is optional at import time
         pass
     return tuple(extra)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value > 100:
+        raise argparse.ArgumentTypeError(f"{text} must be above 0 (and at most 100)")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
+def _strategies(text: str) -> tuple[str, ...]:
+    from gpu_placement.replay.report import STRATEGIES
+
+    names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    unknown = [name for name in names if name not in STRATEGIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: scoring strategies are {', '.join(STRATEGIES)} "
+                                         "(comma-separated, e.g. binpack,fragmentation)")
+    return names
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from gpu_placement.replay.report import ReplayOptions, render_json, render_text, run_replays, stderr_if_terminal
+
+    options = ReplayOptions(args.nodes, args.pods, args.scoring, args.mode, args.arrivals, args.seed, args.seeds,
+                            args.weight, args.replicas)
+    config = _config(args.config) if args.config else None
+    gpus, runs = run_replays(options, config, stderr_if_terminal())
+    if args.output == "json":
+        sys.stdout.buffer.write(render_json(gpus, runs) + b"\n")
+    else:
+        print(render_text(gpus, runs, options))
+    return 0
 
 
 def _config(path: str | None) -> Config:

@@ -165,7 +165,7 @@ def parse_config(data: Any) -> Config:
             required=validator.take("required", bool, True),
         ),
         scoring=Scoring(
-            strategy=scoring.take_choice("strategy", ("binpack", "spread"), "binpack"),
+            strategy=scoring.take_choice("strategy", ("binpack", "spread", "fragmentation"), "binpack"),
             upgrade_required=weights.take_weight("upgradeRequired", 3),
             unhealthy_devices=weights.take_weight("unhealthyDevices", 2),
             xid_errors=weights.take_weight("xidErrors", 3),

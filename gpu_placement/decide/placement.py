@@ -18,6 +18,7 @@ import orjson
 
 from gpu_placement.base.config import Config
 from gpu_placement.decide.dra_fit import DRA, DraFit, both_ways_on, extended_requests, fit_on, served_on, why_not_on
+from gpu_placement.decide.fragmentation import Fragmentation, round_cpu
 from gpu_placement.decide.requirements import Requirements, requirements_for
 from gpu_placement.decide.rollout import Rollout
 from gpu_placement.decide.rules import (
@@ -33,6 +34,7 @@ from gpu_placement.decide.rules import (
     unknown_node,
 )
 from gpu_placement.facts.nodes import NodeFacts
+from gpu_placement.facts.pods import cpu_request
 from gpu_placement.facts.soak import FAILED, SOAKING
 from gpu_placement.view.cluster import ClusterView
 
@@ -107,6 +109,7 @@ class _Verdicts:
     changed: set[str] = field(default_factory=set)  # nodes whose bump the last answer has not taken in yet
     answer: _Answer | None = None  # the last filter's answer, replayed while `version` stays, else put right
     seen: int = 0  # position in Placement's log of changed nodes up to which this kind is current
+    scored: int = 0  # the fragmentation score's learned shares (their version) the scores were made with
 
 
 @dataclass(slots=True)
@@ -146,13 +149,23 @@ class Placement:
         self._log_start = 0  # the position of _log[0] since the cache was last cleared
         view.subscribe(self._node_changed, self._free_changed)
         self.rollout.subscribe(self._node_changed)  # a soak began, ended or failed: that node's verdicts
+        # scoring.strategy fragmentation: learns what arrives, follows the CPU pods request on each node
+        self.fragmentation = Fragmentation(view, self._free_changed) if config.scoring.strategy == "fragmentation" \
+            else None
 
     # -- requests ------------------------------------------------------------------------------
     def requirements(self, pod: Mapping[str, Any]) -> Requirements:
-        namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+        meta = pod.get("metadata") or {}
+        namespace = meta.get("namespace") or "default"
         dra = self.view.dra
-        return requirements_for(pod, self.view.namespaces.get(namespace), self.config.is_gpu_resource,
-                                dra if dra.active else None)
+        req = requirements_for(pod, self.view.namespaces.get(namespace), self.config.is_gpu_resource,
+                               dra if dra.active else None)
+        if self.fragmentation is not None and req.wants_gpu and req.error is None:
+            # The CPU it asks decides whether a node's free GPUs are left usable: part of its kind here only.
+            req = replace(req, cpu_milli=round_cpu(cpu_request(pod.get("spec") or {})))
+            with self.view.lock:
+                self.fragmentation.observe(str(meta.get("uid") or ""), req)
+        return req
 
     def filter(self, req: Requirements, names: Sequence[str]) -> FilterResult:
         """This kind's answer for these names: its last one while no verdict it depends on changed,
@@ -299,8 +312,11 @@ class Placement:
         if verdicts is not None:
             self._cache.move_to_end(key)
             self._catch_up(verdicts)
+            if self.fragmentation is not None and verdicts.scored != self.fragmentation.version:
+                self._rescore(verdicts)
             return verdicts
-        verdicts = _Verdicts(key, seen=self._log_start + len(self._log))
+        verdicts = _Verdicts(key, seen=self._log_start + len(self._log),
+                             scored=self.fragmentation.version if self.fragmentation is not None else 0)
         self._build(verdicts)
         if key.error is not None:  # preemption or explain asking about a broken ask: not kept (see filter)
             return verdicts
@@ -333,7 +349,7 @@ class Placement:
             if entry.__class__ is not Rejection:  # a fresh kind has nothing to clear: _place without it
                 shortfall, resolvable, dra = self._fit(name, entry, req)  # type: ignore[arg-type]
                 if shortfall is None:
-                    scores[name] = score = self._score(name, entry, req.canary, dra)  # type: ignore[arg-type]
+                    scores[name] = score = self._score(name, entry, req, dra)  # type: ignore[arg-type]
                     score_json[name] = b'{"Host":%b,"Score":%d}' % (dumps(name), score)
                     passing.add(name)
                 else:
@@ -352,6 +368,16 @@ class Placement:
             codes[name] = entry.code  # type: ignore[union-attr]
             if entry.resolvable:  # type: ignore[union-attr]
                 resolvable.add(name)
+
+    def _rescore(self, verdicts: _Verdicts) -> None:
+        """The fragmentation score's learned shares were re-read: this kind's passing nodes scored again,
+        once (their verdicts stand; only the scores move)."""
+        assert self.fragmentation is not None
+        verdicts.scored = self.fragmentation.version
+        for name in verdicts.passing:
+            entry = verdicts.entries.get(name)
+            if entry is not None and entry.__class__ is not Rejection:
+                _set_score(verdicts, name, self._score(name, entry, verdicts.req))  # type: ignore[arg-type]
 
     def _node_changed(self, name: str | None) -> None:
         if name is None:
@@ -435,7 +461,7 @@ class Placement:
     def _place(self, verdicts: _Verdicts, name: str, need: Need) -> None:
         shortfall, resolvable, dra = self._fit(name, need, verdicts.req)
         if shortfall is None:
-            _set_score(verdicts, name, self._score(name, need, verdicts.req.canary, dra))
+            _set_score(verdicts, name, self._score(name, need, verdicts.req, dra))
             _clear_failure(verdicts, name)
             if name not in verdicts.passing:
                 verdicts.passing.add(name)
@@ -490,11 +516,13 @@ class Placement:
                 return insufficient_memory(resource, mib // units)
         return None
 
-    def _score(self, name: str, need: Need, canary: bool = False, dra: DraFit | None = None) -> int:
+    def _score(self, name: str, need: Need, req: Requirements, dra: DraFit | None = None) -> int:
         """Binpack: how full the node is once the pod is on it (fill used nodes first, keep whole nodes
-        free for big jobs); spread: how empty. Minus penalties for nodes to avoid when there is a choice.
-        A soaking driver overrides both: the bottom for most pods, the top for canaries; a driver that
-        failed its soak, the bottom for all."""
+        free for big jobs); spread: how empty; fragmentation: how little the pod there adds to the
+        fragments of the node's free GPUs for the pods that typically arrive (gpu_placement.decide.fragmentation).
+        Minus penalties for nodes to avoid when there is a choice. A soaking driver overrides them all:
+        the bottom for most pods, the top for canaries; a driver that failed its soak, the bottom for all."""
+        canary = req.canary
         soak = self.rollout.soak(name).state
         if soak == FAILED or (soak == SOAKING and not canary):
             return 0
@@ -502,6 +530,9 @@ class Placement:
             return MAX_SCORE
         top = MAX_SCORE - 1 if canary else MAX_SCORE  # a canary's top is a soaking node's alone
         view = self.view
+        if self.fragmentation is not None:
+            score = round(MAX_SCORE * self.fragmentation.raw(name, req)) - self._penalty(view.nodes[name])
+            return max(0, min(top, score))
         fills = []
         tier = (0, 1)  # (the alternative the allocator would take, how many a request lists)
         for resource, units, mib in need:
@@ -582,6 +613,8 @@ class Placement:
             free_mib = self.view.free_mib.get(resource, _NO_NODES).get(name)
             memory = f", needs {mib} MiB of {free_mib} MiB free" if mib is not None and free_mib is not None else ""
             parts.append(f"{units}x {resource} of {free_units} free{memory}")
+        if self.fragmentation is not None and req is not None:
+            parts.append(self.fragmentation.explain(name, req))
         penalty = self._penalty(self.view.nodes[name])
         if soak.avoided:
             top = soak.state == SOAKING and canary
@@ -596,7 +629,8 @@ def _dra(need: Need) -> bool:
     return any(resource == DRA_DEVICES for resource, _, _ in need)
 
 
-_FACT_FIELDS = tuple(f.name for f in fields(NodeFacts) if f.name not in ("name", "created"))  # per node: no class
+# Per node, or read by scores only: no part of a node's class (its static verdicts).
+_FACT_FIELDS = tuple(f.name for f in fields(NodeFacts) if f.name not in ("name", "created", "cpu_milli"))
 
 
 def _facts_key(facts: NodeFacts) -> Hashable:

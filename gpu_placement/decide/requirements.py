@@ -17,7 +17,7 @@ from gpu_placement.base.cuda import Version, format_version, parse_version
 from gpu_placement.base.quantity import QuantityError, quantity_to_mib
 from gpu_placement.base.text import MAX_ANNOTATION_VALUE, quoted
 from gpu_placement.facts.cudaneed import CudaNeed, container_need
-from gpu_placement.facts.dra import Request
+from gpu_placement.facts.dra import Ask, Request
 from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.pods import GpuRequests, effective_gpu_requests
 from gpu_placement.facts.sharing import EXCLUSIVE, Sharing, narrowed, parse_sharing
@@ -52,6 +52,13 @@ class Requirements:
     # Its claims' requests the allocator has yet to serve (alternatives in order): the DRA fit
     # (gpu_placement/decide/dra_fit.py) and the score by the first alternative that fits.
     dra_requests: tuple[Request, ...] = ()
+    cpu_milli: int = 0  # CPU asked, rounded up (gpu_placement.decide.fragmentation); 0 unless that strategy scores
+
+    @property
+    def dra_asks(self) -> tuple[Ask, ...]:
+        """What the allocator will take, as the fragmentation score foresees it: each request's first
+        alternative (a `firstAvailable` list's later ones are tried only where the first fails)."""
+        return tuple(request[0].ask for request in self.dra_requests if request)
 
     @property
     def wants_gpu(self) -> bool:

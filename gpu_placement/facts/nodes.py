@@ -56,6 +56,7 @@ class NodeFacts:
     dra_devices: int = 0  # devices the DRA driver publishes for the node (its ResourceSlices), see gpu_placement.dra
     created: float | None = None  # metadata.creationTimestamp (Unix s): tells a new node's first driver from a change
     ready_since: float | None = None  # Ready condition lastTransitionTime: when `ready` last changed (outcomes.py)
+    cpu_milli: int | None = None  # allocatable CPU (milli): the fragmentation score weighs GPUs left without CPU
 
     def unit_memory(self, resource: str) -> int | None:
         """MiB that one unit of `resource` stands for on this node (a whole GPU, a share, a MIG slice)."""
@@ -127,7 +128,17 @@ def node_from_json(obj: Mapping[str, Any], pool_of: Callable[[Mapping[str, str]]
         pool=pool_of(labels) if pool_of is not None else None,
         created=parse_time(meta.get("creationTimestamp")),
         ready_since=_ready_since(status),
+        cpu_milli=_cpu_milli((status.get("allocatable") or {}).get("cpu")),
     )
+
+
+def _cpu_milli(value: Any) -> int | None:
+    from gpu_placement.facts.pods import cpu_to_milli
+
+    try:
+        return cpu_to_milli(value) if value is not None else None
+    except QuantityError:
+        return None
 
 
 def _ready(status: Mapping[str, Any]) -> tuple[bool, str]:

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_placement.base import names as n
-from gpu_placement.base.quantity import QuantityError, quantity_to_int
+from gpu_placement.base.quantity import QuantityError, parse_quantity, quantity_to_int
 from gpu_placement.facts.launch import Launch, launch_of, unhealthy
 from gpu_placement.facts.sharing import is_standin
 from gpu_placement.facts.soak import OperatorPod, operator_pod_from_json
 
-__all__ = ["MAX_GPU_COUNT", "GpuRequests", "PodRecord", "container_gpu_requests", "effective_gpu_requests",
-           "pod_from_json", "pod_key", "pod_priority", "resource_version"]
+__all__ = ["MAX_GPU_COUNT", "GpuRequests", "PodRecord", "container_gpu_requests", "cpu_request", "cpu_to_milli",
+           "effective_gpu_requests", "pod_from_json", "pod_key", "pod_priority", "resource_version"]
 
 # ((resource, count), ...) sorted by resource: hashable, so it can key caches.
 GpuRequests = tuple[tuple[str, int], ...]
@@ -65,6 +65,7 @@ class PodRecord:
     # find the devices, its claims' names: (its entry in spec.resourceClaims, the ResourceClaim's name).
     unhealthy: tuple[tuple[str, str, str], ...] = ()
     claim_names: tuple[tuple[str, str], ...] = ()
+    cpu_milli: int = 0  # CPU requested (milli), read only for the fragmentation score (Ingest says when)
 
     @property
     def key(self) -> str:
@@ -78,7 +79,8 @@ def pod_key(namespace: str, name: str) -> str:
 def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool],
                   is_validator: Callable[[str, Mapping[str, str]], bool],
                   is_driver: Callable[[str, Mapping[str, str]], bool] | None = None,
-                  scheduler: str | None = None) -> PodRecord:
+                  scheduler: str | None = None,
+                  with_cpu: bool = False) -> PodRecord:
     """`scheduler`: gpu-placement's schedulerName, to tell the GPU pods it placed (Launch.placed)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
@@ -122,6 +124,7 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         launch=launch_of(obj, is_gpu_resource, scheduler) if gpus or routed else None,
         unhealthy=sick,
         claim_names=_claim_names(status) if sick else (),
+        cpu_milli=cpu_request(spec) if with_cpu else 0,
     )
 
 
@@ -153,6 +156,35 @@ def _awaited_templates(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tu
     return tuple(sorted({sys.intern(str(e["resourceClaimTemplateName"])) for e in entries
                          if isinstance(e, Mapping) and isinstance(e.get("resourceClaimTemplateName"), str)
                          and e.get("name") not in made}))
+
+
+def cpu_to_milli(value: Any) -> int:
+    """A CPU quantity in milli-CPU, rounded up ("500m", "4", "0.5")."""
+    if isinstance(value, str):
+        if value.endswith("m") and value[:-1].isdigit():
+            return int(value[:-1])
+        if value.isdigit():
+            return int(value) * 1000
+    amount = parse_quantity(value) * 1000
+    return -(-amount.numerator // amount.denominator)
+
+
+def cpu_request(spec: Mapping[str, Any]) -> int:
+    """The pod's CPU request (milli) by Kubernetes' effective-request rule, as kube-scheduler charges it
+    to the node: app containers together, or an init container's alone when that is more; a broken
+    quantity counts as 0 (the API server would have refused it)."""
+    def cpu(container: Any) -> int:
+        requests = ((container or {}).get("resources") or {}).get("requests") or {} if isinstance(container,
+                                                                                                   Mapping) else {}
+        try:
+            return cpu_to_milli(requests["cpu"]) if "cpu" in requests else 0
+        except (QuantityError, TypeError):
+            return 0
+
+    app = sum(cpu(c) for c in spec.get("containers") or ())
+    inits = [cpu(c) for c in spec.get("initContainers") or () if (c or {}).get("restartPolicy") != "Always"]
+    sidecars = sum(cpu(c) for c in spec.get("initContainers") or () if (c or {}).get("restartPolicy") == "Always")
+    return max(app + sidecars, max(inits, default=0) + sidecars)
 
 
 def resource_version(meta: Mapping[str, Any]) -> int:

@@ -45,7 +45,8 @@ class Ingest:
 
     def pod(self, obj: Mapping[str, Any]) -> PodRecord:
         return pod_from_json(obj, self.config.is_gpu_resource, self._is_validator, self._is_driver,
-                             self.config.scheduler_name)
+                             self.config.scheduler_name,
+                             with_cpu=self.config.scoring.strategy == "fragmentation")
 
     def namespace(self, obj: Mapping[str, Any]) -> NamespaceRecord:
         return namespace_from_json(obj)
