@@ -7,21 +7,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from tests.e2e.conftest import E2E
+from tests.e2e.conftest import E2E, gpu_pod_manifest
 
 
 def test_new_pods_avoid_a_node_within_a_second_of_its_health_flipping(e2e: E2E) -> None:
+    """Independent of the scoring strategy: a pod pinned to the flipped node waits (PodScheduled False)
+    and one free to choose lands on the other; once the node is restored, a pod pinned to it binds."""
     group = "s6"
-    a, b = e2e.nodes(group, [("a", "h100x8", {}), ("b", "h100x8", {})])
+    a, b = e2e.nodes(group, [(slot, "h100x8", {"labels": {"e2e-slot": slot}}) for slot in ("a", "b")])
     ns = e2e.namespace("health")
-    # A partly used node wins under binpack: without a flip, new pods go to `a`.
-    assert e2e.gpu_pod(ns, "anchor", group).status_code == 201
-    anchor_node = e2e.wait_bound(ns, "anchor")
-    a, b = (a, b) if anchor_node == a else (b, a)
     node_path = f"/api/v1/nodes/{a}"
 
     def label(key: str, value: str | None) -> Callable[[], None]:
         return lambda: e2e.api.merge_patch(node_path, {"metadata": {"labels": {key: value}}}) and None
+
+    def pod(name: str, pinned: bool) -> None:
+        manifest = gpu_pod_manifest(ns, name, group)
+        if pinned:
+            manifest["spec"]["nodeSelector"]["e2e-slot"] = "a"
+        assert e2e.api.create(f"/api/v1/namespaces/{ns}/pods", manifest).status_code == 201
 
     flips: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
         ("validator not Ready", lambda: e2e.kubelets.set_pod_ready("gpu-operator", f"nvidia-operator-validator-{a}",
@@ -36,16 +40,20 @@ def test_new_pods_avoid_a_node_within_a_second_of_its_health_flipping(e2e: E2E) 
     for i, (what, flip, restore) in enumerate(flips):
         flip()
         time.sleep(1.0)
-        assert e2e.gpu_pod(ns, f"during-{i}", group).status_code == 201
+        pod(f"pinned-{i}", pinned=True)
+        cond = e2e.scheduled_condition(ns, f"pinned-{i}")
+        assert cond.get("reason") == "Unschedulable", f"{what}: {cond}"
+        assert not e2e.pod(ns, f"pinned-{i}")["spec"].get("nodeName"), f"{what}: a pod went to the flipped node"
+        pod(f"during-{i}", pinned=False)
         landed = e2e.wait_bound(ns, f"during-{i}")
         assert landed == b, f"{what}: a new pod went to {landed}, the flipped node"
-        # Keep `b` emptier than `a`, so binpack keeps preferring `a` once it is back.
-        assert e2e.api.delete(f"/api/v1/namespaces/{ns}/pods/during-{i}").status_code == 200
+        for name in (f"pinned-{i}", f"during-{i}"):
+            assert e2e.api.delete(f"/api/v1/namespaces/{ns}/pods/{name}").status_code == 200
         restore()
         if what == "NotReady":
             e2e.kubelets.wait_schedulable([a])
         time.sleep(1.0)
-        assert e2e.gpu_pod(ns, f"after-{i}", group).status_code == 201
+        pod(f"after-{i}", pinned=True)
         assert e2e.wait_bound(ns, f"after-{i}") == a, f"{what}: the node did not come back"
 
 
