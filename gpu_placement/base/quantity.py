@@ -14,8 +14,8 @@ from fractions import Fraction
 
 from gpu_placement.base.text import first_non_ascii, quoted, shown
 
-__all__ = ["QuantityError", "QuantityProblem", "check_quantity", "parse_quantity", "quantity_to_int", "quantity_to_mib",
-           "to_count", "to_mib"]
+__all__ = ["QuantityError", "QuantityProblem", "check_quantity", "cpu_to_milli", "parse_quantity", "quantity_to_int",
+           "quantity_to_mib", "to_count", "to_mib"]
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1,
@@ -116,3 +116,14 @@ def to_mib(value: object) -> int:
 
 def _show(value: object) -> str:
     return quoted(value) if isinstance(value, str) else repr(value)
+
+
+def cpu_to_milli(value: str | int | float) -> int:
+    """A CPU quantity in milli-CPU, rounded up ("500m", "4", "0.5")."""
+    if isinstance(value, str):
+        if value.endswith("m") and value[:-1].isdigit():
+            return int(value[:-1])
+        if value.isdigit():
+            return int(value) * 1000
+    amount = parse_quantity(value) * 1000
+    return -(-amount.numerator // amount.denominator)

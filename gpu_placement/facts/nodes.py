@@ -13,7 +13,7 @@ from typing import Any
 
 from gpu_placement.base import names as n
 from gpu_placement.base.cuda import Version, VersionError, driver_table, parse_version
-from gpu_placement.base.quantity import QuantityError, quantity_to_int
+from gpu_placement.base.quantity import QuantityError, cpu_to_milli, quantity_to_int
 from gpu_placement.base.timestamps import parse_time
 
 __all__ = ["MigProfile", "NodeFacts", "ValidatorState", "charge", "node_from_json"]
@@ -133,8 +133,6 @@ def node_from_json(obj: Mapping[str, Any], pool_of: Callable[[Mapping[str, str]]
 
 
 def _cpu_milli(value: Any) -> int | None:
-    from gpu_placement.facts.pods import cpu_to_milli
-
     try:
         return cpu_to_milli(value) if value is not None else None
     except QuantityError:

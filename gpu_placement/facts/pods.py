@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_placement.base import names as n
-from gpu_placement.base.quantity import QuantityError, parse_quantity, quantity_to_int
+from gpu_placement.base.quantity import QuantityError, cpu_to_milli, quantity_to_int
 from gpu_placement.facts.launch import Launch, launch_of, unhealthy
 from gpu_placement.facts.sharing import is_standin
 from gpu_placement.facts.soak import OperatorPod, operator_pod_from_json
 
-__all__ = ["MAX_GPU_COUNT", "GpuRequests", "PodRecord", "container_gpu_requests", "cpu_request", "cpu_to_milli",
+__all__ = ["MAX_GPU_COUNT", "GpuRequests", "PodRecord", "container_gpu_requests", "cpu_request",
            "effective_gpu_requests", "pod_from_json", "pod_key", "pod_priority", "resource_version"]
 
 # ((resource, count), ...) sorted by resource: hashable, so it can key caches.
@@ -156,17 +156,6 @@ def _awaited_templates(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tu
     return tuple(sorted({sys.intern(str(e["resourceClaimTemplateName"])) for e in entries
                          if isinstance(e, Mapping) and isinstance(e.get("resourceClaimTemplateName"), str)
                          and e.get("name") not in made}))
-
-
-def cpu_to_milli(value: Any) -> int:
-    """A CPU quantity in milli-CPU, rounded up ("500m", "4", "0.5")."""
-    if isinstance(value, str):
-        if value.endswith("m") and value[:-1].isdigit():
-            return int(value[:-1])
-        if value.isdigit():
-            return int(value) * 1000
-    amount = parse_quantity(value) * 1000
-    return -(-amount.numerator // amount.denominator)
 
 
 def cpu_request(spec: Mapping[str, Any]) -> int:
