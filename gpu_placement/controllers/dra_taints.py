@@ -224,7 +224,6 @@ class TaintController(LeaderLoop):
             for outcome in API_OUTCOMES:
                 DRA_TAINT_WRITES.labels(action, outcome)
         self.version: str | None = None  # the DeviceTaintRule API version served; None: not served
-        self.last_error: str | None = None  # the turn's error, or the first rule still failing
         self.writes = 0
         self.owned: dict[str, dict[str, Any]] = {}  # our rules as last read or written, by name
         self.holds: set[str] = set()
@@ -233,7 +232,6 @@ class TaintController(LeaderLoop):
         self._dirty: set[str] = set()
         self._everything = True
         self._dirty_lock = threading.Lock()
-        self._next_resync = 0.0
         self._tokens = float(self.settings.burst)
         self._refilled = clock()
         self._said_unserved = False
@@ -252,54 +250,40 @@ class TaintController(LeaderLoop):
         self._wake.set()
 
     # -- running -------------------------------------------------------------------------------
-    def step(self) -> None:
+    def _turn(self) -> None:
         """One turn: the Lease; then, leading, a full pass when due, else the nodes that changed."""
-        try:
-            self._lead()
-            if not self.leading:
-                self.last_error = None
-                self._success.set(time.time())
-                return
-            if not {"nodes", "pods", "resourceslices"} <= self.view.listed:
-                self.last_error = None
-                return  # never act on a half-known view: a node not listed yet would look untainted
-            if self._owner is not None and self._owner.read(self.api):
-                self._next_resync = 0.0  # a new owner (helm upgrade after it was deleted): relist, mend all
-            now = self.clock()
-            if now >= self._next_resync:
-                self._discover()
-                if self.version is not None:
-                    self._relist()
-                self._next_resync = now + self.settings.resync_seconds
-                with self._dirty_lock:
-                    self._everything = True
-            if self.version is None:
-                self._success.set(time.time())
-                return
+        self._lead()
+        if not self.leading:
+            self.last_error = None
+            self._success.set(time.time())
+            return
+        if not {"nodes", "pods", "resourceslices"} <= self.view.listed:
+            self.last_error = None
+            return  # never act on a half-known view: a node not listed yet would look untainted
+        if self._owner is not None and self._owner.read(self.api):
+            self._next_resync = 0.0  # a new owner (helm upgrade after it was deleted): relist, mend all
+        now = self.clock()
+        if now >= self._next_resync:
+            self._discover()
+            if self.version is not None:
+                self._relist()
+            self._next_resync = now + self.settings.resync_seconds
             with self._dirty_lock:
-                everything, names = self._everything, self._dirty
-                self._everything, self._dirty = False, set()
-            try:
-                self._reconcile(None if everything else names)
-            except BaseException:
-                with self._dirty_lock:  # what was not done is done next time
-                    self._everything = self._everything or everything
-                    self._dirty |= names
-                raise
-            self._end_turn()
-        except PassInterrupted as exc:
-            if exc.__cause__ is None:
-                log.info("DRA taints: pass interrupted: %s", exc)
-            else:
-                self._turn_failed(exc.__cause__)
-        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            self._turn_failed(exc)
-
-    def _turn_failed(self, exc: BaseException) -> None:
-        if str(exc) != self.last_error:
-            log.error("DRA taints: %s; retrying in %.0f s", exc, self.settings.renew_seconds)
-        self.last_error = str(exc)
-        self._next_resync = 0.0
+                self._everything = True
+        if self.version is None:
+            self._success.set(time.time())
+            return
+        with self._dirty_lock:
+            everything, names = self._everything, self._dirty
+            self._everything, self._dirty = False, set()
+        try:
+            self._reconcile(None if everything else names)
+        except BaseException:
+            with self._dirty_lock:  # what was not done is done next time
+                self._everything = self._everything or everything
+                self._dirty |= names
+            raise
+        self._end_turn()
 
     def _end_turn(self) -> None:
         """The pass went through: the nodes of rules still failing are tried again next turn (the loop's

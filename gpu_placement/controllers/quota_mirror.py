@@ -50,7 +50,7 @@ from gpu_placement.facts.pods import PodRecord
 from gpu_placement.facts.policy import NamespacePolicy, parse_policy
 from gpu_placement.facts.resourcequotas import MIRROR_NAME
 from gpu_placement.kube.api import ApiError, api_error, request, write
-from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted, namespace_terminating
+from gpu_placement.kube.leader import Failures, LeaderLoop, namespace_terminating
 from gpu_placement.kube.lease import Lease, drain
 from gpu_placement.kube.owner import Owner
 from gpu_placement.observe.metrics import (
@@ -102,15 +102,13 @@ class QuotaMirror(LeaderLoop):
         for action in _ACTIONS.values():  # every series from the start: rate() and alerts need a zero
             for outcome in API_OUTCOMES:
                 QUOTA_MIRROR_WRITES.labels(action, outcome)
-        self.last_error: str | None = None  # the turn's error, or the first object still failing
         self.writes = 0  # creates, updates and deletes made: for tests and the log
         self.failures = Failures("quota mirror", log)  # ResourceQuotas by namespace/name, with their errors
         self._failing = QUOTA_MIRROR_FAILING.labels(self.settings.lease_name)
         self._failing.set(0)
-        self.templates: Any = None  # webhook/dra_templates.TemplateKeeper where resource.k8s.io is served
+        self.templates: Any = None  # controllers/templates.TemplateKeeper where resource.k8s.io is served
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
-        self._next_resync = 0.0
         self._classes: tuple[bool, tuple[tuple[str, str], ...]] = (False, ())
         self._owner = Owner(self.settings.owner, "quota mirror") if self.settings.owner else None
         view.subscribe_records(self._pod_changed, self._changed)
@@ -136,50 +134,35 @@ class QuotaMirror(LeaderLoop):
         self._changed(namespace, None)
 
     # -- running -------------------------------------------------------------------------------
-    def step(self) -> None:
+    def _turn(self) -> None:
         """One turn: renew or take the Lease when due; then, leading, a full pass when due or the
         namespaces that changed. An object's failed write is kept for the next turn and the pass goes
         on; an error that ends the pass is logged once and the next turn makes a full pass."""
-        try:
-            self._lead()
-            if not self.leading:
-                self.last_error = None
-                self._success.set(time.time())  # a standby's whole job: know who leads
-                return
-            if "namespaces" not in self.view.listed:
-                self.last_error = None
-                return  # never act on a half-known view: a missing namespace would look unannotated
-            if self._owner is not None and self._owner.read(self.api):
-                self._next_resync = 0.0  # a new owner (helm upgrade after it was deleted): mend everything now
-            if self._classes_changed():
-                self._next_resync = 0.0  # requests.<extendedResourceName> follows the DeviceClasses (_wanted)
-            now = time.monotonic()
-            if now >= self._next_resync:
-                with self._dirty_lock:
-                    self._dirty.clear()
-                self.resync()
-                self._next_resync = now + self.settings.resync_seconds
-            else:
-                with self._dirty_lock:
-                    names, self._dirty = self._dirty, set()
-                for name in sorted(names):
-                    self._still_leading()
-                    self.reconcile(name)
-            self._end_turn()
-        except PassInterrupted as exc:
-            if exc.__cause__ is None:
-                log.info("quota mirror: pass interrupted: %s", exc)
-                self._next_resync = 0.0
-            else:
-                self._turn_failed(exc.__cause__)
-        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            self._turn_failed(exc)
-
-    def _turn_failed(self, exc: BaseException) -> None:
-        if str(exc) != self.last_error:
-            log.error("quota mirror: %s; retrying in %.0f s", exc, self.settings.renew_seconds)
-        self.last_error = str(exc)
-        self._next_resync = 0.0  # what failed may have been a change: make sure of everything next time
+        self._lead()
+        if not self.leading:
+            self.last_error = None
+            self._success.set(time.time())  # a standby's whole job: know who leads
+            return
+        if "namespaces" not in self.view.listed:
+            self.last_error = None
+            return  # never act on a half-known view: a missing namespace would look unannotated
+        if self._owner is not None and self._owner.read(self.api):
+            self._next_resync = 0.0  # a new owner (helm upgrade after it was deleted): mend everything now
+        if self._classes_changed():
+            self._next_resync = 0.0  # requests.<extendedResourceName> follows the DeviceClasses (_wanted)
+        now = time.monotonic()
+        if now >= self._next_resync:
+            with self._dirty_lock:
+                self._dirty.clear()
+            self.resync()
+            self._next_resync = now + self.settings.resync_seconds
+        else:
+            with self._dirty_lock:
+                names, self._dirty = self._dirty, set()
+            for name in sorted(names):
+                self._still_leading()
+                self.reconcile(name)
+        self._end_turn()
 
     def _end_turn(self) -> None:
         """The pass went through: the namespaces of objects still failing are tried again next turn (not

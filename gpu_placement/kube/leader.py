@@ -111,6 +111,8 @@ class LeaderLoop:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.last_error: str | None = None  # what ended the last turn, or a failing object's error
+        self._next_resync = 0.0  # when the next full pass is due (the loop's clock); 0: the next turn
 
     @property
     def leading(self) -> bool:
@@ -122,8 +124,29 @@ class LeaderLoop:
         self._leading_gauge.set(float(value))
 
     def step(self) -> None:
-        """One turn: `_lead()`, then the work while leading."""
+        """One turn (`_turn`). An error that ends it (the API server out of reach, or the Lease's answer)
+        is logged when it is new, kept in `last_error`, and makes the next turn a full pass; a pass
+        interrupted by stopping or by the Lease going to another replica just ends (a full pass next)."""
+        try:
+            self._turn()
+        except PassInterrupted as exc:
+            if exc.__cause__ is None:
+                self.log.info("%s: pass interrupted: %s", self.what, exc)
+                self._next_resync = 0.0
+            else:
+                self._turn_failed(exc.__cause__)
+        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+            self._turn_failed(exc)
+
+    def _turn(self) -> None:
+        """`_lead()`, then the work while leading."""
         raise NotImplementedError
+
+    def _turn_failed(self, exc: BaseException) -> None:
+        if str(exc) != self.last_error:
+            self.log.error("%s: %s; retrying in %.0f s", self.what, exc, self._renew_seconds)
+        self.last_error = str(exc)
+        self._next_resync = 0.0  # what failed may have been a change: make sure of everything next time
 
     def _took_lead(self) -> None:
         """This replica just became the leader (whatever happened while another led is to be checked)."""
