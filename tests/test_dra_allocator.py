@@ -101,3 +101,18 @@ def test_a_later_request_backtracks_the_earlier_ones() -> None:
     whole = ("gpu.nvidia.com", 1, ())
     given = first_fit(found, {}, {"gpu-1": {"share": 1}}, [ask(1, "500"), whole], TYPES)
     assert [(a.request, a.device) for a in given or ()] == [(0, "gpu-1"), (1, "gpu-0")]
+
+
+def test_the_fill_binpack_and_spread_score_counts_shares_of_any_consumable_capacity() -> None:
+    """A driver whose shares are not memory (the replay's devices publish `share`): the node's fill is
+    what allocations use of it, so binpack and spread tell a half-used node from an empty one."""
+    from gpu_placement.decide.dra_fit import fit
+    from gpu_placement.facts.dra import Alternative
+
+    found = devices(shared(), shared())
+    half = Alternative("", GPU, 1, (("share", 500_000),))
+    empty = fit(found, {}, {}, set(), [(half,)], TYPES)
+    used = fit(found, {}, {"gpu-1": {"share": 1_000_000}}, set(), [(half,)], TYPES)
+    assert empty is not None and used is not None
+    assert empty.fill == 0.25  # the pod's own half of one of two devices
+    assert used.fill == 0.75  # and a whole device already used

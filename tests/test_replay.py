@@ -120,6 +120,16 @@ def test_json_placements_never_hold_more_than_a_device_or_a_node_has(mode: str,
         assert points[-1]["unallocated_gpus"] == pytest.approx(24 - final / 1000, abs=0.1)
 
 
+@pytest.mark.parametrize("mode", ["dra", "device-plugin"])
+def test_binpack_fills_fewer_nodes_than_spread(mode: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A third of the capacity arrived: binpack's scores put it on fewer nodes than spread's
+    (in dra mode the fill counts the devices' consumable `share`, not only memory)."""
+    _, out, _ = _replay("--mode", mode, "--scoring", "binpack,spread", "--arrivals", "0.3", "-o", "json", capsys=capsys)
+    strategies = orjson.loads(out)["strategies"]
+    used = {name: len({p["node"] for p in result["placements"]}) for name, result in strategies.items()}
+    assert used["binpack"] < used["spread"], used
+
+
 def test_cpu_is_never_overcommitted_either(capsys: pytest.CaptureFixture[str]) -> None:
     """The node's CPU (kube-scheduler's NodeResourcesFit) counts CPU-only tasks too: GPU tasks alone stay
     below it with room to spare for those."""

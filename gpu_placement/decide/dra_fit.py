@@ -30,7 +30,8 @@ nothing and are not counted.
 
 The fill a node would reach with the pod on it (what binpack and spread score) is the share of the
 memory of the node's devices of the classes asked that is in use: a held device whole, a shared one by
-what allocations consume of its memory; devices without a memory capacity count one each.
+what allocations consume of its memory (else of its fullest consumable capacity); devices without a
+memory capacity count one each.
 """
 
 from __future__ import annotations
@@ -291,10 +292,19 @@ def _fill(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[
         total += size
         if device.name in taken or (not device.shared and held.get(device.name)):
             used += size
-        elif device.shared and memory is not None:
-            used += min(size, consumed.get(device.name, _NONE).get("memory", 0)
-                        + taking.get(device.name, _NONE).get("memory", 0))
+        elif device.shared:
+            used += size * _share_in_use(device, consumed.get(device.name, _NONE), taking.get(device.name, _NONE))
     return min(1.0, used / total) if total else 0.0
+
+
+def _share_in_use(device: Device, consumed: Mapping[str, int], taking: Mapping[str, int]) -> float:
+    """How much of a shared device allocations use, 0..1: by its memory where it publishes one (the
+    NVIDIA driver's `--consumable-shares=memory`), else by the fullest of its consumable capacities
+    (a driver's own unit of share, as the replay's devices publish `share`)."""
+    capacities = [c for c in device.capacity if c.value > 0]
+    memory = next((c for c in capacities if c.name == "memory"), None)
+    return max((min(1.0, (consumed.get(c.name, 0) + taking.get(c.name, 0)) / c.value)
+                for c in ([memory] if memory is not None else capacities)), default=0.0)
 
 
 def _pad(version: Version) -> Version:
