@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from tests.e2e.cluster import wait_for
 from tests.e2e.conftest import E2E
 
 
@@ -42,8 +43,17 @@ def test_a_gpu_pod_that_slipped_past_mutate_is_told_so(e2e: E2E) -> None:
     move = [{"op": "replace", "path": "/webhooks/0/clientConfig/service/path", "value": "/not-served"}]
     back = [{"op": "replace", "path": "/webhooks/0/clientConfig/service/path", "value": "/mutate"}]
     patch = {"Content-Type": "application/json-patch+json"}
+
+    def scheduler_of_a_new_pod(expected: str) -> None:
+        """The API server takes a webhook configuration's change from its own informer, a moment later
+        (longer on a loaded machine): dry-run creates until it calls the path as changed."""
+        wait_for(f"a new pod's schedulerName {expected}", lambda: e2e.gpu_pod(
+            ns, "probe", "s4-nowhere", dryRun="All").json()["spec"]["schedulerName"] == expected, timeout=30,
+            interval=0.2)
+
     e2e.api.http.patch(path, content=json.dumps(move), headers=patch).raise_for_status()
     try:
+        scheduler_of_a_new_pod("default-scheduler")
         r = e2e.gpu_pod(ns, "raw", "s4-nowhere")
         assert r.status_code == 201, r.text
         assert r.json()["spec"]["schedulerName"] == "default-scheduler"
@@ -51,4 +61,5 @@ def test_a_gpu_pod_that_slipped_past_mutate_is_told_so(e2e: E2E) -> None:
         assert f"pod {ns}/raw was not shaped by gpu-placement's mutating webhook" in warnings, warnings
     finally:
         e2e.api.http.patch(path, content=json.dumps(back), headers=patch).raise_for_status()
+    scheduler_of_a_new_pod("gpu-placement")
     assert e2e.gpu_pod(ns, "shaped", "s4-nowhere").json()["spec"]["schedulerName"] == "gpu-placement"
