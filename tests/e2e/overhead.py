@@ -432,10 +432,14 @@ def scheduling_table(batches: list[SchedulingBatch], nodes: int) -> str:
     post = {p: total(p, lambda b: b.bind_post) for p in by}
     lines.append("in the extender (its own histogram, gpu-placement batches): " + ", ".join(
         f"/{verb} mean {_ms(h.mean)} p99 {_ms(h.quantile(0.99))}" for verb, h in verbs.items()))
-    lines.append(f"Binding POST as the extender sees it (sent to answer read): mean {_ms(post_seen.mean)} p99 "
-                 f"{_ms(post_seen.quantile(0.99))}")
+    binds = verbs["bind"].count
+    if binds:
+        lines.append(f"Binding POST as the extender sees it (sent to answer read): mean {_ms(post_seen.mean)} p99 "
+                     f"{_ms(post_seen.quantile(0.99))}")
+    binder = f"{binds:.0f} of {post[GPU_PLACEMENT].count:.0f} sent by the extender" if binds else \
+        "sent by kube-scheduler's own binder: whole GPUs are not bound through /bind"
     lines.append(f"Binding POST in the API server (its own histogram): mean {_ms(post[GPU_PLACEMENT].mean)} p99 "
-                 f"{_ms(post[GPU_PLACEMENT].quantile(0.99))} in the gpu-placement batches (sent by the extender), "
+                 f"{_ms(post[GPU_PLACEMENT].quantile(0.99))} in the gpu-placement batches ({binder}), "
                  f"mean {_ms(post[STOCK].mean)} p99 {_ms(post[STOCK].quantile(0.99))} in the stock batches "
                  "(kube-scheduler's own binder)")
     return "\n".join(lines)
