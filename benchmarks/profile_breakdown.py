@@ -17,21 +17,32 @@ from pathlib import Path
 # (bucket, markers): a frame matching any marker puts the stack in the bucket. Checked per frame from
 # the innermost out, so a JSON parse inside /filter counts as JSON, not as /filter.
 _BUCKETS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("the Binding POST (aiohttp, TLS)", ("aiohttp/", "ssl.py", "kube/aio.py")),
+    ("the Binding POST (aiohttp, TLS)", ("aiohttp/", "kube/aio.py")),
     ("JSON (orjson) and shape checks", ("orjson", "web/shape.py", "extender/args.py")),
     ("prometheus_client", ("prometheus_client/",)),
-    ("watch: reading events into the view", ("view/live.py", "view/ingest.py", "view/cluster.py", "facts/")),
+    ("the view's bookkeeping", ("view/ingest.py", "view/cluster.py", "facts/", "report/cluster_metrics.py")),
     ("decisions (placement, scores, recheck)", ("decide/",)),
     ("/bind handler", ("extender/binding.py", "_bind (", "_recheck_and_reserve", "bind (extender/app.py")),
     ("/filter handler", ("filter_ (", "_decide (", "_encode_filter", "extender/settle.py", "extender/state.py")),
     ("/prioritize handler", ("prioritize (",)),
+    ("HTTP server: writing an answer (uvicorn's transport.write: the send, and waiting for a CPU after it)",
+     ("httptools_impl.py:549",)),
     ("HTTP server: uvicorn, h11/httptools, Starlette", ("uvicorn/", "starlette/", "h11/", "httptools")),
     ("event loop (asyncio, uvloop)", ("asyncio/", "uvloop")),
 )
 
 
+# Threads by what runs them, checked first: the watch thread's TLS reads are the watch's, not a POST's.
+_THREADS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("watch: reading events into the view (its own thread)", ("view/live.py",)),
+)
+
+
 def bucket(stack: str) -> str:
     frames = stack.split(";")
+    for name, markers in _THREADS:
+        if any(marker in frame for frame in frames for marker in markers):
+            return name
     for frame in reversed(frames):
         for name, markers in _BUCKETS:
             if any(marker in frame for marker in markers):
