@@ -24,7 +24,6 @@ as the clients see them, in alternating rounds.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import statistics
@@ -140,6 +139,7 @@ class BindWatch:
         self.bound: dict[str, float] = {}
         self.expected, self.meter = expected, meter
         self._stop, self._open = threading.Event(), threading.Event()
+        self.error = ""  # the last failure of the watch, opened again after it
         self._thread = threading.Thread(target=self._run, args=(e2e, namespace, version), daemon=True,
                                         name="bind-watch")
         self._thread.start()
@@ -148,24 +148,44 @@ class BindWatch:
         assert self._open.wait(timeout), "the bind watch did not open"
 
     def _run(self, e2e: E2E, namespace: str, version: str) -> None:
-        params = {"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true", "timeoutSeconds": "600"}
-        with contextlib.suppress(httpx.HTTPError), e2e.api.http.stream(
-                "GET", f"/api/v1/namespaces/{namespace}/pods", params=params, timeout=None) as stream:
-            self._open.set()
-            for line in stream.iter_lines():
-                if self._stop.is_set():
-                    return
-                event = json.loads(line)
-                if event["type"] not in ("ADDED", "MODIFIED"):  # BOOKMARK (an object with no spec), ERROR
-                    continue
-                pod = event["object"]
-                name = pod.get("metadata", {}).get("name")
-                if (pod.get("spec") or {}).get("nodeName") and name not in self.bound:
-                    if not self.bound:
-                        self.meter.start()
-                    self.bound[name] = time.monotonic()
-                    if len(self.bound) == self.expected:
-                        self.meter.stop()
+        """Watches until stopped (at most 10 minutes); a watch that ends or fails is opened again from
+        the last version seen, a version too old (410) is listed again, so no bind goes unseen."""
+        path = f"/api/v1/namespaces/{namespace}/pods"
+        deadline = time.monotonic() + 600
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            params = {"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true",
+                      "timeoutSeconds": "600"}
+            try:
+                with e2e.api.http.stream("GET", path, params=params, timeout=None) as stream:
+                    self._open.set()
+                    for line in stream.iter_lines():
+                        if self._stop.is_set():
+                            return
+                        if not line:
+                            continue
+                        event = json.loads(line)
+                        obj = event.get("object") or {}
+                        if event.get("type") == "ERROR":  # 410: the version is gone: list again
+                            listed = e2e.api.get(path)
+                            for pod in listed["items"]:
+                                self._seen(pod)
+                            version = listed["metadata"]["resourceVersion"]
+                            break
+                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                        if event.get("type") in ("ADDED", "MODIFIED"):  # not BOOKMARK (an object with no spec)
+                            self._seen(obj)
+            except (httpx.HTTPError, ValueError) as exc:
+                self.error = f"{type(exc).__name__}: {exc}"
+                time.sleep(0.1)
+
+    def _seen(self, pod: dict[str, Any]) -> None:
+        name = pod.get("metadata", {}).get("name")
+        if (pod.get("spec") or {}).get("nodeName") and name not in self.bound:
+            if not self.bound:
+                self.meter.start()
+            self.bound[name] = time.monotonic()
+            if len(self.bound) == self.expected:
+                self.meter.stop()
 
     def stop(self) -> None:
         self._stop.set()
@@ -282,8 +302,12 @@ def _batch(e2e: E2E, schedulers: Schedulers, profile: str, namespace: str, group
     profiler = Profiler(schedulers.url(profile), pid, _our_pids(e2e).get("extender") if profile == GPU_PLACEMENT
                         else None, profiles / f"{serial:02d}-{profile}" if profiles else None)
     try:
-        wait_for(f"{pods} pods bound by the {profile} scheduler", lambda: len(watch.bound) >= pods, timeout=300,
-                 interval=0.05)
+        try:
+            wait_for(f"{pods} pods bound by the {profile} scheduler", lambda: len(watch.bound) >= pods, timeout=300,
+                     interval=0.05)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; the bind watch saw {len(watch.bound)}, its last failure: "
+                               f"{watch.error or 'none'}") from None
         profiler.join()
         page = _scrape(f"{schedulers.url(profile)}/metrics")
     finally:
@@ -323,8 +347,10 @@ class Profiler:
 
         def pyspy() -> None:
             spy = Path(sys.executable).with_name("py-spy")
+            # --gil: only the thread holding the GIL is sampled (the one running Python or C under it), so a
+            # thread blocked in a read is not counted; a thread preempted while holding it still is.
             subprocess.run([str(spy), "record", "--pid", str(extender), "--duration", str(seconds), "--rate", "250",
-                            "--format", "raw", "--nonblocking", "-o", str(out.with_suffix(".extender.txt"))],
+                            "--format", "raw", "--gil", "--nonblocking", "-o", str(out.with_suffix(".extender.txt"))],
                            check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=seconds + 30)
 
         self.threads = [threading.Thread(target=pprof, daemon=True)]
