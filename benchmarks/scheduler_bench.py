@@ -13,7 +13,14 @@ makes --nodes verified 8-GPU nodes kept alive without kubelets, then prints two 
   same stack, and gpu-placement's: creates/s and create latency p50/p99.
 
     .venv/bin/python benchmarks/scheduler_bench.py [--nodes 1000] [--rounds 3] [--pods 300]
-        [--creates 300] [--no-admission] [--lease-renew-seconds S]
+        [--qps 1000] [--default-qps-rounds 0] [--creates 300] [--no-admission] [--lease-renew-seconds S]
+        [--profiles DIR]
+
+Both schedulers' clients run at --qps (burst twice that), far above what either sends here, so
+neither is held by its rate limiter (the table prints its waits); --default-qps-rounds adds a line at
+kube-scheduler's default QPS (50), as the chart runs it. --profiles DIR writes each batch's CPU
+profiles: kube-scheduler's (pprof, `go tool pprof -top DIR/NN-gpu-placement.scheduler.pprof`) and
+the extender's (py-spy's raw collapsed stacks; py-spy must be installed in the venv).
 
 At 5,000 nodes the emulated kubelets renew each node's Lease every 60 s (default from 2,000 nodes on;
 kube-controller-manager's grace period here is 120 s), so that 5,000 Leases cost about 80 writes/s
@@ -37,6 +44,7 @@ from tests.e2e.overhead import (
     admission_table,
     load,
     make_nodes,
+    scheduling_line,
     scheduling_side_by_side,
     scheduling_table,
 )
@@ -47,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--pods", type=int, default=300, help="pods per scheduling batch (default 300)")
+    parser.add_argument("--qps", type=int, default=1000, help="both schedulers' client QPS (default 1000)")
+    parser.add_argument("--default-qps-rounds", type=int, default=0,
+                        help="rounds more at kube-scheduler's default client QPS (default 0)")
+    parser.add_argument("--profiles", type=Path, default=None, help="write each batch's CPU profiles here")
     parser.add_argument("--creates", type=int, default=300, help="creates per admission round (default 300)")
     parser.add_argument("--no-admission", action="store_true", help="skip the admission side by side")
     parser.add_argument("--lease-renew-seconds", type=float, default=None,
@@ -61,8 +73,12 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             make_nodes(e2e, "bench", args.nodes, timeout=max(300, args.nodes * 0.3))
             print(f"{args.nodes} nodes made and schedulable in {time.monotonic() - t0:.0f} s; {load()}", flush=True)
-            batches = scheduling_side_by_side(e2e, "bench", args.rounds, args.pods)
+            batches = scheduling_side_by_side(e2e, "bench", args.rounds, args.pods, qps=args.qps,
+                                              profiles=args.profiles)
             print(scheduling_table(batches, args.nodes), flush=True)
+            if args.default_qps_rounds:
+                default = scheduling_side_by_side(e2e, "bench", args.default_qps_rounds, args.pods)
+                print("second line, " + scheduling_line(default), flush=True)
             if not args.no_admission:
                 print(admission_table(admission_side_by_side(e2e, args.rounds, args.creates)), flush=True)
     finally:

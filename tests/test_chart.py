@@ -100,7 +100,8 @@ CASES = [
     }, release="gpu", namespace="platform-gpu"),
     Case("exposed-single", {
         "scheduler": {"replicas": 1, "image": {"tag": "v1.31.4"},
-                      "extender": {"listenHost": "0.0.0.0", "port": 9999, "weight": 2, "httpTimeout": "3s"}},
+                      "extender": {"listenHost": "0.0.0.0", "port": 9999, "weight": 2, "httpTimeout": "3s",
+                                   "bindAll": True}},
         "webhook": {"replicas": 1, "port": 9443},
         "serviceMonitor": {"enabled": True},
         "config": {"protectGpuNodes": False},
@@ -397,13 +398,22 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
                           "profiles", "extenders", "delayCacheUntilActive"}
     assert set(sched["leaderElection"]) <= {"leaderElect", "leaseDuration", "renewDeadline", "retryPeriod",
                                             "resourceLock", "resourceName", "resourceNamespace"}
-    [extender] = sched["extenders"]
-    assert set(extender) <= {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb",
-                             "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources",
-                             "ignorable"}
+    extender, *binder = sched["extenders"]
+    for entry in sched["extenders"]:
+        assert set(entry) <= {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb",
+                              "enableHTTPS", "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources",
+                              "ignorable"}
+        assert entry["urlPrefix"] == extender["urlPrefix"] and entry["ignorable"] is False
     verbs = {key: value for key, value in extender.items() if key.endswith("Verb")}
-    assert verbs == {"filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind",
-                     "preemptVerb": "preempt"}
+    bind_all = v["scheduler"]["extender"]["bindAll"] or v["scheduler"]["extender"]["managedResourcesOnly"]
+    assert verbs == {"filterVerb": "filter", "prioritizeVerb": "prioritize", "preemptVerb": "preempt",
+                     **({"bindVerb": "bind"} if bind_all else {})}
+    # Otherwise a second entry, bind only, for the pods that ask for GPU shares (their memory is the
+    # extender's alone to account); kube-scheduler's own binder binds the rest.
+    assert binder == ([] if bind_all else [{
+        "urlPrefix": extender["urlPrefix"], "bindVerb": "bind", "httpTimeout": extender["httpTimeout"],
+        "nodeCacheCapable": True, "enableHTTPS": False, "ignorable": False,
+        "managedResources": [{"name": v["sharedResource"], "ignoredByScheduler": False}]}])
     assert extender["nodeCacheCapable"] is True
     assert extender["enableHTTPS"] is False
     assert extender["ignorable"] is False
@@ -429,7 +439,7 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
 def test_extender_url_is_the_sidecar_listener(rendered: Rendered) -> None:
     from gpu_placement.app.cli import build_parser
 
-    [extender] = rendered.scheduler_config()["extenders"]
+    extender = rendered.scheduler_config()["extenders"][0]
     match = re.fullmatch(r"http://127\.0\.0\.1:(\d+)", extender["urlPrefix"])
     assert match, extender["urlPrefix"]
     args = build_parser().parse_args(rendered.container("extender")["args"])
@@ -565,9 +575,10 @@ def test_webhook_paths_are_the_routes_the_apps_serve(rendered: Rendered, tmp_pat
         webhook_routes = {r.path: r.methods for r in core.webhook_app().routes}
     finally:
         core.stop()
-    [extender] = rendered.scheduler_config()["extenders"]
-    for key in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb"):
-        assert "POST" in (extender_routes[f"/{extender[key]}"] or set())
+    for extender in rendered.scheduler_config()["extenders"]:
+        for key in ("filterVerb", "prioritizeVerb", "bindVerb", "preemptVerb"):
+            if key in extender:
+                assert "POST" in (extender_routes[f"/{extender[key]}"] or set())
     for config in _webhooks(rendered):
         assert "POST" in (webhook_routes[config["webhooks"][0]["clientConfig"]["service"]["path"]] or set())
     for ops in ("/healthz", "/readyz", "/metrics"):
@@ -607,7 +618,7 @@ def test_exempt_namespaces_match_the_config(rendered: Rendered) -> None:
 
 def test_managed_resources_cover_every_gpu_resource_of_the_config(rendered: Rendered) -> None:
     config = yaml.safe_load(rendered.config_text())
-    [extender] = rendered.scheduler_config()["extenders"]
+    extender = rendered.scheduler_config()["extenders"][0]
     managed = {r["name"] for r in extender["managedResources"]}
     if not managed:  # every pod of the profile is sent
         assert not rendered.values["scheduler"]["extender"]["managedResourcesOnly"]
@@ -1123,7 +1134,7 @@ PUBLISHED_MIG = {
 
 def test_default_managed_resources_cover_every_published_mig_profile(chart: helm_python.Chart) -> None:
     default = _render(chart, Case("before-dra", {"scheduler": {"extender": {"managedResourcesOnly": True}}}))
-    [extender] = default.scheduler_config()["extenders"]
+    [extender] = default.scheduler_config()["extenders"]  # managedResourcesOnly: one entry, the binder too
     managed = {r["name"] for r in extender["managedResources"]}
     for gpu, profiles in PUBLISHED_MIG.items():
         missing = [p for p in profiles if f"nvidia.com/mig-{p}" not in managed]
@@ -1134,7 +1145,7 @@ def test_default_managed_resources_cover_every_published_mig_profile(chart: helm
 def test_extra_mig_resources_extend_the_defaults(chart: helm_python.Chart) -> None:
     extra = _render(chart, Case("extra", {"extraMigResources": ["nvidia.com/mig-1g.24gb.gfx"],
                                           "scheduler": {"extender": {"managedResourcesOnly": True}}}))
-    [extender] = extra.scheduler_config()["extenders"]
+    [extender] = extra.scheduler_config()["extenders"]  # managedResourcesOnly: one entry, the binder too
     managed = [r["name"] for r in extender["managedResources"]]
     assert managed[-1] == "nvidia.com/mig-1g.24gb.gfx" and "nvidia.com/mig-7g.180gb" in managed
 

@@ -296,7 +296,7 @@ def test_pod_without_gpus_passes_every_node_with_score_zero(demo: Extender) -> N
     answer = demo.filter(pod, DEMO_NODES)
     assert answer["NodeNames"] == DEMO_NODES and not answer["FailedNodes"] and not answer["FailedAndUnresolvableNodes"]
     scores = demo.post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": DEMO_NODES}).json()
-    assert scores == [{"Host": name, "Score": 0} for name in DEMO_NODES]
+    assert scores == []  # 0 everywhere: every node left out, which kube-scheduler counts as 0
 
 
 def test_junk_labels_on_one_node_do_not_change_the_others(demo: Extender) -> None:
@@ -324,16 +324,17 @@ def scoring(request: pytest.FixtureRequest) -> Iterator[tuple[str, Extender]]:
     extender.close()
 
 
-def test_prioritize_scores_every_node_asked(scoring: tuple[str, Extender]) -> None:
+def test_prioritize_scores_every_node_asked_less_the_lowest(scoring: tuple[str, Extender]) -> None:
     strategy, extender = scoring
     asked = ["idle", "busy", "upgrading", "unhealthy", "ghost"]
     response = extender.post("prioritize", {"Pod": api_pod(namespace="ml"), "Nodes": None, "NodeNames": asked})
     assert response.status_code == 200
     scores = response.json()
-    assert [entry["Host"] for entry in scores] == asked
-    assert all(set(entry) == {"Host", "Score"} and type(entry["Score"]) is int and 0 <= entry["Score"] <= 10
-               for entry in scores)
-    score = {entry["Host"]: entry["Score"] for entry in scores}
+    hosts = [entry["Host"] for entry in scores]
+    assert hosts == [name for name in asked if name in hosts]  # in the order asked
+    assert all(set(entry) == {"Host", "Score"} and type(entry["Score"]) is int and 1 <= entry["Score"] <= 10
+               for entry in scores)  # the lowest (0 once shifted) left out: kube-scheduler gives it 0
+    score = {name: 0 for name in asked} | {entry["Host"]: entry["Score"] for entry in scores}
     assert score["ghost"] == 0
     if strategy == "binpack":
         assert score["busy"] > score["idle"]  # fill the node already in use
@@ -347,19 +348,34 @@ def test_prioritize_scores_every_node_asked(scoring: tuple[str, Extender]) -> No
     assert "upgrading" in extender.filter(api_pod(namespace="ml"), asked)["NodeNames"]
 
 
+def test_prioritize_answers_the_scores_less_the_lowest_asked(scoring: tuple[str, Extender]) -> None:
+    """Every node's score less the lowest among those asked, that lowest left out: the totals
+    kube-scheduler adds up all move by the same amount, so the ranking is the scores' own."""
+    _, extender = scoring
+    placement = extender.core.placement
+    pod = api_pod(namespace="ml")
+    for asked in (["idle", "busy", "upgrading", "unhealthy"], ["idle", "busy"], ["busy", "upgrading"], ["idle"],
+                  ["unhealthy", "upgrading", "idle"]):
+        full = dict(placement.scores(placement.requirements(pod), asked))
+        low = min(full.values())
+        answer = extender.post("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": asked}).json()
+        assert answer == [{"Host": name, "Score": full[name] - low} for name in asked if full[name] > low], asked
+
+
 def test_prioritize_nodes_form(scoring: tuple[str, Extender]) -> None:
     _, extender = scoring
     items = [api_node(obj) for obj in _scoring_cluster() if obj["kind"] == "Node"]
     scores = extender.post("prioritize", {"Pod": api_pod(namespace="ml"), "Nodes": {"items": items},
                                           "NodeNames": None}).json()
-    assert [entry["Host"] for entry in scores] == [node["metadata"]["name"] for node in items]
+    names = [node["metadata"]["name"] for node in items]
+    hosts = [entry["Host"] for entry in scores]
+    assert hosts and hosts == [name for name in names if name in hosts]
 
 
-def test_prioritize_zero_for_failing_nodes(demo: Extender) -> None:
+def test_prioritize_leaves_failing_nodes_out(demo: Extender) -> None:
     scores = demo.post("prioritize", {"Pod": api_pod(), "Nodes": None,
                                       "NodeNames": ["h100-down", "cpu-1", "h100-single"]}).json()
-    assert scores[:2] == [{"Host": "h100-down", "Score": 0}, {"Host": "cpu-1", "Score": 0}]
-    assert scores[2]["Host"] == "h100-single" and scores[2]["Score"] > 0
+    assert [entry["Host"] for entry in scores] == ["h100-single"] and scores[0]["Score"] > 0
 
 
 # -- /bind -------------------------------------------------------------------------------------
@@ -465,7 +481,7 @@ def test_golden_style_args_with_a_gpu_pod(demo: Extender) -> None:
 def test_golden_host_priority_shape(demo: Extender) -> None:
     scores = demo.post("prioritize", {"Pod": api_pod(), "Nodes": None, "NodeNames": DEMO_NODES}).json()
     golden = orjson.loads(GOLDEN_HOST_PRIORITY)
-    assert isinstance(scores, list) and len(scores) == len(DEMO_NODES)
+    assert isinstance(scores, list) and 0 < len(scores) < len(DEMO_NODES)  # the lowest left out
     assert all(_shape(entry) == _shape(golden) for entry in scores)
 
 

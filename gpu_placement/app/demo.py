@@ -250,14 +250,17 @@ def _one(core: Core, post: Post, labels: dict[str, dict[str, str]], story: str, 
         preempt = " (FailedNodes: preemption may help)" if node in result.get("FailedNodes", {}) else ""
         outcome.why = reason + preempt
         return outcome
-    _, scores = post("extender", "/prioritize", {**args, "NodeNames": passed})
-    best = max(scores, key=lambda hp: (hp["Score"], hp["Host"]))
+    _, answer = post("extender", "/prioritize", {**args, "NodeNames": passed})
+    # As kube-scheduler reads it: the scores less the lowest, a node left out (the lowest) at 0
+    shifted = dict.fromkeys(passed, 0) | {hp["Host"]: hp["Score"] for hp in answer}
+    best = max(shifted, key=lambda host: (shifted[host], host))
+    scores = dict(core.placement.scores(req, passed))  # for people: before the shift (and before this bind)
     _, bound = post("extender", "/bind", {"PodName": name, "PodNamespace": namespace,
-                                          "PodUID": meta.get("uid", ""), "Node": best["Host"]})
-    outcome.placed = best["Host"] if not bound.get("Error") else f"bind failed: {bound['Error']}"
-    others = ", ".join(f"{hp['Host']} {hp['Score']}" for hp in sorted(scores, key=lambda hp: -hp["Score"])
-                       if hp["Host"] != best["Host"])
-    outcome.score = f"{best['Score']}/10" + (f" (others: {others})" if others else "")
+                                          "PodUID": meta.get("uid", ""), "Node": best})
+    outcome.placed = best if not bound.get("Error") else f"bind failed: {bound['Error']}"
+    others = ", ".join(f"{host} {score}" for host, score in sorted(scores.items(), key=lambda item: -item[1])
+                       if host != best)
+    outcome.score = f"{scores[best]}/10" + (f" (others: {others})" if others else "")
     return outcome
 
 

@@ -24,10 +24,10 @@ as the clients see them, in alternating rounds.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -46,7 +46,7 @@ from tests.e2e.deploy import NAMESPACE
 from tests.e2e.promtext import EMPTY, Histogram, histogram
 
 __all__ = ["AdmissionRound", "SchedulingBatch", "admission_side_by_side", "admission_table",
-           "scheduling_side_by_side", "scheduling_table"]
+           "scheduling_line", "scheduling_side_by_side", "scheduling_table"]
 
 STOCK, GPU_PLACEMENT = "stock", "gpu-placement"
 _VERBS = ("filter", "prioritize", "bind")
@@ -85,6 +85,8 @@ class SchedulingBatch:
     extender: dict[str, Histogram] = field(default_factory=dict)  # verb -> the extender's answer time
     load: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds from the first bind to the last
+    limiter: Histogram = field(default_factory=lambda: EMPTY)  # rest_client_rate_limiter_duration_seconds
+    qps: str = ""  # the schedulers' client QPS, as Schedulers.label says it
 
     @property
     def pods_per_second(self) -> float:
@@ -130,32 +132,60 @@ def idle_rates(pids: dict[str, int], seconds: float = 3.0) -> dict[str, float]:
 
 class BindWatch:
     """When each pod of a namespace is first seen bound, from a watch that starts at `version`; the
-    meter runs from the first bind to the `expected`-th."""
+    meter runs from the first bind to the `expected`-th. `wait_open()` before the scheduler starts: a
+    watch opened after the first binds would see them all at once and shorten the window."""
 
     def __init__(self, e2e: E2E, namespace: str, version: str, expected: int, meter: CpuMeter) -> None:
         self.bound: dict[str, float] = {}
         self.expected, self.meter = expected, meter
-        self._stop = threading.Event()
+        self._stop, self._open = threading.Event(), threading.Event()
+        self.error = ""  # the last failure of the watch, opened again after it
         self._thread = threading.Thread(target=self._run, args=(e2e, namespace, version), daemon=True,
                                         name="bind-watch")
         self._thread.start()
 
+    def wait_open(self, timeout: float = 30.0) -> None:
+        assert self._open.wait(timeout), "the bind watch did not open"
+
     def _run(self, e2e: E2E, namespace: str, version: str) -> None:
-        params = {"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true", "timeoutSeconds": "600"}
-        with contextlib.suppress(httpx.HTTPError), e2e.api.http.stream(
-                "GET", f"/api/v1/namespaces/{namespace}/pods", params=params, timeout=None) as stream:
-            for line in stream.iter_lines():
-                if self._stop.is_set():
-                    return
-                event = json.loads(line)
-                pod = event["object"]
-                name = pod.get("metadata", {}).get("name")
-                if event["type"] in ("ADDED", "MODIFIED") and pod["spec"].get("nodeName") and name not in self.bound:
-                    if not self.bound:
-                        self.meter.start()
-                    self.bound[name] = time.monotonic()
-                    if len(self.bound) == self.expected:
-                        self.meter.stop()
+        """Watches until stopped (at most 10 minutes); a watch that ends or fails is opened again from
+        the last version seen, a version too old (410) is listed again, so no bind goes unseen."""
+        path = f"/api/v1/namespaces/{namespace}/pods"
+        deadline = time.monotonic() + 600
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            params = {"watch": "1", "resourceVersion": version, "allowWatchBookmarks": "true",
+                      "timeoutSeconds": "600"}
+            try:
+                with e2e.api.http.stream("GET", path, params=params, timeout=None) as stream:
+                    self._open.set()
+                    for line in stream.iter_lines():
+                        if self._stop.is_set():
+                            return
+                        if not line:
+                            continue
+                        event = json.loads(line)
+                        obj = event.get("object") or {}
+                        if event.get("type") == "ERROR":  # 410: the version is gone: list again
+                            listed = e2e.api.get(path)
+                            for pod in listed["items"]:
+                                self._seen(pod)
+                            version = listed["metadata"]["resourceVersion"]
+                            break
+                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                        if event.get("type") in ("ADDED", "MODIFIED"):  # not BOOKMARK (an object with no spec)
+                            self._seen(obj)
+            except (httpx.HTTPError, ValueError) as exc:
+                self.error = f"{type(exc).__name__}: {exc}"
+                time.sleep(0.1)
+
+    def _seen(self, pod: dict[str, Any]) -> None:
+        name = pod.get("metadata", {}).get("name")
+        if (pod.get("spec") or {}).get("nodeName") and name not in self.bound:
+            if not self.bound:
+                self.meter.start()
+            self.bound[name] = time.monotonic()
+            if len(self.bound) == self.expected:
+                self.meter.stop()
 
     def stop(self) -> None:
         self._stop.set()
@@ -183,42 +213,53 @@ def _bind_post(e2e: E2E) -> Histogram:
 
 
 class Schedulers:
-    """The two kube-scheduler processes, one profile name: the chart's (with the extender) and a stock
-    one (the chart's configuration without the extender and without leader election)."""
+    """Two kube-scheduler processes serving one profile name, the chart's configuration for both: with
+    the extender (gpu-placement) and without it (stock), each its own secure port, no leader election
+    (only one runs at a time; the chart's own kube-scheduler is stopped meanwhile). `qps`: both clients'
+    QPS (burst twice that); None keeps kube-scheduler's default (50, burst 100), as the chart does."""
 
-    def __init__(self, e2e: E2E) -> None:
+    def __init__(self, e2e: E2E, qps: int | None = None) -> None:
         assert e2e.scheduler is not None
-        self.e2e, self.pod = e2e, e2e.scheduler
+        self.e2e, self.pod, self.qps = e2e, e2e.scheduler, qps
         args, self.env = self.pod.command("kube-scheduler")
         flag = next(i for i, a in enumerate(args) if a.startswith("--config="))
-        config = yaml.safe_load(Path(args[flag].split("=", 1)[1]).read_text())
-        config.pop("extenders", None)
-        config["leaderElection"] = {"leaderElect": False}
-        stock_config = self.pod.dir / "stock-scheduler.yaml"
-        stock_config.write_text(yaml.safe_dump(config))
-        self.stock_port = free_port()
-        self.stock_args = [f"--config={stock_config}" if a.startswith("--config=") else
-                           f"--secure-port={self.stock_port}" if a.startswith("--secure-port=") else a for a in args]
-        self.stock: Proc | None = None
+        chart = yaml.safe_load(Path(args[flag].split("=", 1)[1]).read_text())
+        chart["leaderElection"] = {"leaderElect": False}
+        if qps is not None:
+            chart["clientConnection"] = {**chart.get("clientConnection", {}), "qps": qps, "burst": 2 * qps}
+        self.args: dict[str, list[str]] = {}
+        self.ports: dict[str, int] = {}
+        for profile in (STOCK, GPU_PLACEMENT):
+            config = dict(chart)
+            if profile == STOCK:
+                config.pop("extenders", None)
+            path = self.pod.dir / f"{profile}-scheduler-qps{qps or 'default'}.yaml"
+            path.write_text(yaml.safe_dump(config))
+            self.ports[profile] = port = free_port()
+            self.args[profile] = [f"--config={path}" if a.startswith("--config=") else
+                                  f"--secure-port={port}" if a.startswith("--secure-port=") else a for a in args]
+        self.running: Proc | None = None
 
-    def start(self, profile: str) -> tuple[str, int]:
-        """Start the profile's scheduler: its /metrics URL and process id."""
-        if profile == GPU_PLACEMENT:
-            proc = self.pod.start("kube-scheduler")
-            url = f"https://127.0.0.1:{self.pod.local_port(10259)}/metrics"
-        else:
-            proc = self.stock = Proc("stock-kube-scheduler", self.stock_args,
-                                     self.pod.dir / "stock-kube-scheduler.log", env=self.env).start()
-            url = f"https://127.0.0.1:{self.stock_port}/metrics"
+    @property
+    def label(self) -> str:
+        return f"client QPS {self.qps}, burst {2 * self.qps}" if self.qps else \
+            "client QPS 50, burst 100 (kube-scheduler's default, as the chart runs it)"
+
+    def url(self, profile: str) -> str:
+        return f"https://127.0.0.1:{self.ports[profile]}"
+
+    def start(self, profile: str) -> int:
+        """Start the profile's scheduler: its process id."""
+        assert self.running is None
+        proc = self.running = Proc(f"{profile}-kube-scheduler", self.args[profile],
+                                   self.pod.dir / f"{profile}-kube-scheduler.log", env=self.env).start()
         assert proc.popen is not None
-        return url, proc.popen.pid
+        return proc.popen.pid
 
-    def stop(self, profile: str) -> None:
-        if profile == GPU_PLACEMENT:
-            self.pod.stop("kube-scheduler")
-        elif self.stock is not None:
-            self.stock.stop()
-            self.stock = None
+    def stop(self) -> None:
+        if self.running is not None:
+            self.running.stop()
+            self.running = None
 
 
 def _create(e2e: E2E, namespace: str, group: str, names: list[str], create: Callable[..., httpx.Response]
@@ -248,20 +289,29 @@ def _our_pids(e2e: E2E) -> dict[str, int]:
 
 
 def _batch(e2e: E2E, schedulers: Schedulers, profile: str, namespace: str, group: str, pods: int,
-           serial: int, idle: dict[str, float]) -> SchedulingBatch:
+           serial: int, idle: dict[str, float], profiles: Path | None = None) -> SchedulingBatch:
     names = [f"b{serial:02d}-{i:04d}" for i in range(pods)]
     _create(e2e, namespace, group, names, lambda ns, name, grp: e2e.gpu_pod(ns, name, grp))
     version = e2e.api.get(f"/api/v1/namespaces/{namespace}/pods", limit=1)["metadata"]["resourceVersion"]
     extender_before, post_before = _extender_histograms(e2e), _bind_post(e2e)
-    url, pid = schedulers.start(profile)
-    meter = CpuMeter({"kube-scheduler": pid, **_our_pids(e2e)}, idle)
+    meter = CpuMeter({}, idle)
     watch = BindWatch(e2e, namespace, version, pods, meter)
+    watch.wait_open()
+    pid = schedulers.start(profile)
+    meter.pids = {"kube-scheduler": pid, **_our_pids(e2e)}  # before its first bind: it is still starting
+    profiler = Profiler(schedulers.url(profile), pid, _our_pids(e2e).get("extender") if profile == GPU_PLACEMENT
+                        else None, profiles / f"{serial:02d}-{profile}" if profiles else None)
     try:
-        wait_for(f"{pods} pods bound by the {profile} scheduler", lambda: len(watch.bound) >= pods, timeout=300,
-                 interval=0.05)
-        page = _scrape(url)
+        try:
+            wait_for(f"{pods} pods bound by the {profile} scheduler", lambda: len(watch.bound) >= pods, timeout=300,
+                     interval=0.05)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; the bind watch saw {len(watch.bound)}, its last failure: "
+                               f"{watch.error or 'none'}") from None
+        profiler.join()
+        page = _scrape(f"{schedulers.url(profile)}/metrics")
     finally:
-        schedulers.stop(profile)
+        schedulers.stop()
         watch.stop()
     extender_after, post_after = _extender_histograms(e2e), _bind_post(e2e)
     times = sorted(watch.bound.values())
@@ -271,31 +321,82 @@ def _batch(e2e: E2E, schedulers: Schedulers, profile: str, namespace: str, group
         histogram(page, "scheduler_scheduling_attempt_duration_seconds", result="scheduled"),
         post_after - post_before,
         {verb: extender_after[verb] - extender_before[verb] for verb in extender_after}, os.getloadavg()[0],
-        meter.spent)
+        meter.spent, histogram(page, "rest_client_rate_limiter_duration_seconds"))
     _delete_all(e2e, namespace)
     return batch
 
 
-def scheduling_side_by_side(e2e: E2E, group: str, rounds: int, pods: int,
-                            progress: Callable[[str], None] = print) -> list[SchedulingBatch]:
+class Profiler:
+    """With `out`: kube-scheduler's CPU profile (pprof, its secure port) and the extender's (py-spy,
+    raw collapsed stacks) over the first `seconds` of a batch, written as `out`.scheduler.pprof and
+    `out`.extender.txt. `join()` before the scheduler stops."""
+
+    def __init__(self, url: str, scheduler: int, extender: int | None, out: Path | None, seconds: int = 4) -> None:
+        self.threads: list[threading.Thread] = []
+        if out is None:
+            return
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+        def pprof() -> None:
+            wait_for("kube-scheduler serving", lambda: httpx.get(f"{url}/healthz", verify=False, timeout=2)
+                     .status_code == 200, timeout=30, interval=0.05)
+            answer = httpx.get(f"{url}/debug/pprof/profile", params={"seconds": str(seconds)},
+                               headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, verify=False, timeout=seconds + 30)
+            answer.raise_for_status()
+            out.with_suffix(".scheduler.pprof").write_bytes(answer.content)
+
+        def pyspy() -> None:
+            spy = Path(sys.executable).with_name("py-spy")
+            # --gil: only the thread holding the GIL is sampled (the one running Python or C under it), so a
+            # thread blocked in a read is not counted; a thread preempted while holding it still is.
+            subprocess.run([str(spy), "record", "--pid", str(extender), "--duration", str(seconds), "--rate", "250",
+                            "--format", "raw", "--gil", "--nonblocking", "-o", str(out.with_suffix(".extender.txt"))],
+                           check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=seconds + 30)
+
+        self.threads = [threading.Thread(target=pprof, daemon=True)]
+        if extender is not None:
+            self.threads.append(threading.Thread(target=pyspy, daemon=True))
+        for thread in self.threads:
+            thread.start()
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join(60)
+
+
+def scheduling_side_by_side(e2e: E2E, group: str, rounds: int, pods: int, qps: int | None = None,
+                            progress: Callable[[str], None] = print, profiles: Path | None = None
+                            ) -> list[SchedulingBatch]:
     """`rounds` x (stock, gpu-placement) batches of `pods` one-GPU pods on the nodes of `group`; the
-    order flips every round (ABBA), so neither profile always runs first."""
+    order flips every round (ABBA), so neither profile always runs first. Both schedulers' clients at
+    `qps` (None: kube-scheduler's default). `profiles`: a folder for each batch's CPU profiles."""
+    assert e2e.scheduler is not None
     namespace = e2e.namespace("overhead")
-    schedulers = Schedulers(e2e)
-    schedulers.stop(GPU_PLACEMENT)  # no scheduler runs between batches
+    schedulers = Schedulers(e2e, qps)
+    e2e.scheduler.stop("kube-scheduler")  # no scheduler runs between batches
     time.sleep(5)  # settled: what every process spends with nothing to schedule (Leases, controllers)
     idle = idle_rates(_our_pids(e2e), 10.0)
     batches: list[SchedulingBatch] = []
     try:
         for r in range(rounds):
             for profile in (STOCK, GPU_PLACEMENT) if r % 2 == 0 else (GPU_PLACEMENT, STOCK):
-                batch = _batch(e2e, schedulers, profile, namespace, group, pods, len(batches), idle)
+                batch = _batch(e2e, schedulers, profile, namespace, group, pods, len(batches), idle, profiles)
+                batch.qps = schedulers.label
                 batches.append(batch)
                 progress(f"  round {r + 1} {profile:<13} {batch.pods_per_second:6.0f} pods/s, cycle mean "
                          f"{batch.algorithm.mean * 1e3:.2f} ms, load {batch.load:.1f}")
     finally:
-        schedulers.start(GPU_PLACEMENT)  # as the rest of the suite expects it
+        schedulers.stop()
+        e2e.scheduler.start("kube-scheduler")  # as the rest of the suite expects it
     return batches
+
+
+def scheduling_line(batches: list[SchedulingBatch]) -> str:
+    """One line: both profiles' pods/s (median of their batches) and the ratio, at the batches' QPS."""
+    rates = {p: statistics.median(b.pods_per_second for b in batches if b.profile == p) for p in (STOCK, GPU_PLACEMENT)}
+    each = {p: ", ".join(f"{b.pods_per_second:.0f}" for b in batches if b.profile == p) for p in rates}
+    return (f"at {batches[0].qps}: stock {rates[STOCK]:.0f} pods/s ({each[STOCK]}), gpu-placement "
+            f"{rates[GPU_PLACEMENT]:.0f} ({each[GPU_PLACEMENT]}): {rates[GPU_PLACEMENT] / rates[STOCK]:.2f}x; {load()}")
 
 
 def _ms(seconds: float) -> str:
@@ -316,7 +417,7 @@ def scheduling_table(batches: list[SchedulingBatch], nodes: int) -> str:
     attempt = {p: total(p, lambda b: b.attempt) for p in by}
     pods = by[STOCK][0].pods
     lines = [f"scheduling side by side: {nodes} nodes, {len(by[STOCK])} batches of {pods} one-GPU pods per profile, "
-             f"alternating; {load()}",
+             f"alternating, both schedulers at {batches[0].qps}; {load()}",
              f"{'profile':<14} {'pods/s (median; each batch)':<40} {'cycle mean':>10} {'p50':>6} {'p99':>6}"
              f" {'attempt p50':>11} {'p99':>6}   ms; cycle = scheduler_scheduling_algorithm_duration_seconds"]
     for p in by:
@@ -334,6 +435,10 @@ def scheduling_table(batches: list[SchedulingBatch], nodes: int) -> str:
               f"extender's share of the cycle (mean difference): {_ms(share)} ms per pod (goal < 1 ms: "
               f"{'PASS' if share < 1e-3 else 'MISS'}); p99 difference {p99 * 1e3:+.2f} ms (goal <= +5 ms: "
               f"{'PASS' if p99 <= 5e-3 else 'MISS'})"]
+    limiter = {p: total(p, lambda b: b.limiter) for p in by}
+    lines.append("kube-scheduler's client rate limiter (rest_client_rate_limiter_duration_seconds), wait per request: "
+                 + "; ".join(f"{p} mean {_ms(limiter[p].mean)} ms, p99 {_ms(limiter[p].quantile(0.99))} ms "
+                             f"({limiter[p].count:.0f} requests)" for p in by))
     lines.append("CPU per pod, first bind to last (ms; each process's own CPU time, less its idle rate (measured "
                  "over 10 s before the batches) over the same window):")
     for p in by:
@@ -353,10 +458,14 @@ def scheduling_table(batches: list[SchedulingBatch], nodes: int) -> str:
     post = {p: total(p, lambda b: b.bind_post) for p in by}
     lines.append("in the extender (its own histogram, gpu-placement batches): " + ", ".join(
         f"/{verb} mean {_ms(h.mean)} p99 {_ms(h.quantile(0.99))}" for verb, h in verbs.items()))
-    lines.append(f"Binding POST as the extender sees it (sent to answer read): mean {_ms(post_seen.mean)} p99 "
-                 f"{_ms(post_seen.quantile(0.99))}")
+    binds = verbs["bind"].count
+    if binds:
+        lines.append(f"Binding POST as the extender sees it (sent to answer read): mean {_ms(post_seen.mean)} p99 "
+                     f"{_ms(post_seen.quantile(0.99))}")
+    binder = f"{binds:.0f} of {post[GPU_PLACEMENT].count:.0f} sent by the extender" if binds else \
+        "sent by kube-scheduler's own binder: whole GPUs are not bound through /bind"
     lines.append(f"Binding POST in the API server (its own histogram): mean {_ms(post[GPU_PLACEMENT].mean)} p99 "
-                 f"{_ms(post[GPU_PLACEMENT].quantile(0.99))} in the gpu-placement batches (sent by the extender), "
+                 f"{_ms(post[GPU_PLACEMENT].quantile(0.99))} in the gpu-placement batches ({binder}), "
                  f"mean {_ms(post[STOCK].mean)} p99 {_ms(post[STOCK].quantile(0.99))} in the stock batches "
                  "(kube-scheduler's own binder)")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from tests.e2e.overhead import (
     admission_side_by_side,
     admission_table,
     make_nodes,
+    scheduling_line,
     scheduling_side_by_side,
     scheduling_table,
 )
@@ -29,6 +30,10 @@ from tests.e2e.overhead import (
 NODES, PODS, GPUS_PER_NODE = 1000, 2000, 8
 GROUP = "s9"
 ROUNDS, BATCH = 3, 300  # side by side: 3 x (stock, gpu-placement) batches of 300 pods
+# Both schedulers' client QPS (burst twice that) in the comparison that counts: far above the binds and
+# Events of the fastest batch here, so neither is held by its rate limiter (the table prints its waits).
+# Then DEFAULT_ROUNDS more at kube-scheduler's default QPS (50), as the chart runs it: a second line.
+QPS, DEFAULT_ROUNDS = 1000, 2
 CREATES = 300  # admission side by side: 3 x (no webhook, do-nothing, gpu-placement) rounds of 300 creates
 
 
@@ -40,14 +45,17 @@ def scale_nodes(e2e: E2E) -> list[str]:
     return names
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_scheduling_overhead_side_by_side(e2e: E2E, scale_nodes: list[str]) -> None:
-    batches = scheduling_side_by_side(e2e, GROUP, ROUNDS, BATCH)
+    batches = scheduling_side_by_side(e2e, GROUP, ROUNDS, BATCH, qps=QPS)
     print(scheduling_table(batches, len(scale_nodes)))
+    default = scheduling_side_by_side(e2e, GROUP, DEFAULT_ROUNDS, BATCH)
+    print("second line, " + scheduling_line(default))
     # What a user would see: every pod bound by either profile, each batch's cycle measured.
     assert {b.profile for b in batches} == {STOCK, GPU_PLACEMENT}
-    assert all(b.algorithm.count >= BATCH for b in batches), [b.algorithm.count for b in batches]
-    assert all(b.extender["bind"].count >= BATCH for b in batches if b.profile == GPU_PLACEMENT)
+    assert all(b.algorithm.count >= BATCH for b in batches + default), [b.algorithm.count for b in batches]
+    # Through the extender's /filter; whole GPUs are bound by kube-scheduler itself (the chart's bindAll: false).
+    assert all(b.extender["filter"].count >= BATCH for b in batches if b.profile == GPU_PLACEMENT)
 
 
 @pytest.mark.timeout(600)
@@ -85,7 +93,7 @@ def test_thousand_nodes_two_thousand_pods(e2e: E2E, scale_nodes: list[str]) -> N
         used[p["spec"]["nodeName"]] += int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
     assert set(used) <= set(names)
     assert max(used.values()) <= GPUS_PER_NODE, used.most_common(3)
-    for verb in ("filter", "prioritize", "bind"):  # as the real kube-scheduler called it: names in its order
+    for verb in ("filter", "prioritize"):  # as the real kube-scheduler called it: names in its order
         count, mean, p50, p99 = e2e.extender_seconds(verb)
         print(f"scale: extender /{verb}: {count} requests, mean {mean * 1000:.2f} ms, p50 {p50 * 1000:.2f} ms, "
               f"p99 {p99 * 1000:.2f} ms (from its histogram)")
