@@ -20,6 +20,7 @@ import orjson
 import pytest
 
 from gpu_placement.base.config import Config
+from gpu_placement.facts.resourcequotas import SETTLE_SECONDS
 from gpu_placement.kube.api import WatchSettings
 from gpu_placement.samples.cluster import namespace
 from gpu_placement.view.cluster import ClusterView
@@ -44,6 +45,9 @@ class Gated:
     def __init__(self, fake: FakeApiServer, hook: Webhook) -> None:
         self.fake, self.hook = fake, hook
 
+    def later(self, seconds: float = SETTLE_SECONDS) -> None:
+        self.hook.clock[0] += seconds
+
     def create(self, name: str, ns: str = "fresh") -> dict[str, Any]:
         """What the API server does: /mutate, name and uid the pod, /validate, store it if allowed."""
         mutated, _, _ = self.hook.mutate(user_pod(ns, name, gpus={GPU: 1}), ns)
@@ -53,8 +57,10 @@ class Gated:
             self.fake.add(named, keep_uid=True)
         return verdict
 
-    def quota_status(self, hard: dict[str, str] | None, used: dict[str, str] | None, ns: str = "fresh") -> None:
-        """The mirror's ResourceQuota (spec as the annotation says) and what the quota controller wrote."""
+    def quota_status(self, hard: dict[str, str] | None, used: dict[str, str] | None, ns: str = "fresh",
+                     settled: bool = True) -> None:
+        """The mirror's ResourceQuota (spec as the annotation says) and what the quota controller wrote; with
+        `settled`, seen for long enough that the API server's quota admission reads it too."""
         annotation = self.fake.get("Namespace", ns)["metadata"]["annotations"][QUOTA]  # type: ignore[index]
         spec = {f"requests.{item.split('=')[0]}": item.split("=")[1] for item in annotation.split(",")}
         status = {key: value for key, value in (("hard", hard), ("used", used)) if value is not None}
@@ -67,6 +73,8 @@ class Gated:
             return record is not None and (dict(record.hard), set(record.used)) == wanted
 
         wait_for(watched, what="the quota watched")
+        if settled:
+            self.later()
 
     def annotate(self, quota: str, ns: str = "fresh") -> None:
         self.fake.set_annotations("Namespace", ns, {QUOTA: quota})
@@ -77,7 +85,8 @@ class Gated:
 def gated(fake_api: FakeApiServer, bundle: CertBundle) -> Iterator[Gated]:
     fake_api.load([namespace("fresh", {QUOTA: f"{GPU}=2"}), namespace("open")])
     config = Config()
-    view = ClusterView(config)
+    clock = [1000.0]  # the view's: when the gate saw a figure counted
+    view = ClusterView(config, clock=lambda: clock[0])
     api = fake_api.api_client()
     source = LiveSource(view, Ingest(config), api, WatchSettings(connect_timeout=1.0, read_timeout=2.0,
                                                                  server_timeout=30, client_timeout=35.0,
@@ -90,7 +99,7 @@ def gated(fake_api: FakeApiServer, bundle: CertBundle) -> Iterator[Gated]:
         tls = ReloadingTLS(bundle.cert, bundle.key)
         with ServerThread(make_server(app, "127.0.0.1", 0, tls=tls)) as server, httpx.Client(
                 base_url=f"https://localhost:{server.port}", verify=trusting(bundle), timeout=10) as client:
-            yield Gated(fake_api, Webhook(config, view, Ingest(config), app, client, [0.0]))
+            yield Gated(fake_api, Webhook(config, view, Ingest(config), app, client, clock))
     finally:
         source.stop()
         api.close()
@@ -113,7 +122,16 @@ def test_gpu_pods_wait_until_the_api_server_enforces_the_quota(gated: Gated) -> 
         "metrics)")
     gated.quota_status(hard=None, used=None)  # written by the mirror, not counted yet: enforces nothing
     assert "has not been counted for requests.nvidia.com/gpu yet" in pending(gated.create("second"))
-    gated.quota_status(hard={f"requests.{GPU}": "2"}, used={f"requests.{GPU}": "0"})
+    gated.quota_status(hard={f"requests.{GPU}": "2"}, used={f"requests.{GPU}": "0"}, settled=False)
+    # Counted, as the webhook's watch shows it; the API server's quota admission reads its own informer, which
+    # may not show it yet: a pod let in now could be admitted uncharged.
+    assert pending(gated.create("third")).startswith(
+        f"namespace fresh may use 2 {GPU} ({QUOTA}), but ResourceQuota fresh/gpu-placement was counted at 2 only a "
+        "moment ago: the API server's quota admission reads it from its cache, which may lag, so 2 s pass first, and "
+        "until then GPU pods are refused")
+    gated.later(SETTLE_SECONDS - 0.1)
+    assert "only a moment ago" in pending(gated.create("third"))
+    gated.later(0.1)
     assert gated.create("third")["allowed"] is True  # the API server's atomic check decides from here
     assert gated.create("fourth")["allowed"] is True
     # What exists is refused with the friendly sentence first (pods admitted a moment ago and not seen yet
@@ -126,7 +144,9 @@ def test_a_lowered_quota_refuses_pods_until_the_lower_figure_is_in_force(gated: 
     gated.quota_status(hard={f"requests.{GPU}": "2"}, used={f"requests.{GPU}": "0"})
     gated.annotate(f"{GPU}=1")
     assert "but the API server still enforces 2" in pending(gated.create("a"))
-    gated.quota_status(hard={f"requests.{GPU}": "1"}, used={f"requests.{GPU}": "0"})
+    gated.quota_status(hard={f"requests.{GPU}": "1"}, used={f"requests.{GPU}": "0"}, settled=False)
+    assert "was counted at 1 only a moment ago" in pending(gated.create("b"))  # the API server may still read 2
+    gated.later()
     assert gated.create("b")["allowed"] is True
 
 
@@ -136,6 +156,9 @@ def test_a_raised_quota_is_enforced_at_its_old_figure_meanwhile(gated: Gated) ->
     gated.quota_status(hard={f"requests.{GPU}": "2"}, used={f"requests.{GPU}": "0"})
     gated.annotate(f"{GPU}=3")
     assert gated.create("a")["allowed"] is True
+    # Counted at 3 a moment ago: the API server enforces 2 or 3, both at most the annotation's figure.
+    gated.quota_status(hard={f"requests.{GPU}": "3"}, used={f"requests.{GPU}": "1"}, settled=False)
+    assert gated.create("b")["allowed"] is True
 
 
 def test_namespaces_without_a_quota_and_other_resourcequotas_are_not_concerned(gated: Gated) -> None:
@@ -165,13 +188,16 @@ def dra_gated(hook: Webhook, monkeypatch: pytest.MonkeyPatch) -> Iterator[Webhoo
         yield hook
 
 
-def in_force(hook: Webhook, hard: dict[str, str] | None, ns: str = "ai") -> None:
-    """The ResourceQuota the quota controller counted, as the webhook's watch of it shows it."""
+def in_force(hook: Webhook, hard: dict[str, str] | None, ns: str = "ai", settled: bool = True) -> None:
+    """The ResourceQuota the quota controller counted, as the webhook's watch of it has shown it for long
+    enough that the API server's quota admission reads it too."""
     quotas = [] if hard is None else [{"kind": "ResourceQuota", "metadata": {"name": "gpu-placement", "namespace": ns},
                                        "spec": {"hard": hard}, "status": {"hard": hard,
                                                                           "used": {key: "0" for key in hard}}}]
     with hook.view.lock:
         hook.ingest.replace(hook.view, "resourcequotas", quotas)
+    if settled:
+        hook.clock[0] += SETTLE_SECONDS
 
 
 def test_claim_pods_wait_until_every_key_they_are_charged_is_in_force(dra_gated: Webhook) -> None:
@@ -192,7 +218,10 @@ def test_claim_pods_wait_until_every_key_they_are_charged_is_in_force(dra_gated:
     in_force(hook, {**IN_FORCE, STANDIN: "3"})  # a quota just lowered from 3: the old figure is still enforced
     _, verdict = hook.admit(user_pod("ai", "fourth", gpus={GPU: 1}), "ai")
     assert "but the API server still enforces 3 (ResourceQuota ai/gpu-placement)" in pending(verdict)
-    in_force(hook, IN_FORCE)
+    in_force(hook, IN_FORCE, settled=False)  # lowered to 2 a moment ago: the API server may read 3 yet
+    _, verdict = hook.admit(user_pod("ai", "fifth", gpus={GPU: 1}), "ai")
+    assert "but ResourceQuota ai/gpu-placement was counted at 2 only a moment ago" in pending(verdict)
+    hook.clock[0] += SETTLE_SECONDS
     assert hook.admit(user_pod("ai", "fifth", gpus={GPU: 1}), "ai")[1]["allowed"] is True
 
 

@@ -10,12 +10,18 @@ mirror created or changed the ResourceQuota: until then, for the first second or
 annotation is set, nothing but the replicas' own counts stands in the way.
 
 So /validate waits for it: it lets a pod asking for resource R in a namespace whose annotation allows
-N through only when the namespace's `gpu-placement` ResourceQuota, as its watch shows it, has
-`status.hard[requests.R] <= N` with a `status.used` figure for it. Otherwise the pod is refused with
-a sentence to try again in a few seconds (503: nothing is wrong with the pod), and the API server's
-atomic check is always the one that decides the last unit. A raised quota is enforced at its old,
-lower figure until the controller catches up (the API server refuses the extra pods meanwhile); a
-lowered one refuses pods until the new figure is in force.
+N through only when the namespace's `gpu-placement` ResourceQuota, as its watch shows it, has had
+`status.hard[requests.R] <= N` with a `status.used` figure for it for the last SETTLE_SECONDS. The
+API server's quota admission reads the ResourceQuota from its own informer, which may show the counted
+status later than the webhook's watch does: a pod let in the moment the webhook saw it was, in a burst
+split between two replicas, admitted by an API server that did not enforce it yet (3 pods against a
+quota of 2, the 4 after them refused `exceeded quota`). Otherwise the pod is refused with a sentence
+to try again in a few seconds (503: nothing is wrong with the pod), and the API server's atomic check
+is always the one that decides the last unit. A raised quota is enforced at its old, lower figure
+until the controller catches up (the API server refuses the extra pods meanwhile) and passes on; a
+lowered one refuses pods until the new figure has been in force for SETTLE_SECONDS. A replica is not
+Ready until SETTLE_SECONDS after its first list of ResourceQuotas (`settled_readiness`), so a restart
+refuses nothing that was in force before it.
 
 A claim pod of a `dra` namespace is charged its stand-ins at its create and its claims' devices per
 class (and `requests.<extendedResourceName>`) when they are made (gpu_placement/decide/dra_quota.py): it passes only
@@ -28,13 +34,14 @@ annotation is read from the API server when the view lacks it, so it is gated fr
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from gpu_placement.base import names as n
 from gpu_placement.facts.pods import GpuRequests
-from gpu_placement.facts.resourcequotas import MIRROR_NAME, QuotaStatus
+from gpu_placement.facts.resourcequotas import MIRROR_NAME, SETTLE_SECONDS, QuotaStatus
+from gpu_placement.view.cluster import ClusterView
 
-__all__ = ["GATED_HOLD_SECONDS", "QUOTA_PENDING", "keys_pending", "quota_pending"]
+__all__ = ["GATED_HOLD_SECONDS", "QUOTA_PENDING", "keys_pending", "quota_pending", "settled_readiness"]
 
 QUOTA_PENDING = "QuotaPending"
 # When a replica's hold (a pod it admitted that its view has not shown) is settled by a list of the
@@ -46,38 +53,56 @@ GATED_HOLD_SECONDS = 5.0
 
 
 def quota_pending(namespace: str, quota: Mapping[str, int], status: QuotaStatus | None,
-                  asks: GpuRequests, room: Mapping[str, int] | None = None) -> list[tuple[str, str]]:
+                  asks: GpuRequests, now: float, room: Mapping[str, int] | None = None,
+                  settle: float = SETTLE_SECONDS) -> list[tuple[str, str]]:
     """(QUOTA_PENDING, sentence) for the first resource the pod asks for whose quota the API server does
     not enforce yet at the annotation's figure or below; [] when it does for all of them. `room`: what the
     mirror adds to a key for the namespace's monitors (gpu_placement/decide/dra_quota.py `monitor_room`)."""
     wanted = {f"requests.{resource}": quota[resource] + (room or {}).get(f"requests.{resource}", 0)
               for resource, _ in asks if resource in quota}
-    return keys_pending(namespace, wanted, status, [key for key in wanted], {f"requests.{r}": r for r in quota})
+    return keys_pending(namespace, wanted, status, list(wanted), {f"requests.{r}": r for r in quota}, now, settle)
 
 
 def keys_pending(namespace: str, wanted: Mapping[str, int], status: QuotaStatus | None, keys: Sequence[str],
-                 names: Mapping[str, str]) -> list[tuple[str, str]]:
-    """The same for ResourceQuota keys: each of `keys` must be enforced at `wanted[key]` (the mirror's
-    figure) or below. A claim pod of a `dra` namespace is charged its stand-ins, devices per class and
-    `requests.<extendedResourceName>` (gpu_placement/decide/dra_quota.py): all of them gated. `names`: how a sentence
-    names a key (default: the key)."""
+                 names: Mapping[str, str], now: float, settle: float = SETTLE_SECONDS) -> list[tuple[str, str]]:
+    """The same for ResourceQuota keys: each of `keys` must have been enforced at `wanted[key]` (the mirror's
+    figure) or below for the last `settle` seconds. A claim pod of a `dra` namespace is charged its stand-ins,
+    devices per class and `requests.<extendedResourceName>` (gpu_placement/decide/dra_quota.py): all of them
+    gated. `names`: how a sentence names a key (default: the key)."""
     for key in keys:
         limit = wanted.get(key)
         if limit is None:
             continue  # NotInQuota says so
-        enforced = status.enforced(key) if status is not None else None
-        if enforced is not None and enforced <= limit:
+        if status is not None and status.settled(key, limit, now, settle):
             continue
+        enforced = status.enforced(key) if status is not None else None
         if enforced is None:
             state = (f"ResourceQuota {namespace}/{MIRROR_NAME} does not exist yet" if status is None else
                      f"ResourceQuota {namespace}/{MIRROR_NAME} has not been counted for {key} yet")
             why = "gpu-placement writes it and Kubernetes' quota controller counts it within seconds of the annotation"
-        else:
+        elif enforced > limit:
             state = f"the API server still enforces {enforced} (ResourceQuota {namespace}/{MIRROR_NAME})"
             why = "the lower figure takes over within seconds"
+        else:
+            state = f"ResourceQuota {namespace}/{MIRROR_NAME} was counted at {enforced} only a moment ago"
+            why = f"the API server's quota admission reads it from its cache, which may lag, so {settle:g} s pass first"
         return [(QUOTA_PENDING,
                  f"namespace {namespace} may use {limit} {names.get(key, key)} ({n.ANN_QUOTA}), but {state}: {why}, "
                  "and until then GPU pods are refused so that never more than the quota is admitted: try again in a "
                  "few seconds (if this lasts, check the gpu-placement webhook's quota mirror: its log and "
                  "gpu_placement_quota_mirror_* metrics)")]
     return []
+
+
+def settled_readiness(ready: Callable[[], tuple[bool, str]], view: ClusterView, now: Callable[[], float],
+                      settle: float = SETTLE_SECONDS) -> Callable[[], tuple[bool, str]]:
+    """`ready`, and not before `settle` seconds after the first list of ResourceQuotas: every figure that
+    list showed is as new to the gate as one just counted, and would refuse pods until then."""
+    def readiness() -> tuple[bool, str]:
+        ok, why = ready()
+        listed = view.listed_at.get("resourcequotas")
+        if not ok or listed is None or now() - listed >= settle:
+            return ok, why
+        return False, (f"ResourceQuotas listed {now() - listed:.1f} s ago: the quota gate trusts a figure it has seen "
+                       f"for {settle:g} s")
+    return readiness

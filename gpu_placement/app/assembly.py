@@ -262,7 +262,12 @@ def core_from_cluster(config: Config, kubeconfig: str | None, kinds: tuple[str, 
     source = LiveSource(view, ingest, api, kinds=(*kinds, *dra.paths()), paths=dra.paths(),
                         selectors={"resourceslices": f"spec.driver={config.dra.driver}"})
     outcomes = _track(view, config)
-    core = Core(config, view, ingest, _placement(view, config), ApiBinder(api), source.readiness, api=api,
+    readiness = source.readiness
+    if "resourcequotas" in kinds:  # the quota gate trusts a figure it has seen for a while (webhook/quota_gate.py)
+        from webhook.quota_gate import settled_readiness
+
+        readiness = settled_readiness(readiness, view, view.clock)
+    core = Core(config, view, ingest, _placement(view, config), ApiBinder(api), readiness, api=api,
                 kinds=(*kinds, *dra.paths()), dra=dra, outcomes=outcomes)
     source.start()
     core.stoppers.append(source.stop)

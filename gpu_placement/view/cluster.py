@@ -113,6 +113,7 @@ class ClusterView:
         self.reservations: dict[str, Reservation] = {}
         self.generation = 0  # bumped on every change: cheap "has anything changed" for callers
         self.listed: set[str] = set()  # kinds whose first full list is in
+        self.listed_at: dict[str, float] = {}  # OBJECT_KINDS -> when their first full list was in (clock)
         # kind -> resourceVersion of the newest event or list the live source applied: how far behind
         # kube-scheduler's informers the view may be (extender/settle.py). Empty for a snapshot.
         self.versions: dict[str, str] = {}
@@ -386,6 +387,8 @@ class ClusterView:
                 table.clear()
                 table.update(records)
                 self._touch()
+            if kind not in self.listed:
+                self.listed_at[kind] = self.clock()
             self.listed.add(kind)
 
     def _table(self, kind: str) -> dict[str, Any]:

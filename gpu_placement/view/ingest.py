@@ -11,7 +11,7 @@ from gpu_placement.facts.dra import DRA_BY_KIND, DRA_KINDS
 from gpu_placement.facts.namespaces import NamespaceRecord, namespace_from_json
 from gpu_placement.facts.nodes import NodeFacts, node_from_json
 from gpu_placement.facts.pods import PodRecord, pod_from_json, pod_key, resource_version
-from gpu_placement.facts.resourcequotas import quota_from_json
+from gpu_placement.facts.resourcequotas import SETTLE_SECONDS, QuotaStatus, observed, quota_from_json
 from gpu_placement.view.cluster import ClusterView
 
 __all__ = ["FILE_KINDS", "KINDS", "OBJECT_KINDS", "Ingest"]
@@ -72,8 +72,7 @@ class Ingest:
             with view.lock:
                 view.listed.add(kind)
         elif kind in OBJECT_KINDS:
-            key_of, record = OBJECT_KINDS[kind]
-            view.replace_objects(kind, {key_of(obj): record(obj) for obj in objects})
+            view.replace_objects(kind, dict(self._object(view, kind, obj) for obj in objects))
         else:
             raise ValueError(f"unknown kind {kind!r}")
 
@@ -111,10 +110,18 @@ class Ingest:
         elif kind in DRA_KINDS:
             view.dra.event(kind, event_type, obj)
         elif kind in OBJECT_KINDS:
-            key_of, record = OBJECT_KINDS[kind]
-            view.delete_object(kind, key_of(obj)) if deleted else view.upsert_object(kind, key_of(obj), record(obj))
+            key, record = self._object(view, kind, obj)
+            view.delete_object(kind, key) if deleted else view.upsert_object(kind, key, record)
         else:
             raise ValueError(f"unknown kind {kind!r}")
+
+    @staticmethod
+    def _object(view: ClusterView, kind: str, obj: Mapping[str, Any]) -> tuple[str, object]:
+        key_of, build = OBJECT_KINDS[kind]
+        key, record = key_of(obj), build(obj)
+        if isinstance(record, QuotaStatus):  # when the view saw each figure change: the quota gate's settle time
+            record = observed(record, view.resourcequotas.get(key), view.clock(), SETTLE_SECONDS)
+        return key, record
 
     @staticmethod
     def kind_of(obj: Mapping[str, Any]) -> str | None:
