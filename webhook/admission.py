@@ -46,7 +46,6 @@ from gpu_placement.facts.policy import (
     pod_annotation_problems,
     sharing_of_resource,
 )
-from gpu_placement.facts.resourcequotas import SETTLE_SECONDS
 from gpu_placement.facts.sharing import effective_sharing
 from gpu_placement.view.cluster import ClusterView
 from webhook.audit import would_do
@@ -121,7 +120,6 @@ class Admission:
         self.config = config
         self.api = api
         self.quota_gate = quota_gate
-        self.quota_settle = SETTLE_SECONDS  # how long the gate waits for a figure it saw counted (quota_gate.py)
         self.policies = PolicyCache(config)
         # With the API server enforcing the quota (the gate), a hold only brings the friendlier sentence
         # forward; one whose pod the API server refused then blocks no one past a short list (holds.py).
@@ -402,8 +400,8 @@ class Admission:
                 # (docs/webhook.md, "Who may hold quota"). What exists refuses; the API server's quota decides
                 # the last unit of a burst.
                 over = quota_problems(namespace, policy.quota, used, gpus)
-                problems += over or (quota_pending(namespace, policy.quota, enforced, gpus, self.view.clock(), room,
-                                                   self.quota_settle) if self.quota_gate else [])
+                problems += over or (quota_pending(namespace, policy.quota, enforced, gpus, self.view.clock(), room)
+                                     if self.quota_gate else [])
                 if not problems:
                     held = held_warnings(namespace, policy.quota, used, pending, gpus)
         texts = [text for _, text in problems]
@@ -464,8 +462,7 @@ class Admission:
             problems = problems or quota_problems(namespace, hard, used, kind, names)
         if not problems and self.quota_gate:
             mirrored = {key: limit + room.get(key, 0) for key, limit in hard.items()}  # as the mirror writes them
-            problems = keys_pending(namespace, mirrored, enforced, [key for key, _ in asks], names, self.view.clock(),
-                                    self.quota_settle)
+            problems = keys_pending(namespace, mirrored, enforced, [key for key, _ in asks], names, self.view.clock())
         held: list[str] = []
         for kind in by_kind(asks) if not problems else ():  # the first kind over is worth a sentence, as above
             held = held or held_warnings(namespace, hard, used, pending, kind, names)
