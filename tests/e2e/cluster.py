@@ -85,6 +85,16 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0, interva
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
+def gate_open(namespace: str, probes: list[Callable[[], httpx.Response]]) -> None:
+    """Once the ResourceQuota is in force: the webhook's quota gate passes a figure SETTLE_SECONDS after its
+    watch showed it counted (webhook/quota_gate.py), refusing GPU pods with 503 QuotaPending until then. Waits
+    until each probe (a dry-run create: it holds nothing) is answered otherwise, then a moment more for a
+    second replica, whose watch may be that much behind the one that answered."""
+    wait_for(f"the quota gate open in {namespace}", lambda: all(probe().status_code != 503 for probe in probes),
+             timeout=30, interval=0.2)
+    time.sleep(0.5)
+
+
 # -- processes -------------------------------------------------------------------------------------
 
 _LIVE: set[Proc] = set()

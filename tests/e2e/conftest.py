@@ -23,7 +23,7 @@ import yaml
 from gpu_placement.base.config import Config
 from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.policy import parse_policy
-from tests.e2e.cluster import Api, ControlPlane, Kubelets, namespace, start_control_plane, wait_for
+from tests.e2e.cluster import Api, ControlPlane, Kubelets, gate_open, namespace, start_control_plane, wait_for
 from tests.e2e.deploy import NAMESPACE, Pod, find, install, render, wait_ready, webhook_port
 from tests.e2e.supervisor import Supervisor
 
@@ -184,6 +184,8 @@ class E2E:
         # /validate refuses GPU pods (QuotaPending) until the quota is in force.
         if quota and opted_in and wait_quota and self.quota_mirrored():
             wait_for(f"ResourceQuota {name}/gpu-placement in force", lambda: self.quota_in_force(name, quota))
+            gate_open(name, [lambda r=resource: self.gpu_pod(name, "gate-probe", "nowhere", resource=r, dryRun="All")
+                             for resource in quota])
         return name
 
     def quota_mirrored(self) -> bool:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.e2e.cluster import Api, ControlPlane, DraPlugin, Kubelets, namespace, wait_for
+from tests.e2e.cluster import Api, ControlPlane, DraPlugin, Kubelets, gate_open, namespace, wait_for
 from tests.e2e.deploy import CHART, K8S_TAG, NAMESPACE, RELEASE
 from tests.e2e.release import ReleaseKubelet
 
@@ -64,6 +64,14 @@ class Adoption:
     def quota(self, namespace: str) -> Obj | None:
         r = self.api.http.get(f"/api/v1/namespaces/{namespace}/resourcequotas/gpu-placement")
         return None if r.status_code == 404 else dict(r.json())
+
+    def gate_open(self, namespace: str) -> None:
+        """The webhook's quota gate passes the counted figure (2 s after its watch showed it)."""
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gate-probe"},
+               "spec": {"restartPolicy": "Never", "nodeSelector": {"e2e-group": "adopt-nowhere"},
+                        "containers": [{"name": "main", "image": "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04",
+                                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+        gate_open(namespace, [lambda: self.api.create(f"/api/v1/namespaces/{namespace}/pods", pod, dryRun="All")])
 
     def quota_in_force(self, namespace: str) -> bool:
         """The mirrored quota as the API server enforces it: counted by the quota controller (until then
@@ -221,6 +229,7 @@ def adopt_gpus(adoption: Adoption, steps: dict[str, float]) -> None:
     other = adoption.namespace("team-out", opted_in=False, annotations={QUOTA: "nvidia.com/gpu=1"})
     wait_for("the mirrored ResourceQuota in force", lambda: adoption.quota_in_force(opted), timeout=30,
              interval=0.5)
+    adoption.gate_open(opted)
     owner = adoption.quota(opted)["metadata"]["ownerReferences"]  # type: ignore[index]
     vwc = adoption.api.get(f"{ADMISSION}/validatingwebhookconfigurations/{RELEASE}")
     assert owner == [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
@@ -281,6 +290,7 @@ def adopt_gpus(adoption: Adoption, steps: dict[str, float]) -> None:
     adoption.helm.rollback(RELEASE, version=1, wait="watcher", timeout=180)
     steps["rollback --wait"] = time.monotonic() - started
     wait_for("the quota mirrored again", lambda: adoption.quota_in_force(opted), timeout=60, interval=0.5)
+    adoption.gate_open(opted)
     wait_for("enforce mode's webhooks written again", lambda: {h["failurePolicy"] for h in adoption.webhooks()[
         "validatingwebhookconfigurations"] or []} == {"Fail"}, timeout=60, interval=0.5)
     wait_for("enforce mode's DeviceTaintRule", lambda: adoption.taint_effect("adopt-dra") == "NoSchedule",
@@ -293,6 +303,7 @@ def adopt_gpus(adoption: Adoption, steps: dict[str, float]) -> None:
     assert full.status_code == 403 and f"namespace {opted} may use 1 nvidia.com/gpu" in full.text, full.text
     later = adoption.namespace("team-next", opted_in=True, annotations={QUOTA: "nvidia.com/gpu=4"})
     wait_for("the new namespace's quota", lambda: adoption.quota_in_force(later), timeout=30, interval=0.5)
+    adoption.gate_open(later)
     assert created(later, "shaped")["spec"]["schedulerName"] == "gpu-placement"
 
     # One namespace misbehaves (the way back): remove its label. Its quota goes; its pods are left alone.
@@ -317,6 +328,7 @@ def adopt_gpus(adoption: Adoption, steps: dict[str, float]) -> None:
     wait_for("the webhooks written again", lambda: all(adoption.webhooks().values()), timeout=60, interval=0.5)
     steps["helm upgrade: webhooks back"] = time.monotonic() - started
     wait_for("the quota mirrored again", lambda: adoption.quota_in_force(later), timeout=60, interval=0.5)
+    adoption.gate_open(later)
     steps["helm upgrade: quota back"] = time.monotonic() - started
     wait_for("the device taint back", lambda: adoption.taint_effect("adopt-dra") == "NoSchedule", timeout=60,
              interval=0.5)

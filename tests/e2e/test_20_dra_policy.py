@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from gpu_placement.samples.dra import Gpu
-from tests.e2e.cluster import DraPlugin, wait_for
+from tests.e2e.cluster import DraPlugin, gate_open, wait_for
 from tests.e2e.conftest import E2E
 from tests.e2e.test_19_dra import RESOURCE, allocation
 
@@ -127,6 +127,7 @@ def test_one_annotation_moves_a_namespace_between_dra_and_the_device_plugin(e2e:
     e2e.api.merge_patch(f"/api/v1/namespaces/{ns}",
                         {"metadata": {"annotations": {"gpu-placement.io/allocation": "device-plugin"}}})
     wait_for(f"no templates in {ns}", lambda: not ours(e2e, ns), timeout=30)
+    gate_open(ns, [lambda: e2e.gpu_pod(ns, "gate-probe", group, dryRun="All")])  # the quota's keys as rewritten
     r = e2e.gpu_pod(ns, "classic", group)
     assert r.status_code == 201, r.text
     classic = r.json()

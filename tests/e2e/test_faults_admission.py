@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import wait_for
+from tests.e2e.cluster import gate_open, wait_for
 from tests.e2e.conftest import E2E
 from tests.e2e.faults import GPU, lease_holder, make_world, pod_by_pid, run_scenario
 
@@ -72,6 +72,7 @@ def test_webhook_replica_holding_the_quota_mirror_lease_killed_and_restarted(e2e
             notes["Lease held again"] = time.monotonic() - t0
             wait_for(f"ResourceQuota {fresh}/gpu-placement in force",
                      lambda: e2e.quota_in_force(fresh, {GPU: FRESH_QUOTA}), timeout=60, interval=0.5)
+            gate_open(fresh, [lambda: e2e.gpu_pod(fresh, "gate-probe", "fq-nowhere", dryRun="All")])
             notes["new quota in force"] = time.monotonic() - t0
             again = at_once(e2e, fresh, "again")
             notes["then at once"] = dict(again)
