@@ -104,11 +104,11 @@ def test_old_changes_are_pruned() -> None:
 
 def test_a_replica_is_not_ready_until_its_listed_quotas_are_settled() -> None:
     w = Watched()
-    ready = settled_readiness(lambda: (True, ""), w.view, lambda: w.clock[0])
+    ready = settled_readiness(lambda: (True, ""), w.view)
     assert ready() == (True, "")  # not listed yet: the source's own readiness says so
     w.relist(quota("2"))
     assert ready() == (False, "ResourceQuotas listed 0.0 s ago: the quota gate trusts a figure it has seen for 2 s")
     w.later(SETTLE_SECONDS)
     assert ready() == (True, "") and w.settled(2)
-    assert settled_readiness(lambda: (False, "waiting for the first full list of pods"), w.view,
-                             lambda: w.clock[0])() == (False, "waiting for the first full list of pods")
+    waiting = (False, "waiting for the first full list of pods")
+    assert settled_readiness(lambda: waiting, w.view)() == waiting

@@ -53,27 +53,26 @@ GATED_HOLD_SECONDS = 5.0
 
 
 def quota_pending(namespace: str, quota: Mapping[str, int], status: QuotaStatus | None,
-                  asks: GpuRequests, now: float, room: Mapping[str, int] | None = None,
-                  settle: float = SETTLE_SECONDS) -> list[tuple[str, str]]:
+                  asks: GpuRequests, now: float, room: Mapping[str, int] | None = None) -> list[tuple[str, str]]:
     """(QUOTA_PENDING, sentence) for the first resource the pod asks for whose quota the API server does
     not enforce yet at the annotation's figure or below; [] when it does for all of them. `room`: what the
     mirror adds to a key for the namespace's monitors (gpu_placement/decide/dra_quota.py `monitor_room`)."""
     wanted = {f"requests.{resource}": quota[resource] + (room or {}).get(f"requests.{resource}", 0)
               for resource, _ in asks if resource in quota}
-    return keys_pending(namespace, wanted, status, list(wanted), {f"requests.{r}": r for r in quota}, now, settle)
+    return keys_pending(namespace, wanted, status, list(wanted), {f"requests.{r}": r for r in quota}, now)
 
 
 def keys_pending(namespace: str, wanted: Mapping[str, int], status: QuotaStatus | None, keys: Sequence[str],
-                 names: Mapping[str, str], now: float, settle: float = SETTLE_SECONDS) -> list[tuple[str, str]]:
+                 names: Mapping[str, str], now: float) -> list[tuple[str, str]]:
     """The same for ResourceQuota keys: each of `keys` must have been enforced at `wanted[key]` (the mirror's
-    figure) or below for the last `settle` seconds. A claim pod of a `dra` namespace is charged its stand-ins,
+    figure) or below for the last SETTLE_SECONDS. A claim pod of a `dra` namespace is charged its stand-ins,
     devices per class and `requests.<extendedResourceName>` (gpu_placement/decide/dra_quota.py): all of them
     gated. `names`: how a sentence names a key (default: the key)."""
     for key in keys:
         limit = wanted.get(key)
         if limit is None:
             continue  # NotInQuota says so
-        if status is not None and status.settled(key, limit, now, settle):
+        if status is not None and status.settled(key, limit, now, SETTLE_SECONDS):
             continue
         enforced = status.enforced(key) if status is not None else None
         if enforced is None:
@@ -85,7 +84,8 @@ def keys_pending(namespace: str, wanted: Mapping[str, int], status: QuotaStatus 
             why = "the lower figure takes over within seconds"
         else:
             state = f"ResourceQuota {namespace}/{MIRROR_NAME} was counted at {enforced} only a moment ago"
-            why = f"the API server's quota admission reads it from its cache, which may lag, so {settle:g} s pass first"
+            why = (f"the API server's quota admission reads it from its cache, which may lag, so {SETTLE_SECONDS:g} s "
+                   "pass first")
         return [(QUOTA_PENDING,
                  f"namespace {namespace} may use {limit} {names.get(key, key)} ({n.ANN_QUOTA}), but {state}: {why}, "
                  "and until then GPU pods are refused so that never more than the quota is admitted: try again in a "
@@ -94,15 +94,15 @@ def keys_pending(namespace: str, wanted: Mapping[str, int], status: QuotaStatus 
     return []
 
 
-def settled_readiness(ready: Callable[[], tuple[bool, str]], view: ClusterView, now: Callable[[], float],
-                      settle: float = SETTLE_SECONDS) -> Callable[[], tuple[bool, str]]:
-    """`ready`, and not before `settle` seconds after the first list of ResourceQuotas: every figure that
-    list showed is as new to the gate as one just counted, and would refuse pods until then."""
+def settled_readiness(ready: Callable[[], tuple[bool, str]], view: ClusterView) -> Callable[[], tuple[bool, str]]:
+    """`ready`, and not before SETTLE_SECONDS after the view's first list of ResourceQuotas: every figure
+    that list showed is as new to the gate as one just counted, and would refuse pods until then."""
     def readiness() -> tuple[bool, str]:
         ok, why = ready()
         listed = view.listed_at.get("resourcequotas")
-        if not ok or listed is None or now() - listed >= settle:
+        age = view.clock() - listed if listed is not None else SETTLE_SECONDS
+        if not ok or age >= SETTLE_SECONDS:
             return ok, why
-        return False, (f"ResourceQuotas listed {now() - listed:.1f} s ago: the quota gate trusts a figure it has seen "
-                       f"for {settle:g} s")
+        return False, (f"ResourceQuotas listed {age:.1f} s ago: the quota gate trusts a figure it has seen "
+                       f"for {SETTLE_SECONDS:g} s")
     return readiness

@@ -266,7 +266,7 @@ def core_from_cluster(config: Config, kubeconfig: str | None, kinds: tuple[str, 
     if "resourcequotas" in kinds:  # the quota gate trusts a figure it has seen for a while (webhook/quota_gate.py)
         from webhook.quota_gate import settled_readiness
 
-        readiness = settled_readiness(readiness, view, view.clock)
+        readiness = settled_readiness(readiness, view)
     core = Core(config, view, ingest, _placement(view, config), ApiBinder(api), readiness, api=api,
                 kinds=(*kinds, *dra.paths()), dra=dra, outcomes=outcomes)
     source.start()

@@ -89,7 +89,7 @@ def observed(status: QuotaStatus, previous: QuotaStatus | None, now: float, keep
         older = [i for i, (at, _) in enumerate(history) if at <= now - keep]
         if older:
             history = history[older[-1]:]
-        if history[-1][1] is None and history[0][0] <= now - keep and len(history) == 1:
+        if len(history) == 1 and history[0][1] is None and history[0][0] <= now - keep:
             continue  # not enforced for longer than anyone asks: as never seen
         changes[key] = history
     return QuotaStatus(status.namespace, status.hard, status.used, changes)
