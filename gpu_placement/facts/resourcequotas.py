@@ -58,6 +58,9 @@ class QuotaStatus:
         changes = self.changes.get(key, ())
         if not changes or changes[0][0] > since:
             return False  # not seen for that long: the view's first list, or the key new
+        if len(changes) == 1:  # unchanged since (the common case: /validate asks on every GPU pod)
+            figure = changes[0][1]
+            return figure is not None and figure <= limit
         start = max(i for i, (at, _) in enumerate(changes) if at <= since)
         return all(figure is not None and figure <= limit for _, figure in changes[start:])
 
