@@ -14,13 +14,15 @@ makes --nodes verified 8-GPU nodes kept alive without kubelets, then prints two 
 
     .venv/bin/python benchmarks/scheduler_bench.py [--nodes 1000] [--rounds 3] [--pods 300]
         [--qps 1000] [--default-qps-rounds 0] [--creates 300] [--no-admission] [--lease-renew-seconds S]
-        [--profiles DIR]
+        [--profiles DIR] [--strategy fragmentation|binpack|spread]
 
 Both schedulers' clients run at --qps (burst twice that), far above what either sends here, so
 neither is held by its rate limiter (the table prints its waits); --default-qps-rounds adds a line at
 kube-scheduler's default QPS (50), as the chart runs it. --profiles DIR writes each batch's CPU
 profiles: kube-scheduler's (pprof, `go tool pprof -top DIR/NN-gpu-placement.scheduler.pprof`) and
-the extender's (py-spy's raw collapsed stacks; py-spy must be installed in the venv).
+the extender's (py-spy's raw collapsed stacks; py-spy must be installed in the venv). --strategy sets
+the chart's `config.scoring.strategy` (default: the chart's, fragmentation): how many nodes a `/prioritize`
+answer lists during a burst depends on it (docs/performance.md, "What the answers' size costs").
 
 At 5,000 nodes the emulated kubelets renew each node's Lease every 60 s (default from 2,000 nodes on;
 kube-controller-manager's grace period here is 120 s), so that 5,000 Leases cost about 80 writes/s
@@ -61,15 +63,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profiles", type=Path, default=None, help="write each batch's CPU profiles here")
     parser.add_argument("--creates", type=int, default=300, help="creates per admission round (default 300)")
     parser.add_argument("--no-admission", action="store_true", help="skip the admission side by side")
+    parser.add_argument("--strategy", choices=("fragmentation", "binpack", "spread"), default=None,
+                        help="the chart's config.scoring.strategy (default: the chart's own)")
     parser.add_argument("--lease-renew-seconds", type=float, default=None,
                         help="how often each node's Lease is renewed (default 10 s; 60 s from 2,000 nodes)")
     args = parser.parse_args(argv)
     renew = args.lease_renew_seconds or (60.0 if args.nodes >= 2000 else 10.0)
     started = time.monotonic()
-    print(f"scheduler_bench: {args.nodes} nodes, Leases renewed every {renew:g} s; {load()}", flush=True)
+    values = {"config": {"scoring": {"strategy": args.strategy}}} if args.strategy else None
+    print(f"scheduler_bench: {args.nodes} nodes, Leases renewed every {renew:g} s, scoring strategy "
+          f"{args.strategy or 'the chart default'}; {load()}", flush=True)
     plane = start_control_plane()
     try:
-        with chart_running(plane, lease_renew_seconds=renew) as e2e:
+        with chart_running(plane, lease_renew_seconds=renew, values=values) as e2e:
             t0 = time.monotonic()
             make_nodes(e2e, "bench", args.nodes, timeout=max(300, args.nodes * 0.3))
             print(f"{args.nodes} nodes made and schedulable in {time.monotonic() - t0:.0f} s; {load()}", flush=True)

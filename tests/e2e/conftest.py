@@ -391,14 +391,14 @@ def e2e(plane: ControlPlane) -> Iterator[E2E]:
 
 
 @contextlib.contextmanager
-def chart_running(plane: ControlPlane, lease_renew_seconds: float = 10.0) -> Iterator[E2E]:
-    """The chart installed on `plane`, its webhook and scheduler pod running, kubelets emulated
-    (the suite's fixture; benchmarks/scheduler_bench.py uses it too, with Leases renewed less often
-    at 5,000 nodes: within kube-controller-manager's 120 s grace period)."""
+def chart_running(plane: ControlPlane, lease_renew_seconds: float = 10.0, values: Obj | None = None) -> Iterator[E2E]:
+    """The chart installed on `plane` (with `values` over its defaults), its webhook and scheduler pod
+    running, kubelets emulated (the suite's fixture; benchmarks/scheduler_bench.py uses it too, with
+    Leases renewed less often at 5,000 nodes: within kube-controller-manager's 120 s grace period)."""
     assert plane.api is not None
     api = plane.api
     kubelets = Kubelets(api, renew_every=lease_renew_seconds)
-    docs = render()
+    docs = render(values)
     env = E2E(plane, api, kubelets, docs)
     try:
         for ns in ("gpu-operator",):
