@@ -23,10 +23,14 @@ order, and each takes its devices first fit in the order the node publishes them
   (consumable_capacity.go `CmpRequestOverCapacity`, `calculateConsumedCapacity`: the amount asked,
   rounded up by the capacity's requestPolicy; not asked, its default, else all of it).
 
-Requests are served one after the other without going back (the allocator backtracks across
-requests: a pod with several requests competing for the same few devices may fit where this says it
-does not; gpu-placement's own claims ask one device each). Admin-access alternatives (monitors) take
-nothing and are not counted.
+Requests are served as the allocator serves them, depth first (`allocateOne`): each request's
+alternatives in order, each alternative's devices first fit, and when a later request finds nothing,
+the earlier ones try their next devices, then their next alternative. So the answer is the
+allocator's first solution (the first fit itself whenever that works out), and a pod whose requests
+compete for the same few devices fits where a solution exists. The search is bounded
+(`SEARCH_LIMIT` devices tried a node; the allocator's own bound is its filter timeout): past it,
+the node counts as fitting (kube-scheduler's allocator, which runs before the extender, decides).
+Admin-access alternatives (monitors) take nothing and are not counted.
 
 The fill a node would reach with the pod on it (what binpack and spread score) is the share of the
 memory of the node's devices of the classes asked that is in use: a held device whole, a shared one by
@@ -182,11 +186,22 @@ class DraFit:
         return max(self.chosen, default=0)
 
 
+SEARCH_LIMIT = 2_000  # devices tried for one pod on one node (a few ms) before the search gives up (see above)
+
+
+class _SearchTooLong(Exception):
+    pass
+
+
 def fit(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[str, Mapping[str, int]],
         excluded: AbstractSet[str], requests: Sequence[Request], types: Mapping[str, str | None]) -> DraFit | None:
-    """Where the pod's `requests` fit the node's `devices` (None: some request fits no alternative).
+    """Where the pod's `requests` fit the node's `devices` (None: no allocation serves them all).
     `held`: device -> allocated claims holding it; `consumed`: device -> capacity -> milli-units
-    allocations consume; `excluded`: devices gpu-placement keeps out; `types`: class -> device type."""
+    allocations consume; `excluded`: devices gpu-placement keeps out; `types`: class -> device type.
+
+    First fit, request by request: the allocator's first try, and its answer whenever it works out.
+    When it does not and there are several requests, the allocator's search (`_search`) decides: one
+    request that first fit cannot serve has no other allocation (a request's devices do not compete)."""
     taken: set[str] = set()
     taking: dict[str, dict[str, int]] = {}
     chosen: list[int] = []
@@ -196,48 +211,175 @@ def fit(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[st
         for index, alternative in enumerate(request):
             if alternative.admin:
                 picked: list[tuple[str, dict[str, int] | None]] | None = []
+            elif alternative.count == 0:
+                picked = _all_of(devices, held, consumed, excluded, alternative, types, taken, taking)
             else:
-                picked = _pick(devices, held, consumed, excluded, alternative, types, taken, taking)
+                picked = _first(devices, held, consumed, excluded, alternative, types, taken, taking)
             if picked is None:
                 continue
             for name, amounts in picked:
-                if amounts is None:
-                    taken.add(name)
-                else:
-                    mine = taking.setdefault(name, {})
-                    for key, amount in amounts.items():
-                        mine[key] = mine.get(key, 0) + amount
+                _take(taken, taking, name, amounts)
                 names.append(name)
             chosen.append(index)
             classes.add(alternative.device_class)
             break
         else:
-            return None
+            return _search(devices, held, consumed, excluded, requests, types) if len(requests) > 1 else None
     return DraFit(tuple(chosen), max((len(r) for r in requests), default=1),
                   _fill(devices, held, consumed, taken, taking, classes, types), tuple(names))
 
 
-def _pick(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[str, Mapping[str, int]],
-          excluded: AbstractSet[str], alternative: Alternative, types: Mapping[str, str | None], taken: set[str],
-          taking: Mapping[str, Mapping[str, int]]) -> list[tuple[str, dict[str, int] | None]] | None:
-    """The devices this alternative takes, first fit: (name, what it consumes of a shared one, None
-    for a whole one); None when too few pass (allocationMode All: when any device of the class does not)."""
+def _search(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[str, Mapping[str, int]],
+            excluded: AbstractSet[str], requests: Sequence[Request], types: Mapping[str, str | None]) -> DraFit | None:
+    """`fit` by the allocator's depth-first search (`allocateOne`): each request's alternatives in order,
+    each alternative's devices in order, and when a later request finds nothing the earlier ones try their
+    next devices, then their next alternative. Bounded by SEARCH_LIMIT devices tried."""
+    taken: set[str] = set()
+    taking: dict[str, dict[str, int]] = {}
+    chosen: list[int] = []
+    names: list[str] = []
+    classes: list[str] = []
+    tried = 0
+    # Pruned where no allocation can be left: each request takes at least its smallest alternative's count
+    # of distinct devices, and an exclusive device serves one request. (Shared devices serve several: then
+    # this count says nothing, and nothing is pruned by it.)
+    shares = any(d.shared for d in devices)
+    free = sum(1 for d in devices if d.name not in excluded and not held.get(d.name)
+               and not any(t.effect in _BLOCKING for t in d.taints))
+    needed = [0] * (len(requests) + 1)
+    for index in range(len(requests) - 1, -1, -1):
+        needed[index] = needed[index + 1] + min((0 if a.admin else max(a.count, 1) for a in requests[index]),
+                                                default=0)
+
+    def take(name: str, amounts: dict[str, int] | None) -> None:
+        _take(taken, taking, name, amounts)
+        names.append(name)
+
+    def give_back(name: str, amounts: dict[str, int] | None) -> None:
+        names.pop()
+        if amounts is None:
+            taken.discard(name)
+            return
+        mine = taking[name]
+        for key, amount in amounts.items():
+            mine[key] -= amount
+        if not any(mine.values()):
+            del taking[name]
+
+    def serve(request: int) -> bool:
+        """Requests `request` on, each by its first alternative that leaves the rest a solution."""
+        if request == len(requests):
+            return True
+        if not shares and needed[request] > free - len(taken):
+            return False
+        for index, alternative in enumerate(requests[request]):
+            chosen.append(index)
+            classes.append(alternative.device_class)
+            if alternative.admin:
+                done = serve(request + 1)
+            elif alternative.count == 0:
+                done = every(request, alternative)
+            else:
+                done = some(request, alternative, dict(alternative.capacity), 0, alternative.count)
+            if done:
+                return True
+            chosen.pop()
+            classes.pop()
+        return False
+
+    def every(request: int, alternative: Alternative) -> bool:
+        """allocationMode All: every device of the class, or none; no choice to go back on."""
+        picked = _all_of(devices, held, consumed, excluded, alternative, types, taken, taking)
+        if picked is None:
+            return False
+        for name, amounts in picked:
+            take(name, amounts)
+        if serve(request + 1):
+            return True
+        for name, amounts in reversed(picked):
+            give_back(name, amounts)
+        return False
+
+    def some(request: int, alternative: Alternative, wants: Mapping[str, int], start: int, left: int) -> bool:
+        """`left` more devices for this alternative, from device `start` on, then the requests after it."""
+        nonlocal tried
+        if left == 0:
+            return serve(request + 1)
+        device_type = types.get(alternative.device_class)
+        for index in range(start, len(devices) - left + 1):  # `left` devices must remain to try
+            device = devices[index]
+            tried += 1
+            if tried > SEARCH_LIMIT:
+                raise _SearchTooLong
+            if matches(device, alternative, device_type) is not None:
+                continue
+            usable = _usable(device, held, consumed, excluded, wants, taken, taking)
+            if not isinstance(usable, dict):
+                continue
+            amounts = usable if device.shared else None
+            take(device.name, amounts)
+            if some(request, alternative, wants, index + 1, left - 1):
+                return True
+            give_back(device.name, amounts)
+        return False
+
+    choices = max((len(r) for r in requests), default=1)
+    try:
+        if not serve(0):
+            return None
+    except _SearchTooLong:  # no answer within the bound: the allocator's to give; its first choices assumed
+        return DraFit((0,) * len(requests), choices, _fill(devices, held, consumed, set(), {}, {
+            alternatives[0].device_class for alternatives in requests if alternatives}, types), ())
+    return DraFit(tuple(chosen), choices, _fill(devices, held, consumed, taken, taking, set(classes), types),
+                  tuple(names))
+
+
+def _take(taken: set[str], taking: dict[str, dict[str, int]], name: str, amounts: dict[str, int] | None) -> None:
+    """The device given to the pod: whole (`amounts` None), or what it consumes of a shared one."""
+    if amounts is None:
+        taken.add(name)
+        return
+    mine = taking.setdefault(name, {})
+    for key, amount in amounts.items():
+        mine[key] = mine.get(key, 0) + amount
+
+
+def _first(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[str, Mapping[str, int]],
+           excluded: AbstractSet[str], alternative: Alternative, types: Mapping[str, str | None], taken: set[str],
+           taking: Mapping[str, Mapping[str, int]]) -> list[tuple[str, dict[str, int] | None]] | None:
+    """The first `count` devices that can serve the alternative, as (name, what it consumes of a shared
+    one, None for a whole one); None when fewer can."""
     device_type = types.get(alternative.device_class)
     wants = dict(alternative.capacity)
     picked: list[tuple[str, dict[str, int] | None]] = []
-    every = alternative.count == 0
     for device in devices:
         if matches(device, alternative, device_type) is not None:
             continue
         amounts = _usable(device, held, consumed, excluded, wants, taken, taking)
-        if amounts is False:
-            if every:
-                return None
+        if not isinstance(amounts, dict):
             continue
-        picked.append((device.name, amounts if device.shared else None))  # type: ignore[arg-type]
-        if not every and len(picked) == alternative.count:
+        picked.append((device.name, amounts if device.shared else None))
+        if len(picked) == alternative.count:
             return picked
-    return picked if every and picked else None
+    return None
+
+
+def _all_of(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[str, Mapping[str, int]],
+            excluded: AbstractSet[str], alternative: Alternative, types: Mapping[str, str | None], taken: set[str],
+            taking: Mapping[str, Mapping[str, int]]) -> list[tuple[str, dict[str, int] | None]] | None:
+    """allocationMode All: every device the alternative selects, each as (name, what it consumes of a
+    shared one, None for a whole one); None when any of them cannot serve it, or there are none."""
+    device_type = types.get(alternative.device_class)
+    wants = dict(alternative.capacity)
+    picked: list[tuple[str, dict[str, int] | None]] = []
+    for device in devices:
+        if matches(device, alternative, device_type) is not None:
+            continue
+        amounts = _usable(device, held, consumed, excluded, wants, taken, taking)
+        if not isinstance(amounts, dict):
+            return None
+        picked.append((device.name, amounts if device.shared else None))
+    return picked or None
 
 
 def _usable(device: Device, held: Mapping[str, int], consumed: Mapping[str, Mapping[str, int]],

@@ -431,3 +431,33 @@ def test_a_claim_pod_does_not_preempt_for_devices(e2e: E2E, plugin: DraPlugin) -
     assert not high["status"].get("nominatedNodeName"), high["status"]
     assert not low["metadata"].get("deletionTimestamp") and low["spec"]["nodeName"] == node
     assert not any(c.get("type") == "DisruptionTarget" for c in low["status"].get("conditions", ())), low["status"]
+
+
+def test_claims_competing_for_the_big_gpu_land_where_the_allocator_finds_room(e2e: E2E, plugin: DraPlugin) -> None:
+    """A pod asks any GPU and one of 70 GiB or more, on a node with an 80 GB and a 40 GB GPU. First fit
+    gives the first request the 80 GB and leaves the second nothing; kube-scheduler's allocator goes back
+    and gives the first the 40 GB. The extender agrees (decide/dra_fit.py searches as the allocator
+    does): the pod is bound there, each request with the device the allocator chose."""
+    from gpu_placement.samples.dra import Gpu, resource_slice
+
+    group = "s19-compete"
+    [node] = dra_nodes(e2e, plugin, group, [("a", True, {})])
+    mixed = resource_slice(node, 2)
+    small = resource_slice(node, 1, Gpu(product="NVIDIA A100-SXM4-40GB", memory_bytes=42_949_672_960))
+    mixed["spec"]["devices"][1] = {**small["spec"]["devices"][0], "name": "gpu-1"}
+    mixed["spec"]["pool"]["generation"] = 2
+    e2e.api.apply(mixed, manager="gpu-kubelet-plugin")
+    ns = e2e.namespace("dra")
+    big = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('70Gi')) >= 0"
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "two-gpus", "namespace": ns},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "any", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+                {"name": "big", "exactly": {"deviceClassName": "gpu.nvidia.com",
+                                            "selectors": [{"cel": {"expression": big}}]}}]}}}}
+    r = e2e.api.create(f"{RESOURCE}/namespaces/{ns}/resourceclaimtemplates", body)
+    assert r.status_code == 201, r.text
+    claim_pod(e2e, ns, "pair", group, "two-gpus")
+    assert e2e.wait_bound(ns, "pair", timeout=60) == node
+    given = {device["request"]: device["device"] for device in allocation(e2e, ns, "pair")}
+    assert given == {"any": "gpu-1", "big": "gpu-0"}
