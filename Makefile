@@ -106,6 +106,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/extender_bench.py
+	$(BIN)/python benchmarks/answer_sizes.py
 	$(BIN)/python benchmarks/webhook_bench.py
 	$(BIN)/python benchmarks/cache_bench.py
 	$(BIN)/python benchmarks/preempt_bench.py
