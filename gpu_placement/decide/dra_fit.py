@@ -211,10 +211,8 @@ def fit(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[st
         for index, alternative in enumerate(request):
             if alternative.admin:
                 picked: list[tuple[str, dict[str, int] | None]] | None = []
-            elif alternative.count == 0:
-                picked = _all_of(devices, held, consumed, excluded, alternative, types, taken, taking)
             else:
-                picked = _first(devices, held, consumed, excluded, alternative, types, taken, taking)
+                picked = _pick(devices, held, consumed, excluded, alternative, types, taken, taking)
             if picked is None:
                 continue
             for name, amounts in picked:
@@ -289,7 +287,7 @@ def _search(devices: Sequence[Device], held: Mapping[str, int], consumed: Mappin
 
     def every(request: int, alternative: Alternative) -> bool:
         """allocationMode All: every device of the class, or none; no choice to go back on."""
-        picked = _all_of(devices, held, consumed, excluded, alternative, types, taken, taking)
+        picked = _pick(devices, held, consumed, excluded, alternative, types, taken, taking)
         if picked is None:
             return False
         for name, amounts in picked:
@@ -344,42 +342,27 @@ def _take(taken: set[str], taking: dict[str, dict[str, int]], name: str, amounts
         mine[key] = mine.get(key, 0) + amount
 
 
-def _first(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[str, Mapping[str, int]],
-           excluded: AbstractSet[str], alternative: Alternative, types: Mapping[str, str | None], taken: set[str],
-           taking: Mapping[str, Mapping[str, int]]) -> list[tuple[str, dict[str, int] | None]] | None:
-    """The first `count` devices that can serve the alternative, as (name, what it consumes of a shared
-    one, None for a whole one); None when fewer can."""
+def _pick(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[str, Mapping[str, int]],
+          excluded: AbstractSet[str], alternative: Alternative, types: Mapping[str, str | None], taken: set[str],
+          taking: Mapping[str, Mapping[str, int]]) -> list[tuple[str, dict[str, int] | None]] | None:
+    """The devices this alternative takes, first fit: (name, what it consumes of a shared one, None
+    for a whole one); None when too few pass (allocationMode All: when any device of the class does not)."""
     device_type = types.get(alternative.device_class)
     wants = dict(alternative.capacity)
     picked: list[tuple[str, dict[str, int] | None]] = []
+    every = alternative.count == 0
     for device in devices:
         if matches(device, alternative, device_type) is not None:
             continue
         amounts = _usable(device, held, consumed, excluded, wants, taken, taking)
         if not isinstance(amounts, dict):
+            if every:
+                return None
             continue
         picked.append((device.name, amounts if device.shared else None))
-        if len(picked) == alternative.count:
+        if not every and len(picked) == alternative.count:
             return picked
-    return None
-
-
-def _all_of(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[str, Mapping[str, int]],
-            excluded: AbstractSet[str], alternative: Alternative, types: Mapping[str, str | None], taken: set[str],
-            taking: Mapping[str, Mapping[str, int]]) -> list[tuple[str, dict[str, int] | None]] | None:
-    """allocationMode All: every device the alternative selects, each as (name, what it consumes of a
-    shared one, None for a whole one); None when any of them cannot serve it, or there are none."""
-    device_type = types.get(alternative.device_class)
-    wants = dict(alternative.capacity)
-    picked: list[tuple[str, dict[str, int] | None]] = []
-    for device in devices:
-        if matches(device, alternative, device_type) is not None:
-            continue
-        amounts = _usable(device, held, consumed, excluded, wants, taken, taking)
-        if not isinstance(amounts, dict):
-            return None
-        picked.append((device.name, amounts if device.shared else None))
-    return picked or None
+    return picked if every and picked else None
 
 
 def _usable(device: Device, held: Mapping[str, int], consumed: Mapping[str, Mapping[str, int]],
