@@ -116,3 +116,24 @@ def test_the_own_cluster_recipe_runs_as_written(tmp_path: Path) -> None:
     assert opening.startswith("device-plugin mode: what NVIDIA's device plugin offers"), opening
     assert "each of the" in opening and "listed once" in opening and "tuned" not in result.stdout
     assert "unallocated GPUs at" in result.stdout and "tasks that fit nowhere, of " in result.stdout
+
+
+def _table_after(text: str, title: str) -> dict[str, float]:
+    """strategy -> "allocated at 130 %" of the first table after `title` in docs/replay.md."""
+    rows = re.findall(r"^\| \**(\w+)\** \| \**([\d.]+) %", text[text.index(title):].split("\n\n|", 1)[1].split(
+        "\n\n")[0], re.MULTILINE)
+    return {name: float(value) for name, value in rows}
+
+
+def test_the_readme_quotes_each_figure_with_its_mode() -> None:
+    """The README's replay figures are the docs' tables rounded, each under the mode it was made in: the
+    device-plugin ones first (what most clusters run), then DRA's (`--mode dra`)."""
+    doc = DOC.read_text()
+    [line] = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("- [docs/replay.md]")]
+    plugin, _, dra = line.partition("`--mode dra`")
+    assert "`--mode device-plugin`" in plugin, line
+    for part, title in ((plugin, "#### `device-plugin` mode, default trace"), (dra, "**Default trace**, `dra` mode")):
+        figures = _table_after(doc, title)
+        assert set(figures) == {"binpack", "spread", "fragmentation"}, (title, figures)
+        quoted = [float(f) for f in re.findall(r"([\d.]+) %", part.split("arrived", 1)[-1])]
+        assert quoted[:3] == [round(figures[s], 1) for s in ("fragmentation", "spread", "binpack")], (title, quoted)
