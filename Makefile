@@ -14,7 +14,7 @@ PROM_TOOLS := $(BIN)/prometheus $(BIN)/promtool
 # PATH if there is one, else Debian's package (as root, as CI runs): linked into .venv/bin either way.
 CHROMIUM := $(BIN)/chromium
 
-.PHONY: demo test fuzz e2e e2e-scale soak image image-test bench lint install clean
+.PHONY: demo test fuzz e2e e2e-scale soak image image-test release bench lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -85,11 +85,25 @@ e2e-scale: $(STAMP)
 image:
 	bash image/build.sh
 
-# That image run as the chart's pod spec runs it: same answers as the source, TLS, SIGTERM, size, start.
-image-test: $(STAMP)
+# The release's tools (cyclonedx-py for the SBOM), beside the test ones.
+RELEASE_STAMP := $(VENV)/.installed-release
+$(RELEASE_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,release]'
+	touch $(RELEASE_STAMP)
+
+# That image run as the chart's pod spec runs it: same answers as the source, TLS, SIGTERM, size, start;
+# and a release made of it (tests/image/test_release.py).
+image-test: $(RELEASE_STAMP)
 	$(BIN)/python -m pytest -q -s tests/image
 	bash tests/e2e/build_control_plane.sh
 	E2E_IMAGE=1 $(BIN)/python -m pytest -q tests/e2e/test_image_containers.py
+
+# What a team pushes to its own registries, from the image `make image` built, in dist/release/<version>/:
+# the chart packaged (helm_python), the image as an OCI archive, its Python packages as a CycloneDX SBOM,
+# SHA256SUMS (image/release.py; docs/deploy.md, Releases). SOURCE_URL=https://... names the repository
+# the chart's runbook links point into (default: the git remote origin).
+release: $(RELEASE_STAMP)
+	$(BIN)/python image/release.py
 
 # The service with a live view of the real control plane under a fixed request rate to the webhook and
 # the extender for SOAK_S seconds, pods created and deleted all along: RSS, open files and p99 printed

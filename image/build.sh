@@ -2,7 +2,7 @@
 # `make image`: the Dockerfile built into gpu-placement:<version> (version from pyproject.toml).
 #
 # Engine: docker when its daemon answers, else podman (installed from Debian's packages when missing,
-# with runc: crun refuses cgroups in hybrid mode, as on the project's machines). Base: $BASE (default
+# with runc: crun refuses cgroups in hybrid mode, which some hosts still run). Base: $BASE (default
 # python:3.12-slim-bookworm) when it is present or can be pulled; else, with no registry reachable, a
 # Debian bookworm base made once with mmdebstrap (Debian's packages: python3, venv, CA certificates),
 # cached in $CACHE and imported into the engine. The build uses the host network, and the host's

@@ -5,6 +5,7 @@ landing on a section of docs/operations.md, every selector matching what a runni
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +23,8 @@ CHART = ROOT / "charts" / "gpu-placement"
 ENABLED = {"serviceMonitor": {"enabled": True}}
 
 
-def render(values: dict[str, Any]) -> list[dict[str, Any]]:
-    with helm_python.Chart.load(CHART) as chart:
+def render(values: dict[str, Any], chart_dir: Path = CHART) -> list[dict[str, Any]]:
+    with helm_python.Chart.load(chart_dir) as chart:
         files = chart.render(offline(values), name="gpu-placement", namespace="gpu-placement")
     return [d for path, text in files.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
 
@@ -122,6 +123,41 @@ def test_every_alert_says_what_to_do_and_links_its_runbook() -> None:
         assert base == "docs/operations.md" and anchor in anchors, (name, url)
         assert rule["labels"]["severity"] in ("info", "warning", "critical"), name
         assert f"| `{name}` |" in table, f"{name} is not in the alert table of docs/operations.md"
+
+
+SOURCE = "https://git.example.com/platform/gpu-placement/blob/0123456789abcdef0123456789abcdef01234567"
+
+
+def released(tmp_path: Path) -> Path:
+    """The chart as `make release` packages it from a clone whose origin is known (image/release.py)."""
+    chart = tmp_path / "gpu-placement"
+    shutil.copytree(CHART, chart)
+    meta = chart / "Chart.yaml"
+    meta.write_text(meta.read_text() + f"annotations:\n  gpu-placement.io/source: {SOURCE}\n")
+    return chart
+
+
+def test_a_released_charts_runbook_links_resolve_to_its_own_commit(tmp_path: Path) -> None:
+    """Released, every runbook_url is docs/operations.md at the release's commit, an anchor of it; a
+    runbookBaseUrl set by the team wins; NOTES.txt links the docs there too."""
+    chart = released(tmp_path)
+    anchors = slugs((ROOT / "docs" / "operations.md").read_text())
+    [rule] = [d for d in render(ENABLED, chart) if d["kind"] == "PrometheusRule"]
+    urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert len(urls) == len(alerts())
+    for url in urls:
+        base, _, anchor = url.partition("#")
+        assert base == f"{SOURCE}/docs/operations.md" and anchor in anchors, url
+    own = "https://wiki.example.com/gpu/runbook"
+    [rule] = [d for d in render({**ENABLED, "prometheusRule": {"runbookBaseUrl": own}}, chart)
+              if d["kind"] == "PrometheusRule"]
+    assert all(r["annotations"]["runbook_url"].startswith(own + "#") for g in rule["spec"]["groups"]
+               for r in g["rules"] if "alert" in r)
+    with helm_python.Chart.load(chart) as loaded:
+        notes = loaded.render(offline({}), name="gpu-placement", namespace="gpu-placement")[
+            "gpu-placement/templates/NOTES.txt"]
+    assert f"{SOURCE}/docs/deploy.md#before-you-install-the-way-back" in notes
+    assert "before-you-install-the-way-back" in slugs((ROOT / "docs" / "deploy.md").read_text())
 
 
 # -- promtool test rules: for each alert, series that fire it and series that must not ---------------

@@ -143,13 +143,118 @@ def test_text_puts_the_strategies_side_by_side(capsys: pytest.CaptureFixture[str
     code, out, err = _replay("--scoring", "binpack,spread,fragmentation", "--seeds", "2", capsys=capsys)
     assert code == 0 and err == ""  # no progress bar when stderr is not a terminal
     lines = out.splitlines()
-    assert lines[0] == "dra mode, 24 GPUs, tasks arriving up to 130 % of their capacity, seeds 42-43 (means)"
-    header = lines.index("GPUs allocated (% of capacity) as tasks arrive:") + 1
+    assert "Seeds 42-43: the figures are means over them." in " ".join(lines[:lines.index("")])
+    header = lines.index("GPUs allocated as tasks arrive, in % of the cluster's GPUs (arrived %: what the tasks "
+                         "so far ask):") + 1
     assert lines[header].split() == ["arrived", "%", "binpack", "spread", "fragmentation"]
     assert [line.split()[0] for line in lines[header + 1:header + 4]] == ["0", "10", "20"]
     assert any(line.startswith("unallocated GPUs at 100 % arrived: binpack ") for line in lines)
     assert any(line.startswith("allocated at ") and "(min-max): binpack " in line for line in lines)
-    assert lines[-1].startswith("tasks that fit nowhere: binpack ")
+    assert any(line.startswith("tasks that fit nowhere, of 38: binpack ") for line in lines)
+
+
+def _intro(out: str) -> str:
+    """The text's opening sentences, unwrapped."""
+    return " ".join(out.split("\n\n")[0].split())
+
+
+def test_text_says_what_its_mode_and_figures_mean(capsys: pytest.CaptureFixture[str]) -> None:
+    """The mode in words (DRA shares are not what NVIDIA's device plugin, or its DRA driver today, offers),
+    what arrived and up to what, and why tasks fit nowhere past 100 %."""
+    _, out, _ = _replay("--scoring", "binpack", capsys=capsys)
+    intro = _intro(out)
+    assert intro.startswith("dra mode: a task gets any share of a GPU it asks (DRA devices with consumable capacity, "
+                            "KEP-5075). NVIDIA's DRA driver offers no such shares today: for a cluster on the device "
+                            "plugin, replay with --mode device-plugin.")
+    assert ("24 GPUs on 6 nodes. 38 tasks arrive one at a time and never leave, asking 129 % of the GPUs in all: 38 "
+            "of the 48 listed, in the order seed 42 draws (the others left out at random to stay within 130 %)."
+            ) in intro
+    ending = " ".join(out[out.index("tasks that fit nowhere"):].split())
+    assert "past 100 % arrived the tasks ask more than the cluster has, so some fail there by construction" in ending
+    _, out, _ = _replay("--scoring", "binpack", "--mode", "device-plugin", "--replicas", "4", "--arrivals", "2.5",
+                        capsys=capsys)
+    intro = _intro(out)
+    assert intro.startswith("device-plugin mode: what NVIDIA's device plugin offers: whole GPUs, or time-sliced "
+                            "replicas of 1/4 GPU")
+    assert ("65 tasks arrive one at a time and never leave, asking 249 % of the GPUs in all: the 48 listed, in the "
+            "order seed 42 draws, then 17 copies of them drawn at random (named NAME-tuned-N) to come near 250 %."
+            ) in intro
+
+
+def test_arrivals_never_pass_the_ratio_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The simulator's padding checks a copy's share of one GPU against the target, so an 8-GPU copy could
+    take a run asked for 100 % to 125 % on this 24-GPU cluster; a copy that would pass it is not added."""
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                    + "".join(f"one-{i},4000,8192,1,1000\n" for i in range(6))
+                    + "".join(f"eight-{i},32000,65536,8,1000\n" for i in range(2)))
+    tasks = read_tasks_csv(pods)
+    for seed in range(42, 52):
+        assert sum(t.total_milli for t in arrivals(tasks, CAPACITY, 1.0, seed)) <= CAPACITY
+    code = main(["replay", "--nodes", str(NODES), "--pods", str(pods), "--arrivals", "1.0", "--scoring", "binpack"])
+    out = capsys.readouterr().out
+    assert code == 0 and not re.search(r"at 1[0-9][1-9] % arrived", out), out
+    assert "asking 92 % of the GPUs in all: the 8 listed, in the order seed 42 draws (a copy drawn at random would " \
+        "have passed 100 %)." in _intro(out)
+
+
+def test_as_is_replays_each_listed_task_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--arrivals as-is`: the list as it is, shuffled, nothing copied or left out."""
+    code, out, _ = _replay("--arrivals", "as-is", "--scoring", "binpack", "-o", "json", capsys=capsys)
+    assert code == 0
+    result = orjson.loads(out)["strategies"]["binpack"]
+    arrived = {p["pod"].split("/")[1] for p in result["placements"]} | {f.split("/")[1] for f in result["failed"]}
+    assert arrived == {t.name for t in read_tasks_csv(PODS) if t.gpus}
+    _, out, _ = _replay("--arrivals", "as-is", "--scoring", "binpack", capsys=capsys)
+    assert "48 tasks arrive one at a time and never leave, asking 185 % of the GPUs in all: each of the 48 listed " \
+        "once, in the order seed 42 draws." in _intro(out)
+
+
+def _pod(name: str, node: str | None = None, *, cpu: str = "4", gpus: dict[str, int] | None = None,
+         phase: str = "Running", owner: str | None = None, annotations: dict[str, str] | None = None
+         ) -> dict[str, Any]:
+    limits = {resource: str(count) for resource, count in (gpus or {}).items()}
+    meta: dict[str, Any] = {"name": name, "namespace": "team-a", "annotations": annotations or {}}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": "x", "uid": "u",
+                                    "controller": True}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {**({"nodeName": node} if node else {}), "containers": [{"name": "main", "resources": {
+                "requests": {"cpu": cpu, "memory": "1Gi", **limits}, "limits": limits}}]},
+            "status": {"phase": phase}}
+
+
+def test_a_kubectl_pods_list_arrives_without_daemonsets_static_or_finished_pods(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--pods` takes `kubectl get pods -A -o json`: a DaemonSet's or a static pod stays on its node and
+    keeps what it requests there (all but 3 CPUs of snap-a: spread sends every 4-CPU GPU pod to snap-b);
+    finished pods and pods asking MIG slices do not arrive; the output says so."""
+    from gpu_placement.samples.cluster import make_node
+
+    nodes = tmp_path / "nodes.json"
+    nodes.write_bytes(orjson.dumps({"kind": "List", "items": [make_node("snap-a", "h100x8"),
+                                                               make_node("snap-b", "h100x8")]}))
+    pods = tmp_path / "pods.json"
+    pods.write_bytes(orjson.dumps({"kind": "List", "items": [
+        _pod("train-0", "snap-b", gpus={"nvidia.com/gpu": 2}),
+        _pod("train-1", gpus={"nvidia.com/gpu": 1}, phase="Pending"),
+        _pod("share-0", gpus={"nvidia.com/gpu.shared": 1}, phase="Pending"),
+        _pod("agent-x", "snap-a", cpu="60", owner="DaemonSet"),
+        _pod("etcd-snap-a", "snap-a", cpu="1", annotations={"kubernetes.io/config.mirror": "abc"}),
+        _pod("done-0", "snap-a", gpus={"nvidia.com/gpu": 8}, phase="Succeeded"),
+        _pod("mig-0", gpus={"nvidia.com/mig-1g.10gb": 1}, phase="Pending"),
+    ]}))
+    args = ["replay", "--nodes", str(nodes), "--pods", str(pods), "--arrivals", "as-is", "--scoring", "spread"]
+    assert main([*args, "-o", "json"]) == 0
+    result = orjson.loads(capsys.readouterr().out)["strategies"]["spread"]
+    assert not result["failed"]
+    assert {p["pod"]: p["node"] for p in result["placements"]} == {
+        "openb/team-a.train-0": "snap-b", "openb/team-a.train-1": "snap-b", "openb/team-a.share-0": "snap-b"}
+    assert main(args) == 0
+    intro = _intro(capsys.readouterr().out)
+    assert "16 GPUs on 2 nodes. 3 tasks arrive one at a time" in intro
+    assert ("Pods that do not arrive: 2 DaemonSet or static: kept on their node, 1 asking MIG slices or "
+            "ResourceClaims (not modelled), 1 finished (Succeeded or Failed).") in intro
 
 
 def test_several_seeds_in_json_keep_each_seeds_run(capsys: pytest.CaptureFixture[str]) -> None:
@@ -215,7 +320,7 @@ def test_a_terminal_gets_a_progress_bar() -> None:
     from gpu_placement.replay.report import ReplayOptions, run_replays
 
     shown = io.StringIO()
-    gpus, runs = run_replays(ReplayOptions(str(NODES), str(PODS), ("binpack",)), progress=shown)
-    assert gpus == 24 and len(runs["binpack"]) == 1
+    replays = run_replays(ReplayOptions(str(NODES), str(PODS), ("binpack",)), progress=shown)
+    assert replays.gpus == 24 and len(replays.runs["binpack"]) == 1
     drawn = shown.getvalue()
     assert drawn.startswith("\rbinpack seed 42 [") and re.search(r"\] 100% 38/38 tasks \d+ s\n$", drawn)

@@ -229,10 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
                                  "and bind bookkeeping, no cluster: the GPUs each scoring strategy allocates")
     replay.add_argument("--nodes", metavar="NODES", required=True, help="the trace's node CSV (sn, cpu_milli, "
                         "memory_mib, gpu, model), or a `kubectl get nodes -o json` file or folder")
-    replay.add_argument("--pods", metavar="PODS.csv", required=True, help="the trace's task CSV (name, cpu_milli, "
-                        "memory_mib, num_gpu, gpu_milli[, gpu_spec])")
-    replay.add_argument("--arrivals", type=_positive_float, default=1.3, metavar="RATIO",
-                        help="tasks arrive until they ask this many times the cluster's GPUs (default 1.3)")
+    replay.add_argument("--pods", metavar="PODS", required=True, help="the trace's task CSV (name, cpu_milli, "
+                        "memory_mib, num_gpu, gpu_milli[, gpu_spec]), or a `kubectl get pods -A -o json` file "
+                        "(DaemonSet, static and finished pods do not arrive)")
+    replay.add_argument("--arrivals", type=_arrivals, default=1.3, metavar="RATIO|as-is",
+                        help="tasks arrive until they ask this many times the cluster's GPUs, listed tasks left "
+                        "out or copies of them added at random as the ATC'23 simulator does (default 1.3); "
+                        "as-is: each listed task once")
     replay.add_argument("--seed", type=int, default=42, help="draws the tasks and their order as the ATC'23 "
                         "simulator does with the same seed (default 42)")
     replay.add_argument("--seeds", type=_positive_int, default=1, metavar="N",
@@ -359,6 +362,15 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _arrivals(text: str) -> float | None:
+    if text == "as-is":
+        return None
+    try:
+        return _positive_float(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, or as-is (each listed task once)") from None
+
+
 def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
@@ -382,11 +394,11 @@ def _replay(args: argparse.Namespace) -> int:
     options = ReplayOptions(args.nodes, args.pods, args.scoring, args.mode, args.arrivals, args.seed, args.seeds,
                             args.weight, args.replicas)
     config = _config(args.config) if args.config else None
-    gpus, runs = run_replays(options, config, stderr_if_terminal())
+    replays = run_replays(options, config, stderr_if_terminal())
     if args.output == "json":
-        sys.stdout.buffer.write(render_json(gpus, runs) + b"\n")
+        sys.stdout.buffer.write(render_json(replays) + b"\n")
     else:
-        print(render_text(gpus, runs, options))
+        print(render_text(replays, options))
     return 0
 
 

@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import statistics
 import sys
+import textwrap
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import orjson
 
 from gpu_placement.base.config import Config
 from gpu_placement.replay.cluster import ReplayNode, read_node_source
+from gpu_placement.replay.pods import read_pod_source
 from gpu_placement.replay.simulate import Point, Run, replay
-from gpu_placement.replay.trace import MILLI, Task, arrivals, read_tasks_csv
+from gpu_placement.replay.trace import MILLI, arrivals
 
-__all__ = ["STRATEGIES", "ReplayOptions", "render_json", "render_text", "run_replays"]
+__all__ = ["STRATEGIES", "ReplayOptions", "Replays", "render_json", "render_text", "run_replays"]
 
 STRATEGIES = ("binpack", "spread", "fragmentation")
 
@@ -28,11 +31,20 @@ class ReplayOptions:
     pods: str
     strategies: tuple[str, ...]
     mode: str = "dra"
-    arrivals: float = 1.3
+    arrivals: float | None = 1.3  # None: each listed task once (`--arrivals as-is`)
     seed: int = 42
     seeds: int = 1
     weight: int = 5
     replicas: int = 2
+
+
+@dataclass(slots=True)
+class Replays:
+    gpus: int
+    nodes: int
+    listed: int  # tasks in the pod list that may arrive
+    runs: dict[str, list[Run]]  # per strategy, one per seed
+    left_out: Counter[str] = field(default_factory=Counter)  # pods of a cluster's list that do not arrive, by why
 
 
 def _bar(out: IO[str], label: str) -> Callable[[int, int], None]:
@@ -55,20 +67,24 @@ def _bar(out: IO[str], label: str) -> Callable[[int, int], None]:
     return draw
 
 
-def run_replays(options: ReplayOptions, config: Config | None = None, progress: IO[str] | None = None
-                ) -> tuple[int, dict[str, list[Run]]]:
-    """(GPUs in the cluster, runs per strategy, one per seed)."""
+def run_replays(options: ReplayOptions, config: Config | None = None, progress: IO[str] | None = None) -> Replays:
     nodes: list[ReplayNode] = read_node_source(options.nodes)
-    tasks: list[Task] = read_tasks_csv(options.pods)
+    pods = read_pod_source(options.pods, config or Config(), options.replicas)
+    for node in nodes:  # what DaemonSet and static pods hold there stays held (replay/pods.py)
+        held = pods.held.get(node.name)
+        if held is not None:
+            node.cpu_milli = max(0, node.cpu_milli - held.cpu_milli)
+            node.memory_mib = max(0, node.memory_mib - held.memory_mib)
+            node.pods = max(0, node.pods - held.pods)
     capacity = sum(node.gpus for node in nodes) * MILLI
     runs: dict[str, list[Run]] = {name: [] for name in options.strategies}
     for seed in range(options.seed, options.seed + options.seeds):
-        order = arrivals(tasks, capacity, options.arrivals, seed)
+        order = arrivals(pods.tasks, capacity, options.arrivals, seed)
         for strategy in options.strategies:
             bar = _bar(progress, f"{strategy} seed {seed}") if progress is not None else None
-            runs[strategy].append(replay(nodes, tasks, order, options.mode, strategy, seed, options.weight,
+            runs[strategy].append(replay(nodes, pods.tasks, order, options.mode, strategy, seed, options.weight,
                                          options.replicas, config, bar))
-    return capacity // MILLI, runs
+    return Replays(capacity // MILLI, len(nodes), len(pods.tasks), runs, pods.left_out)
 
 
 def _mean_points(runs: Sequence[Run]) -> list[Point]:
@@ -93,49 +109,91 @@ def _run_json(run: Run) -> dict[str, Any]:
             "failed": run.failed}
 
 
-def render_json(gpus: int, runs: dict[str, list[Run]]) -> bytes:
+def render_json(replays: Replays) -> bytes:
     """The JSON (docs/replay.md): `{"gpus", "strategies": {NAME: {"points", "placements", "failed"}}}`. With
     several seeds, `points` are the means over them, `placements` and `failed` the first seed's, and
     `seeds` lists each seed's own run."""
     strategies: dict[str, Any] = {}
-    for name, runs_ in runs.items():
+    for name, runs_ in replays.runs.items():
         entry = _run_json(runs_[0])
         if len(runs_) > 1:
-            entry["points"] = _run_json(Run(name, 0, gpus, _mean_points(runs_)))["points"]
+            entry["points"] = _run_json(Run(name, 0, replays.gpus, _mean_points(runs_)))["points"]
             entry["seeds"] = [{"seed": run.seed, **_run_json(run)} for run in runs_]
         strategies[name] = entry
-    return orjson.dumps({"gpus": gpus, "strategies": strategies})
+    return orjson.dumps({"gpus": replays.gpus, "strategies": strategies})
 
 
-def render_text(gpus: int, runs: dict[str, list[Run]], options: ReplayOptions) -> str:
+_MODES = {
+    "dra": "dra mode: a task gets any share of a GPU it asks (DRA devices with consumable capacity, KEP-5075). "
+           "NVIDIA's DRA driver offers no such shares today: for a cluster on the device plugin, replay with "
+           "--mode device-plugin.",
+    "device-plugin": "device-plugin mode: what NVIDIA's device plugin offers: whole GPUs, or time-sliced "
+                     "replicas of 1/{replicas} GPU on a pool of nodes sized for the tasks' shares; a larger "
+                     "share takes a whole GPU.",
+}
+
+
+def _arrivals_text(replays: Replays, options: ReplayOptions, first: Run, top: int) -> str:
+    """What arrived, in one sentence: how many, from where, in which order, up to what."""
+    listed = first.arrivals - first.copies
+    order = f"in the order seed {first.seed} draws"
+    asked = f"{options.arrivals * 100:g} %" if options.arrivals is not None else ""
+    if options.arrivals is None:
+        how = f"each of the {replays.listed} listed once, {order}"
+    elif first.copies:
+        how = (f"the {replays.listed} listed, {order}, then {first.copies} copies of them drawn at random (named "
+               f"NAME-tuned-N) to come near {asked}")
+    elif listed < replays.listed:
+        how = f"{listed} of the {replays.listed} listed, {order} (the others left out at random to stay within {asked})"
+    else:
+        how = f"the {replays.listed} listed, {order}" + (
+            f" (a copy drawn at random would have passed {asked})" if top < options.arrivals * 100 else "")
+    return f"{first.arrivals} tasks arrive one at a time and never leave, asking {top} % of the GPUs in all: {how}."
+
+
+def render_text(replays: Replays, options: ReplayOptions) -> str:
+    runs = replays.runs
     names = list(runs)
+    first = next(iter(runs.values()))[0]
     seeds = [run.seed for run in next(iter(runs.values()))]
     means = {name: _mean_points(runs_) for name, runs_ in runs.items()}
     width = max(14, *(len(n) + 2 for n in names))
-    seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]} (means)"
-    lines = [f"{options.mode} mode, {gpus} GPUs, tasks arriving up to {options.arrivals * 100:g} % of their capacity, "
-             f"{seed_text}",
-             "", "GPUs allocated (% of capacity) as tasks arrive:",
+    top = max((p.arrived_pct for points in means.values() for p in points), default=0)  # where arrivals ended
+    intro = [_MODES[options.mode].format(replicas=options.replicas),
+             f"{replays.gpus} GPUs on {replays.nodes} nodes. " + _arrivals_text(replays, options, first, top)]
+    if replays.left_out:
+        intro.append("Pods that do not arrive: " + ", ".join(f"{count} {why}" for why, count
+                                                              in sorted(replays.left_out.items())) + ".")
+    if len(seeds) > 1:
+        intro.append(f"Seeds {seeds[0]}-{seeds[-1]}: the figures are means over them.")
+    lines = [*(line for paragraph in intro for line in textwrap.wrap(paragraph, 110)),
+             "", "GPUs allocated as tasks arrive, in % of the cluster's GPUs (arrived %: what the tasks so far ask):",
              "arrived %".ljust(10) + "".join(name.rjust(width) for name in names)]
-    top = max((p.arrived_pct for points in means.values() for p in points), default=0)
     for pct in range(0, top + 1, 10):
         cells = [_at(means[name], pct) for name in names]
         lines.append(f"{pct:>9} " + "".join((f"{c.allocated_pct:.2f}" if c else "-").rjust(width) for c in cells))
+    if top % 10:  # where arrivals ended, between two rows
+        cells = [_at(means[name], top) for name in names]
+        lines.append(f"{top:>9} " + "".join((f"{c.allocated_pct:.2f}" if c else "-").rjust(width) for c in cells))
     lines.append("")
-    last = top  # where arrivals ended: the asked ratio, or less when the trace holds fewer tasks
-    for pct in dict.fromkeys((100, last)):
+    for pct in dict.fromkeys(p for p in (100, top) if p <= top):
         cells = [_at(means[name], pct) for name in names]
         lines.append(f"unallocated GPUs at {pct} % arrived: " + ", ".join(
             f"{name} {c.unallocated_gpus:.0f}" if c else f"{name} -" for name, c in zip(names, cells, strict=True)))
     if len(seeds) > 1:
         spread = []
         for name in names:
-            values = [p.allocated_pct for run in runs[name] if (p := _at(run.points, last)) is not None]
+            values = [p.allocated_pct for run in runs[name] if (p := _at(run.points, top)) is not None]
             if values:
                 spread.append(f"{name} {min(values):.2f}-{max(values):.2f}")
-        lines.append(f"allocated at {last} % over the seeds (min-max): " + ", ".join(spread))
+        lines.append(f"allocated at {top} % over the seeds (min-max): " + ", ".join(spread))
     failed = ", ".join(f"{name} {statistics.mean(len(r.failed) for r in runs[name]):.0f}" for name in names)
-    lines.append(f"tasks that fit nowhere: {failed}")
+    lines.append(f"tasks that fit nowhere, of {first.arrivals}: {failed}")
+    why = "no node has room for it as it arrives" + (
+        "; past 100 % arrived the tasks ask more than the cluster has, so some fail there by construction" if
+        top > 100 else "")
+    lines.extend(textwrap.wrap(f"(A task fits nowhere if {why}. The fewer GPUs a strategy leaves unallocated, "
+                               "the more of the cluster it fills.)", 110))
     return "\n".join(lines)
 
 

@@ -71,6 +71,8 @@ class Run:
     points: list[Point] = field(default_factory=list)
     placements: list[Placed] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    arrivals: int = 0  # tasks that arrived
+    copies: int = 0  # of them, copies of listed tasks drawn to reach the arrivals asked (`<name>-tuned-<i>`)
 
 
 def _run_now(coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -148,7 +150,8 @@ def replay(nodes: Sequence[ReplayNode], tasks: Sequence[Task], order: Sequence[T
     kube = KubeScheduler(cluster.nodes, mode, weight, seed)
     by_name = {node.name: node for node in cluster.nodes}
     plugin = _DevicePlugin()
-    run = Run(strategy, seed, cluster.gpus)
+    listed = set(tasks)
+    run = Run(strategy, seed, cluster.gpus, arrivals=len(order), copies=sum(task not in listed for task in order))
     samples: list[tuple[int, int]] = []
     arrived = placed = 0
     for index, task in enumerate(order):

@@ -76,6 +76,15 @@ never wait for the webhook). Used by both the ConfigMap and the namespaceSelecto
 {{- concat .Values.gpuResources (list .Values.sharedResource) .Values.migResources .Values.extraMigResources | uniq | toJson }}
 {{- end }}
 
+{{- /* A doc of the project (docs/<doc>) as a link: in the source tree the chart was released from
+(`make release` writes it in the annotation gpu-placement.io/source: <repository>/blob/<commit>), else
+the path in a clone. */}}
+{{- define "gpu-placement.sourceDoc" -}}
+{{- $source := "" -}}
+{{- with .chart.Annotations }}{{ $source = index . "gpu-placement.io/source" }}{{ end -}}
+{{- if $source }}{{ printf "%s/docs/%s" $source .doc }}{{ else }}{{ printf "docs/%s" .doc }}{{ end -}}
+{{- end }}
+
 {{/* The Kubernetes release the chart was tested with (tests/e2e/build_control_plane.sh K8S_VERSION). */}}
 {{- define "gpu-placement.testedKubeVersion" -}}v1.37.2{{- end }}
 
