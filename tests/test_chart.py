@@ -688,8 +688,29 @@ def test_webhook_rbac_reads_the_view(rendered: Rendered) -> None:
                "verbs": ["get", "list", "create", "update", "delete"]}] if writes else []
     assert rendered.one("ClusterRole", f"{name}-webhook")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
-        DRA_READ, DRA_TEMPLATES, EVENTS, *taints]
+        NODE_PATCH, DRA_READ, DRA_TEMPLATES, EVENTS, *taints]
     assert rendered.deployment("webhook")["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-webhook"
+
+
+# gpu_placement/controllers/settled_drivers.py: gpu-placement.io/settled-driver on Nodes, by one replica.
+NODE_PATCH = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}
+
+
+def test_webhook_settled_drivers_lease(rendered: Rendered) -> None:
+    from gpu_placement.app.cli import build_parser
+
+    name, ns = fullname(rendered.case), rendered.case.namespace
+    args = build_parser().parse_args(rendered.container("webhook")["args"])
+    assert args.drivers_lease == f"{name}-drivers"
+    role = rendered.one("Role", f"{name}-webhook-drivers-lease")
+    assert role["metadata"]["namespace"] == ns
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [args.drivers_lease],
+         "verbs": ["get", "update"]}]
+    binding = rendered.one("RoleBinding", f"{name}-webhook-drivers-lease")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{name}-webhook", "namespace": ns}]
 
 
 # gpu_placement/controllers/events.py: create an Event, patch a series' count; and the writer's own Lease.

@@ -649,7 +649,9 @@ def _dra(need: Need) -> bool:
 
 
 # Per node, or read by scores only: no part of a node's class (its static verdicts).
-_FACT_FIELDS = tuple(f.name for f in fields(NodeFacts) if f.name not in ("name", "created", "cpu_milli"))
+# settled_driver counts through the node's soak state, which is part of the class on its own.
+_FACT_FIELDS = tuple(f.name for f in fields(NodeFacts)
+                     if f.name not in ("name", "created", "cpu_milli", "settled_driver"))
 
 
 def _facts_key(facts: NodeFacts) -> Hashable:

@@ -122,6 +122,16 @@ DRA_TAINT_FAILING = Gauge("gpu_placement_dra_taint_failing_objects",
                           "them and why).", ["lease"])
 DRA_TAINT_SUCCESS = Gauge("gpu_placement_dra_taint_last_success_timestamp_seconds",
                           "Unix time of the DRA taint controller's last turn without an API error.", ["lease"])
+# The settled drivers (gpu_placement/controllers/settled_drivers.py): gpu-placement.io/settled-driver on each Node.
+SETTLED_DRIVER_LEADING = Gauge("gpu_placement_settled_driver_leading",
+                               "1 on the replica that holds the settled drivers' Lease (and writes "
+                               "gpu-placement.io/settled-driver on Nodes), else 0.", ["lease"])
+SETTLED_DRIVER_WRITES = Counter("gpu_placement_settled_driver_writes",
+                                "Patches of a Node's gpu-placement.io/settled-driver annotation, by outcome.",
+                                ["outcome"])
+SETTLED_DRIVER_FAILING = Gauge("gpu_placement_settled_driver_failing_objects",
+                               "Nodes whose last gpu-placement.io/settled-driver patch failed (each retried on the "
+                               "next turns; the log names them and why).", ["lease"])
 # The outcome counter (gpu_placement/outcomes/counter.py): launch outcomes and node times, counted by one replica.
 OUTCOMES_LEADING = Gauge("gpu_placement_outcomes_leading", "1 on the replica that holds the outcomes Lease and counts "
                          "launch outcomes and node lifecycle times for the cluster, else 0.", ["lease"])
