@@ -95,6 +95,9 @@ CASES = [
             "validator": {"required": False},
             "reservationTTLSeconds": 30,
             "dra": {"taintEffect": "None", "taints": False},
+            # quoted figures survive Helm's toYaml as strings (26.10 would otherwise read back as 26.1)
+            "ngcReleases": [{"release": "26.10", "cuda": "13.3.10", "source": "a test row, not a release's notes",
+                             "forwardCompat": ["580.65"]}],
         },
         "scheduler": {"extender": {"managedResourcesOnly": True}},
     }, release="gpu", namespace="platform-gpu"),
@@ -231,6 +234,9 @@ def test_chart_metadata() -> None:
     ({"config": {"schedulerName": "x"}}, "/config"),  # top-level only: one source of truth
     ({"config": {"exemptNamespaces": ["a"]}}, "/config"),
     ({"config": {"colour": "blue"}}, "/config"),
+    ({"config": {"ngcReleases": [{"release": 26.07, "cuda": "13.3.1", "source": "x"}]}},
+     "/config/ngcReleases/0/release"),
+    ({"config": {"ngcReleases": [{"release": "26.07", "cuda": "13.3.1"}]}}, "/config/ngcReleases/0"),
     ({"replicas": 3}, ""),
     ({"schedulerName": "Not A Name"}, "/schedulerName"),
     ({"migResources": ["nvidia.com/gpu"]}, "/migResources/0"),
@@ -340,6 +346,7 @@ def test_rendered_config_parses_with_the_service(rendered: Rendered) -> None:
     assert config.mode == v["config"]["mode"]
     assert config.scoring.strategy == v["config"]["scoring"]["strategy"]
     assert set(config.pools) == set(v["config"]["pools"])
+    assert [row.release for row in config.ngc_releases] == [row["release"] for row in v["config"]["ngcReleases"]]
     for mig in v["migResources"]:
         assert config.is_gpu_resource(mig)
 

@@ -163,7 +163,7 @@ class Placement:
         namespace = meta.get("namespace") or "default"
         dra = self.view.dra
         req = requirements_for(pod, self.view.namespaces.get(namespace), self.config.is_gpu_resource,
-                               dra if dra.active else None)
+                               dra if dra.active else None, self.config.ngc)
         if self.fragmentation is not None and req.wants_gpu and req.error is None:
             # The CPU it asks decides whether a node's free GPUs are left usable: part of its kind here only.
             req = replace(req, cpu_milli=round_cpu(cpu_request(pod.get("spec") or {})))

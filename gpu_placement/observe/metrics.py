@@ -101,6 +101,12 @@ NAMESPACE_READS = Counter("gpu_placement_namespace_reads",
 CLAIM_READS = Counter("gpu_placement_claim_reads", "GETs of a ResourceClaim or ResourceClaimTemplate the view lacked "
                       "when a pod naming it was admitted (webhook/claim_reader.py), by outcome.", ["outcome"])
 
+NGC_UNCHECKED = Counter("gpu_placement_ngc_unchecked_pods",
+                        "GPU pods admitted (not dry runs) whose CUDA is unknown because gpu-placement's NGC table "
+                        "lacks their NGC framework image's release, so no driver is checked against it: why=newer "
+                        "(after the table's last release: the table is behind, add ngcReleases), why=gap (a "
+                        "release the table skips).", ["why"])
+
 # The DRA taint controller (gpu_placement/controllers/dra_taints.py): DeviceTaintRules for unverified nodes' devices.
 DRA_TAINT_LEADING = Gauge("gpu_placement_dra_taint_leading",
                           "1 on the replica that holds the DRA taint controller's Lease (and writes), else 0.",
