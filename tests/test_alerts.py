@@ -262,6 +262,13 @@ CASES = [
         (BUCKET.format(verb="filter", le="5.0"), "0+100x30"),
         (BUCKET.format(verb="filter", le="+Inf"), "0+100x30"),
     ], "20m"),
+    # Two replicas each admitted pods of a release newer than the table: one alert; a gap release alone: none.
+    Case("GpuNgcTableBehind", [('gpu_placement_ngc_unchecked_pods_total{why="newer",pod="a"}', "0+0x10 1+0x30"),
+                               ('gpu_placement_ngc_unchecked_pods_total{why="newer",pod="b"}', "0+0x20 2+0x20"),
+                               ('gpu_placement_ngc_unchecked_pods_total{why="gap",pod="a"}', "0+1x40")],
+         "30m", [{"why": "newer"}]),
+    Case("GpuNgcTableBehind", [('gpu_placement_ngc_unchecked_pods_total{why="newer",pod="a"}', "0+0x40"),
+                               ('gpu_placement_ngc_unchecked_pods_total{why="gap",pod="a"}', "0+1x40")], "30m"),
     Case("GpuQuotaMirrorFailing", [
         # The leader's last good turn was at minute 1; the standby checks the Lease every minute.
         ('gpu_placement_quota_mirror_last_success_timestamp_seconds{lease="gpu-placement-quota-mirror",pod="a"}',

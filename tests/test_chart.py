@@ -95,6 +95,9 @@ CASES = [
             "validator": {"required": False},
             "reservationTTLSeconds": 30,
             "dra": {"taintEffect": "None", "taints": False},
+            # quoted figures survive Helm's toYaml as strings (26.10 would otherwise read back as 26.1)
+            "ngcReleases": [{"release": "26.10", "cuda": "13.3.10", "source": "a test row, not a release's notes",
+                             "forwardCompat": ["580.65"]}],
         },
         "scheduler": {"extender": {"managedResourcesOnly": True}},
     }, release="gpu", namespace="platform-gpu"),
@@ -231,6 +234,9 @@ def test_chart_metadata() -> None:
     ({"config": {"schedulerName": "x"}}, "/config"),  # top-level only: one source of truth
     ({"config": {"exemptNamespaces": ["a"]}}, "/config"),
     ({"config": {"colour": "blue"}}, "/config"),
+    ({"config": {"ngcReleases": [{"release": 26.07, "cuda": "13.3.1", "source": "x"}]}},
+     "/config/ngcReleases/0/release"),
+    ({"config": {"ngcReleases": [{"release": "26.07", "cuda": "13.3.1"}]}}, "/config/ngcReleases/0"),
     ({"replicas": 3}, ""),
     ({"schedulerName": "Not A Name"}, "/schedulerName"),
     ({"migResources": ["nvidia.com/gpu"]}, "/migResources/0"),
@@ -340,6 +346,7 @@ def test_rendered_config_parses_with_the_service(rendered: Rendered) -> None:
     assert config.mode == v["config"]["mode"]
     assert config.scoring.strategy == v["config"]["scoring"]["strategy"]
     assert set(config.pools) == set(v["config"]["pools"])
+    assert [row.release for row in config.ngc_releases] == [row["release"] for row in v["config"]["ngcReleases"]]
     for mig in v["migResources"]:
         assert config.is_gpu_resource(mig)
 
@@ -688,8 +695,29 @@ def test_webhook_rbac_reads_the_view(rendered: Rendered) -> None:
                "verbs": ["get", "list", "create", "update", "delete"]}] if writes else []
     assert rendered.one("ClusterRole", f"{name}-webhook")["rules"] == [
         {"apiGroups": [""], "resources": ["nodes", "pods", "namespaces"], "verbs": ["get", "list", "watch"]},
-        DRA_READ, DRA_TEMPLATES, EVENTS, *taints]
+        NODE_PATCH, DRA_READ, DRA_TEMPLATES, EVENTS, *taints]
     assert rendered.deployment("webhook")["spec"]["template"]["spec"]["serviceAccountName"] == f"{name}-webhook"
+
+
+# gpu_placement/controllers/settled_drivers.py: gpu-placement.io/settled-driver on Nodes, by one replica.
+NODE_PATCH = {"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}
+
+
+def test_webhook_settled_drivers_lease(rendered: Rendered) -> None:
+    from gpu_placement.app.cli import build_parser
+
+    name, ns = fullname(rendered.case), rendered.case.namespace
+    args = build_parser().parse_args(rendered.container("webhook")["args"])
+    assert args.drivers_lease == f"{name}-drivers"
+    role = rendered.one("Role", f"{name}-webhook-drivers-lease")
+    assert role["metadata"]["namespace"] == ns
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [args.drivers_lease],
+         "verbs": ["get", "update"]}]
+    binding = rendered.one("RoleBinding", f"{name}-webhook-drivers-lease")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{name}-webhook", "namespace": ns}]
 
 
 # gpu_placement/controllers/events.py: create an Event, patch a series' count; and the writer's own Lease.

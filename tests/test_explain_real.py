@@ -14,6 +14,7 @@ import yaml
 
 from gpu_placement.app.cli import main
 from gpu_placement.app.demo import write_snapshot
+from gpu_placement.base.cuda import ngc_table
 from gpu_placement.samples.cluster import make_pod, namespace
 
 pytestmark = pytest.mark.timeout(120)
@@ -182,9 +183,15 @@ def test_a_misspelt_namespace_key_gets_the_closest_one(snapshot: Path, tmp_path:
             "gpu-placement.io/quota?") in out
 
 
+NEWEST = ngc_table().newest  # 26.03 as of 2026-12-07
+
+
 @pytest.mark.parametrize(("image", "why"), [
-    ("nvcr.io/nvidia/pytorch:26.05-py3", "nvcr.io/nvidia/pytorch:26.05-py3: NGC release 26.05 is not in "
-                                         "gpu-placement's table of NGC releases (22.09 to "),
+    ("nvcr.io/nvidia/pytorch:26.05-py3", "nvcr.io/nvidia/pytorch:26.05-py3: NGC release 26.05 is newer than "
+                                         f"gpu-placement's table of NGC releases (its last is {NEWEST}; a platform "
+                                         "engineer adds it to ngcReleases in the configuration)"),
+    ("nvcr.io/nvidia/pytorch:25.07-py3", "nvcr.io/nvidia/pytorch:25.07-py3: NGC release 25.07 is not in "
+                                         f"gpu-placement's table of NGC releases (22.09 to {NEWEST}, "),
     ("vllm/vllm-openai:v0.6.3", "vllm/vllm-openai:v0.6.3: vLLM tags name the vLLM release, not the CUDA it was built "
                                 "with"),
     ("nvcr.io/nim/meta/llama-3.1-8b-instruct:1.3.3", "NIM tags name the model's release, not its CUDA"),

@@ -27,9 +27,9 @@ DAY = 86400.0
 OLD, NEW = ("550.54.15", "12.4"), ("580.126.09", "13.0")
 GPU = "nvidia.com/gpu"
 NODES = ["old", "new-1", "new-2"]
-SOAKING_SENTENCE = ("DriverSoaking: driver 580.126.09 changed on the node less than 60 minutes ago and is soaking: "
+SOAKING_SENTENCE = ("DriverSoaking: driver 580.126.09 is new on the node and is soaking: "
                     'only pods of namespaces annotated gpu-placement.io/canary="true" run on it until it has run 60 '
-                    "minutes without an XID error or a validator restart (rollout.soak: strict)")
+                    "minutes there without an XID error or a validator restart (rollout.soak: strict)")
 
 
 class Wave:

@@ -142,3 +142,51 @@ def test_operator_pods_read_as_the_api_server_writes_them() -> None:
     assert operator_pod_from_json(pod).ready_since is None
     assert parse_time("not a time") is None and parse_time("2026-12-03T10:17:58") is None  # no zone: not the API's
     assert parse_time(format_time(NOW)) == NOW
+
+
+def settled_node(settled: str, driver: tuple[str, str] = NEW, labels: dict[str, str] | None = None) -> Any:
+    obj = make_node("gpu-1", "h100", created=NOW - 100 * DAY, labels={**driver_labels(*driver), **(labels or {})})
+    obj["metadata"]["annotations"] = {"gpu-placement.io/settled-driver": settled}
+    return node_from_json(obj)
+
+
+def test_a_reinstall_of_the_settled_driver_does_not_soak() -> None:
+    assert soak(settled_node("580.126.09"), driver(10 * 60)) == Soak(DONE, "580.126.09", NOW - 10 * 60)
+    pending = settled_node("580.126.09", labels={"nvidia.com/gpu-driver-upgrade-state": "upgrade-required"})
+    assert soak(pending, driver(10 * 60)).state == PENDING
+    # still installing: upgrading, reinstall or not; a restart of the reinstalled driver fails nothing
+    assert soak(settled_node("580.126.09"), driver(None)).state == UPGRADING
+    restarted = driver(10 * 60, restarts=2, restarted_at=NOW - 60)
+    assert soak(settled_node("580.126.09"), restarted).state == DONE
+
+
+def test_another_version_than_the_settled_one_soaks_and_says_what_it_ran_before() -> None:
+    assert soak(settled_node("550.54.15"), driver(10 * 60)) == Soak(
+        SOAKING, "580.126.09", NOW - 10 * 60, NOW + 50 * 60, "new on the node: it ran 550.54.15 before")
+    # a rollback is a change too
+    rollback = soak(settled_node("580.126.09", ("550.54.15", "12.4")), driver(10 * 60, "550.54.15"))
+    assert (rollback.state, rollback.why) == (SOAKING, "new on the node: it ran 580.126.09 before")
+    # the pod runs the settled version but GFD still shows the one it replaces: upgrading, not done
+    assert soak(settled_node("550.54.15"), driver(10 * 60, "550.54.15")).state == UPGRADING
+    # junk in the annotation reads as no record: judged by the pod, as a change
+    assert soak(settled_node("not-a-version"), driver(10 * 60)).state == SOAKING
+
+
+def test_a_pod_that_names_no_version_is_judged_by_the_labels() -> None:
+    digest = operator_pod_from_json({**driver_pod("gpu-1", NEW[0], NOW - 600), "spec": {"containers": [
+        {"name": "nvidia-driver-ctr", "image": "nvcr.io/nvidia/driver@sha256:" + "0" * 64}]}})
+    assert digest.version is None
+    assert soak(settled_node("580.126.09"), digest).state == DONE
+    assert soak(settled_node("550.54.15"), digest).state == SOAKING
+
+
+def test_what_the_leader_records() -> None:
+    from gpu_placement.facts.soak import settled_version
+
+    facts = settled_node("550.54.15")
+    assert settled_version(facts, driver(2 * HOUR), soak(facts, driver(2 * HOUR))) == (580, 126, 9)
+    assert settled_version(facts, driver(10 * 60), soak(facts, driver(10 * 60))) is None  # soaking
+    assert settled_version(facts, None, soak(facts, None)) is None  # no operator driver: nothing to record
+    behind = node()  # labels 580; the pod runs 590 and GFD has not caught up
+    late = driver(2 * HOUR, "590.48.01")
+    assert settled_version(behind, late, Soak(DONE, "580.126.09")) is None

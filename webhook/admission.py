@@ -74,6 +74,7 @@ from webhook.review import (
     subject_of,
 )
 from webhook.shaping import NOT_SHAPED, NOT_SHAPED_ALLOWED, governed, unshaped, unshaped_warning
+from webhook.unchecked_cuda import count_unchecked, unchecked_cuda
 
 __all__ = ["Admission", "Decision"]
 
@@ -405,8 +406,9 @@ class Admission:
                 if not problems:
                     held = held_warnings(namespace, policy.quota, used, pending, gpus)
         texts = [text for _, text in problems]
+        unchecked = unchecked_cuda(pod, where, policy.cuda, config)  # an NGC release the table lacks
         warnings = [*policy.warnings, *unread_pod_keys((pod.get("metadata") or {}).get("annotations") or {}, where),
-                    *held]
+                    *held, *([unchecked.text] if unchecked else [])]
         if problems and not audit:
             message = _joined(texts)
             # 503 for the one refusal that passes by itself (the quota not in force yet): nothing is wrong with the pod.
@@ -421,6 +423,8 @@ class Admission:
         if policy.quota is not None and not subject.dry_run:
             with self.view.lock:
                 self.reservations.hold(namespace, subject.key, subject.uid, gpus)
+        if unchecked is not None and not subject.dry_run:
+            count_unchecked(unchecked)
         reason = f"Audit{problems[0][0]}" if problems else ALLOWED
         told = None if audit or problems else self._unshaped_told(policy, subject, where)
         if told is not None:

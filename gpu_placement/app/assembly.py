@@ -123,6 +123,7 @@ def serve(args: argparse.Namespace) -> int:
                 _start_registration(args, core, webhooks, server, Path(tls.cert_file).parent / "ca.crt")
             _start_dra_taints(args, core)
             _start_outcome_counter(args, core)
+            _start_settled_drivers(args, core)
             log.info("webhook listening on https://%s:%d", host, port)
         if getattr(args, "health_listen", None):
             host, port = args.health_listen
@@ -440,6 +441,21 @@ def _start_outcome_counter(args: argparse.Namespace, core: Core) -> None:
                              CounterSettings(lease_name=getattr(args, "outcomes_lease", "gpu-placement-outcomes")))
     counter.start()
     core.stoppers.append(counter.stop)
+
+
+def _start_settled_drivers(args: argparse.Namespace, core: Core) -> None:
+    """Each node's settled driver on its Node (gpu-placement.io/settled-driver), written by the holder of
+    its Lease: a driver pod of that version is a reinstall and does not soak (docs/rollouts.md)."""
+    if core.api is None:
+        log.info("no API server (--snapshot): no settled drivers are recorded; every driver pod younger than "
+                 "rollout.soakMinutes soaks unless its Node carries gpu-placement.io/settled-driver")
+        return
+    from gpu_placement.controllers.settled_drivers import SettledDrivers, SettledSettings
+
+    recorder = SettledDrivers(core.api, core.placement.rollout, _namespace(args), _identity(),
+                              SettledSettings(lease_name=getattr(args, "drivers_lease", "gpu-placement-drivers")))
+    recorder.start()
+    core.stoppers.append(recorder.stop)
 
 
 def _start_events(args: argparse.Namespace, core: Core) -> Any:

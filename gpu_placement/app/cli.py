@@ -143,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--outcomes-lease", metavar="NAME", default="gpu-placement-outcomes",
                        help="Lease (in --namespace) that elects the one webhook replica counting launch outcomes and "
                        "node lifecycle times; its annotation keeps how far it has counted (docs/outcomes.md)")
+    serve.add_argument("--drivers-lease", metavar="NAME", default="gpu-placement-drivers",
+                       help="Lease (in --namespace) that elects the one webhook replica writing each node's "
+                       "gpu-placement.io/settled-driver annotation (docs/rollouts.md)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")

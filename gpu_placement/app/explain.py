@@ -162,8 +162,8 @@ def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bo
     if not any(v.passed for v in verdicts):
         reasons = [rejected[v.node].reasons if v.node in rejected else (v.reason,) for v in verdicts]
         message = fit_error(len(verdicts), reasons, prefilter)
-    cuda_note = why_no_cuda(admission.pod.get("spec") or {}) if req.wants_gpu and req.cuda is None and \
-        req.image_cuda is None and req.error is None else None
+    cuda_note = why_no_cuda(admission.pod.get("spec") or {}, core.config.ngc) if req.wants_gpu and \
+        req.cuda is None and req.image_cuda is None and req.error is None else None
     found = Explanation(f"{namespace}/{name}", admission, req.describe(), verdicts, req, holds,
                         {node: rule for node, rule in sorted(rules.items()) if rule}, context, rejected,
                         unmodelled(created.get("spec") or {}), message, route, node_lines, cuda_note)

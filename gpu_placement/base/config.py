@@ -13,6 +13,15 @@ from typing import Any
 
 import yaml
 
+from gpu_placement.base.cuda import (
+    NGC_RELEASE,
+    NgcRelease,
+    NgcTable,
+    VersionError,
+    format_version,
+    ngc_table,
+    parse_version,
+)
 from gpu_placement.base.names import GPU_RESOURCE, IMPLICIT_CLASS_PREFIX, LABEL_ENABLED, MIG_RESOURCE_PREFIX
 from gpu_placement.base.selectors import LabelSelector, SelectorError
 
@@ -110,6 +119,13 @@ class Config:
     reservation_ttl_seconds: float = 60.0
     dra: Dra = field(default_factory=Dra)
     rollout: Rollout = field(default_factory=Rollout)
+    # NGC framework releases newer than the built-in table (data/ngc-framework-cuda.json), each with its source.
+    ngc_releases: tuple[NgcRelease, ...] = ()
+
+    @property
+    def ngc(self) -> NgcTable:
+        """The NGC releases known: the built-in table and `ngcReleases` (built once per set of rows)."""
+        return ngc_table(self.ngc_releases)
 
     def selects(self, labels: Mapping[str, str]) -> bool:
         """Whether a namespace with these labels is one gpu-placement acts in (exemptions aside)."""
@@ -191,6 +207,7 @@ def parse_config(data: Any) -> Config:
                                                   "Default"),
             mps_active_thread_percentage=_percent(dra.take("mpsActiveThreadPercentage", int, None)),
         ),
+        ngc_releases=_ngc_releases(top.take_list("ngcReleases", dict, [])),
         rollout=Rollout(
             soak_minutes=rollout.take_minutes("soakMinutes", 60.0),
             soak=rollout.take_choice("soak", ("prefer", "strict"), "prefer"),
@@ -316,3 +333,58 @@ def _pools(data: dict[str, Any]) -> dict[str, Pool]:
             raise ConfigError(f"pools.{name} needs a nodeSelector or tolerations")
         pools[str(name)] = Pool(str(name), dict(selector), tolerations)
     return pools
+
+
+_NGC_KEYS = ("release", "cuda", "source", "forwardCompat")
+
+
+def _ngc_releases(rows: list[dict[str, Any]]) -> tuple[NgcRelease, ...]:
+    """`ngcReleases`: NGC framework releases the built-in table lacks, each with the CUDA its release notes
+    give and where that was read (docs/rules.md, "Keeping the NGC table current"). A row for a release the
+    built-in table has (a later gpu-placement added it) is dropped when it agrees and refused when not."""
+    known = ngc_table().releases
+    found: dict[str, NgcRelease] = {}
+    seen: set[str] = set()
+    for index, row in enumerate(rows):
+        where = f"ngcReleases[{index}]"
+        section = _Section(row, where + ".")
+        release = section.take("release", object, None)
+        cuda = section.take("cuda", object, None)
+        source = section.take("source", object, None)
+        forward = section.take_list("forwardCompat", str, [])
+        section.reject_unknown()
+        if not isinstance(release, str) or not NGC_RELEASE.match(release):
+            hint = " (quote it: YAML reads 26.07 as a number)" if isinstance(release, (int, float)) else ""
+            raise ConfigError(f"{where}.release must be an NGC release as its tags begin, YY.MM like \"26.07\"{hint}, "
+                              f"got {release!r}")
+        if release in seen:
+            raise ConfigError(f"{where}.release {release} is listed twice in ngcReleases")
+        seen.add(release)
+        if not isinstance(cuda, str):
+            hint = " (quote it: YAML reads 13.3 as a number)" if isinstance(cuda, (int, float)) else ""
+            raise ConfigError(f"{where}.cuda must be the CUDA version the release notes give, like \"13.3.1\"{hint}, "
+                              f"got {cuda!r}")
+        try:
+            version = parse_version(cuda)
+        except VersionError as exc:
+            raise ConfigError(f"{where}.cuda: {exc}") from None
+        if not 2 <= len(version) <= 3:
+            raise ConfigError(f"{where}.cuda must be major.minor[.patch] like \"13.3.1\", got {cuda!r}")
+        if not isinstance(source, str) or not source.strip():
+            raise ConfigError(f"{where}.source must say where the CUDA figure was read, e.g. \"PyTorch Release "
+                              f"{release} notes: 'Release {release} is based on CUDA {cuda}'\", got {source!r}")
+        if release in known:  # a later gpu-placement's own table has it: the cited row stands
+            if known[release].cuda[:len(version)] != version:
+                raise ConfigError(f"{where}: release {release} is in gpu-placement's own NGC table with CUDA "
+                                  f"{format_version(known[release].cuda)} ({known[release].source}), not {cuda}: "
+                                  "remove the row from ngcReleases")
+            continue
+        branches = []
+        for position, text in enumerate(forward):
+            try:
+                branches.append(parse_version(text))
+            except VersionError as exc:
+                raise ConfigError(f"{where}.forwardCompat[{position}]: {exc} (the lowest driver of a branch the "
+                                  "release notes list, like \"535.86\")") from None
+        found[release] = NgcRelease(release, version, source.strip(), tuple(branches), configured=True)
+    return tuple(found.values())

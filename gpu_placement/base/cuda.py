@@ -8,13 +8,16 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from types import MappingProxyType
 
 from gpu_placement.base.text import quoted
 
-__all__ = ["DriverTable", "Version", "VersionError", "driver_table", "format_version", "parse_version"]
+__all__ = ["NGC_RELEASE", "DriverTable", "NgcRelease", "NgcTable", "Version", "VersionError", "driver_table",
+           "format_version", "ngc_table", "parse_version"]
 
 Version = tuple[int, ...]
 _VERSION = re.compile(r"^\d{1,9}(?:\.\d{1,9}){0,3}$", re.ASCII)  # ASCII digits, bounded: labels are untrusted
@@ -76,3 +79,49 @@ def driver_table() -> DriverTable:
     )
     floors = {int(major): parse_version(drv) for major, drv in raw["minor_version_compat_floor"].items()}
     return DriverTable(tuple(rows), floors, parse_version(raw["cuda13_min_compute_capability"]))
+
+
+# -- NGC framework releases ---------------------------------------------------------------------
+NGC_RELEASE = re.compile(r"^\d{2}\.\d{2}$")  # an NGC release as its tags begin: 24.05
+
+
+@dataclass(slots=True, frozen=True)
+class NgcRelease:
+    """One monthly NGC framework release: the CUDA its containers carry, where that figure was read,
+    and the lowest driver of each branch its CUDA compatibility package serves on data-center GPUs
+    (empty: none assumed). `configured`: a row of the configuration's `ngcReleases`, not the built-in table."""
+
+    release: str  # "24.05"
+    cuda: Version
+    source: str
+    forward: tuple[Version, ...] = ()
+    configured: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class NgcTable:
+    """The NGC releases gpu-placement knows: `data/ngc-framework-cuda.json`, plus configured rows."""
+
+    registry: str  # nvcr.io/nvidia/
+    frameworks: frozenset[str]  # pytorch, tensorflow, ...
+    releases: Mapping[str, NgcRelease]
+
+    @property
+    def first(self) -> str:
+        return min(self.releases)
+
+    @property
+    def newest(self) -> str:
+        return max(self.releases)  # YY.MM sorts as text
+
+
+@cache
+def ngc_table(extra: tuple[NgcRelease, ...] = ()) -> NgcTable:
+    """The built-in table, with `extra` rows (releases it lacks; the configuration checks that) added."""
+    raw = json.loads(resources.files("gpu_placement").joinpath("data/ngc-framework-cuda.json").read_text())
+    rows = {row["release"]: NgcRelease(row["release"], parse_version(row["cuda"]), row["source"],
+                                       tuple(parse_version(d) for d in (row.get("forward_compat") or {})
+                                             .get("branches", ())))
+            for row in raw["release_cuda"]}
+    rows.update((row.release, row) for row in extra)
+    return NgcTable(raw["registry"], frozenset(raw["frameworks"]), MappingProxyType(rows))

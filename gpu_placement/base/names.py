@@ -55,6 +55,9 @@ ANN_POOLS = PREFIX + "pools"
 ANN_ADMITTED = PREFIX + "admitted"
 ANN_CANARY = PREFIX + "canary"  # namespace: "true" takes new drivers first (docs/rollouts.md)
 ANN_ALLOCATION = PREFIX + "allocation"  # namespace: device-plugin | dra
+# Node annotation the rollout leader writes: the driver version the node last ran settled (past its soak,
+# or excused from it). A driver pod of that version is a reinstall, not a change (docs/rollouts.md).
+ANN_SETTLED_DRIVER = PREFIX + "settled-driver"
 # Namespace label: "true" opts a namespace in (namespaceSelection optIn), "false" out (optOut).
 LABEL_ENABLED = PREFIX + "enabled"
 # On the webhook configurations: "<RFC 3339 time> by <replica>" once a ready replica wrote the webhooks in.

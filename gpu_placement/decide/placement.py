@@ -163,7 +163,7 @@ class Placement:
         namespace = meta.get("namespace") or "default"
         dra = self.view.dra
         req = requirements_for(pod, self.view.namespaces.get(namespace), self.config.is_gpu_resource,
-                               dra if dra.active else None)
+                               dra if dra.active else None, self.config.ngc)
         if self.fragmentation is not None and req.wants_gpu and req.error is None:
             # The CPU it asks decides whether a node's free GPUs are left usable: part of its kind here only.
             req = replace(req, cpu_milli=round_cpu(cpu_request(pod.get("spec") or {})))
@@ -649,7 +649,9 @@ def _dra(need: Need) -> bool:
 
 
 # Per node, or read by scores only: no part of a node's class (its static verdicts).
-_FACT_FIELDS = tuple(f.name for f in fields(NodeFacts) if f.name not in ("name", "created", "cpu_milli"))
+# settled_driver counts through the node's soak state, which is part of the class on its own.
+_FACT_FIELDS = tuple(f.name for f in fields(NodeFacts)
+                     if f.name not in ("name", "created", "cpu_milli", "settled_driver"))
 
 
 def _facts_key(facts: NodeFacts) -> Hashable:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpu_placement.base import names as n
-from gpu_placement.base.cuda import Version, format_version, parse_version
+from gpu_placement.base.cuda import NgcTable, Version, format_version, parse_version
 from gpu_placement.base.quantity import QuantityError, quantity_to_mib
 from gpu_placement.base.text import MAX_ANNOTATION_VALUE, quoted
 from gpu_placement.facts.cudaneed import CudaNeed, container_need
@@ -88,7 +88,9 @@ class Requirements:
 
 
 def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
-                     is_gpu_resource: Callable[[str], bool], dra: DraState | None = None) -> Requirements:
+                     is_gpu_resource: Callable[[str], bool], dra: DraState | None = None,
+                     ngc: NgcTable | None = None) -> Requirements:
+    """`ngc`: the NGC releases known (the built-in table when None; the configuration's adds ngcReleases)."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     where = f"pod {meta.get('namespace') or 'default'}/{meta.get('name') or meta.get('generateName') or '?'}"
@@ -122,7 +124,7 @@ def requirements_for(pod: Mapping[str, Any], namespace: NamespaceRecord | None,
         # The pod's own annotation decides alone (strict unless cuda-compat: minor). Otherwise the
         # namespace default is a strict floor and the images' own need holds beside it.
         cuda, cuda_source = _first(pod_ann, ns_ann, n.ANN_CUDA, where, ns_where, parse_version)
-        image_cuda = infer_cuda(spec, compat != "none") if cuda_source != "pod annotation" else None
+        image_cuda = infer_cuda(spec, compat != "none", ngc) if cuda_source != "pod annotation" else None
         min_driver, _ = _first(pod_ann, {}, n.ANN_MIN_DRIVER, where, "", parse_version)
         min_compute, _ = _first(pod_ann, {}, n.ANN_MIN_COMPUTE, where, "", parse_version)
         products, _ = _first(pod_ann, ns_ann, n.ANN_PRODUCTS, where, ns_where, _parse_products)
@@ -169,12 +171,12 @@ def _parse_products(text: str) -> frozenset[str]:
     return products
 
 
-def infer_cuda(spec: Mapping[str, Any], compat: bool = True) -> CudaNeed | None:
+def infer_cuda(spec: Mapping[str, Any], compat: bool = True, ngc: NgcTable | None = None) -> CudaNeed | None:
     """What the pod's images need: the container with the highest CUDA (init containers included)."""
     best: CudaNeed | None = None
     for container in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
         if isinstance(container, dict):
-            found = container_need(container, compat)
+            found = container_need(container, compat, ngc)
             if found is not None and (best is None or found.version > best.version):
                 best = found
     return best

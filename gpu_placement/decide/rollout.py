@@ -40,6 +40,7 @@ from gpu_placement.facts.soak import (
     Soak,
     first_driver,
     node_soak,
+    settled_version,
 )
 from gpu_placement.observe.metrics import LatestFamilies
 from gpu_placement.view.cluster import ClusterView, Telemetry
@@ -136,6 +137,19 @@ class Rollout:
             copies = {version: VersionFigures(Counter(f.states), f.gpu_pods, f.failed_pods, f.xid_events,
                                               f.telemetry_nodes) for version, f in self.versions.items()}
         return dict(sorted(copies.items(), key=lambda item: _order(item[0]), reverse=True))
+
+    def settled_due(self) -> dict[str, str]:
+        """Nodes whose `gpu-placement.io/settled-driver` should change, with the version to write (the rollout
+        leader's work: gpu_placement/controllers/settled_drivers.py). Writing it changes no node's state."""
+        self.expire()
+        with self.view.lock:
+            due = {}
+            for name, soak in self.states.items():
+                facts = self.view.nodes.get(name)
+                version = settled_version(facts, self._driver(name), soak) if facts is not None else None
+                if version is not None and facts is not None and facts.settled_driver != version:
+                    due[name] = format_version(version)
+            return due
 
     def xid_per_node_hour(self, figures: VersionFigures) -> float | None:
         if not figures.telemetry_nodes:

@@ -190,8 +190,9 @@ def _gpu_stack(node: NodeFacts, validator: ValidatorState, config: Config) -> Re
 
 
 def _soaking(node: NodeFacts, soak: Soak, req: Requirements, config: Config) -> Rejection | None:
-    """`rollout.soak: strict`: a driver that changed less than `soakMinutes` ago (or failed its soak)
-    runs canary namespaces' pods only. With `prefer` the score says it instead (placement)."""
+    """`rollout.soak: strict`: a driver new on the node, not yet run `soakMinutes` there (or failed its
+    soak), runs canary namespaces' pods only. With `prefer` the score says it instead (placement). A driver
+    pod reinstalled with the node's settled driver is not new (facts/soak.py)."""
     if not soak.avoided or req.canary or config.rollout.soak != "strict":
         return None
     driver = f"driver {v(node.driver)}" if node.driver else "the node's driver"
@@ -201,8 +202,8 @@ def _soaking(node: NodeFacts, soak: Soak, req: Requirements, config: Config) -> 
         return _reject(DRIVER_SOAKING, f"{driver} failed its {minutes} soak on the node (an XID error, a driver or "
                                        f"validator restart, or upgrade-failed; see gpu-placement rollout): {allow} "
                                        "until the driver is replaced or rolled back (rollout.soak: strict)")
-    return _reject(DRIVER_SOAKING, f"{driver} changed on the node less than {minutes} ago and is soaking: {allow} "
-                                   f"until it has run {minutes} without an XID error or a validator restart "
+    return _reject(DRIVER_SOAKING, f"{driver} is new on the node and is soaking: {allow} until it has run "
+                                   f"{minutes} there without an XID error or a validator restart "
                                    "(rollout.soak: strict)")
 
 

@@ -8,7 +8,9 @@ Three sources, per container, best first:
   `brand`; a factor on any other property is skipped, as the runtime skips it.
 - an NGC framework tag (`nvcr.io/nvidia/pytorch:24.05-py3`): the release's CUDA from
   `data/ngc-framework-cuda.json` (NGC support matrix; each row names the release notes it was checked
-  against, or says it is unconfirmed).
+  against, or says it is unconfirmed), plus the configuration's `ngcReleases` (releases newer than the
+  table, fed without a new gpu-placement release). A release in neither infers nothing: `ngc_unlisted`
+  names such images, for the webhook's warning and `explain`.
 - a CUDA version in the image tag (`nvidia/cuda:12.4.1-runtime-...`, `...-cuda12.4-...`).
 A version from a tag is minor-version compatible: the toolkit's runtime and the framework wheels run on
 any driver of the same CUDA major at or above that major's floor. NGC framework images and the
@@ -28,11 +30,11 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from gpu_placement.base.cuda import Version, VersionError, driver_table, parse_version
+from gpu_placement.base.cuda import NgcTable, Version, VersionError, driver_table, ngc_table, parse_version
 from gpu_placement.base.cuda import format_version as v
 
-__all__ = ["CudaNeed", "Factor", "Forward", "brand_of", "container_need", "is_data_center", "ngc_cuda",
-           "ngc_releases", "parse_require_cuda", "term_holds", "why_no_cuda"]
+__all__ = ["CudaNeed", "Factor", "Forward", "Unlisted", "brand_of", "container_need", "is_data_center", "ngc_cuda",
+           "ngc_releases", "ngc_unlisted", "parse_require_cuda", "term_holds", "why_no_cuda"]
 
 Factor = tuple[str, str, str]  # (property, operator, value) as written: ("driver", ">=", "535")
 Term = tuple[Factor, ...]
@@ -152,7 +154,9 @@ def brand_of(product: str | None) -> str | None:
 
 
 # -- inference from a container ------------------------------------------------------------------
-def container_need(container: Mapping[str, Any], compat: bool) -> CudaNeed | None:
+def container_need(container: Mapping[str, Any], compat: bool, ngc: NgcTable | None = None) -> CudaNeed | None:
+    """`ngc`: the NGC releases known (the built-in table when None)."""
+    ngc = ngc or ngc_table()
     name = container.get("name", "?")
     env = {e.get("name"): str(e.get("value") or "") for e in container.get("env") or () if isinstance(e, dict)}
     require = env.get("NVIDIA_REQUIRE_CUDA")
@@ -165,16 +169,16 @@ def container_need(container: Mapping[str, Any], compat: bool) -> CudaNeed | Non
     image = str(container.get("image") or "").split("@", 1)[0]  # a digest names content, not a version
     repository, _, tag = image.rpartition(":") if ":" in image.rsplit("/", 1)[-1] else (image, "", "")
     last = repository.rsplit("/", 1)[-1]
-    ngc = _NGC_RELEASE.match(tag)
-    if ngc and repository.startswith(_ngc()[1]) and last in _ngc()[2]:
-        release = ngc.group(1)
-        found = ngc_cuda(release)
-        if found is not None:
-            forward = _ngc()[3].get(release, ())
-            return CudaNeed(found, f"NGC {last} {release} of container {name}, CUDA {v(found)} by the NGC "
-                                   "support matrix", compat, None, forward,
-                            f"NGC {release} release notes" if forward else "")
-        return None
+    tagged = _NGC_RELEASE.match(tag)
+    if tagged and repository.startswith(ngc.registry) and last in ngc.frameworks:
+        row = ngc.releases.get(tagged.group(1))
+        if row is None:
+            return None
+        forward = tuple((floor[0], floor) for floor in row.forward)
+        where = "ngcReleases in gpu-placement's configuration" if row.configured else "the NGC support matrix"
+        notes = f"NGC {row.release} release notes" + (" (ngcReleases)" if row.configured else "")
+        return CudaNeed(row.cuda, f"NGC {last} {row.release} of container {name}, CUDA {v(row.cuda)} by {where}",
+                        compat, None, forward, notes if forward else "")
     base = _CUDA_IMAGE_TAG.match(tag) if last == "cuda" else None
     match = base or _CUDA_IN_TAG.search(tag)
     version = _version(match.group(1)) if match else None
@@ -197,15 +201,6 @@ def _version(text: str) -> Version | None:
 
 
 @cache
-def _ngc() -> tuple[dict[str, Version], str, frozenset[str], dict[str, Forward]]:
-    raw = json.loads(resources.files("gpu_placement").joinpath("data/ngc-framework-cuda.json").read_text())
-    table = {row["release"]: parse_version(row["cuda"]) for row in raw["release_cuda"]}
-    forward = {row["release"]: _branches(row["forward_compat"]["branches"])
-               for row in raw["release_cuda"] if row.get("forward_compat")}
-    return table, raw["registry"], frozenset(raw["frameworks"]), forward
-
-
-@cache
 def _forward_data() -> tuple[frozenset[str], dict[str, Forward]]:
     """Data-center GPU models, and the forward-compatible branches of nvidia/cuda tags by CUDA version."""
     raw = json.loads(resources.files("gpu_placement").joinpath("data/forward-compat.json").read_text())
@@ -218,22 +213,49 @@ def _branches(drivers: list[str]) -> Forward:
     return tuple((parse_version(d)[0], parse_version(d)) for d in drivers)
 
 
-def ngc_cuda(release: str) -> Version | None:
+def ngc_cuda(release: str, ngc: NgcTable | None = None) -> Version | None:
     """CUDA of an NGC framework release (`24.05` -> 12.4.1), None when the table does not list it."""
-    return _ngc()[0].get(release)
+    row = (ngc or ngc_table()).releases.get(release)
+    return row.cuda if row is not None else None
 
 
 def compat_floor(major: int) -> Version | None:
     return driver_table().compat_floor.get(major)
 
 
-def ngc_releases() -> tuple[str, str]:
+def ngc_releases(ngc: NgcTable | None = None) -> tuple[str, str]:
     """The first and last NGC release the table lists, for sentences."""
-    releases = sorted(_ngc()[0])
-    return releases[0], releases[-1]
+    ngc = ngc or ngc_table()
+    return ngc.first, ngc.newest
 
 
-def why_no_cuda(spec: Mapping[str, Any]) -> str:
+@dataclass(slots=True, frozen=True)
+class Unlisted:
+    """An NGC framework image whose release gpu-placement's table lacks: nothing is inferred from it."""
+
+    image: str
+    release: str
+    newer: bool  # after the table's last release (the table is behind), not a gap in it
+
+
+def ngc_unlisted(spec: Mapping[str, Any], ngc: NgcTable | None = None) -> list[Unlisted]:
+    """The pod's NGC framework images (`nvcr.io/nvidia/pytorch:26.07-py3`) whose YY.MM release the table
+    lacks, each once. String work only: no I/O (the webhook calls it for every GPU pod)."""
+    ngc = ngc or ngc_table()
+    found: dict[str, Unlisted] = {}
+    for container in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+        image = str(container.get("image") or "") if isinstance(container, dict) else ""
+        plain = image.split("@", 1)[0]
+        if not plain.startswith(ngc.registry) or ":" not in plain.rsplit("/", 1)[-1]:
+            continue
+        repository, _, tag = plain.rpartition(":")
+        tagged = _NGC_RELEASE.match(tag)
+        if tagged and repository.rsplit("/", 1)[-1] in ngc.frameworks and tagged.group(1) not in ngc.releases:
+            found.setdefault(image, Unlisted(image, tagged.group(1), tagged.group(1) > ngc.newest))
+    return list(found.values())
+
+
+def why_no_cuda(spec: Mapping[str, Any], ngc: NgcTable | None = None) -> str:
     """A pod asking for GPUs with no CUDA requirement from annotation, env or image: the sentence that says
     why nothing was inferred from each image, and what to set. No requirement means the driver is not
     checked against the images: a node with too old a driver is chosen, and the container fails there."""
@@ -243,7 +265,7 @@ def why_no_cuda(spec: Mapping[str, Any]) -> str:
             continue
         image = str(container.get("image") or "")
         if image:
-            reasons.append(f"{image}: {_why_not(image)}")
+            reasons.append(f"{image}: {_why_not(image, ngc or ngc_table())}")
     what = "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "") if reasons else "no container names an image"
     return (f"no CUDA requirement inferred ({what}), so no node's driver is checked against the images: set "
             f"{_ANN_CUDA} on the pod (e.g. \"12.4\", the CUDA its image was built with) or NVIDIA_REQUIRE_CUDA in "
@@ -253,19 +275,21 @@ def why_no_cuda(spec: Mapping[str, Any]) -> str:
 _ANN_CUDA = "gpu-placement.io/cuda"  # gpu_placement.base.names.ANN_CUDA; this module imports no names
 
 
-def _why_not(image: str) -> str:
+def _why_not(image: str, ngc: NgcTable) -> str:
     if "@" in image and ":" not in image.split("@", 1)[0].rsplit("/", 1)[-1]:
         return "pinned by digest only, and a digest names no version"
     plain = image.split("@", 1)[0]
     repository, _, tag = plain.rpartition(":") if ":" in plain.rsplit("/", 1)[-1] else (plain, "", "")
     last = repository.rsplit("/", 1)[-1]
-    first, newest = ngc_releases()
-    if repository.startswith(_ngc()[1]) and last in _ngc()[2]:
+    if repository.startswith(ngc.registry) and last in ngc.frameworks:
         release = _NGC_RELEASE.match(tag)
         if release is None:
             return f"an NGC {last} tag without a YY.MM release"
-        return (f"NGC release {release.group(1)} is not in gpu-placement's table of NGC releases ({first} to "
-                f"{newest}, data/ngc-framework-cuda.json)")
+        if release.group(1) > ngc.newest:
+            return (f"NGC release {release.group(1)} is newer than gpu-placement's table of NGC releases (its last "
+                    f"is {ngc.newest}; a platform engineer adds it to ngcReleases in the configuration)")
+        return (f"NGC release {release.group(1)} is not in gpu-placement's table of NGC releases ({ngc.first} to "
+                f"{ngc.newest}, data/ngc-framework-cuda.json and ngcReleases)")
     if repository.startswith("nvcr.io/nim/"):
         return "NIM tags name the model's release, not its CUDA (the NIM's support matrix gives the driver it needs)"
     if last in ("vllm-openai", "vllm"):

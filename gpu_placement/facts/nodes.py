@@ -57,6 +57,9 @@ class NodeFacts:
     created: float | None = None  # metadata.creationTimestamp (Unix s): tells a new node's first driver from a change
     ready_since: float | None = None  # Ready condition lastTransitionTime: when `ready` last changed (outcomes.py)
     cpu_milli: int | None = None  # allocatable CPU (milli): the fragmentation score weighs GPUs left without CPU
+    # gpu-placement.io/settled-driver: the driver version the node last ran settled (facts/soak.py); a value
+    # that is not a version reads as none (the rollout leader writes it again).
+    settled_driver: Version | None = None
 
     def unit_memory(self, resource: str) -> int | None:
         """MiB that one unit of `resource` stands for on this node (a whole GPU, a share, a MIG slice)."""
@@ -129,7 +132,15 @@ def node_from_json(obj: Mapping[str, Any], pool_of: Callable[[Mapping[str, str]]
         created=parse_time(meta.get("creationTimestamp")),
         ready_since=_ready_since(status),
         cpu_milli=_cpu_milli((status.get("allocatable") or {}).get("cpu")),
+        settled_driver=_settled((meta.get("annotations") or {}).get(n.ANN_SETTLED_DRIVER)),
     )
+
+
+def _settled(value: Any) -> Version | None:
+    try:
+        return parse_version(value) if isinstance(value, str) else None
+    except VersionError:
+        return None
 
 
 def _cpu_milli(value: Any) -> int | None:

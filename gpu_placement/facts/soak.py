@@ -11,8 +11,17 @@ condition turns True when its startup probe finds the new driver loaded (assets/
 the soak starts at the `lastTransitionTime` of the Ready condition of the node's driver pod: stored
 in etcd, read again after any restart of this service, the same on every replica.
 
-What does not count as a change: a driver container that restarted inside its pod (a node reboot,
-a crash: the pod's `restartCount`) keeps the soak anchored at the pod's `startTime`, which does
+What counts as a change: the driver pod runs a version other than the one the node last ran
+settled, which the rollout leader keeps on the Node (`gpu-placement.io/settled-driver`, written once the
+node is past its soak or excused from it: `settled_version`). A driver pod of that same version is a
+reinstall (an operator upgrade that rolls the DaemonSet for another reason, a ClusterPolicy edit,
+`kubectl delete pod`): it does not soak. Every replica reads the annotation from the same Node, a
+restart reads it again, and writing it changes no verdict (it is written only for a node already
+settled on that version). A node without the annotation (gpu-placement just installed, or the
+leader not yet past it) is judged by its driver pod alone, as a change.
+
+What else does not count as a change: a driver container that restarted inside its pod (a node
+reboot, a crash: the pod's `restartCount`) keeps the soak anchored at the pod's `startTime`, which does
 not move; a new node's first driver pod (created within `NEW_NODE_SECONDS` of the Node) does not
 soak when other nodes already run that version past their soak (an autoscaled node is not a
 rollout), and does when none does (the first nodes of a new version). A node soaks only while its
@@ -34,12 +43,12 @@ from typing import Any
 
 from gpu_placement.base import names as n
 from gpu_placement.base.config import Rollout
-from gpu_placement.base.cuda import VersionError, format_version, parse_version
+from gpu_placement.base.cuda import Version, VersionError, format_version, parse_version
 from gpu_placement.base.timestamps import parse_time
 from gpu_placement.facts.nodes import NodeFacts
 
 __all__ = ["DONE", "FAILED", "NO_SOAK", "PENDING", "SOAKING", "STATES", "UPGRADING", "OperatorPod", "Soak",
-           "first_driver", "node_soak", "operator_pod_from_json"]
+           "first_driver", "node_soak", "operator_pod_from_json", "reinstalled", "settled_version"]
 
 DONE, PENDING, UPGRADING, SOAKING, FAILED = "done", "pending", "upgrading", "soaking", "failed"
 STATES = (DONE, PENDING, UPGRADING, SOAKING, FAILED)
@@ -103,7 +112,7 @@ class Soak:
     version: str | None = None  # the node's driver, from its labels
     since: float | None = None  # the soak's start: the driver pod's Ready transition
     until: float | None = None  # when the state changes by the clock alone (the soak's end), else None
-    why: str = ""  # upgrading or failed: what was seen
+    why: str = ""  # upgrading or failed: what was seen; soaking: the driver it ran before, when recorded
 
     @property
     def avoided(self) -> bool:
@@ -133,10 +142,11 @@ def node_soak(facts: NodeFacts, driver: OperatorPod | None, validator: OperatorP
     start = driver.ready_since if driver.restarts == 0 else (driver.started or driver.ready_since)
     if start is None:
         return Soak(UPGRADING, version, why="the driver pod is not Ready yet (installing the driver)")
-    if established and first_driver(facts, driver):
+    same = reinstalled(facts, driver)
+    if not same and established and first_driver(facts, driver):
         return Soak(settled.state, version, start)
     end = start + rollout.soak_minutes * 60
-    failure = _failure(driver, validator, xid_at, start, end)
+    failure = "" if same else _failure(driver, validator, xid_at, start, end)
     if failure:
         return Soak(FAILED, version, start, None, failure)
     if driver.ready_since is None:
@@ -144,9 +154,35 @@ def node_soak(facts: NodeFacts, driver: OperatorPod | None, validator: OperatorP
     if driver.version is not None and not _same(driver.version, facts):
         return Soak(UPGRADING, version, start, why=f"the driver pod runs {driver.version}; the node's labels still "
                                                    "show the old driver (GPU Feature Discovery relabels it)")
-    if now < end:
-        return Soak(SOAKING, version, start, end)
+    if not same and now < end:
+        before = f"new on the node: it ran {format_version(facts.settled_driver)} before" if facts.settled_driver \
+            else ""
+        return Soak(SOAKING, version, start, end, before)
     return Soak(settled.state, version, start)
+
+
+def reinstalled(facts: NodeFacts, driver: OperatorPod) -> bool:
+    """The driver pod runs the version the node last ran settled (`gpu-placement.io/settled-driver`): a
+    reinstall of the same driver, not a change. The pod's image tag says its version; where it names
+    none (a digest, a precompiled tag), the node's labels do."""
+    if facts.settled_driver is None:
+        return False
+    try:
+        running = parse_version(driver.version) if driver.version is not None else facts.driver
+    except VersionError:
+        running = facts.driver
+    return running == facts.settled_driver
+
+
+def settled_version(facts: NodeFacts, driver: OperatorPod | None, soak: Soak) -> Version | None:
+    """What the rollout leader writes into the node's `gpu-placement.io/settled-driver`: the version it runs
+    settled (done or pending: past its soak, excused from it, or a reinstall), with its driver pod Ready
+    and its labels showing the version the pod runs; None when nothing is settled to record."""
+    if driver is None or driver.ready_since is None or facts.driver is None or soak.state not in (DONE, PENDING):
+        return None
+    if driver.version is not None and not _same(driver.version, facts):
+        return None
+    return facts.driver
 
 
 def first_driver(facts: NodeFacts, driver: OperatorPod) -> bool:

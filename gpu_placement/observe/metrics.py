@@ -101,6 +101,12 @@ NAMESPACE_READS = Counter("gpu_placement_namespace_reads",
 CLAIM_READS = Counter("gpu_placement_claim_reads", "GETs of a ResourceClaim or ResourceClaimTemplate the view lacked "
                       "when a pod naming it was admitted (webhook/claim_reader.py), by outcome.", ["outcome"])
 
+NGC_UNCHECKED = Counter("gpu_placement_ngc_unchecked_pods",
+                        "GPU pods admitted (not dry runs) whose CUDA is unknown because gpu-placement's NGC table "
+                        "lacks their NGC framework image's release, so no driver is checked against it: why=newer "
+                        "(after the table's last release: the table is behind, add ngcReleases), why=gap (a "
+                        "release the table skips).", ["why"])
+
 # The DRA taint controller (gpu_placement/controllers/dra_taints.py): DeviceTaintRules for unverified nodes' devices.
 DRA_TAINT_LEADING = Gauge("gpu_placement_dra_taint_leading",
                           "1 on the replica that holds the DRA taint controller's Lease (and writes), else 0.",
@@ -122,6 +128,16 @@ DRA_TAINT_FAILING = Gauge("gpu_placement_dra_taint_failing_objects",
                           "them and why).", ["lease"])
 DRA_TAINT_SUCCESS = Gauge("gpu_placement_dra_taint_last_success_timestamp_seconds",
                           "Unix time of the DRA taint controller's last turn without an API error.", ["lease"])
+# The settled drivers (gpu_placement/controllers/settled_drivers.py): gpu-placement.io/settled-driver on each Node.
+SETTLED_DRIVER_LEADING = Gauge("gpu_placement_settled_driver_leading",
+                               "1 on the replica that holds the settled drivers' Lease (and writes "
+                               "gpu-placement.io/settled-driver on Nodes), else 0.", ["lease"])
+SETTLED_DRIVER_WRITES = Counter("gpu_placement_settled_driver_writes",
+                                "Patches of a Node's gpu-placement.io/settled-driver annotation, by outcome.",
+                                ["outcome"])
+SETTLED_DRIVER_FAILING = Gauge("gpu_placement_settled_driver_failing_objects",
+                               "Nodes whose last gpu-placement.io/settled-driver patch failed (each retried on the "
+                               "next turns; the log names them and why).", ["lease"])
 # The outcome counter (gpu_placement/outcomes/counter.py): launch outcomes and node times, counted by one replica.
 OUTCOMES_LEADING = Gauge("gpu_placement_outcomes_leading", "1 on the replica that holds the outcomes Lease and counts "
                          "launch outcomes and node lifecycle times for the cluster, else 0.", ["lease"])

@@ -118,7 +118,7 @@ def rollout_text(report: Mapping[str, Any]) -> str:
     if wave:
         lines += ["", table(["NODE", "DRIVER", "STATE", "SOAK LEFT", "WHY"],
                             [[node["node"], node["version"] or "-", node["state"], _left(node["soakLeftSeconds"]),
-                              node["why"] or _state_note(node)] for node in wave])]
+                              _why(node)] for node in wave])]
     canaries = report["canaryNamespaces"]
     lines += ["", f"Canary namespaces ({n.ANN_CANARY}=\"true\"): {', '.join(canaries) if canaries else 'none'}"]
     wave_info = report["nextWave"]
@@ -135,9 +135,13 @@ def _left(seconds: float | None) -> str:
     return f"{minutes}m" if minutes < 120 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
+def _why(node: Mapping[str, Any]) -> str:
+    if node["state"] == SOAKING:  # why: the driver it ran before, when recorded
+        return "; ".join(filter(None, (node["why"], "canary namespaces first until the soak ends")))
+    return node["why"] or _state_note(node)
+
+
 def _state_note(node: Mapping[str, Any]) -> str:
-    if node["state"] == SOAKING:
-        return "canary namespaces first until the soak ends"
     if node["state"] == UPGRADING and node["upgradeState"] in IN_PROGRESS:
         return f"{n.DRIVER_UPGRADE_STATE}={node['upgradeState']}"
     if node["state"] == FAILED:

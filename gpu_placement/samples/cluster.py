@@ -190,9 +190,12 @@ _DEMO_NODES: list[tuple[Obj, bool | None]] = [  # (node, validator Ready; None: 
 ]
 
 # A driver rollout in the batch pool: 550.54.15 -> 580.126.09. Two nodes run the new driver and soak,
-# one runs the old one, one waits for the next wave (upgrade-required).
+# one runs the old one, one waits for the next wave (upgrade-required). Every node had 550.54.15
+# settled (gpu-placement.io/settled-driver, as the rollout leader records it); h100-batch-1's driver pod
+# was recreated 15 minutes ago with that same driver (an operator upgrade rolled the DaemonSet): a
+# reinstall, no soak.
 OLD_DRIVER, NEW_DRIVER = ("550.54.15", "12.4"), ("580.126.09", "13.0")
-_WAVE = [("h100-batch-1", OLD_DRIVER, 40 * 86400.0, "upgrade-done"),
+_WAVE = [("h100-batch-1", OLD_DRIVER, 15 * 60.0, "upgrade-done"),
          ("h100-batch-2", NEW_DRIVER, 20 * 60.0, "upgrade-done"),
          ("h100-batch-3", NEW_DRIVER, 35 * 60.0, "upgrade-done"),
          ("h100-batch-4", OLD_DRIVER, 40 * 86400.0, "upgrade-required")]
@@ -208,8 +211,10 @@ def wave_objects(now: float | None = None) -> list[Obj]:
                                    "gpu-placement.io/canary": "true"}),
         cluster_policy()]
     for name, (version, cuda), ready_ago, state in _WAVE:
-        objects.append(make_node(name, "h100", created=now - 100 * 86400, labels={
-            "pool": "batch", "nvidia.com/gpu-driver-upgrade-state": state, **driver_labels(version, cuda)}))
+        node = make_node(name, "h100", created=now - 100 * 86400, labels={
+            "pool": "batch", "nvidia.com/gpu-driver-upgrade-state": state, **driver_labels(version, cuda)})
+        node["metadata"]["annotations"] = {"gpu-placement.io/settled-driver": OLD_DRIVER[0]}
+        objects.append(node)
         objects.append(driver_pod(name, version, now - ready_ago))
         objects.append(validator_pod(name))
     return objects
@@ -295,7 +300,8 @@ def demo_pods() -> list[tuple[str, Obj]]:
         ("no GPU at all", job("web", "frontend", None, image="nginx:1.27")),
         ("driver rollout: a canary namespace takes the soaking new driver first",
          job("batch-canary", "smoke-test", {"nvidia.com/gpu": 1})),
-        ("driver rollout: an ordinary job is kept on the old driver", job("batch", "train", {"nvidia.com/gpu": 1})),
+        ("driver rollout: an ordinary job is kept on the old driver (h100-batch-1's, reinstalled 15m ago: no soak)",
+         job("batch", "train", {"nvidia.com/gpu": 1})),
     ]
 
 

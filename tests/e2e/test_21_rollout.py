@@ -7,6 +7,8 @@ driver then soaks: a canary namespace's pods go there, ordinary pods are kept on
 wait with `DriverSoaking`. The extender is restarted mid-soak and still soaks the node (the time is
 the driver pod's Ready transition, read back from the API server); `gpu-placement rollout` reads
 the same state from the cluster; when the soak is over, the waiting pod lands on the new driver.
+The webhook's leader records each node's settled driver on the Node (through the chart's RBAC), the
+new one only once its soak is over; then a reinstall of that same driver does not soak again.
 """
 
 from __future__ import annotations
@@ -75,6 +77,12 @@ def label(e2e: E2E, node: str, labels: dict[str, str | None], unschedulable: boo
     e2e.api.merge_patch(f"/api/v1/nodes/{node}", body)
 
 
+def settled(e2e: E2E, node: str) -> str | None:
+    """The node's gpu-placement.io/settled-driver, as the webhook's leader wrote it."""
+    annotations = e2e.api.get(f"/api/v1/nodes/{node}")["metadata"].get("annotations") or {}
+    return annotations.get("gpu-placement.io/settled-driver")
+
+
 def extender_filter(e2e: E2E, namespace: str, name: str, nodes: list[str]) -> Obj:
     """The extender's own /filter answer for a pod as the API server holds it, asked the way
     kube-scheduler asks (NodeNames: nodeCacheCapable)."""
@@ -114,6 +122,8 @@ def _wave(e2e: E2E, tmp_path: Path) -> None:
         put_driver_pod(e2e, node, OLD[0], time.time() - 40 * DAY)
     team = e2e.namespace("rollout")
     canary = e2e.namespace("canary", {"gpu-placement.io/canary": "true"})
+    wait_for("the settled drivers recorded", lambda: settled(e2e, old) == settled(e2e, upgraded) == OLD[0],
+             timeout=60)
 
     # The upgrade controller: cordon, then replace the driver pod (OnDelete DaemonSet).
     label(e2e, upgraded, {"nvidia.com/gpu-driver-upgrade-state": "pod-restart-required"}, unschedulable=True)
@@ -134,8 +144,8 @@ def _wave(e2e: E2E, tmp_path: Path) -> None:
     assert e2e.wait_bound(team, "ordinary") == old
     assert e2e.gpu_pod(team, "cuda13", group, image=CUDA13).status_code == 201
     message = e2e.scheduled_condition(team, "cuda13")["message"]
-    assert (f"1 DriverSoaking: driver {NEW[0]} changed on the node less than {SOAK_MINUTES:g} minutes ago and is "
-            'soaking: only pods of namespaces annotated gpu-placement.io/canary="true" run on it') in message, message
+    assert (f"1 DriverSoaking: driver {NEW[0]} is new on the node and is soaking: only pods of namespaces annotated "
+            'gpu-placement.io/canary="true" run on it') in message, message
     assert "1 DriverTooOld" in message and upgraded not in message, message
 
     # A restart of the service: the soak is read back from the driver pod, not remembered. (At least
@@ -165,5 +175,17 @@ def _wave(e2e: E2E, tmp_path: Path) -> None:
     assert e2e.wait_bound(team, "cuda13-after-restart", timeout=60) == upgraded
     final = {n["node"]: n["state"] for n in rollout_report(e2e, tmp_path)["nodes"]}
     assert final[upgraded] == "done", final
+
+    # Settled now: recorded. A reinstall of the same driver (kubectl delete pod, an operator upgrade
+    # that rolls the DaemonSet) is no change: no soak, an ordinary pod needing CUDA 13 goes there.
+    wait_for("the new driver recorded once settled", lambda: settled(e2e, upgraded) == NEW[0], timeout=60)
+    assert e2e.api.delete(f"/api/v1/namespaces/gpu-operator/pods/nvidia-driver-daemonset-{upgraded}",
+                          grace=0).status_code == 200
+    put_driver_pod(e2e, upgraded, NEW[0], None)
+    put_driver_pod(e2e, upgraded, NEW[0], time.time())
+    after = {n["node"]: n for n in rollout_report(e2e, tmp_path)["nodes"]}
+    assert after[upgraded]["state"] == "done" and after[upgraded]["driverReadySince"] > time.time() - 60, after
+    assert e2e.gpu_pod(team, "after-reinstall", group, image=CUDA13).status_code == 201
+    assert e2e.wait_bound(team, "after-reinstall", timeout=60) == upgraded
     wait_for("nothing left pending", lambda: all(p["spec"].get("nodeName") for p in e2e.api.get(
         f"/api/v1/namespaces/{team}/pods")["items"]), timeout=30)
