@@ -242,3 +242,17 @@ def test_the_plan_from_a_snapshot(tmp_path: Path, capsys: Capture) -> None:
     assert code == 2 and "--apply and --undo change a live cluster" in out
     assert main(["migrate", "h100-single", "--snapshot", str(snapshot)]) == 0
     assert "nothing to migrate" in capsys.readouterr().out
+
+
+def test_the_operator_pods_of_the_demo_stay_through_the_drain(tmp_path: Path, capsys: Capture) -> None:
+    """The GPU Operator's pods are DaemonSet pods, as in a real cluster: the drain of the hand-labelled node
+    leaves its validator alone instead of calling it a pod without a controller."""
+    snapshot = tmp_path / "cluster.json"
+    assert main(["demo", "--write-snapshot", str(snapshot)]) == 0
+    capsys.readouterr()
+    code = main(["migrate", "l40s-relabelled", "--snapshot", str(snapshot), "--backup-dir", str(tmp_path / "m")])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "declares no controller" not in out
+    drain = out.split("3. [pending] drain:", 1)[1].split("4. [", 1)[0]
+    assert "no pod to evict (DaemonSet pods stay)" in drain

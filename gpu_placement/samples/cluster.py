@@ -107,9 +107,18 @@ def make_pod(namespace_: str, name: str, *, gpus: dict[str, int] | None = None, 
     return pod
 
 
+def _daemon_pod(pod: Obj, daemonset: str) -> Obj:
+    """The pod as its DaemonSet's controller makes it: the GPU Operator's operands are DaemonSets' pods."""
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": daemonset,
+                                           "uid": f"uid-daemonset-{daemonset}", "controller": True,
+                                           "blockOwnerDeletion": True}]
+    return pod
+
+
 def validator_pod(node: str, ready: bool = True) -> Obj:
-    pod = make_pod("gpu-operator", f"nvidia-operator-validator-{node}", node=node, image="nvcr.io/nvidia/gpu-operator",
-                   labels={"app": "nvidia-operator-validator"})
+    pod = _daemon_pod(make_pod("gpu-operator", f"nvidia-operator-validator-{node}", node=node,
+                               image="nvcr.io/nvidia/gpu-operator", labels={"app": "nvidia-operator-validator"}),
+                      "nvidia-operator-validator")
     pod["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
     if not ready:
         pod["status"]["phase"] = "Pending"
@@ -134,9 +143,11 @@ def driver_pod(node: str, version: str, ready_at: float | None, *, created: floa
     """The GPU Operator's driver pod on `node` (DaemonSet nvidia-driver-daemonset, container
     nvidia-driver-ctr, image driver:<version>-<os>): Ready since `ready_at` (None: still installing)."""
     created = created if created is not None else (ready_at or time.time()) - 240  # installing takes minutes
-    pod = make_pod("gpu-operator", f"nvidia-driver-daemonset-{node}", node=node,
-                   image=f"nvcr.io/nvidia/driver:{version}-ubuntu22.04",
-                   labels={"app": "nvidia-driver-daemonset", "app.kubernetes.io/component": "nvidia-driver"})
+    pod = _daemon_pod(make_pod("gpu-operator", f"nvidia-driver-daemonset-{node}", node=node,
+                               image=f"nvcr.io/nvidia/driver:{version}-ubuntu22.04",
+                               labels={"app": "nvidia-driver-daemonset",
+                                       "app.kubernetes.io/component": "nvidia-driver"}),
+                      "nvidia-driver-daemonset")
     container = pod["spec"]["containers"][0]
     container["name"], container["resources"] = "nvidia-driver-ctr", {}
     pod["metadata"]["creationTimestamp"] = format_time(created)

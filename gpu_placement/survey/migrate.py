@@ -286,7 +286,8 @@ def _drain_step(state: NodeState, complete: bool) -> Step:
                                                            meta.get("labels") or {})), None)
             held = f" (PodDisruptionBudget {budget.key}: {budget.allowed} disruptions allowed now)" if budget else ""
             notes.append(f"{_key(pod)}{held}")
-    step.detail = "; ".join(blocked) if blocked else f"{len(pods)} pods to evict: {', '.join(notes)}"
+    step.detail = "; ".join(blocked) if blocked else (f"{len(pods)} pods to evict: {', '.join(notes)}" if pods else
+                                                      "no pod to evict (DaemonSet pods stay)")
     step.state = BLOCKED if blocked else PENDING
     return step
 
