@@ -40,10 +40,11 @@ def _budget(name: str, ns: str, app: str, allowed: int) -> dict[str, Any]:
             "status": {"disruptionsAllowed": allowed, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1}}
 
 
-def _cluster(fake: FakeApiServer) -> dict[str, Any]:
+def _cluster(fake: FakeApiServer, operator: bool = True) -> dict[str, Any]:
     """The hand-installed node with its device plugin, a web cache behind a budget that allows no
     disruption, and a notebook without one; the GPU Operator installed (a ClusterPolicy)."""
-    fake.load([namespace("gpu-operator"), namespace("web"), namespace("team-a"), cluster_policy()])
+    fake.load([namespace("gpu-operator"), namespace("web"), namespace("team-a"),
+               *([cluster_policy()] if operator else [])])
     objects = [o for o in survey_objects() if o["kind"] in ("Node", "Pod")]
     node = next(o for o in objects if o["metadata"]["name"] == NODE)
     fake.load([o for o in objects if o["kind"] == "Pod" and o["spec"].get("nodeName") == NODE])
@@ -242,6 +243,8 @@ def test_the_plan_from_a_snapshot(tmp_path: Path, capsys: Capture) -> None:
     assert code == 2 and "--apply and --undo change a live cluster" in out
     assert main(["migrate", "h100-single", "--snapshot", str(snapshot)]) == 0
     assert "nothing to migrate" in capsys.readouterr().out
+    assert main(["migrate", "cpu-1", "--snapshot", str(snapshot)]) == 2
+    assert "gpu-placement migrate: cpu-1 has no GPU: " in capsys.readouterr().err
 
 
 def test_the_operator_pods_of_the_demo_stay_through_the_drain(tmp_path: Path, capsys: Capture) -> None:
@@ -256,3 +259,83 @@ def test_the_operator_pods_of_the_demo_stay_through_the_drain(tmp_path: Path, ca
     assert "declares no controller" not in out
     drain = out.split("3. [pending] drain:", 1)[1].split("4. [", 1)[0]
     assert "no pod to evict (DaemonSet pods stay)" in drain
+
+
+def test_a_node_without_a_gpu_is_refused_before_anything(fake_api: FakeApiServer, tmp_path: Path,
+                                                          capsys: Capture) -> None:
+    """A CPU node (one name away from a GPU node, or labelled to keep the operator off) has nothing to migrate:
+    no plan of cordon and drain, no way back written, no cordon."""
+    _cluster(fake_api)
+    cpu = fake_api.add(with_label_writers(make_node("cpu-1", None)))
+    fake_api.add(with_label_writers(make_node("cpu-2", None, labels={"nvidia.com/gpu.deploy.operands": "false"})))
+    fake_api.add(_owned(make_pod("web", "api-0", node="cpu-1", labels={"app": "api"}), "StatefulSet", "api"))
+    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    backups = tmp_path / "migrate"
+    for node in ("cpu-1", "cpu-2"):
+        for action in ((), ("--apply",)):
+            code = main(["migrate", node, "--kubeconfig", str(kubeconfig), "--backup-dir", str(backups), *action])
+            captured = capsys.readouterr()
+            assert code == 2, captured
+            assert captured.out == ""
+            assert captured.err.startswith(f"gpu-placement migrate: {node} has no GPU: no NVIDIA PCI device labelled "
+                                           "by NFD (feature.node.kubernetes.io/pci-10de.present), no NVIDIA GPU label")
+            assert "there is nothing to migrate; nothing was changed (is it the node you meant?" in captured.err
+    assert not backups.exists()
+    assert fake_api.get("Node", "cpu-1") == cpu and fake_api.get("Pod", "api-0", "web") is not None
+    assert not fake_api.get("Node", "cpu-2")["spec"].get("unschedulable")
+
+
+def test_without_the_gpu_operator_nothing_is_changed(fake_api: FakeApiServer, tmp_path: Path,
+                                                      capsys: Capture) -> None:
+    """Every precondition is checked before the first write: with no ClusterPolicy the migration would cordon
+    and drain the node, then wait for an operator that is not there. It does not start."""
+    original = _cluster(fake_api, operator=False)
+    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    backups = tmp_path / "migrate"
+    code, out = _run(capsys, "--kubeconfig", str(kubeconfig), "--backup-dir", str(backups))
+    assert code == 1
+    assert "1. [blocked] save:" in out
+    assert "cannot start, nothing is changed: the GPU Operator is not installed (no ClusterPolicy)" in out
+    code, out = _run(capsys, "--kubeconfig", str(kubeconfig), "--backup-dir", str(backups), "--apply")
+    assert code == 3, out
+    assert out.startswith("gpu-placement migrate: save: cannot start, nothing is changed: the GPU Operator is not "
+                          "installed (no ClusterPolicy): install it first")
+    assert not backups.exists()
+    assert fake_api.get("Node", NODE)["metadata"]["labels"] == original["metadata"]["labels"]
+    assert not fake_api.get("Node", NODE)["spec"].get("unschedulable")
+    assert fake_api.get("Pod", "notebook-0", "team-a") is not None
+    assert not [r for r in fake_api.requests_log if r.method in ("POST", "PATCH", "PUT", "DELETE")]
+
+
+def test_without_nfd_on_the_node_nothing_is_changed(fake_api: FakeApiServer, tmp_path: Path,
+                                                     capsys: Capture) -> None:
+    """The GPU Operator deploys only where NFD labelled an NVIDIA PCI device: without that label the
+    migration would stop after the drain, so it does not start."""
+    _cluster(fake_api)
+    fake_api.patch_labels("Node", NODE, {"feature.node.kubernetes.io/pci-10de.present": None}, manager="nfd-master")
+    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    code, out = _run(capsys, "--kubeconfig", str(kubeconfig), "--backup-dir", str(tmp_path / "m"), "--apply")
+    assert code == 3, out
+    assert "cannot start, nothing is changed: NFD has not labelled the node " \
+           "feature.node.kubernetes.io/pci-10de.present=true, which the GPU Operator needs" in out
+    assert not (tmp_path / "m").exists() and not fake_api.get("Node", NODE)["spec"].get("unschedulable")
+
+
+def test_the_operator_step_checks_the_operator_before_it_writes(fake_api: FakeApiServer, tmp_path: Path,
+                                                                capsys: Capture) -> None:
+    """Under way, the ClusterPolicy gone (an operator uninstalled meanwhile): the operator step keeps
+    nvidia.com/gpu.deploy.operands=false and says why, rather than removing it and then finding no operator."""
+    _cluster(fake_api)
+    fake_api.patch("PodDisruptionBudget", "cache", {"status": {"disruptionsAllowed": 1}}, "web")
+    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    live = ["--kubeconfig", str(kubeconfig), "--backup-dir", str(tmp_path / "m"), "--timeout", "1s"]
+    code, out = _run(capsys, *live, "--apply")
+    assert code == 1 and "plugin: a step for a person" in out, out
+    fake_api.delete("Pod", f"nvidia-device-plugin-daemonset-{NODE}", "kube-system")
+    fake_api.delete("ClusterPolicy", "cluster-policy")
+    code, out = _run(capsys, *live, "--apply")
+    assert code == 1, out
+    assert "operator: waiting: the GPU Operator is not installed (no ClusterPolicy)" in out
+    assert "nvidia.com/gpu.deploy.operands=false stays on the node until it is" in out
+    assert "removed nvidia.com/gpu.deploy.operands" not in out
+    assert fake_api.get("Node", NODE)["metadata"]["labels"]["nvidia.com/gpu.deploy.operands"] == "false"

@@ -463,7 +463,7 @@ def _survey(args: argparse.Namespace) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from gpu_placement.survey.migrate import DONE, MigrateError, needed, plan
+    from gpu_placement.survey.migrate import DONE, MigrateError, NotMigratable, needed, plan, refusal
     from gpu_placement.survey.migrate_command import FAILED, apply, backup_file, read_live, read_snapshot, render_plan
     from gpu_placement.survey.migrate_command import undo as undo_node
 
@@ -490,6 +490,12 @@ def _migrate(args: argparse.Namespace) -> int:
             return undo_node(access, args.node, directory, sys.stdout)
         state = read_snapshot(objects, args.node, config, path) if access is None else \
             read_live(access, args.node, config, path)
+        why_not = refusal(state)
+        if why_not:
+            raise NotMigratable(why_not)
+    except NotMigratable as exc:
+        print(f"gpu-placement migrate: {exc}", file=sys.stderr)
+        return 2
     except MigrateError as exc:
         print(f"gpu-placement migrate: {exc}", file=sys.stderr)
         return FAILED if args.apply or args.undo else 2

@@ -25,7 +25,7 @@ from gpu_placement.survey.labels import LabelWriters, label_writers
 from gpu_placement.view.cluster import ClusterView
 
 __all__ = ["CLOUD_POOL_LABELS", "MANAGED", "NFD_NVIDIA_PCI", "OPERANDS_LABEL", "PREINSTALLED", "UNMANAGED",
-           "NodeSurvey", "PoolProduct", "inventory", "is_device_plugin", "is_operand", "survey_nodes"]
+           "NodeSurvey", "PoolProduct", "gpu_signs", "inventory", "is_device_plugin", "is_operand", "survey_nodes"]
 
 MANAGED = "gpu-operator"
 PREINSTALLED = "gpu-operator, pre-installed driver"
@@ -148,7 +148,7 @@ def survey_nodes(view: ClusterView, config: Config, node_objects: Mapping[str, M
             facts = view.nodes[name]
             obj = node_objects.get(name) or {}
             labels = (obj.get("metadata") or {}).get("labels") or {}
-            if not _has_gpus(facts, labels):
+            if not (facts.dra_devices > 0 or any(facts.allocatable.values()) or gpu_signs(obj, config)):
                 continue
             verdict = node_readiness(facts, view.validator_state(name), config)
             state, why = ("ready", "") if verdict is None else (verdict.code, verdict.message.split(": ", 1)[1])
@@ -167,9 +167,35 @@ def survey_nodes(view: ClusterView, config: Config, node_objects: Mapping[str, M
     return found
 
 
-def _has_gpus(facts: NodeFacts, labels: Mapping[str, str]) -> bool:
-    return (facts.gpu_present or any(facts.capacity.values()) or any(facts.allocatable.values())
-            or facts.dra_devices > 0 or any(labels.get(key) == "true" for key in NFD_NVIDIA_PCI))
+def gpu_signs(node: Mapping[str, Any], config: Config) -> list[str]:
+    """What says a Node has NVIDIA GPUs, one phrase each; none: it has no GPU as far as the cluster can tell.
+    - NFD's NVIDIA PCI label: the hardware, as nfd-worker read it, and what the GPU Operator itself looks
+      for before it deploys anything there (gpuNodeLabels, NVIDIA/gpu-operator controllers/state_manager.go);
+    - an NVIDIA GPU label: nvidia.com/gpu.present=true, nvidia.com/gpu.count above 0, nvidia.com/gpu.product
+      (GPU Feature Discovery's, a cloud's node pool, or a person's);
+    - a GPU resource in its capacity: a device plugin registered GPUs there.
+    (The survey also counts DRA devices, which it reads from ResourceSlices.)"""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    capacity = (node.get("status") or {}).get("capacity") or {}
+    signs = [f"{key}=true" for key in NFD_NVIDIA_PCI if labels.get(key) == "true"][:1]
+    if labels.get(n.GPU_PRESENT) == "true":
+        signs.append(f"{n.GPU_PRESENT}=true")
+    if _positive(labels.get(n.GPU_COUNT)):
+        signs.append(f"{n.GPU_COUNT}={labels[n.GPU_COUNT]}")
+    if labels.get(n.GPU_PRODUCT):
+        signs.append(f"{n.GPU_PRODUCT}={labels[n.GPU_PRODUCT]}")
+    for resource, quantity in sorted(capacity.items()) if isinstance(capacity, dict) else ():
+        if (config.is_gpu_resource(str(resource)) or str(resource).startswith("nvidia.com/")) and _positive(quantity):
+            signs.append(f"{resource} {quantity} in its capacity")
+    return signs
+
+
+def _positive(value: Any) -> bool:
+    """A whole count above 0 (GPU counts and device plugin quantities are whole numbers)."""
+    try:
+        return int(str(value).strip()) > 0
+    except ValueError:
+        return False
 
 
 def pool_of(facts: NodeFacts, labels: Mapping[str, str]) -> str:

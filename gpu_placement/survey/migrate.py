@@ -34,12 +34,14 @@ from urllib.parse import quote
 
 import orjson
 
+from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
 from gpu_placement.facts.budgets import budget_from_json
-from gpu_placement.survey.inventory import NFD_NVIDIA_PCI, OPERANDS_LABEL, is_device_plugin, is_operand
+from gpu_placement.survey.inventory import NFD_NVIDIA_PCI, OPERANDS_LABEL, gpu_signs, is_device_plugin, is_operand
 from gpu_placement.survey.labels import label_writers
 
-__all__ = ["Backup", "MigrateError", "NodeState", "Step", "backup_patch", "plan", "read_backup"]
+__all__ = ["Backup", "MigrateError", "NodeState", "NotMigratable", "Step", "backup_patch", "plan", "preconditions",
+           "read_backup", "refusal"]
 
 DONE, NEXT, WAITING, BLOCKED, PENDING, MANUAL = "done", "next", "waiting", "blocked", "pending", "manual"
 _MIRROR = "kubernetes.io/config.mirror"
@@ -48,6 +50,10 @@ _TERMINAL = ("Succeeded", "Failed")
 
 class MigrateError(Exception):
     """The migration cannot go on; the message says why and what to do."""
+
+
+class NotMigratable(MigrateError):
+    """Not a node to migrate (none of that name, or no GPU): bad input, nothing read further or changed."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -194,6 +200,40 @@ def _label_command(node: str, keys: Sequence[str]) -> str:
     return f"kubectl label node {node} " + " ".join(f"{key}-" for key in keys)
 
 
+def refusal(state: NodeState) -> str | None:
+    """Why this node is no node to migrate at all (it has no GPU), or None. A GPU node is one with any of
+    `gpu_signs`: NFD's NVIDIA PCI label, an NVIDIA GPU label, a GPU resource in its capacity."""
+    if gpu_signs(state.node, state.config):
+        return None
+    saved = (f"; a way back of it is saved in {state.backup_path}: gpu-placement migrate {state.name} --undo puts "
+             "back what was changed") if state.backup is not None else "; nothing was changed"
+    return (f"{state.name} has no GPU: no NVIDIA PCI device labelled by NFD ({NFD_NVIDIA_PCI[0]}), no NVIDIA GPU "
+            f"label ({n.GPU_PRESENT}, {n.GPU_COUNT}, {n.GPU_PRODUCT}) and no GPU resource in its capacity, so "
+            f"there is nothing to migrate{saved} (is it the node you meant? kubectl get nodes -L "
+            f"{n.GPU_PRESENT},{n.GPU_PRODUCT} lists the GPU nodes)")
+
+
+def preconditions(state: NodeState) -> list[str]:
+    """What must hold before the migration's first change, each a sentence; checked before anything is
+    written, so that a migration that would stop half way (the node cordoned and drained, then waiting for
+    an operator that is not there) does not start."""
+    problems = []
+    if state.operator_installed is False:
+        problems.append("the GPU Operator is not installed (no ClusterPolicy): install it first (helm install "
+                        "gpu-operator nvidia/gpu-operator -n gpu-operator --create-namespace; with the host's driver "
+                        "kept, set driver.enabled=false)")
+    labels = state.labels
+    # The operator deploys on a node only where NFD's PCI label says NVIDIA: needed unless its pods already run
+    # there and stay (operands not disabled, its nvidia.com/gpu.present not among the labels to remove).
+    stays = bool(state.operands()) and labels.get(OPERANDS_LABEL) != "false" and n.GPU_PRESENT not in \
+        state.hand_labels()
+    if not stays and not any(labels.get(key) == "true" for key in NFD_NVIDIA_PCI):
+        problems.append(f"NFD has not labelled the node {NFD_NVIDIA_PCI[0]}=true, which the GPU Operator needs "
+                        "before it deploys anything there: run nfd-worker on it (the operator's nfd.enabled, or your "
+                        "own Node Feature Discovery), then run this again")
+    return problems
+
+
 def plan(state: NodeState) -> list[Step]:
     """Every step with its state as the cluster shows it now; the first not done says what it waits for."""
     name, config = state.name, state.config
@@ -251,6 +291,10 @@ def plan(state: NodeState) -> list[Step]:
              "left cordoned: it was cordoned before the migration (the saved state)" if complete and state.cordoned
              else ""),
     ]
+    problems = preconditions(state) if backup is None else []
+    if problems:  # nothing is written, not even the way back, until they hold
+        steps[0].state = BLOCKED
+        steps[0].detail = "cannot start, nothing is changed: " + "; ".join(problems)
     _mark_next(steps)
     return steps
 
@@ -294,12 +338,13 @@ def _drain_step(state: NodeState, complete: bool) -> Step:
 
 def _operator_wait(state: NodeState, disabled: bool) -> str:
     labels = state.labels
-    if disabled:
-        return f"{OPERANDS_LABEL}=false keeps every operand of the GPU Operator off the node"
     if state.operator_installed is False:
+        kept = f"; {OPERANDS_LABEL}=false stays on the node until it is" if disabled else ""
         return ("the GPU Operator is not installed (no ClusterPolicy): install it first (helm install gpu-operator "
                 "nvidia/gpu-operator -n gpu-operator --create-namespace); with the host's driver kept, set "
-                "driver.enabled=false")
+                "driver.enabled=false" + kept)
+    if disabled:
+        return f"{OPERANDS_LABEL}=false keeps every operand of the GPU Operator off the node"
     if not any(labels.get(key) == "true" for key in NFD_NVIDIA_PCI):
         return (f"NFD has not labelled the node {NFD_NVIDIA_PCI[0]}=true, which the operator looks for: is nfd-worker "
                 "running on it?")

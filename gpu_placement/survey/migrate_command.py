@@ -23,6 +23,7 @@ from gpu_placement.survey.migrate import (
     MANUAL,
     MigrateError,
     NodeState,
+    NotMigratable,
     Step,
     backup_patch,
     eviction,
@@ -30,6 +31,7 @@ from gpu_placement.survey.migrate import (
     node_path,
     plan,
     read_backup,
+    refusal,
     remove_labels_patch,
     wait_until,
 )
@@ -54,7 +56,7 @@ def backup_file(directory: str | Path, node: str) -> Path:
 def read_live(access: ClusterAccess, name: str, config: Config, path: Path) -> NodeState:
     answer = call(access, "GET", node_path(name))
     if answer.status == 404:
-        raise MigrateError(f"node {name} not found (context {access.context})")
+        raise NotMigratable(f"node {name} not found (context {access.context}): nothing was changed")
     if not answer.ok:
         raise FetchError(f"GET {node_path(name)} (context {access.context}): {answer.message}", answer.status)
     pods = list_all(access, "/api/v1/pods", "Pod", [("fieldSelector", f"spec.nodeName={name}")])
@@ -78,7 +80,7 @@ def read_snapshot(objects: Iterable[dict[str, Any]], name: str, config: Config, 
     node = next((o for o in objects if o.get("kind") == "Node" and (o.get("metadata") or {}).get("name") == name),
                 None)
     if node is None:
-        raise MigrateError(f"node {name} is not in the snapshot")
+        raise NotMigratable(f"node {name} is not in the snapshot")
     pods = [o for o in objects if o.get("kind") == "Pod" and (o.get("spec") or {}).get("nodeName") == name]
     budgets = [o for o in objects if o.get("kind") == "PodDisruptionBudget"]
     installed = True if any(o.get("kind") == "ClusterPolicy" for o in objects) else None
@@ -137,6 +139,9 @@ def apply(access: ClusterAccess, name: str, config: Config, directory: Path, tim
     """Run the plan's steps in order, each after reading the node again; stop at the first that fails, at
     a step a person must take, or at one that waits longer than `timeout` seconds."""
     path = backup_file(directory, name)
+    why_not = refusal(read_live(access, name, config, path))
+    if why_not:
+        raise NotMigratable(why_not)
     busy = _unfinished_elsewhere(access, directory, name)
     if busy:
         raise MigrateError(f"the migration of {', '.join(busy)} is not finished (cordoned since its way back was "
@@ -209,6 +214,8 @@ def _run(access: ClusterAccess, state: NodeState, step: Step, timeout: float, in
         print(f"labels: removed {', '.join(hand)}", file=out)
         return ""
     if step.key == "operator":
+        if state.operator_installed is False:  # checked first: operands=false stays until the operator is there
+            return next(s.detail for s in plan(state) if s.key == "operator")
         if state.labels.get(OPERANDS_LABEL) == "false":
             _expect(step, _write(access, "PATCH", path, remove_labels_patch(state.labels, [OPERANDS_LABEL]),
                                  _JSON_PATCH))
