@@ -340,6 +340,12 @@ def test_a_pod_without_a_controller_blocks_the_drain(fake_api: FakeApiServer, tm
     _cluster(fake_api)
     fake_api.add(make_pod("team-a", "scratch", node=NODE))
     kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    # The plan names the blocker and every pod the drain evicts once it is gone, not the blocker alone.
+    code, out = _run(capsys, "--kubeconfig", str(kubeconfig), "--backup-dir", str(tmp_path / "m"))
+    drain = out.split("3. [pending] drain:", 1)[1].split("4. [", 1)[0]
+    assert ("team-a/scratch declares no controller: evicted, it is gone for good, so kubectl drain refuses it without "
+            "--force; move or delete it yourself; then 2 pods to evict: team-a/notebook-0, web/cache-5d8f7b9c4-x2x7q "
+            "(PodDisruptionBudget web/cache: 0 disruptions allowed now)") in drain
     code, out = _run(capsys, "--kubeconfig", str(kubeconfig), "--backup-dir", str(tmp_path / "m"), "--apply")
     assert code == 3
     assert "drain: team-a/scratch declares no controller: evicted, it is gone for good" in out
@@ -495,3 +501,17 @@ def test_a_node_migrated_before_and_cordoned_now_holds_nothing_back(fake_api: Fa
     capsys.readouterr()
     assert main(["migrate", "h100-spare", *live, "--apply"]) == 0
     assert "h100-spare: migration complete" in capsys.readouterr().out
+
+
+def test_the_commands_shown_wait_as_long_as_the_timeout(tmp_path: Path, capsys: Capture) -> None:
+    """The plan's kubectl drain and kubectl wait wait as long as --timeout says (default 10 minutes)."""
+    snapshot = tmp_path / "cluster.json"
+    assert main(["demo", "--write-snapshot", str(snapshot)]) == 0
+    capsys.readouterr()
+    for given, shown in ((None, "10m"), ("30s", "30s"), ("90s", "90s"), ("2h", "2h")):
+        code, out = _run(capsys, "--snapshot", str(snapshot), "--backup-dir", str(tmp_path / "m"),
+                         *(("--timeout", given) if given else ()))
+        assert code == 1
+        assert f"$ kubectl drain {NODE} --ignore-daemonsets --delete-emptydir-data --timeout={shown}\n" in out
+        assert f"spec.nodeName={NODE} --for=condition=Ready --timeout={shown}\n" in out
+        assert "--timeout=15m" not in out

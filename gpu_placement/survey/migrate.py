@@ -267,7 +267,8 @@ def plan(state: NodeState) -> list[Step]:
              f"its pods on the node: {', '.join(operands)}" if managed else _operator_wait(state, disabled)),
         Step("validator", "wait for the operator's validator to pass on the node",
              f"kubectl -n {config.validator.namespace} wait pod -l {config.validator.selector.text} --field-selector "
-             f"spec.nodeName={name} --for=condition=Ready --timeout=15m", DONE if validated else PENDING,
+             f"spec.nodeName={name} --for=condition=Ready --timeout={_duration(state.timeout)}",
+             DONE if validated else PENDING,
              f"{_key(validator)} is Ready" if validated else
              (f"{_key(validator)} is not Ready yet (kubectl -n {config.validator.namespace} logs "
               f"{_meta(validator).get('name')} --all-containers shows which check runs)" if validator else
@@ -370,7 +371,7 @@ def _plugin_step(state: NodeState) -> Step:
 def _drain_step(state: NodeState, complete: bool) -> Step:
     name = state.name
     step = Step("drain", "evict its pods, honouring PodDisruptionBudgets",
-                f"kubectl drain {name} --ignore-daemonsets --delete-emptydir-data --timeout=15m")
+                f"kubectl drain {name} --ignore-daemonsets --delete-emptydir-data --timeout={_duration(state.timeout)}")
     if complete:
         step.state = DONE
         return step
@@ -392,8 +393,11 @@ def _drain_step(state: NodeState, complete: bool) -> Step:
                                                            meta.get("labels") or {})), None)
             held = f" (PodDisruptionBudget {budget.key}: {budget.allowed} disruptions allowed now)" if budget else ""
             notes.append(f"{_key(pod)}{held}")
-    step.detail = "; ".join(blocked) if blocked else (f"{len(pods)} pods to evict: {', '.join(notes)}" if pods else
-                                                      "no pod to evict (DaemonSet pods stay)")
+    evicted = f"{len(notes)} {'pod' if len(notes) == 1 else 'pods'} to evict: {', '.join(notes)}" if notes else ""
+    if blocked:
+        step.detail = "; ".join(blocked) + (f"; then {evicted}" if evicted else "")
+    else:
+        step.detail = evicted or "no pod to evict (DaemonSet pods stay)"
     step.state = BLOCKED if blocked else PENDING
     return step
 
