@@ -96,3 +96,25 @@ def test_live_survey_reads_what_it_may_and_says_what_it_could_not(fake_api: Fake
     assert {"UnmanagedNode", "HandSetLabels", "DriverSkew", "UntoleratedTaint"} <= codes
     assert "SelectorMatchesNoGpuNode" not in codes  # the CronJob could not be read
     assert report["configuration"].startswith("ConfigMap gpu-placement/gpu-placement-config in context")
+
+
+def test_survey_and_nodes_show_the_same_state_and_ready_counts_what_takes_gpu_pods(snapshot: Path,
+                                                                                  capsys: Capture) -> None:
+    """One decision for the state of a node: the survey says canary-only for a soaking driver under strict
+    soak, upgrade-due, no-driver-labels, as `gpu-placement nodes` does. The ready count leaves out a node
+    whose maintenance taint no GPU pod tolerates."""
+    code, out = survey(capsys, "--snapshot", str(snapshot), "-o", "json")
+    assert code == 1
+    report = orjson.loads(out)
+    surveyed = {n["node"]: n["state"] for g in report["inventory"] for n in g["nodeDetails"]}
+    assert main(["nodes", "--snapshot", str(snapshot), "-o", "json"]) == 0
+    listed = {r["node"]: r["state"] for r in orjson.loads(capsys.readouterr().out)["nodes"]}
+    assert surveyed == {name: listed[name] for name in surveyed}
+    assert (surveyed["h100-batch-2"], surveyed["h100-batch-3"]) == ("canary-only", "canary-only")  # soaking
+    assert (surveyed["h100-batch-4"], surveyed["l4-no-driver-labels"]) == ("upgrade-due", "no-driver-labels")
+    ready = sorted(name for name, state in surveyed.items() if state == "ready")
+    assert "l40s-relabelled" in ready  # as gpu-placement's rules see it; its maintenance taint keeps pods off
+    assert report["readyNodes"] == len(ready) - 1
+    code, html = survey(capsys, "--snapshot", str(snapshot), "-o", "html")
+    assert code == 1
+    assert f'<b>{len(ready) - 1}</b>ready</div>' in html

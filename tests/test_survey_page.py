@@ -106,7 +106,7 @@ def test_the_browser_draws_every_node_in_its_pool_with_its_state(rendered: tuple
     report, _, dom, _ = rendered
     assert 'data-ready="true"' in dom  # the page's script ran in the browser
     nodes = {n["node"]: n for group in report["inventory"] for n in group["nodeDetails"]}
-    tiles = re.findall(r'<div class="tile (\w+)" id="node-([\w.-]+)" data-node="[\w.-]+" data-state="(\w+)" '
+    tiles = re.findall(r'<div class="tile (\w+)" id="node-([\w.-]+)" data-node="[\w.-]+" data-state="([\w-]+)" '
                        r'data-management="([^"]+)"', dom)
     assert len(tiles) == len(nodes) == 21
     for frame, name, state, management in tiles:

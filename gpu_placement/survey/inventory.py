@@ -123,9 +123,11 @@ def is_device_plugin(pod: Mapping[str, Any], config: Config) -> bool:
 
 
 def survey_nodes(view: ClusterView, config: Config, node_objects: Mapping[str, Mapping[str, Any]],
-                 pods: Iterable[Mapping[str, Any]], rollout_state: Mapping[str, str] | None = None
-                 ) -> list[NodeSurvey]:
-    """Every GPU node: GPUs present by its labels or NFD's, published by a device plugin or DRA."""
+                 pods: Iterable[Mapping[str, Any]], rollout_state: Mapping[str, str] | None = None,
+                 shown: Mapping[str, tuple[str, str]] | None = None) -> list[NodeSurvey]:
+    """Every GPU node: GPUs present by its labels or NFD's, published by a device plugin or DRA. `shown`:
+    each node's state and why, as `gpu-placement nodes` decides it (report.nodes.node_state); without
+    it, its readiness alone."""
     operands: dict[str, list[str]] = {}
     plugins: dict[str, list[str]] = {}
     drivers: set[str] = set()  # nodes where the operator's driver DaemonSet runs a pod
@@ -150,10 +152,13 @@ def survey_nodes(view: ClusterView, config: Config, node_objects: Mapping[str, M
             labels = (obj.get("metadata") or {}).get("labels") or {}
             if not (facts.dra_devices > 0 or any(facts.allocatable.values()) or gpu_signs(obj, config)):
                 continue
-            verdict = node_readiness(facts, view.validator_state(name), config)
-            state, why = ("ready", "") if verdict is None else (verdict.code, verdict.message.split(": ", 1)[1])
-            if verdict is None and facts.problems:
-                state, why = "BadLabel", "; ".join(sorted(facts.problems.values()))
+            if shown is not None and name in shown:
+                state, why = shown[name]
+            else:
+                verdict = node_readiness(facts, view.validator_state(name), config)
+                state, why = ("ready", "") if verdict is None else (verdict.code, verdict.message.split(": ", 1)[1])
+                if verdict is None and facts.problems:
+                    state, why = "BadLabel", "; ".join(sorted(facts.problems.values()))
             writers = label_writers(obj)
             found.append(NodeSurvey(
                 name=name, pool=pool_of(facts, labels), product=facts.product or "unknown", gpus=_gpus(facts),
