@@ -21,6 +21,7 @@ from gpu_placement.base.config import Config
 from gpu_placement.base.cuda import format_version
 from gpu_placement.decide.rules import node_readiness
 from gpu_placement.facts.nodes import NodeFacts
+from gpu_placement.report.nodes import natural
 from gpu_placement.survey.labels import LabelWriters, label_writers
 from gpu_placement.view.cluster import ClusterView
 
@@ -146,7 +147,7 @@ def survey_nodes(view: ClusterView, config: Config, node_objects: Mapping[str, M
             plugins.setdefault(node, []).append(key)
     found = []
     with view.lock:
-        for name in sorted(view.nodes):
+        for name in sorted(view.nodes, key=natural):  # x13 before x103, as a person reads them
             facts = view.nodes[name]
             obj = node_objects.get(name) or {}
             labels = (obj.get("metadata") or {}).get("labels") or {}

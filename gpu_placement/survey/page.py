@@ -21,7 +21,7 @@ __all__ = ["STATE_COLOURS", "survey_html"]
 # The states are `gpu-placement nodes`'s (report/nodes.py): ready, the ones that take some pods, reason codes.
 STATE_COLOURS = {"ready": "#2e9d5b", "canary-only": "#3f8fc4", "last-choice": "#7a9a3a", "upgrade-due": "#4f9e8c",
                  "no-driver-labels": "#b07d2a", "NotValidated": "#d1493f", "NoGPU": "#b2372e",
-                 "NodeNotReady": "#8a8f98", "DriverUpgrade": "#e0a526", "MIGReconfiguring": "#e0a526",
+                 "NodeNotReady": "#8a8f98", "DriverUpgrade": "#e0a526", "MIGReconfiguring": "#c2569b",
                  "BadLabel": "#8e5bd6"}
 _OTHER = "#6b7bd6"
 _READY = ("GPU nodes a GPU pod can be placed on now: state ready (as gpu-placement nodes shows it), not cordoned, "
