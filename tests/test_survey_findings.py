@@ -169,6 +169,13 @@ def test_driver_too_old_for_workloads() -> None:
     # Selected out of the workload's reach: no finding.
     objects[-1]["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "h100"}
     assert not found(survey(objects), "DriverTooOldForWorkloads")
+    # Two old drivers: each named with its own nodes (t4 runs 510, v100 470), never paired by position.
+    objects[-1]["spec"]["template"]["spec"].pop("nodeSelector")
+    objects += managed("t4", labels=driver_labels("510.73.08", "11.7"))
+    [finding] = found(survey(objects), "DriverTooOldForWorkloads")
+    assert finding.nodes == ("t4", "v100")
+    assert "t4, v100 are in their node selection and offer their GPU resources, but run driver 470.256.02 " \
+           "(CUDA 11.4) on v100; 510.73.08 (CUDA 11.7) on t4:" in finding.what
 
 
 def test_operator_pod_restarts() -> None:

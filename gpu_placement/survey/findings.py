@@ -227,8 +227,12 @@ def _driver_too_old(ctx: Context) -> list[Finding]:
             by_nodes.setdefault((tuple(too_old), need), []).append(workload.ref)
     found = []
     for (nodes, need), workloads in sorted(by_nodes.items()):
-        drivers = sorted({f"{ctx.nodes[name].driver or 'unknown'} (CUDA {ctx.nodes[name].max_cuda or '?'})"
-                          for name in nodes})
+        on: dict[str, list[str]] = {}  # each driver with its nodes: which node runs which, never by position
+        for name in nodes:
+            on.setdefault(f"{ctx.nodes[name].driver or 'unknown'} (CUDA {ctx.nodes[name].max_cuda or '?'})",
+                          []).append(name)
+        drivers = next(iter(on)) if len(on) == 1 else "; ".join(
+            f"{driver} on {_names(names)}" for driver, names in sorted(on.items(), key=lambda i: _version(i[0])))
         wanted = _driver_for(need)
         running = [f"{ref} runs on {', '.join(by_running[ref])} now" for ref in workloads if ref in by_running]
         now = f"; {'; '.join(running)} (placed before gpu-placement judged it: its CUDA calls may fail)" \
@@ -238,11 +242,18 @@ def _driver_too_old(ctx: Context) -> list[Finding]:
             f"{_names(workloads)} {_verb(workloads, 'needs', 'need')} {need}; {_names(nodes)} "
             f"{_verb(nodes, 'is', 'are')} in their node selection and {_verb(nodes, 'offers', 'offer')} their GPU "
             f"resources, but {_verb(nodes, 'runs', 'run')} driver "
-            f"{', '.join(drivers)}: gpu-placement keeps their pods off (DriverTooOld), so that capacity is lost to "
+            f"{drivers}: gpu-placement keeps their pods off (DriverTooOld), so that capacity is lost to "
             f"them{now}",
             f"Upgrade the driver on these nodes{wanted}, or select them out of these workloads' node selection.",
             nodes, tuple(workloads)))
     return found
+
+
+def _version(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(parse_version(text.split(" ", 1)[0]))
+    except ValueError:
+        return ()
 
 
 def _too_old(ctx: Context, names: list[str], req: Requirements) -> list[str]:
