@@ -515,3 +515,27 @@ def test_the_commands_shown_wait_as_long_as_the_timeout(tmp_path: Path, capsys: 
         assert f"$ kubectl drain {NODE} --ignore-daemonsets --delete-emptydir-data --timeout={shown}\n" in out
         assert f"spec.nodeName={NODE} --for=condition=Ready --timeout={shown}\n" in out
         assert "--timeout=15m" not in out
+
+
+def test_odd_way_back_files_are_read_without_a_crash(fake_api: FakeApiServer, tmp_path: Path,
+                                                     capsys: Capture) -> None:
+    """What a person can leave in the folder: not JSON, JSON of another shape, a record with wrong types. Each
+    is a sentence and exit 3 (or read around), never a traceback."""
+    original = _cluster(fake_api)
+    kubeconfig = fake_api.write_kubeconfig(tmp_path / "kubeconfig")
+    backups = tmp_path / "migrate"
+    backups.mkdir()
+    live = ["--kubeconfig", str(kubeconfig), "--backup-dir", str(backups)]
+    path = backups / f"{NODE}.json"
+    for text, said in ((b"not json", "not a saved way back"), (b'{"a": 1}', "not a saved way back"),
+                       (b"[1, 2]", "not a saved way back")):
+        path.write_bytes(text)
+        code, out = _run(capsys, *live, "--undo")
+        assert code == 3 and said in out, out
+    path.write_bytes(orjson.dumps({"kind": "MigrationRecord", "uid": original["metadata"]["uid"], "state": 7,
+                                   "before": {"labels": ["x"], "taints": "y"},
+                                   "changes": [None, 5, {"what": "label"}, {"what": "label", "key": "nvidia.com/x",
+                                                                            "before": "1", "after": None}]}))
+    code, out = _run(capsys, *live, "--undo")
+    assert code == 0, out
+    assert "label nvidia.com/x=1" in out and fake_api.get("Node", NODE)["metadata"]["labels"]["nvidia.com/x"] == "1"

@@ -398,10 +398,13 @@ def undo(access: ClusterAccess, name: str, directory: Path, out: TextIO) -> int:
             raise MigrateError(f"the way back in {path} was not applied: HTTP {status}: {message} (the node changed "
                                "while it was read, or was recreated: run --undo again)")
     lines = [_undone(change) for change in steps.back if change.what != "daemonset"]
+    failed = False
     for change in (c for c in steps.back if c.what == "daemonset"):
-        lines.append(_undo_daemonset(access, name, change, daemonsets[change.key]))
-    record = ended(record, UNDONE)
-    write_record(record)
+        line, done = _undo_daemonset(access, name, change, daemonsets[change.key])
+        lines.append(line)
+        failed = failed or not done
+    if not failed:  # else it stays as it was, so that --undo again tries what failed
+        write_record(ended(record, UNDONE))
     print(f"{name}: put back what the migration changed, as recorded in {path}:", file=out)
     nothing = "nothing: the migration had changed nothing yet" if not net(record.changes) else \
         "nothing: nothing the migration changed holds what it wrote any more"
@@ -415,7 +418,7 @@ def undo(access: ClusterAccess, name: str, directory: Path, out: TextIO) -> int:
           "lifecycle controller, an autoscaler)" + (f"; pods it evicted are not brought back ({len(evicted)}: "
                                                     f"{', '.join(evicted[:8])}{' ...' if len(evicted) > 8 else ''}), "
                                                     "their controllers place them again" if evicted else ""), file=out)
-    return 0
+    return FAILED if failed else 0
 
 
 def _what(change: Change) -> str:
@@ -441,10 +444,11 @@ def _undone(change: Change) -> str:
     return f"label {change.key}={change.before}"
 
 
-def _undo_daemonset(access: ClusterAccess, name: str, change: Change, daemonset: Mapping[str, Any]) -> str:
+def _undo_daemonset(access: ClusterAccess, name: str, change: Change, daemonset: Mapping[str, Any]
+                    ) -> tuple[str, bool]:
     """Take the affinity off the DaemonSet (back to what it was) unless that would send its pods to a node
     where the operator runs its own device plugin: there the affinity is what keeps two plugins apart, and
-    on nodes the operator does not manage it changes nothing."""
+    on nodes the operator does not manage it changes nothing. The line to print, and whether it is settled."""
     spec = dict(((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {})
     if change.before is None:
         spec.pop("affinity", None)
@@ -456,12 +460,12 @@ def _undo_daemonset(access: ClusterAccess, name: str, change: Change, daemonset:
     if reached:
         return (f"daemonset {change.key}: affinity kept: without it, its pods would run beside the operator's device "
                 f"plugin on {', '.join(reached[:8])}{' ...' if len(reached) > 8 else ''} "
-                f"({DEVICE_PLUGIN_LABEL}=true); on nodes the operator does not manage it changes nothing")
+                f"({DEVICE_PLUGIN_LABEL}=true); on nodes the operator does not manage it changes nothing"), True
     meta = daemonset.get("metadata") or {}
     back = {"op": "remove", "path": "/spec/template/spec/affinity"} if change.before is None else \
         {"op": "add", "path": "/spec/template/spec/affinity", "value": change.before}
     ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": meta.get("resourceVersion")}, back]
     status, message = _write(access, "PATCH", _daemonset_path(change.key), ops, _JSON_PATCH)
     if status >= 300:
-        return f"daemonset {change.key}: affinity not put back: HTTP {status}: {message}; run --undo again"
-    return f"daemonset {change.key}: affinity as before the migration"
+        return f"daemonset {change.key}: affinity not put back: HTTP {status}: {message}; run --undo again", False
+    return f"daemonset {change.key}: affinity as before the migration", True
