@@ -147,9 +147,10 @@ RESOURCES: tuple[Resource, ...] = (
     Resource("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice", True),
     # The GPU Operator's CRD, cluster-scoped with a status subresource (config/crd/bases of NVIDIA/gpu-operator).
     Resource("nvidia.com", "v1", "clusterpolicies", "clusterpolicy", "ClusterPolicy", False, has_status=True),
-    # Workloads, stored as given (no controllers): `explain KIND/NAME` reads them.
+    # Workloads, stored as given (no controllers): `explain KIND/NAME` reads them, `migrate` patches a DaemonSet.
     Resource("apps", "v1", "deployments", "deployment", "Deployment", True, has_status=True, short_names=("deploy",)),
     Resource("apps", "v1", "statefulsets", "statefulset", "StatefulSet", True, has_status=True, short_names=("sts",)),
+    Resource("apps", "v1", "daemonsets", "daemonset", "DaemonSet", True, has_status=True, short_names=("ds",)),
     Resource("batch", "v1", "jobs", "job", "Job", True, has_status=True),
     Resource("batch", "v1", "cronjobs", "cronjob", "CronJob", True, has_status=True, short_names=("cj",)),
     # A CRD with pod templates (Kubeflow's training operator), found through discovery.

@@ -56,8 +56,8 @@ def test_the_survey_lists_each_problem_with_its_code_and_fix(snapshot: Path, cap
 
 def test_text_and_markdown(snapshot: Path, capsys: Capture) -> None:
     code, text = survey(capsys, "--snapshot", str(snapshot))
-    assert code == 1 and text.startswith("GPU CLUSTER SURVEY: 21 GPU nodes (45 GPUs) in 3 pools, 1 other nodes; "
-                                         "10 findings")
+    assert code == 1 and text.startswith("GPU CLUSTER SURVEY: 21 GPU nodes (45 GPUs) in 2 pools and 14 without a "
+                                         "pool, 1 other node; 10 findings\n")
     assert "- UnmanagedNode: GPUs allocatable with no GPU Operator component on the node: h100-train-hand" in text
     code, markdown = survey(capsys, "--snapshot", str(snapshot), "-o", "markdown")
     assert code == 1
@@ -74,6 +74,12 @@ def test_no_findings_exit_0(tmp_path: Path, capsys: Capture) -> None:
     code, out = survey(capsys, "--snapshot", str(path))
     assert code == 0, out
     assert "FINDINGS (0;" in out and "  none" in out
+    assert out.startswith("GPU CLUSTER SURVEY: 1 GPU node (1 GPU) in 1 pool, 0 other nodes; 0 findings\n")
+    for obj in objects:  # the same node without its pool
+        obj["metadata"].get("labels", {}).pop("pool", None)
+    path.write_bytes(orjson.dumps({"kind": "List", "items": [*objects, demo_config_map()]}))
+    code, out = survey(capsys, "--snapshot", str(path))
+    assert out.startswith("GPU CLUSTER SURVEY: 1 GPU node (1 GPU), none in a pool, 0 other nodes; "), out
 
 
 def test_live_survey_reads_what_it_may_and_says_what_it_could_not(fake_api: FakeApiServer, tmp_path: Path,
@@ -96,3 +102,25 @@ def test_live_survey_reads_what_it_may_and_says_what_it_could_not(fake_api: Fake
     assert {"UnmanagedNode", "HandSetLabels", "DriverSkew", "UntoleratedTaint"} <= codes
     assert "SelectorMatchesNoGpuNode" not in codes  # the CronJob could not be read
     assert report["configuration"].startswith("ConfigMap gpu-placement/gpu-placement-config in context")
+
+
+def test_survey_and_nodes_show_the_same_state_and_ready_counts_what_takes_gpu_pods(snapshot: Path,
+                                                                                  capsys: Capture) -> None:
+    """One decision for the state of a node: the survey says canary-only for a soaking driver under strict
+    soak, upgrade-due, no-driver-labels, as `gpu-placement nodes` does. The ready count leaves out a node
+    whose maintenance taint no GPU pod tolerates."""
+    code, out = survey(capsys, "--snapshot", str(snapshot), "-o", "json")
+    assert code == 1
+    report = orjson.loads(out)
+    surveyed = {n["node"]: n["state"] for g in report["inventory"] for n in g["nodeDetails"]}
+    assert main(["nodes", "--snapshot", str(snapshot), "-o", "json"]) == 0
+    listed = {r["node"]: r["state"] for r in orjson.loads(capsys.readouterr().out)["nodes"]}
+    assert surveyed == {name: listed[name] for name in surveyed}
+    assert (surveyed["h100-batch-2"], surveyed["h100-batch-3"]) == ("canary-only", "canary-only")  # soaking
+    assert (surveyed["h100-batch-4"], surveyed["l4-no-driver-labels"]) == ("upgrade-due", "no-driver-labels")
+    ready = sorted(name for name, state in surveyed.items() if state == "ready")
+    assert "l40s-relabelled" in ready  # as gpu-placement's rules see it; its maintenance taint keeps pods off
+    assert report["readyNodes"] == len(ready) - 1
+    code, html = survey(capsys, "--snapshot", str(snapshot), "-o", "html")
+    assert code == 1
+    assert f'<b>{len(ready) - 1}</b>ready</div>' in html

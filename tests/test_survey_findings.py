@@ -87,6 +87,55 @@ def test_hand_set_labels() -> None:
     assert not found(result, "HandSetLabels") and "HandSetLabels was not checked" in result.notes[0]
 
 
+def written_by(node: Obj, managers: dict[str, str]) -> Obj:
+    """The node with managedFields as its writers leave them, these keys last written by these managers."""
+    node = with_label_writers(node)
+    for entry in node["metadata"]["managedFields"]:
+        for key in managers:
+            entry["fieldsV1"]["f:metadata"]["f:labels"].pop(f"f:{key}", None)
+    for manager in sorted(set(managers.values())):
+        node["metadata"]["managedFields"].append({
+            "manager": manager, "operation": "Update", "apiVersion": "v1", "time": "2026-01-05T09:00:00Z",
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {
+                f"f:{key}": {} for key, who in managers.items() if who == manager}}}})
+    return node
+
+
+def test_hand_set_labels_are_grouped_bounded_and_only_nvidias() -> None:
+    """Written at registration (the kubelet's --node-labels of a node pool, Karpenter's NodePool) is not by
+    hand; NFD's CPU, kernel and USB labels are no GPU labels; nodes with the same labels by the same hand are
+    one finding; its command stays short however many labels; its alternative says it drains the node."""
+    cpu = {"feature.node.kubernetes.io/cpu-cpuid.AVX": "kubectl-label",
+           "feature.node.kubernetes.io/kernel-version.full": "kubectl-label",
+           "feature.node.kubernetes.io/usb-ef_0b1f_03ee.present": "kubectl-label"}
+    objects = [written_by(make_node("eks-1", "h100"), {"nvidia.com/gpu.present": "kubelet"}), validator_pod("eks-1"),
+               written_by(make_node("karp-1", "h100"), {"nvidia.com/gpu.present": "karpenter"}),
+               validator_pod("karp-1"),
+               written_by(make_node("nfd-1", "h100", labels=dict.fromkeys(cpu, "true")), cpu), validator_pod("nfd-1")]
+    for name in ("old-1", "old-2", "old-3"):  # one pool labelled by hand once
+        objects += [written_by(make_node(name, "h100"), {"nvidia.com/gpu.product": "kubectl-label",
+                                                         "feature.node.kubernetes.io/pci-10de.present":
+                                                         "kubectl-label"}), validator_pod(name)]
+    keys = [f"nvidia.com/custom.label-{i:03d}" for i in range(138)]
+    many = make_node("many-1", "h100", labels=dict.fromkeys(keys, "x" * 40))
+    objects += [written_by(many, dict.fromkeys(keys, "kubectl-label")), validator_pod("many-1")]
+    result = survey(objects)
+    findings = found(result, "HandSetLabels")
+    assert [f.nodes for f in findings] == [("many-1",), ("old-1", "old-2", "old-3")]
+    many_finding, old = findings
+    assert old.labels == ("feature.node.kubernetes.io/pci-10de.present", "nvidia.com/gpu.product")
+    assert old.what.startswith("old-1, old-2, old-3 are managed by the GPU Operator, but 2 of their GPU labels were "
+                               "last written by kubectl-label")
+    assert ("kubectl label node old-1 old-2 old-3 feature.node.kubernetes.io/pci-10de.present- "
+            "nvidia.com/gpu.product-") in old.fix
+    assert "cordons and drains the node" in old.fix
+    assert len(many_finding.labels) == 138 and "and 130 more" in many_finding.what
+    assert len(many_finding.fix) < 600 and "nvidia.com/custom.label-137" not in many_finding.fix
+    jq = """gpu-placement survey -o json | jq -r '.findings[] | select(.code == "HandSetLabels")"""
+    assert jq in many_finding.fix
+    assert {node.name for node in result.nodes if node.hand_labels} == {"old-1", "old-2", "old-3", "many-1"}
+
+
 def test_gpus_not_published() -> None:
     result = survey([*managed("a10g", "a10g-unregistered", allocatable={"nvidia.com/gpu": "0"}), *managed("gpu-1")])
     [finding] = found(result, "GpusNotPublished")
@@ -120,6 +169,13 @@ def test_driver_too_old_for_workloads() -> None:
     # Selected out of the workload's reach: no finding.
     objects[-1]["spec"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "h100"}
     assert not found(survey(objects), "DriverTooOldForWorkloads")
+    # Two old drivers: each named with its own nodes (t4 runs 510, v100 470), never paired by position.
+    objects[-1]["spec"]["template"]["spec"].pop("nodeSelector")
+    objects += managed("t4", labels=driver_labels("510.73.08", "11.7"))
+    [finding] = found(survey(objects), "DriverTooOldForWorkloads")
+    assert finding.nodes == ("t4", "v100")
+    assert "t4, v100 are in their node selection and offer their GPU resources, but run driver 470.256.02 " \
+           "(CUDA 11.4) on v100; 510.73.08 (CUDA 11.7) on t4:" in finding.what
 
 
 def test_operator_pod_restarts() -> None:

@@ -106,7 +106,7 @@ def test_the_browser_draws_every_node_in_its_pool_with_its_state(rendered: tuple
     report, _, dom, _ = rendered
     assert 'data-ready="true"' in dom  # the page's script ran in the browser
     nodes = {n["node"]: n for group in report["inventory"] for n in group["nodeDetails"]}
-    tiles = re.findall(r'<div class="tile (\w+)" id="node-([\w.-]+)" data-node="[\w.-]+" data-state="(\w+)" '
+    tiles = re.findall(r'<div class="tile (\w+)" id="node-([\w.-]+)" data-node="[\w.-]+" data-state="([\w-]+)" '
                        r'data-management="([^"]+)"', dom)
     assert len(tiles) == len(nodes) == 21
     for frame, name, state, management in tiles:
@@ -137,4 +137,37 @@ def test_the_screenshot_shows_the_states_in_their_colours(rendered: tuple[dict, 
             continue
         rgb = bytes.fromhex(colour[1:])
         area = 168 * 92 // 2  # at least half a tile's area per tile of that colour
-        assert counts[rgb] >= area * (tiles[state] if state != "DriverUpgrade" else 1), (state, counts[rgb])
+        assert counts[rgb] >= area * tiles[state], (state, counts[rgb])
+
+
+def test_each_state_has_a_colour_of_its_own(rendered: tuple[dict, str, str, Path]) -> None:
+    """A driver upgrade and a MIG reconfiguration are different stories: the page tells them apart, as it
+    does every state; on the screenshot each one's tile shows its own colour."""
+    assert len(set(STATE_COLOURS.values())) == len(STATE_COLOURS)
+    report, _, dom, shot = rendered
+    states = {n["node"]: n["state"] for g in report["inventory"] for n in g["nodeDetails"]}
+    assert (states["h100-upgrading"], states["h100-mig-pending"]) == ("DriverUpgrade", "MIGReconfiguring")
+    for name in ("h100-upgrading", "h100-mig-pending"):
+        tile = re.search(rf'id="node-{name}"[^>]*style="background:(#[0-9a-f]+)"', dom)
+        assert tile and tile.group(1) == STATE_COLOURS[states[name]]
+    _, _, rows, step = png_pixels(shot)
+    seen = {bytes(row[x:x + 3]) for row in rows for x in range(0, len(row), step)}
+    assert bytes.fromhex(STATE_COLOURS["DriverUpgrade"][1:]) in seen
+    assert bytes.fromhex(STATE_COLOURS["MIGReconfiguring"][1:]) in seen
+
+
+def test_tiles_are_in_the_order_a_person_reads_node_names(tmp_path: Path) -> None:
+    """x2, x13, x103: numbers in names sort as numbers, in the browser's DOM as in the text."""
+    from gpu_placement.samples.cluster import make_node, validator_pod, with_label_writers
+
+    names = ["gpu-x103", "gpu-x13", "gpu-x2", "gpu-x13b"]
+    objects = [o for name in names for o in (with_label_writers(make_node(name, "h100")), validator_pod(name))]
+    snapshot = tmp_path / "nodes.json"
+    snapshot.write_bytes(orjson.dumps({"kind": "List", "items": objects}))
+    page = tmp_path / "fleet.html"
+    made = subprocess.run([sys.executable, "-m", "gpu_placement.app.cli", "survey", "--snapshot", str(snapshot), "-o",
+                           "html"], capture_output=True, text=True, timeout=120, check=False)
+    page.write_text(made.stdout)
+    dom = browse(tmp_path, page, "--dump-dom").stdout
+    assert re.findall(r'<div class="tile \w+" id="node-([\w.-]+)"', dom) == ["gpu-x2", "gpu-x13", "gpu-x13b",
+                                                                          "gpu-x103"]

@@ -207,12 +207,14 @@ def build_parser() -> argparse.ArgumentParser:
     action = migrate.add_mutually_exclusive_group()
     action.add_argument("--apply", action="store_true", help="run the steps in order, saving the way back first; "
                         "stop at the first failure, at a step for a person, or at a wait longer than --timeout")
-    action.add_argument("--undo", action="store_true", help="put the node's labels, taints and schedulable state "
-                        "back from the saved way back (one JSON patch)")
+    action.add_argument("--undo", action="store_true", help="put back what the migration changed, as its way back "
+                        "records it: the labels it removed, the cordon, a device plugin DaemonSet's affinity; each "
+                        "only where it still holds what the migration wrote")
     migrate.add_argument("--backup-dir", metavar="DIR", default="gpu-placement-migrate",
                          help="where the way back of each node is saved, NODE.json (default ./gpu-placement-migrate)")
     migrate.add_argument("--timeout", type=_duration, default=600.0, metavar="DURATION",
-                         help="--apply: how long to wait for pods to go, the operator and the validator (default 10m)")
+                         help="--apply: how long to wait for pods to go, the operator and the validator (default 10m); "
+                         "the kubectl commands of the plan wait as long")
     migrate.add_argument("-o", "--output", choices=["text", "json"], default="text")
     _config_argument(migrate)
     report = commands.add_parser("report", help="the before/after table from Prometheus: launch success and its "
@@ -478,7 +480,7 @@ def _survey(args: argparse.Namespace) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from gpu_placement.survey.migrate import DONE, MigrateError, needed, plan
+    from gpu_placement.survey.migrate import DONE, MigrateError, NotMigratable, needed, plan, refusal
     from gpu_placement.survey.migrate_command import FAILED, apply, backup_file, read_live, read_snapshot, render_plan
     from gpu_placement.survey.migrate_command import undo as undo_node
 
@@ -503,8 +505,14 @@ def _migrate(args: argparse.Namespace) -> int:
             return apply(access, args.node, config, directory, args.timeout, sys.stdout)
         if args.undo:
             return undo_node(access, args.node, directory, sys.stdout)
-        state = read_snapshot(objects, args.node, config, path) if access is None else \
-            read_live(access, args.node, config, path)
+        state = read_snapshot(objects, args.node, config, path, timeout=args.timeout) if access is None else \
+            read_live(access, args.node, config, path, args.timeout)
+        why_not = refusal(state)
+        if why_not:
+            raise NotMigratable(why_not)
+    except NotMigratable as exc:
+        print(f"gpu-placement migrate: {exc}", file=sys.stderr)
+        return 2
     except MigrateError as exc:
         print(f"gpu-placement migrate: {exc}", file=sys.stderr)
         return FAILED if args.apply or args.undo else 2

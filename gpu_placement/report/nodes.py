@@ -16,6 +16,7 @@ due is scored last. The STATE column says so instead of `ready`:
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +29,7 @@ from gpu_placement.decide.rules import node_readiness
 from gpu_placement.facts.soak import FAILED, SOAKING
 from gpu_placement.report.tables import table
 
-__all__ = ["node_records", "run_nodes"]
+__all__ = ["natural", "node_records", "node_state", "run_nodes"]
 
 HEADER = ["NODE", "STATE", "PRODUCT", "GPUS used/alloc", "FREE", "WHY"]
 WIDE = ["NODE", "STATE", "PRODUCT", "GPUS used/alloc", "FREE", "DRIVER", "MAX CUDA", "MEM MiB total/free", "WHY"]
@@ -62,12 +63,11 @@ def run_nodes(args: argparse.Namespace, cluster: Callable[..., tuple[Any, Any, l
 
 
 def node_records(core: Any) -> list[dict[str, Any]]:
-    view, config = core.view, core.config
+    view = core.view
     records = []
     with view.lock:
-        for name in sorted(view.nodes, key=_natural):
+        for name in sorted(view.nodes, key=natural):
             facts = view.nodes[name]
-            rejection = node_readiness(facts, view.validator_state(name), config)
             used, _ = view.used(name)
             resources = sorted(facts.capacity.keys() | facts.allocatable.keys())
             gpus = {res: {"used": used.get(res, 0), "allocatable": facts.allocatable.get(res, 0),
@@ -75,7 +75,7 @@ def node_records(core: Any) -> list[dict[str, Any]]:
                           "free": max(0, facts.allocatable.get(res, 0) - used.get(res, 0))} for res in resources}
             total = sum(v or 0 for v in (view.capacity_mib.get(res, {}).get(name) for res in resources))
             free = sum(v or 0 for v in (view.free_mib.get(res, {}).get(name) for res in resources))
-            state, why = _state(core, facts, rejection)
+            state, why = node_state(core, name)
             # Which way each GPU resource is served here (KEP-5004): the device plugin's where the node's
             # allocatable has it, else through DRA where a DeviceClass maps it and the node has its devices.
             served = served_on(view, name, sorted(set(resources) | set(view.dra.extended)))
@@ -96,9 +96,13 @@ def node_records(core: Any) -> list[dict[str, Any]]:
     return records
 
 
-def _state(core: Any, facts: Any, rejection: Any) -> tuple[str, str]:
-    """What most GPU pods get on the node, and why in a sentence (empty for plain `ready`)."""
-    config = core.config
+def node_state(core: Any, name: str) -> tuple[str, str]:
+    """What most GPU pods get on the node, and why in a sentence (empty for plain `ready`): the STATE of
+    `gpu-placement nodes`, and the state `gpu-placement survey` shows (one decision for both)."""
+    view, config = core.view, core.config
+    with view.lock:
+        facts = view.nodes[name]
+        rejection = node_readiness(facts, view.validator_state(name), config)
     if rejection is not None:
         return rejection.code, rejection.message.split(": ", 1)[1]
     if facts.problems:
@@ -151,8 +155,6 @@ def _free(record: dict[str, Any]) -> str:
     return ", ".join(str(g["free"]) for g in record["gpus"].values()) or "-"
 
 
-def _natural(name: str) -> tuple[Any, ...]:
+def natural(name: str) -> tuple[Any, ...]:
     """h100-single-2 before h100-single-10, as a person sorts."""
-    import re
-
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))

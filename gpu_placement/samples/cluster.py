@@ -16,8 +16,8 @@ from typing import Any
 from gpu_placement.base.timestamps import format_time
 
 __all__ = ["BASES", "HAND_INSTALLED", "HAND_LABELLED", "NEW_DRIVER", "OLD_DRIVER", "cluster_policy", "demo_objects",
-           "demo_pods", "driver_labels", "driver_pod", "make_node", "make_pod", "namespace", "survey_objects",
-           "validator_pod", "wave_objects", "with_label_writers"]
+           "demo_pods", "device_plugin_daemonset", "driver_labels", "driver_pod", "make_node", "make_pod", "namespace",
+           "survey_objects", "validator_pod", "wave_objects", "with_label_writers"]
 
 Obj = dict[str, Any]
 
@@ -107,9 +107,18 @@ def make_pod(namespace_: str, name: str, *, gpus: dict[str, int] | None = None, 
     return pod
 
 
+def _daemon_pod(pod: Obj, daemonset: str) -> Obj:
+    """The pod as its DaemonSet's controller makes it: the GPU Operator's operands are DaemonSets' pods."""
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": daemonset,
+                                           "uid": f"uid-daemonset-{daemonset}", "controller": True,
+                                           "blockOwnerDeletion": True}]
+    return pod
+
+
 def validator_pod(node: str, ready: bool = True) -> Obj:
-    pod = make_pod("gpu-operator", f"nvidia-operator-validator-{node}", node=node, image="nvcr.io/nvidia/gpu-operator",
-                   labels={"app": "nvidia-operator-validator"})
+    pod = _daemon_pod(make_pod("gpu-operator", f"nvidia-operator-validator-{node}", node=node,
+                               image="nvcr.io/nvidia/gpu-operator", labels={"app": "nvidia-operator-validator"}),
+                      "nvidia-operator-validator")
     pod["status"]["conditions"] = [{"type": "Ready", "status": "True" if ready else "False"}]
     if not ready:
         pod["status"]["phase"] = "Pending"
@@ -134,9 +143,11 @@ def driver_pod(node: str, version: str, ready_at: float | None, *, created: floa
     """The GPU Operator's driver pod on `node` (DaemonSet nvidia-driver-daemonset, container
     nvidia-driver-ctr, image driver:<version>-<os>): Ready since `ready_at` (None: still installing)."""
     created = created if created is not None else (ready_at or time.time()) - 240  # installing takes minutes
-    pod = make_pod("gpu-operator", f"nvidia-driver-daemonset-{node}", node=node,
-                   image=f"nvcr.io/nvidia/driver:{version}-ubuntu22.04",
-                   labels={"app": "nvidia-driver-daemonset", "app.kubernetes.io/component": "nvidia-driver"})
+    pod = _daemon_pod(make_pod("gpu-operator", f"nvidia-driver-daemonset-{node}", node=node,
+                               image=f"nvcr.io/nvidia/driver:{version}-ubuntu22.04",
+                               labels={"app": "nvidia-driver-daemonset",
+                                       "app.kubernetes.io/component": "nvidia-driver"}),
+                      "nvidia-driver-daemonset")
     container = pod["spec"]["containers"][0]
     container["name"], container["resources"] = "nvidia-driver-ctr", {}
     pod["metadata"]["creationTimestamp"] = format_time(created)
@@ -341,6 +352,30 @@ def with_label_writers(node: Obj, by_hand: tuple[str, ...] = (), at: str = "2026
     return node
 
 
+def device_plugin_daemonset() -> Obj:
+    """NVIDIA's device plugin installed on its own (its Helm chart, NVIDIA/k8s-device-plugin
+    deployments/helm/nvidia-device-plugin), with the chart's default affinity: nodes where NFD found an
+    NVIDIA PCI device or NVIDIA CPU, or labelled nvidia.com/gpu.present=true."""
+    def term(key: str, value: str) -> Obj:
+        return {"matchExpressions": [{"key": key, "operator": "In", "values": [value]}]}
+
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "nvidia-device-plugin-daemonset", "namespace": "kube-system",
+                         "uid": "uid-daemonset-nvidia-device-plugin-daemonset"},
+            "spec": {"selector": {"matchLabels": {"name": "nvidia-device-plugin-ds"}},
+                     "updateStrategy": {"type": "RollingUpdate"},
+                     "template": {"metadata": {"labels": {"name": "nvidia-device-plugin-ds"}}, "spec": {
+                         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                             "nodeSelectorTerms": [term("feature.node.kubernetes.io/pci-10de.present", "true"),
+                                                   term("feature.node.kubernetes.io/cpu-model.vendor_id", "NVIDIA"),
+                                                   term("nvidia.com/gpu.present", "true")]}}},
+                         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                         "priorityClassName": "system-node-critical",
+                         "containers": [{"name": "nvidia-device-plugin-ctr",
+                                         "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.1"}]}}},
+            "status": {"desiredNumberScheduled": 1, "numberReady": 1}}
+
+
 def survey_objects() -> list[Obj]:
     """What the survey finds in the demo: a node whose driver came from packages and whose labels were set
     by hand, an operator node with labels left over from before and a forgotten maintenance taint, and a
@@ -357,10 +392,9 @@ def survey_objects() -> list[Obj]:
         "nvidia.com/gpu.family": "ada-lovelace", "nvidia.com/gpu.compute.major": "8",
         "nvidia.com/gpu.compute.minor": "9"}, allocatable={"nvidia.com/gpu": "4"})
     relabelled["spec"]["taints"].append({"key": "maintenance", "value": "bios-update", "effect": "NoSchedule"})
-    plugin = make_pod("kube-system", f"nvidia-device-plugin-daemonset-{HAND_INSTALLED}", node=HAND_INSTALLED,
-                      image="nvcr.io/nvidia/k8s-device-plugin:v0.17.1", labels={"name": "nvidia-device-plugin-ds"})
-    plugin["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "controller": True,
-                                              "name": "nvidia-device-plugin-daemonset"}]
+    plugin = _daemon_pod(make_pod("kube-system", f"nvidia-device-plugin-daemonset-{HAND_INSTALLED}",
+                                  node=HAND_INSTALLED, image="nvcr.io/nvidia/k8s-device-plugin:v0.17.1",
+                                  labels={"name": "nvidia-device-plugin-ds"}), "nvidia-device-plugin-daemonset")
     cache = make_pod("web", "cache-5d8f7b9c4-x2x7q", node=HAND_INSTALLED, image="redis:7.4",
                      labels={"app": "cache", "pod-template-hash": "5d8f7b9c4"})
     cache["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": True,
@@ -376,4 +410,4 @@ def survey_objects() -> list[Obj]:
     return [with_label_writers(hand, by_hand=tuple(hand_keys)),
             with_label_writers(relabelled, by_hand=("nvidia.com/gpu.present", "nvidia.com/gpu.product",
                                                     "nvidia.com/gpu.memory")),
-            validator_pod(HAND_LABELLED), plugin, cache, nightly]
+            validator_pod(HAND_LABELLED), plugin, device_plugin_daemonset(), cache, nightly]

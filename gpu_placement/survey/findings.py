@@ -55,10 +55,11 @@ class Finding:
     fix: str  # one sentence
     nodes: tuple[str, ...] = ()
     workloads: tuple[str, ...] = ()  # NS/KIND/NAME
+    labels: tuple[str, ...] = ()  # the label keys it is about, all of them (HandSetLabels)
 
     def json(self) -> dict[str, Any]:
         return {"code": self.code, "nodes": list(self.nodes), "workloads": list(self.workloads), "fix": self.fix,
-                "what": self.what}
+                "what": self.what, "labels": list(self.labels)}
 
 
 @dataclass(slots=True)
@@ -117,21 +118,35 @@ def _writers(node: NodeSurvey) -> str:
     return ", ".join(sorted({writer for writers in node.hand_labels.values() for writer in writers.split(", ")}))
 
 
+_INLINE_KEYS = 8  # a removal command with more label keys (or nodes) than this is printed by jq, not inline
+_HAND_COMMAND = ("gpu-placement survey -o json | jq -r '.findings[] | select(.code == \"HandSetLabels\") | "
+                 "\"kubectl label node \\(.nodes | join(\" \")) \\(.labels | map(. + \"-\") | join(\" \"))\"'")
+
+
 def _hand_labels(ctx: Context) -> list[Finding]:
-    found = []
+    """Managed nodes with GPU labels last written by people, one finding per (label set, writers): a pool
+    labelled by the same hand once is one finding, however many nodes it has."""
+    groups: dict[tuple[tuple[str, ...], str], list[str]] = {}
     for node in ctx.nodes.values():
         if node.management == UNMANAGED or not node.hand_labels:
             continue
-        labels = sorted(node.hand_labels)
+        groups.setdefault((tuple(sorted(node.hand_labels)), _writers(node)), []).append(node.name)
+    found = []
+    for (labels, writers), nodes in sorted(groups.items(), key=lambda item: item[1]):
+        if len(labels) <= _INLINE_KEYS and len(nodes) <= _SHOWN:
+            command = f"kubectl label node {' '.join(nodes)} {' '.join(k + '-' for k in labels)}"
+        else:
+            command = f"the command for each group of nodes is printed by {_HAND_COMMAND} (with this survey's flags)"
+        these = _verb(nodes, "its", "their")
         found.append(Finding(
             HAND_SET_LABELS,
-            f"{node.name} is managed by the GPU Operator, but {len(labels)} of its GPU labels were last written by "
-            f"{_writers(node)}, not by GPU Feature Discovery (through nfd-master) or the operator: {_names(labels)}; "
-            "they stay as set when the GPUs or the driver change",
-            f"Remove them (kubectl label node {node.name} {' '.join(k + '-' for k in labels)}) so GPU Feature "
-            f"Discovery and the operator publish them again, or run gpu-placement migrate {node.name} --apply, which "
-            "saves the labels first.",
-            (node.name,)))
+            f"{_names(nodes)} {_verb(nodes, 'is', 'are')} managed by the GPU Operator, but {len(labels)} of {these} "
+            f"GPU labels were last written by {writers}, not by GPU Feature Discovery (through nfd-master) or the "
+            f"operator: {_names(labels)}; they stay as set when the GPUs or the driver change",
+            f"Remove them so that GPU Feature Discovery and the operator publish them again ({command}); or run "
+            "gpu-placement migrate NODE --apply, which saves the way back, then cordons and drains the node (its pods "
+            "move elsewhere) before it removes them, and uncordons it once the operator's validator passes.",
+            tuple(nodes), labels=labels))
     return found
 
 
@@ -212,8 +227,12 @@ def _driver_too_old(ctx: Context) -> list[Finding]:
             by_nodes.setdefault((tuple(too_old), need), []).append(workload.ref)
     found = []
     for (nodes, need), workloads in sorted(by_nodes.items()):
-        drivers = sorted({f"{ctx.nodes[name].driver or 'unknown'} (CUDA {ctx.nodes[name].max_cuda or '?'})"
-                          for name in nodes})
+        on: dict[str, list[str]] = {}  # each driver with its nodes: which node runs which, never by position
+        for name in nodes:
+            on.setdefault(f"{ctx.nodes[name].driver or 'unknown'} (CUDA {ctx.nodes[name].max_cuda or '?'})",
+                          []).append(name)
+        drivers = next(iter(on)) if len(on) == 1 else "; ".join(
+            f"{driver} on {_names(names)}" for driver, names in sorted(on.items(), key=lambda i: _version(i[0])))
         wanted = _driver_for(need)
         running = [f"{ref} runs on {', '.join(by_running[ref])} now" for ref in workloads if ref in by_running]
         now = f"; {'; '.join(running)} (placed before gpu-placement judged it: its CUDA calls may fail)" \
@@ -223,11 +242,18 @@ def _driver_too_old(ctx: Context) -> list[Finding]:
             f"{_names(workloads)} {_verb(workloads, 'needs', 'need')} {need}; {_names(nodes)} "
             f"{_verb(nodes, 'is', 'are')} in their node selection and {_verb(nodes, 'offers', 'offer')} their GPU "
             f"resources, but {_verb(nodes, 'runs', 'run')} driver "
-            f"{', '.join(drivers)}: gpu-placement keeps their pods off (DriverTooOld), so that capacity is lost to "
+            f"{drivers}: gpu-placement keeps their pods off (DriverTooOld), so that capacity is lost to "
             f"them{now}",
             f"Upgrade the driver on these nodes{wanted}, or select them out of these workloads' node selection.",
             nodes, tuple(workloads)))
     return found
+
+
+def _version(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(parse_version(text.split(" ", 1)[0]))
+    except ValueError:
+        return ()
 
 
 def _too_old(ctx: Context, names: list[str], req: Requirements) -> list[str]:

@@ -21,11 +21,12 @@ from gpu_placement.base.config import Config
 from gpu_placement.base.cuda import format_version
 from gpu_placement.decide.rules import node_readiness
 from gpu_placement.facts.nodes import NodeFacts
+from gpu_placement.report.nodes import natural
 from gpu_placement.survey.labels import LabelWriters, label_writers
 from gpu_placement.view.cluster import ClusterView
 
 __all__ = ["CLOUD_POOL_LABELS", "MANAGED", "NFD_NVIDIA_PCI", "OPERANDS_LABEL", "PREINSTALLED", "UNMANAGED",
-           "NodeSurvey", "PoolProduct", "inventory", "is_device_plugin", "is_operand", "survey_nodes"]
+           "NodeSurvey", "PoolProduct", "gpu_signs", "inventory", "is_device_plugin", "is_operand", "survey_nodes"]
 
 MANAGED = "gpu-operator"
 PREINSTALLED = "gpu-operator, pre-installed driver"
@@ -123,9 +124,11 @@ def is_device_plugin(pod: Mapping[str, Any], config: Config) -> bool:
 
 
 def survey_nodes(view: ClusterView, config: Config, node_objects: Mapping[str, Mapping[str, Any]],
-                 pods: Iterable[Mapping[str, Any]], rollout_state: Mapping[str, str] | None = None
-                 ) -> list[NodeSurvey]:
-    """Every GPU node: GPUs present by its labels or NFD's, published by a device plugin or DRA."""
+                 pods: Iterable[Mapping[str, Any]], rollout_state: Mapping[str, str] | None = None,
+                 shown: Mapping[str, tuple[str, str]] | None = None) -> list[NodeSurvey]:
+    """Every GPU node: GPUs present by its labels or NFD's, published by a device plugin or DRA. `shown`:
+    each node's state and why, as `gpu-placement nodes` decides it (report.nodes.node_state); without
+    it, its readiness alone."""
     operands: dict[str, list[str]] = {}
     plugins: dict[str, list[str]] = {}
     drivers: set[str] = set()  # nodes where the operator's driver DaemonSet runs a pod
@@ -144,16 +147,19 @@ def survey_nodes(view: ClusterView, config: Config, node_objects: Mapping[str, M
             plugins.setdefault(node, []).append(key)
     found = []
     with view.lock:
-        for name in sorted(view.nodes):
+        for name in sorted(view.nodes, key=natural):  # x13 before x103, as a person reads them
             facts = view.nodes[name]
             obj = node_objects.get(name) or {}
             labels = (obj.get("metadata") or {}).get("labels") or {}
-            if not _has_gpus(facts, labels):
+            if not (facts.dra_devices > 0 or any(facts.allocatable.values()) or gpu_signs(obj, config)):
                 continue
-            verdict = node_readiness(facts, view.validator_state(name), config)
-            state, why = ("ready", "") if verdict is None else (verdict.code, verdict.message.split(": ", 1)[1])
-            if verdict is None and facts.problems:
-                state, why = "BadLabel", "; ".join(sorted(facts.problems.values()))
+            if shown is not None and name in shown:
+                state, why = shown[name]
+            else:
+                verdict = node_readiness(facts, view.validator_state(name), config)
+                state, why = ("ready", "") if verdict is None else (verdict.code, verdict.message.split(": ", 1)[1])
+                if verdict is None and facts.problems:
+                    state, why = "BadLabel", "; ".join(sorted(facts.problems.values()))
             writers = label_writers(obj)
             found.append(NodeSurvey(
                 name=name, pool=pool_of(facts, labels), product=facts.product or "unknown", gpus=_gpus(facts),
@@ -167,9 +173,35 @@ def survey_nodes(view: ClusterView, config: Config, node_objects: Mapping[str, M
     return found
 
 
-def _has_gpus(facts: NodeFacts, labels: Mapping[str, str]) -> bool:
-    return (facts.gpu_present or any(facts.capacity.values()) or any(facts.allocatable.values())
-            or facts.dra_devices > 0 or any(labels.get(key) == "true" for key in NFD_NVIDIA_PCI))
+def gpu_signs(node: Mapping[str, Any], config: Config) -> list[str]:
+    """What says a Node has NVIDIA GPUs, one phrase each; none: it has no GPU as far as the cluster can tell.
+    - NFD's NVIDIA PCI label: the hardware, as nfd-worker read it, and what the GPU Operator itself looks
+      for before it deploys anything there (gpuNodeLabels, NVIDIA/gpu-operator controllers/state_manager.go);
+    - an NVIDIA GPU label: nvidia.com/gpu.present=true, nvidia.com/gpu.count above 0, nvidia.com/gpu.product
+      (GPU Feature Discovery's, a cloud's node pool, or a person's);
+    - a GPU resource in its capacity: a device plugin registered GPUs there.
+    (The survey also counts DRA devices, which it reads from ResourceSlices.)"""
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    capacity = (node.get("status") or {}).get("capacity") or {}
+    signs = [f"{key}=true" for key in NFD_NVIDIA_PCI if labels.get(key) == "true"][:1]
+    if labels.get(n.GPU_PRESENT) == "true":
+        signs.append(f"{n.GPU_PRESENT}=true")
+    if _positive(labels.get(n.GPU_COUNT)):
+        signs.append(f"{n.GPU_COUNT}={labels[n.GPU_COUNT]}")
+    if labels.get(n.GPU_PRODUCT):
+        signs.append(f"{n.GPU_PRODUCT}={labels[n.GPU_PRODUCT]}")
+    for resource, quantity in sorted(capacity.items()) if isinstance(capacity, dict) else ():
+        if (config.is_gpu_resource(str(resource)) or str(resource).startswith("nvidia.com/")) and _positive(quantity):
+            signs.append(f"{resource} {quantity} in its capacity")
+    return signs
+
+
+def _positive(value: Any) -> bool:
+    """A whole count above 0 (GPU counts and device plugin quantities are whole numbers)."""
+    try:
+        return int(str(value).strip()) > 0
+    except ValueError:
+        return False
 
 
 def pool_of(facts: NodeFacts, labels: Mapping[str, str]) -> str:

@@ -19,10 +19,17 @@ The automated writers of GPU labels, checked in their sources:
   binary is /usr/bin/gpu-operator), and its upgrade controller `nvidia.com/gpu-driver-upgrade-state`.
 - `driver-manager`: k8s-driver-manager, the driver pod's init container, pauses operands and writes
   `nvidia.com/gpu.deploy.driver=pre-installed` (NVIDIA/k8s-driver-manager cmd/driver-manager).
-Labels people set by design are not GPU-stack labels here: `nvidia.com/mig.config`,
-`nvidia.com/device-plugin.config`, `nvidia.com/gpu.workload.config`, `nvidia.com/gpu.deploy.*`
-(`operands=false` is the documented way to keep the operator off a node), and the MIG manager's own
-`nvidia.com/mig.config.state`.
+Labels a node is registered with are not set by hand either: the kubelet writes `--node-labels` when
+it registers the Node (field manager `kubelet`), which is how node pools label their nodes (EKS node
+groups and GKE node pools, including `nvidia.com/gpu.present=true` on GPU pools), and Karpenter copies
+its NodePool's labels onto the Node it made (its client's User-Agent, hence manager, is `karpenter`).
+They stay as the pool defines them: not leftovers to remove.
+
+The GPU labels counted are NVIDIA's: `nvidia.com/*` and NFD's NVIDIA PCI labels
+(`feature.node.kubernetes.io/pci-*10de*`); NFD's CPU, kernel, USB and other PCI labels are no GPU's.
+Labels people set by design are not counted: `nvidia.com/mig.config`, `nvidia.com/device-plugin.config`,
+`nvidia.com/gpu.workload.config`, `nvidia.com/gpu.deploy.*` (`operands=false` is the documented way
+to keep the operator off a node), and the MIG manager's own `nvidia.com/mig.config.state`.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AUTOMATED", "NFD_LABELS_ANNOTATION", "LabelWriters", "is_stack_label", "label_writers"]
+__all__ = ["AUTOMATED", "NFD_LABELS_ANNOTATION", "REGISTRATION", "LabelWriters", "is_stack_label", "label_writers"]
 
 NFD_LABELS_ANNOTATION = "nfd.node.kubernetes.io/feature-labels"
 AUTOMATED: dict[str, str] = {
@@ -40,15 +47,23 @@ AUTOMATED: dict[str, str] = {
     "gpu-operator": "the GPU Operator",
     "driver-manager": "the GPU Operator's k8s-driver-manager",
 }
-_STACK_PREFIXES = ("nvidia.com/", "feature.node.kubernetes.io/")
+# Who labels a node as it is registered, from its pool's definition.
+REGISTRATION: dict[str, str] = {
+    "kubelet": "the kubelet at registration (--node-labels: a node pool's labels)",
+    "karpenter": "Karpenter (its NodePool's labels)",
+}
+_NFD_PCI = "feature.node.kubernetes.io/pci-"
+_NVIDIA_PCI_VENDOR = "10de"
 _SET_BY_PEOPLE = frozenset({"nvidia.com/mig.config", "nvidia.com/mig.config.state", "nvidia.com/device-plugin.config",
                             "nvidia.com/gpu.workload.config"})
 _DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 
 
 def is_stack_label(key: str) -> bool:
-    """A label GPU Feature Discovery, NFD or the GPU Operator publishes (not one people set by design)."""
-    return key.startswith(_STACK_PREFIXES) and key not in _SET_BY_PEOPLE and not key.startswith(_DEPLOY_PREFIX)
+    """An NVIDIA GPU label GPU Feature Discovery, NFD or the GPU Operator publishes (not one people set by
+    design): nvidia.com/*, and NFD's PCI labels of NVIDIA devices (vendor 10de)."""
+    nvidia = key.startswith("nvidia.com/") or (key.startswith(_NFD_PCI) and _NVIDIA_PCI_VENDOR in key)
+    return nvidia and key not in _SET_BY_PEOPLE and not key.startswith(_DEPLOY_PREFIX)
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,11 +74,12 @@ class LabelWriters:
     owners: Mapping[str, frozenset[str]]  # label key -> managers
 
     def by_hand(self, labels: Mapping[str, str]) -> dict[str, str]:
-        """GPU-stack labels present on the node whose only writers are not the stack's own: key -> writers."""
+        """GPU-stack labels present on the node whose only writers are neither the stack's own nor the node's
+        registration: key -> writers."""
         found = {}
         for key in sorted(labels):
             owners = self.owners.get(key)
-            if is_stack_label(key) and owners and not owners & AUTOMATED.keys():
+            if is_stack_label(key) and owners and not owners & (AUTOMATED.keys() | REGISTRATION.keys()):
                 found[key] = ", ".join(sorted(owners))
         return found
 

@@ -3,10 +3,10 @@ Operator's managed stack, planned and checked step by step, applied with `--appl
 
 Every step's state is read from the cluster each time, never from a local record: rerunning the
 command says which steps are done and what the next one waits for. The one local thing is the way
-back, written before anything changes: `<dir>/<node>.json`, a JSON patch that puts the node's labels,
-taints and schedulable state back as they were, guarded by a `test` of the node's uid so it never
-lands on another node of that name. `kubectl patch node NODE --type json --patch-file FILE` applies it,
-as does `gpu-placement migrate NODE --undo`.
+back, `<dir>/<node>.json` (gpu_placement/survey/wayback.py): written before anything changes, it then
+records each change before it is made (what was there, what the migration wrote) and whether the
+migration is under way, complete or undone. `gpu-placement migrate NODE --undo` puts back what the
+migration changed and nothing else.
 
 The steps, in order (`save` comes first so that nothing changes without a way back; it reads only):
 1. save      the node's labels, taints and spec.unschedulable to the file
@@ -15,7 +15,8 @@ The steps, in order (`save` comes first so that nothing changes without a way ba
              PodDisruptionBudget allows no disruption (pkg/registry/core/pod/storage/eviction.go);
              DaemonSet pods stay, pods without a controller are refused (kubectl pkg/drain/filters.go)
 4. labels    remove the GPU labels people wrote (managedFields: gpu_placement/survey/labels.py)
-5. plugin    keep a hand-installed device plugin off the node (a person's step, when one runs there)
+5. plugin    keep a hand-installed device plugin off the node: an affinity on its DaemonSet leaving out
+             nodes where the operator deploys its own (a person's step when the DaemonSet cannot be read)
 6. operator  remove nvidia.com/gpu.deploy.operands=false; the operator then sets
              nvidia.com/gpu.present=true from NFD's PCI label and its gpu.deploy.* labels, and its
              DaemonSets start there (NVIDIA/gpu-operator controllers/state_manager.go)
@@ -25,54 +26,64 @@ The steps, in order (`save` comes first so that nothing changes without a way ba
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import orjson
 
+from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
 from gpu_placement.facts.budgets import budget_from_json
-from gpu_placement.survey.inventory import NFD_NVIDIA_PCI, OPERANDS_LABEL, is_device_plugin, is_operand
+from gpu_placement.survey.inventory import NFD_NVIDIA_PCI, OPERANDS_LABEL, gpu_signs, is_device_plugin, is_operand
 from gpu_placement.survey.labels import label_writers
+from gpu_placement.survey.wayback import COMPLETE, UNDONE, VERSION, MigrateError, Record, inferred
 
-__all__ = ["Backup", "MigrateError", "NodeState", "Step", "backup_patch", "plan", "read_backup"]
+__all__ = ["DEVICE_PLUGIN_LABEL", "MigrateError", "NodeState", "NotMigratable", "Step", "backup_patch",
+           "excludes_operator_nodes", "plan", "preconditions", "refusal", "with_exclusion"]
 
 DONE, NEXT, WAITING, BLOCKED, PENDING, MANUAL = "done", "next", "waiting", "blocked", "pending", "manual"
 _MIRROR = "kubernetes.io/config.mirror"
 _TERMINAL = ("Succeeded", "Failed")
 
 
-class MigrateError(Exception):
-    """The migration cannot go on; the message says why and what to do."""
+DEVICE_PLUGIN_LABEL = "nvidia.com/gpu.deploy.device-plugin"  # where the GPU Operator deploys its device plugin
 
 
-@dataclass(slots=True, frozen=True)
-class Backup:
-    """The way back, as saved: the node's uid, labels, taints and whether it was cordoned."""
-
-    path: Path
-    uid: str
-    labels: dict[str, str]
-    taints: list[dict[str, Any]]
-    unschedulable: bool
+class NotMigratable(MigrateError):
+    """Not a node to migrate (none of that name, or no GPU): bad input, nothing read further or changed."""
 
 
 @dataclass(slots=True)
 class NodeState:
     """What the plan reads: the Node, the pods bound to it, the budgets of their namespaces, whether the
-    GPU Operator is installed (None: unknown), the saved way back."""
+    GPU Operator is installed (None: unknown), the saved way back, and the DaemonSets of the foreign
+    device plugins on the node (NS/NAME -> the object; None: it could not be read)."""
 
     node: dict[str, Any]
     pods: list[dict[str, Any]]
     budgets: list[dict[str, Any]]
     operator_installed: bool | None
-    backup: Backup | None
+    backup: Record | None
     config: Config
     backup_path: Path = field(default_factory=Path)
+    daemonsets: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    timeout: float = 600.0  # --timeout: what the kubectl commands shown wait
+
+    @property
+    def record(self) -> Record | None:
+        """The way back of this migration: saved for this node object, and not put back already. A
+        first-format one comes with the changes worked out (wayback.inferred), so that what is recorded
+        next adds to them."""
+        backup = self.backup
+        if backup is None or backup.uid != self.uid or backup.state == UNDONE:
+            return None
+        return backup if backup.version >= VERSION else replace(backup, version=VERSION,
+                                                                changes=inferred(backup, self.node))
 
     @property
     def name(self) -> str:
@@ -106,16 +117,19 @@ class NodeState:
                  and validator.selector.matches(_meta(pod).get("labels") or {}) and _running(pod)]
         return found[0] if found else None
 
-    def plugin_owner(self) -> tuple[str, str]:
-        """(namespace, DaemonSet) of the first foreign device plugin pod, for the command."""
+    def foreign_plugins(self) -> list[str]:
+        return sorted(_key(pod) for pod in self.pods if _running(pod) and is_device_plugin(pod, self.config))
+
+    def plugin_daemonsets(self) -> dict[str, list[str]]:
+        """NS/NAME of the DaemonSet behind each foreign device plugin pod (NS/NAME with "" as the name when
+        no DaemonSet controls it) -> those pods."""
+        found: dict[str, list[str]] = {}
         for pod in self.pods:
             if _running(pod) and is_device_plugin(pod, self.config):
                 owner = _controller(pod) or {}
-                return str(_meta(pod).get("namespace") or "default"), str(owner.get("name") or "NAME")
-        return "NS", "NAME"
-
-    def foreign_plugins(self) -> list[str]:
-        return sorted(_key(pod) for pod in self.pods if _running(pod) and is_device_plugin(pod, self.config))
+                name = str(owner.get("name") or "") if owner.get("kind") == "DaemonSet" else ""
+                found.setdefault(f"{_meta(pod).get('namespace') or 'default'}/{name}", []).append(_key(pod))
+        return found
 
 
 @dataclass(slots=True)
@@ -162,7 +176,9 @@ def _ready(pod: Mapping[str, Any]) -> bool:
 
 # -- the way back --------------------------------------------------------------------------------
 def backup_patch(node: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The JSON patch that puts this node's labels, taints and schedulable state back: the same file
+    """The first format of the way back (wayback.py reads it still), and what the save step's command
+    shows for a person saving by hand: the JSON patch of this node's labels, taints and schedulable
+    state, the same file
     `kubectl get node NODE -o json | jq '[{op:"test",path:"/metadata/uid",value:.metadata.uid},
     {op:"add",path:"/metadata/labels",value:.metadata.labels},{op:"add",path:"/spec/taints",
     value:(.spec.taints // [])},{op:"add",path:"/spec/unschedulable",value:(.spec.unschedulable // false)}]'`
@@ -174,30 +190,49 @@ def backup_patch(node: Mapping[str, Any]) -> list[dict[str, Any]]:
             {"op": "add", "path": "/spec/unschedulable", "value": bool(spec.get("unschedulable"))}]
 
 
-def read_backup(path: Path) -> Backup | None:
-    """The saved way back, or None when there is none; MigrateError when the file is not one of ours."""
-    try:
-        ops = orjson.loads(path.read_bytes())
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise MigrateError(f"{path}: not a saved way back ({exc}); move it away and run the command again") from None
-    values = {op.get("path"): op.get("value") for op in ops if isinstance(op, dict)} if isinstance(ops, list) else {}
-    if not isinstance(values.get("/metadata/uid"), str) or not isinstance(values.get("/metadata/labels"), dict):
-        raise MigrateError(f"{path}: not a saved way back (no uid test and labels); move it away and run again")
-    return Backup(path, values["/metadata/uid"], dict(values["/metadata/labels"]),
-                  list(values.get("/spec/taints") or []), bool(values.get("/spec/unschedulable")))
-
-
 # -- the plan ------------------------------------------------------------------------------------
 def _label_command(node: str, keys: Sequence[str]) -> str:
     return f"kubectl label node {node} " + " ".join(f"{key}-" for key in keys)
 
 
+def refusal(state: NodeState) -> str | None:
+    """Why this node is no node to migrate at all (it has no GPU), or None. A GPU node is one with any of
+    `gpu_signs`: NFD's NVIDIA PCI label, an NVIDIA GPU label, a GPU resource in its capacity."""
+    if gpu_signs(state.node, state.config):
+        return None
+    saved = (f"; a way back of it is saved in {state.backup_path}: gpu-placement migrate {state.name} --undo puts "
+             "back what was changed") if state.backup is not None else "; nothing was changed"
+    return (f"{state.name} has no GPU: no NVIDIA PCI device labelled by NFD ({NFD_NVIDIA_PCI[0]}), no NVIDIA GPU "
+            f"label ({n.GPU_PRESENT}, {n.GPU_COUNT}, {n.GPU_PRODUCT}) and no GPU resource in its capacity, so "
+            f"there is nothing to migrate{saved} (is it the node you meant? kubectl get nodes -L "
+            f"{n.GPU_PRESENT},{n.GPU_PRODUCT} lists the GPU nodes)")
+
+
+def preconditions(state: NodeState) -> list[str]:
+    """What must hold before the migration's first change, each a sentence; checked before anything is
+    written, so that a migration that would stop half way (the node cordoned and drained, then waiting for
+    an operator that is not there) does not start."""
+    problems = []
+    if state.operator_installed is False:
+        problems.append("the GPU Operator is not installed (no ClusterPolicy): install it first (helm install "
+                        "gpu-operator nvidia/gpu-operator -n gpu-operator --create-namespace; with the host's driver "
+                        "kept, set driver.enabled=false)")
+    labels = state.labels
+    # The operator deploys on a node only where NFD's PCI label says NVIDIA: needed unless its pods already run
+    # there and stay (operands not disabled, its nvidia.com/gpu.present not among the labels to remove).
+    stays = bool(state.operands()) and labels.get(OPERANDS_LABEL) != "false" and n.GPU_PRESENT not in \
+        state.hand_labels()
+    if not stays and not any(labels.get(key) == "true" for key in NFD_NVIDIA_PCI):
+        problems.append(f"NFD has not labelled the node {NFD_NVIDIA_PCI[0]}=true, which the GPU Operator needs "
+                        "before it deploys anything there: run nfd-worker on it (the operator's nfd.enabled, or your "
+                        "own Node Feature Discovery), then run this again")
+    return problems
+
+
 def plan(state: NodeState) -> list[Step]:
     """Every step with its state as the cluster shows it now; the first not done says what it waits for."""
     name, config = state.name, state.config
-    backup = state.backup if state.backup is not None and state.backup.uid == state.uid else None
+    backup = state.record
     hand = state.hand_labels()
     operands = state.operands()
     disabled = state.labels.get(OPERANDS_LABEL) == "false"
@@ -223,15 +258,7 @@ def plan(state: NodeState) -> list[Step]:
              f"{len(hand)} labels last written by {', '.join(sorted(set(hand.values())))}: {', '.join(sorted(hand))}"
              if hand else "no GPU label on the node was written by hand"),
     ]
-    owner = state.plugin_owner()
-    steps.append(Step("plugin", "keep a hand-installed device plugin off the node",
-                      f"kubectl -n {owner[0]} patch daemonset {owner[1]} --type json -p '{_NOT_WITH_OPERATOR}'"
-                      if foreign else "(none runs there)", PENDING if foreign else DONE,
-                      f"{', '.join(foreign)} runs there: with the operator's device plugin beside it, two plugins "
-                      "register the same GPUs. Give its DaemonSet an affinity that leaves out nodes where the "
-                      "operator deploys its own (this one for all nodes, once; check the DaemonSet has no affinity it "
-                      "would replace), then rerun" if foreign else "no device plugin but the operator's runs there",
-                      automatic=False))
+    steps.append(_plugin_step(state))
     steps += [
         Step("operator", "let the GPU Operator take the node",
              f"kubectl label node {name} {OPERANDS_LABEL}-" if disabled else
@@ -240,7 +267,8 @@ def plan(state: NodeState) -> list[Step]:
              f"its pods on the node: {', '.join(operands)}" if managed else _operator_wait(state, disabled)),
         Step("validator", "wait for the operator's validator to pass on the node",
              f"kubectl -n {config.validator.namespace} wait pod -l {config.validator.selector.text} --field-selector "
-             f"spec.nodeName={name} --for=condition=Ready --timeout=15m", DONE if validated else PENDING,
+             f"spec.nodeName={name} --for=condition=Ready --timeout={_duration(state.timeout)}",
+             DONE if validated else PENDING,
              f"{_key(validator)} is Ready" if validated else
              (f"{_key(validator)} is not Ready yet (kubectl -n {config.validator.namespace} logs "
               f"{_meta(validator).get('name')} --all-containers shows which check runs)" if validator else
@@ -251,20 +279,99 @@ def plan(state: NodeState) -> list[Step]:
              "left cordoned: it was cordoned before the migration (the saved state)" if complete and state.cordoned
              else ""),
     ]
+    problems = preconditions(state) if backup is None else []
+    if problems:  # nothing is written, not even the way back, until they hold
+        steps[0].state = BLOCKED
+        steps[0].detail = "cannot start, nothing is changed: " + "; ".join(problems)
     _mark_next(steps)
     return steps
 
 
-# A DaemonSet affinity that leaves out the nodes where the GPU Operator deploys its own device plugin.
-_NOT_WITH_OPERATOR = orjson.dumps([{"op": "add", "path": "/spec/template/spec/affinity", "value": {"nodeAffinity": {
-    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
-        {"key": "nvidia.com/gpu.deploy.device-plugin", "operator": "NotIn", "values": ["true"]}]}]}}}}]).decode()
+# The expression that leaves out the nodes where the GPU Operator deploys its own device plugin.
+_EXCLUDE = {"key": DEVICE_PLUGIN_LABEL, "operator": "NotIn", "values": ["true"]}
+
+
+def _excludes(expression: Any) -> bool:
+    return isinstance(expression, dict) and expression.get("key") == DEVICE_PLUGIN_LABEL and (
+        expression.get("operator") == "DoesNotExist" or
+        (expression.get("operator") == "NotIn" and "true" in (expression.get("values") or ())))
+
+
+def _terms(affinity: Any) -> list[Any]:
+    required = (((affinity or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+                or {}) if isinstance(affinity, dict) else {}
+    return list(required.get("nodeSelectorTerms") or ())
+
+
+def excludes_operator_nodes(affinity: Any) -> bool:
+    """Whether a pod template's affinity keeps its pods off every node labelled device-plugin=true: each of
+    its required terms (ORed) leaves them out."""
+    terms = _terms(affinity)
+    return bool(terms) and all(isinstance(t, dict) and any(_excludes(e) for e in t.get("matchExpressions") or ())
+                               for t in terms)
+
+
+def with_exclusion(affinity: Any) -> dict[str, Any]:
+    """The affinity with the exclusion added to each required term (so it is ANDed with what each term
+    selects), or one term of it alone; everything else in it kept."""
+    new = copy.deepcopy(affinity) if isinstance(affinity, dict) else {}
+    required = new.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = [t for t in _terms(new) if isinstance(t, dict)] or [{}]
+    required["nodeSelectorTerms"] = [
+        t if any(_excludes(e) for e in t.get("matchExpressions") or ()) else
+        {**t, "matchExpressions": [*(t.get("matchExpressions") or ()), dict(_EXCLUDE)]} for t in terms]
+    return new
+
+
+def template_affinity(daemonset: Mapping[str, Any]) -> Any:
+    return (((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}).get("affinity")
+
+
+def _plugin_step(state: NodeState) -> Step:
+    """A device plugin not of the operator on the node: its DaemonSet gets an affinity leaving out the nodes
+    where the operator deploys its own, so that its pod leaves when the operator takes the node (after the
+    operator step: until then the node has no nvidia.com/gpu.deploy.device-plugin=true) and never comes back."""
+    title = "keep a hand-installed device plugin off the node"
+    plugins = state.plugin_daemonsets()
+    if not plugins:
+        return Step("plugin", title, "(none runs there)", DONE, "no device plugin but the operator's runs there")
+    for key, pods in sorted(plugins.items()):
+        namespace, daemonset = key.split("/", 1)
+        obj = state.daemonsets.get(key) if daemonset else None
+        why = (f"{', '.join(pods)} runs there: with the operator's device plugin beside it, two plugins register the "
+               "same GPUs")
+        if obj is None:  # a person's step: no DaemonSet behind it, or one this user may not read
+            patch = orjson.dumps([{"op": "add", "path": "/spec/template/spec/affinity", "value": with_exclusion(None)}])
+            what = (f"{why}. Give its DaemonSet an affinity that leaves out nodes where the operator deploys its own "
+                    "(this one for all nodes, once; check the DaemonSet has no affinity it would replace), then rerun"
+                    if daemonset else f"{why}, and no DaemonSet controls it: delete it, then rerun")
+            return Step("plugin", title, f"kubectl -n {namespace} patch daemonset {daemonset or 'NAME'} --type json "
+                        f"-p '{patch.decode()}'" if daemonset else f"kubectl -n {namespace} delete pod "
+                        f"{pods[0].split('/', 1)[1]}", PENDING, what, automatic=False)
+        affinity = template_affinity(obj)
+        if not excludes_operator_nodes(affinity):
+            patch = orjson.dumps([{"op": "add", "path": "/spec/template/spec/affinity",
+                                   "value": with_exclusion(affinity)}])
+            return Step("plugin", title, f"kubectl -n {namespace} patch daemonset {daemonset} --type json -p "
+                        f"'{patch.decode()}'", PENDING,
+                        f"{why}. Its DaemonSet gets an affinity that leaves out the nodes where the operator deploys "
+                        f"its own ({DEVICE_PLUGIN_LABEL}=true), added to each term of any affinity it has: its pod "
+                        "leaves this node when the operator takes it, and stays on the others (a change of its pod "
+                        "template: a RollingUpdate DaemonSet restarts them once)")
+        if state.labels.get(DEVICE_PLUGIN_LABEL) == "true":
+            return Step("plugin", title, f"kubectl -n {namespace} wait pod/{pods[0].split('/', 1)[1]} --for=delete "
+                        f"--timeout={_duration(state.timeout)}", PENDING,
+                        f"affinity in place on daemonset {key}, waiting for its pod to leave: the DaemonSet "
+                        f"controller deletes {', '.join(pods)} now that the operator deploys its own plugin here")
+    return Step("plugin", title, "(nothing to do now)", DONE,
+                f"affinity in place on daemonset {', '.join(sorted(plugins))}: {', '.join(state.foreign_plugins())} "
+                f"leaves the node when the operator labels it {DEVICE_PLUGIN_LABEL}=true (after the operator step)")
 
 
 def _drain_step(state: NodeState, complete: bool) -> Step:
     name = state.name
     step = Step("drain", "evict its pods, honouring PodDisruptionBudgets",
-                f"kubectl drain {name} --ignore-daemonsets --delete-emptydir-data --timeout=15m")
+                f"kubectl drain {name} --ignore-daemonsets --delete-emptydir-data --timeout={_duration(state.timeout)}")
     if complete:
         step.state = DONE
         return step
@@ -286,19 +393,24 @@ def _drain_step(state: NodeState, complete: bool) -> Step:
                                                            meta.get("labels") or {})), None)
             held = f" (PodDisruptionBudget {budget.key}: {budget.allowed} disruptions allowed now)" if budget else ""
             notes.append(f"{_key(pod)}{held}")
-    step.detail = "; ".join(blocked) if blocked else f"{len(pods)} pods to evict: {', '.join(notes)}"
+    evicted = f"{len(notes)} {'pod' if len(notes) == 1 else 'pods'} to evict: {', '.join(notes)}" if notes else ""
+    if blocked:
+        step.detail = "; ".join(blocked) + (f"; then {evicted}" if evicted else "")
+    else:
+        step.detail = evicted or "no pod to evict (DaemonSet pods stay)"
     step.state = BLOCKED if blocked else PENDING
     return step
 
 
 def _operator_wait(state: NodeState, disabled: bool) -> str:
     labels = state.labels
-    if disabled:
-        return f"{OPERANDS_LABEL}=false keeps every operand of the GPU Operator off the node"
     if state.operator_installed is False:
+        kept = f"; {OPERANDS_LABEL}=false stays on the node until it is" if disabled else ""
         return ("the GPU Operator is not installed (no ClusterPolicy): install it first (helm install gpu-operator "
                 "nvidia/gpu-operator -n gpu-operator --create-namespace); with the host's driver kept, set "
-                "driver.enabled=false")
+                "driver.enabled=false" + kept)
+    if disabled:
+        return f"{OPERANDS_LABEL}=false keeps every operand of the GPU Operator off the node"
     if not any(labels.get(key) == "true" for key in NFD_NVIDIA_PCI):
         return (f"NFD has not labelled the node {NFD_NVIDIA_PCI[0]}=true, which the operator looks for: is nfd-worker "
                 "running on it?")
@@ -306,6 +418,12 @@ def _operator_wait(state: NodeState, disabled: bool) -> str:
         return "the GPU Operator has not set nvidia.com/gpu.present=true yet (is the operator running?)"
     return ("no operand of the GPU Operator runs on the node yet: its DaemonSets start once it carries "
             "nvidia.com/gpu.deploy.<component>=true")
+
+
+def _duration(seconds: float) -> str:
+    """A Go duration as kubectl reads it: 10m, 1h, 90s."""
+    whole = max(1, round(seconds))
+    return f"{whole // 3600}h" if whole % 3600 == 0 else f"{whole // 60}m" if whole % 60 == 0 else f"{whole}s"
 
 
 def _mark_next(steps: list[Step]) -> None:
@@ -321,7 +439,11 @@ def _mark_next(steps: list[Step]) -> None:
 
 def needed(state: NodeState) -> str | None:
     """Why the node needs no migration, or None when it does."""
-    if state.backup is not None or state.labels.get(OPERANDS_LABEL) == "false" or state.hand_labels():
+    record = state.record
+    if record is not None and record.state == COMPLETE:
+        return (f"{state.name}: migration complete (recorded in {record.path}, {record.ended or 'at its end'}); "
+                f"the way back: gpu-placement migrate {state.name} --undo --backup-dir {record.path.parent}")
+    if record is not None or state.labels.get(OPERANDS_LABEL) == "false" or state.hand_labels():
         return None
     if state.operands():
         return (f"{state.name} is managed by the GPU Operator (its pods: {', '.join(state.operands())}) and none of "

@@ -18,9 +18,14 @@ from gpu_placement.survey.run import Survey
 __all__ = ["STATE_COLOURS", "survey_html"]
 
 # Readiness state -> tile colour (also asserted on the rendered page's pixels in the tests).
-STATE_COLOURS = {"ready": "#2e9d5b", "NotValidated": "#d1493f", "NoGPU": "#b2372e", "NodeNotReady": "#8a8f98",
-                 "DriverUpgrade": "#e0a526", "MIGReconfiguring": "#e0a526", "BadLabel": "#8e5bd6"}
+# The states are `gpu-placement nodes`'s (report/nodes.py): ready, the ones that take some pods, reason codes.
+STATE_COLOURS = {"ready": "#2e9d5b", "canary-only": "#3f8fc4", "last-choice": "#7a9a3a", "upgrade-due": "#4f9e8c",
+                 "no-driver-labels": "#b07d2a", "NotValidated": "#d1493f", "NoGPU": "#b2372e",
+                 "NodeNotReady": "#8a8f98", "DriverUpgrade": "#e0a526", "MIGReconfiguring": "#c2569b",
+                 "BadLabel": "#8e5bd6"}
 _OTHER = "#6b7bd6"
+_READY = ("GPU nodes a GPU pod can be placed on now: state ready (as gpu-placement nodes shows it), not cordoned, "
+          "and no taint that no GPU pod tolerates")
 _FRAMES = {MANAGED: "managed", PREINSTALLED: "preinstalled", UNMANAGED: "unmanaged"}
 _MAX_PIPS = 16
 
@@ -119,19 +124,19 @@ def survey_html(survey: Survey, title: str = "GPU cluster survey") -> str:
     for node in survey.nodes:
         pools.setdefault(node.pool, []).append(node)
     sections = []
+    takes = set(survey.ready())
     for pool, nodes in sorted(pools.items(), key=lambda item: (item[0] == "-", item[0])):
-        ready = sum(1 for node in nodes if node.state == "ready")
+        ready = sum(1 for node in nodes if node.name in takes)
         heading = f"pool {pool}" if pool != "-" else "nodes without a pool"
         tiles = "".join(_tile(node, codes.get(node.name, [])) for node in nodes)
         sections.append(f'<section class="pool" data-pool="{escape(pool)}"><h3>{escape(heading)} '
                         f'<small>{len(nodes)} nodes, {sum(n.gpus for n in nodes)} GPUs, {ready} ready</small></h3>'
                         f'<div class="tiles">{tiles}</div></section>')
     unmanaged = sum(1 for node in survey.nodes if node.management == UNMANAGED)
-    counts = [("GPU nodes", len(survey.nodes)), ("GPUs", sum(node.gpus for node in survey.nodes)),
-              ("ready", sum(1 for node in survey.nodes if node.state == "ready")), ("not managed", unmanaged),
-              ("findings", len(survey.findings))]
-    summary = "".join(f'<div class="count" data-count="{escape(label)}"><b>{value}</b>{escape(label)}</div>'
-                      for label, value in counts)
+    counts = [("GPU nodes", len(survey.nodes), ""), ("GPUs", sum(node.gpus for node in survey.nodes), ""),
+              ("ready", len(takes), _READY), ("not managed", unmanaged, ""), ("findings", len(survey.findings), "")]
+    summary = "".join(f'<div class="count" data-count="{escape(label)}" title="{escape(why or label)}">'
+                      f'<b>{value}</b>{escape(label)}</div>' for label, value, why in counts)
     states = sorted({node.state for node in survey.nodes}, key=lambda s: (s != "ready", s))
     rows = "".join(_finding_row(finding) for finding in survey.findings)
     findings = (f'<table id="findings"><thead><tr><th>Code</th><th>What</th><th>Nodes</th><th>Workloads</th>'

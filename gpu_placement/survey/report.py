@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import orjson
 
 from gpu_placement.report.tables import table
-from gpu_placement.survey.inventory import NodeSurvey
+from gpu_placement.survey.inventory import NO_POOL, NodeSurvey
 from gpu_placement.survey.run import Survey
 
 __all__ = ["survey_json", "survey_markdown", "survey_text"]
@@ -43,10 +43,19 @@ def _node_row(node: NodeSurvey) -> list[str]:
             node.management, state, hand]
 
 
+def _plural(count: int, one: str, many: str | None = None) -> str:
+    return f"{count} {one if count == 1 else many or one + 's'}"
+
+
 def _headline(survey: Survey) -> str:
-    pools = len({node.pool for node in survey.nodes})
-    return (f"{len(survey.nodes)} GPU nodes ({sum(node.gpus for node in survey.nodes)} GPUs) in {pools} pools, "
-            f"{survey.cpu_nodes} other nodes; {len(survey.findings)} findings")
+    """`21 GPU nodes (45 GPUs) in 2 pools and 14 without a pool, 1 other node; 10 findings`: a node
+    without a pool is counted as such, not as a pool of its own."""
+    pools = {node.pool for node in survey.nodes} - {NO_POOL}
+    without = sum(1 for node in survey.nodes if node.pool == NO_POOL)
+    where = (f" in {_plural(len(pools), 'pool')}" + (f" and {without} without a pool" if without else "")
+             if pools else ", none in a pool" if survey.nodes else "")
+    return (f"{_plural(len(survey.nodes), 'GPU node')} ({_plural(sum(node.gpus for node in survey.nodes), 'GPU')})"
+            f"{where}, {_plural(survey.cpu_nodes, 'other node')}; {_plural(len(survey.findings), 'finding')}")
 
 
 def survey_text(survey: Survey) -> str:

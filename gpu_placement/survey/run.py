@@ -10,7 +10,8 @@ from typing import Any
 from gpu_placement.base.names import REGISTERED_ANNOTATION
 from gpu_placement.decide.bypass import Webhook
 from gpu_placement.decide.kubefilters import KubeNodes
-from gpu_placement.survey.findings import Context, Finding, find_all
+from gpu_placement.report.nodes import node_state
+from gpu_placement.survey.findings import UNTOLERATED_TAINT, Context, Finding, find_all
 from gpu_placement.survey.inventory import PoolProduct, inventory, survey_nodes
 from gpu_placement.survey.workloads import Admit, gpu_workloads
 
@@ -26,11 +27,19 @@ class Survey:
     configuration: str = ""
     notes: list[str] = field(default_factory=list)
 
+    def ready(self) -> list[str]:
+        """The GPU nodes a GPU pod can be placed on now: state `ready` (as `gpu-placement nodes` shows it:
+        not a soaking driver, not an upgrade due, its driver labels there), not cordoned, and no taint that
+        neither the configuration nor any GPU workload tolerates (UntoleratedTaint: a maintenance taint)."""
+        untolerated = {name for finding in self.findings if finding.code == UNTOLERATED_TAINT for name in finding.nodes}
+        return [node.name for node in self.nodes if node.state == "ready" and not node.cordoned
+                and node.name not in untolerated]
+
     def json(self) -> dict[str, Any]:
         return {"inventory": [group.json() for group in self.inventory],
                 "findings": [finding.json() for finding in self.findings],
                 "gpuNodes": len(self.nodes), "gpus": sum(node.gpus for node in self.nodes), "cpuNodes": self.cpu_nodes,
-                "configuration": self.configuration, "notes": self.notes}
+                "readyNodes": len(self.ready()), "configuration": self.configuration, "notes": self.notes}
 
 
 def webhook_from_objects(objects: Iterable[Mapping[str, Any]]) -> Webhook | None:
@@ -60,7 +69,9 @@ def run_survey(core: Any, objects: list[dict[str, Any]], *, deployed: bool, admi
     rollout = core.placement.rollout
     rollout.expire()
     states = {name: rollout.soak(name).state for name in node_objects}
-    nodes = survey_nodes(view, config, node_objects, pods, states)
+    with view.lock:
+        shown = {name: node_state(core, name) for name in view.nodes}  # as `gpu-placement nodes` shows them
+    nodes = survey_nodes(view, config, node_objects, pods, states, shown)
 
     def wants_gpu(pod: dict[str, Any]) -> bool:
         return bool(core.placement.requirements(pod).wants_gpu)

@@ -701,6 +701,7 @@ class Kubelets:
         pod = validator_pod(node, ready)
         status = pod.pop("status")
         pod["metadata"].pop("uid", None)
+        pod["metadata"].pop("ownerReferences", None)  # no such DaemonSet here: the garbage collector would delete it
         pod["spec"]["tolerations"] = [{"operator": "Exists"}]
         pod["spec"]["containers"][0]["resources"] = {}
         r = self.api.create("/api/v1/namespaces/gpu-operator/pods", pod)

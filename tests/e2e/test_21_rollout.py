@@ -57,7 +57,7 @@ def put_driver_pod(e2e: E2E, node: str, version: str, ready_at: float | None) ->
     reports it (Ready since `ready_at`, None: still installing)."""
     pod = driver_pod(node, version, ready_at)
     status = pod.pop("status")
-    for key in ("uid", "creationTimestamp"):
+    for key in ("uid", "creationTimestamp", "ownerReferences"):  # no such DaemonSet here: the GC would delete it
         pod["metadata"].pop(key, None)
     pod["spec"]["tolerations"] = [{"operator": "Exists"}]
     path = f"/api/v1/namespaces/gpu-operator/pods/{pod['metadata']['name']}"
