@@ -60,6 +60,19 @@ def _duration(text: str) -> float:
     return float(sum(int(n) * _UNITS[u] for n, u in parts))
 
 
+_WINDOW_UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _window(text: str) -> float:
+    """`report --since`: whole minutes, from "30m", "12h", "7d", "2w", "1d12h" (the figures are read at minute
+    marks, as the idle gauge's record is sampled)."""
+    parts = re.findall(r"(\d+)([mhdw])", text)
+    if not parts or "".join(n + u for n, u in parts) != text or not any(int(n) for n, _ in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a window of whole minutes such as 30m, 12h, 7d, 2w or "
+                                         "1d12h (units m, h, d, w)")
+    return float(sum(int(n) * _WINDOW_UNITS[u] for n, u in parts))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-placement", description="GPU placement for Kubernetes clusters that "
                                      "run the NVIDIA GPU Operator: scheduler extender and admission webhook.")
@@ -214,11 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     _config_argument(migrate)
     report = commands.add_parser("report", help="the before/after table from Prometheus: launch success and its "
                                  "causes, node preparation and recovery, exclusion latency, GPU pods that waited, "
-                                 "GPU-hours idle while pods waited (docs/outcomes.md)")
+                                 "GPU-hours idle while pods waited (docs/outcomes.md)",
+                                 epilog="exit status: 0 every window has data; 2 bad usage, or Prometheus cannot be "
+                                 "read; 3 a window has no data (gpu-placement not scraped then, or the chart's "
+                                 "recording rules not loaded): no figures for it, and the series it lacks are named")
     report.add_argument("--prometheus", metavar="URL", help="Prometheus that scrapes gpu-placement and holds the "
                         "chart's recording rules (default: the config's telemetry.url)")
-    report.add_argument("--since", type=_duration, default=7 * 86400.0, metavar="DURATION",
-                        help="the window, whole minutes (default 7d)")
+    report.add_argument("--since", type=_window, default=7 * 86400.0, metavar="WINDOW",
+                        help="the window's length in whole minutes: units m, h, d, w, e.g. 30m, 12h, 7d, 2w, 1d12h "
+                        "(default 7d)")
     report.add_argument("--until", metavar="TIME", help="the window's end, RFC 3339 or YYYY-MM-DD (default now)")
     report.add_argument("--compare", metavar="FROM..TO", help="before and after: the --since window ending at FROM "
                         "and the one ending at TO (each RFC 3339, YYYY-MM-DD or now)")
@@ -401,7 +418,7 @@ def _nodes(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from gpu_placement.outcomes.report import Prometheus, ReportError, Window, compute, now, render
+    from gpu_placement.outcomes.report import Prometheus, ReportError, Window, compute, no_data, now, render
 
     url = args.prometheus or (str(_config(args.config).telemetry.url or "") if args.config else "")
     if not url:
@@ -419,7 +436,7 @@ def _report(args: argparse.Namespace) -> int:
     except ReportError as exc:
         raise UsageError(str(exc)) from None
     print(render(reports, args.output, _since(args.since)))
-    return 0
+    return 3 if any(no_data(report) for report in reports) else 0
 
 
 def _moment(text: str) -> float:
@@ -438,7 +455,9 @@ def _moment(text: str) -> float:
 
 
 def _since(seconds: float) -> str:
-    return f"{seconds / 86400:g}d" if seconds % 86400 == 0 else f"{seconds / 3600:g}h"
+    if seconds % 86400 == 0:
+        return f"{seconds / 86400:g}d"
+    return f"{seconds / 3600:g}h" if seconds % 3600 == 0 else f"{seconds / 60:g}m"
 
 
 def _rollout(args: argparse.Namespace) -> int:
