@@ -171,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "cluster or --snapshot: pod/NAME (a pod that exists), deploy/NAME, job/NAME, sts/NAME, "
                          "cronjob/NAME, pytorchjob/NAME, ...")
     _cluster_arguments(explain)
-    explain.add_argument("-n", "--namespace", metavar="NS", help="namespace of pod/NAME, or to admit the file's pod "
-                         "into (default: the pod's own, else the context's)")
+    explain.add_argument("-n", "--namespace", metavar="NS", help="namespace of KIND/NAME, or to create the file's "
+                         "objects in, as kubectl create -f: an object naming another namespace is refused; default: "
+                         "the object's own, else the context's (default with --snapshot)")
     explain.add_argument("--all", action="store_true", dest="show_all",
                          help="every node, not counts and a few examples per reason")
     explain.add_argument("-o", "--output", choices=["text", "json"], default="text")
@@ -528,9 +529,11 @@ def _core(args: argparse.Namespace) -> tuple[Any, Any]:
     return core, access
 
 
-def _cluster(args: argparse.Namespace, given: Sequence[dict[str, Any]] = ()) -> tuple[Any, Any, list[dict[str, Any]]]:
+def _cluster(args: argparse.Namespace, given: Sequence[dict[str, Any]] = (),
+             namespace: str | None = None) -> tuple[Any, Any, list[dict[str, Any]]]:
     """`_core`, and the objects it was built from (explain runs kube-scheduler's filters on them).
-    `given`: objects from the user's file laid over the cluster's (a Namespace written beside a Job)."""
+    `given`: objects from the user's file laid over the cluster's (a Namespace written beside a Job);
+    `namespace`: the one the answer is about (-n, else the file's), read where cluster-wide lists are refused."""
     from gpu_placement.app.assembly import core_from_objects
 
     if args.snapshot:
@@ -543,7 +546,7 @@ def _cluster(args: argparse.Namespace, given: Sequence[dict[str, Any]] = ()) -> 
         from gpu_placement.view.fetch import connect, fetch_objects
 
         access = connect(args.kubeconfig, args.context)
-        objects = fetch_objects(access, getattr(args, "namespace", None))
+        objects = fetch_objects(access, namespace or getattr(args, "namespace", None))
     if given:
         replaced = {(o.get("kind"), (o.get("metadata") or {}).get("name")) for o in given}
         objects = [o for o in objects if (o.get("kind"), (o.get("metadata") or {}).get("name")) not in replaced]

@@ -89,6 +89,7 @@ class Context:
     notes: tuple[str, ...] = ()
     new: bool = False  # a pod about to be created (a file): its route through the cluster is worked out
     namespaces_seen: bool = True  # False: the namespaces could not be listed (403), so a missing one may exist
+    namespace: str | None = None  # how the namespace was chosen, when neither the file nor -n named it
 
 
 @dataclass(slots=True)
@@ -365,6 +366,8 @@ def _policy_claims(core: Core, namespace: str, pod: dict[str, Any], nodes: list[
 
 def _about(context: Context, route: Route | None) -> list[str]:
     lines = []
+    if context.namespace:
+        lines.append(f"namespace: {context.namespace}")
     if context.workload:
         lines.append(f"workload: {context.workload}")
     if context.configuration:
@@ -429,7 +432,8 @@ def as_json(found: Explanation) -> dict[str, Any]:
     """`explain_json`'s answer for an explanation already made."""
     admission = found.admission
     best = found.best
-    return {"pod": found.pod, "workload": found.context.workload, "configuration": found.context.configuration,
+    return {"pod": found.pod, "namespace_chosen": found.context.namespace, "workload": found.context.workload,
+            "configuration": found.context.configuration,
             "bypassed": list(found.context.notes),
             "route": None if found.route is None else {
                 "webhook": found.route.webhook, "extender": found.route.extender, "node_name": found.route.node_name,
