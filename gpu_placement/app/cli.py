@@ -188,7 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     namespaces = commands.add_parser("namespaces", help="one line per namespace with gpu-placement.io/* "
                                      "annotations or labels: opted in or not, policy, quota used and limit, enforced "
-                                     "or not, and what is wrong")
+                                     "or not, and what is wrong; exit status 1 when a namespace listed has a problem",
+                                     epilog="exit status: 0 no namespace listed has a problem; 1 some do (the "
+                                     "PROBLEMS column, problems in -o json), as survey exits 1 on findings; 2 bad "
+                                     "usage or input")
     _cluster_arguments(namespaces)
     _config_argument(namespaces)
     namespaces.add_argument("-A", "--all", action="store_true", dest="show_all",
