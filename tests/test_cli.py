@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from gpu_placement.app.cli import main
+from gpu_placement.app.cli import build_parser, main
 from gpu_placement.app.demo import write_snapshot
 from gpu_placement.samples.cluster import make_pod
 
@@ -100,3 +101,29 @@ def test_explain_shows_webhook_change_and_every_node(tmp_path: Path, snapshot: P
     assert rows["h100-single"] == "DriverTooOld"
     assert rows["v100-legacy"] == "ComputeCapability"  # CUDA 13 on Volta: no driver fixes that
     assert len(rows) == 22
+
+
+def _options_without_help(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[str]:
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                missing += _options_without_help(sub, (*path, name))
+        elif not action.help or action.help == argparse.SUPPRESS:
+            missing.append(f"gpu-placement {' '.join(path)} {'/'.join(action.option_strings) or action.dest}")
+    return missing
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """B8 of the wave 5 trial: `certs --help` listed --out, --service and --namespace with nothing beside them."""
+    assert _options_without_help(build_parser()) == []
+
+
+def test_certs_help_describes_each_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["certs", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--out DIR folder to write ca.crt, tls.crt and tls.key (0600) into" in text
+    assert "--service NAME the webhook's Service: the certificate names NAME, NAME.NS, NAME.NS.svc" in text
+    assert "--namespace NS the namespace of that Service" in text

@@ -90,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="what to serve: extender,webhook (default both)")
     serve.add_argument("--extender-listen", type=_listen, default=("127.0.0.1", 8888), metavar="HOST:PORT",
                        help="extender address (default 127.0.0.1:8888; plain HTTP unless a TLS pair is given)")
-    serve.add_argument("--extender-tls-cert", metavar="FILE")
-    serve.add_argument("--extender-tls-key", metavar="FILE")
+    serve.add_argument("--extender-tls-cert", metavar="FILE", help="extender serving certificate (PEM, reloaded when "
+                       "it changes): with --extender-tls-key the extender speaks HTTPS")
+    serve.add_argument("--extender-tls-key", metavar="FILE", help="the key of --extender-tls-cert")
     serve.add_argument("--extender-max-body-bytes", type=int, default=64 * 2**20, metavar="N",
                        help="largest extender request accepted (default 64 MiB); larger ones get 413")
     serve.add_argument("--health-listen", type=_listen, metavar="HOST:PORT",
@@ -108,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(writes ca.crt) and serve with them")
     serve.add_argument("--manage-certs", action="store_true", help="keep the CA and serving certificate in a "
                        "Secret, patch the caBundle of the webhook configurations and rotate before expiry")
-    serve.add_argument("--cert-secret", metavar="NAME", default="gpu-placement-webhook-tls")
+    serve.add_argument("--cert-secret", metavar="NAME", default="gpu-placement-webhook-tls",
+                       help="--manage-certs: the Secret (in --namespace) that keeps the CA and serving certificate "
+                       "(default gpu-placement-webhook-tls)")
     serve.add_argument("--service", metavar="NAME", default="gpu-placement-webhook",
                        help="webhook Service name (certificate SANs)")
     serve.add_argument("--namespace", metavar="NS", help="namespace of the Service and Secret "
@@ -156,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--outcomes-lease", metavar="NAME", default="gpu-placement-outcomes",
                        help="Lease (in --namespace) that elects the one webhook replica counting launch outcomes and "
                        "node lifecycle times; its annotation keeps how far it has counted (docs/outcomes.md)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="least severe log lines written (default info)")
 
     demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")
     demo.add_argument("--config", metavar="FILE", help="configuration file (default: the demo's own)")
@@ -176,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "the object's own, else the context's (default with --snapshot)")
     explain.add_argument("--all", action="store_true", dest="show_all",
                          help="every node, not counts and a few examples per reason")
-    explain.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    explain.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                         help="json: every node, the webhook's patch and the exit status, for scripts")
     _config_argument(explain)
 
     nodes = commands.add_parser("nodes", help="one line per node: what GPU pods get there, product, GPUs used and "
@@ -196,15 +201,17 @@ def build_parser() -> argparse.ArgumentParser:
     _config_argument(namespaces)
     namespaces.add_argument("-A", "--all", action="store_true", dest="show_all",
                             help="every namespace, also those without gpu-placement annotations or labels")
-    namespaces.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    namespaces.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                            help="json: every namespace's selection, policy, quota and problems, for scripts")
 
     rollout = commands.add_parser("rollout", help="driver versions and their nodes (done, pending, upgrading, "
                                   "soaking, failed), soak left, XID rate and failed GPU pods per version, next wave")
     _cluster_arguments(rollout)
     rollout.add_argument("--prometheus", metavar="URL", help="Prometheus to read DCGM XID events from (default: "
                          "the config's telemetry.url)")
-    rollout.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    rollout.add_argument("--config", metavar="FILE")
+    rollout.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                         help="json: every version, its nodes and the next wave, for scripts")
+    _config_argument(rollout)
 
     survey = commands.add_parser("survey", help="inventory of the GPU fleet per pool and product, and findings with "
                                  "stable codes and fixes (docs/survey.md); exit status 1 when there are findings")
@@ -216,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = commands.add_parser("migrate", help="move one node from hand-installed drivers or hand-set labels to "
                                   "the GPU Operator: the steps, which are done, what the next waits for; --apply runs "
                                   "them (docs/survey.md)")
-    migrate.add_argument("node", metavar="NODE")
+    migrate.add_argument("node", metavar="NODE", help="the node to move, by name")
     _cluster_arguments(migrate)
     action = migrate.add_mutually_exclusive_group()
     action.add_argument("--apply", action="store_true", help="run the steps in order, saving the way back first; "
@@ -227,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="where the way back of each node is saved, NODE.json (default ./gpu-placement-migrate)")
     migrate.add_argument("--timeout", type=_duration, default=600.0, metavar="DURATION",
                          help="--apply: how long to wait for pods to go, the operator and the validator (default 10m)")
-    migrate.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    migrate.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                         help="json: the steps, their state and commands, for scripts")
     _config_argument(migrate)
     report = commands.add_parser("report", help="the before/after table from Prometheus: launch success and its "
                                  "causes, node preparation and recovery, exclusion latency, GPU pods that waited, "
@@ -268,14 +276,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "time-sliced GPU; tasks asking at most 1/REPLICAS of a GPU take one (default 2)")
     replay.add_argument("--extender-weight", type=_positive_int, default=5, dest="weight",
                         help="kube-scheduler's weight of the extender's scores (the chart's default: 5)")
-    replay.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    replay.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                        help="json: every figure of every strategy and seed, for scripts")
     replay.add_argument("--config", metavar="FILE", help="configuration file to judge with (scoring.strategy "
                         "is replaced by each strategy replayed)")
 
-    certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle")
-    certs.add_argument("--out", metavar="DIR", required=True)
-    certs.add_argument("--service", metavar="NAME", required=True)
-    certs.add_argument("--namespace", metavar="NS", required=True)
+    certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle",
+                                description="Write a new CA and a serving certificate for the webhook's Service into "
+                                "DIR, and print the CA as the base64 caBundle of the webhook configurations.")
+    certs.add_argument("--out", metavar="DIR", required=True, help="folder to write ca.crt, tls.crt and tls.key "
+                       "(0600) into; made if missing; the CA's key is not kept")
+    certs.add_argument("--service", metavar="NAME", required=True, help="the webhook's Service: the certificate "
+                       "names NAME, NAME.NS, NAME.NS.svc and NAME.NS.svc.cluster.local")
+    certs.add_argument("--namespace", metavar="NS", required=True, help="the namespace of that Service")
     return parser
 
 
