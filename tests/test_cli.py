@@ -9,6 +9,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 
 from gpu_placement.app.cli import build_parser, main
 from gpu_placement.app.demo import write_snapshot
@@ -127,3 +128,44 @@ def test_certs_help_describes_each_option(capsys: pytest.CaptureFixture[str]) ->
     assert "--out DIR folder to write ca.crt, tls.crt and tls.key (0600) into" in text
     assert "--service NAME the webhook's Service: the certificate names NAME, NAME.NS, NAME.NS.svc" in text
     assert "--namespace NS the namespace of that Service" in text
+
+
+JOB = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "media"},
+       "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+           {"name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+            "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}}}
+
+
+@pytest.mark.parametrize("command", [["explain", "POD"], ["nodes"], ["rollout"], ["survey"], ["migrate", "h100-1"],
+                                     ["serve", "--components", "extender"]])
+def test_a_file_that_is_not_a_snapshot_is_refused(command: list[str], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The wave 5 trial: a Job's YAML as --snapshot gave `0/0 nodes are available` (explain) and a
+    SelectorMatchesNoGpuNode finding (survey), judged against a cluster without nodes."""
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(JOB))
+    (tmp_path / "pod.yaml").write_text(yaml.safe_dump(make_pod("media", "p", gpus={"nvidia.com/gpu": 1})))
+    args = [str(tmp_path / "pod.yaml") if word == "POD" else word for word in command]
+    assert main([*args, "--snapshot", str(tmp_path / "train.yaml")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"gpu-placement {command[0]}: no nodes in {tmp_path / 'train.yaml'} (it holds 1 Job): is "
+                            "it a snapshot? Make one with gpu-placement demo --write-snapshot FILE, or kubectl get "
+                            "nodes,pods,namespaces,configmaps -A -o json > cluster.json\n")
+
+
+def test_a_pod_list_is_no_snapshot_either_and_namespaces_needs_only_namespaces(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pods = {"apiVersion": "v1", "kind": "PodList", "items": [make_pod("media", "p", gpus={"nvidia.com/gpu": 1})]}
+    (tmp_path / "pods.json").write_text(orjson.dumps(pods).decode())
+    assert main(["explain", "pod/p", "-n", "media", "--snapshot", str(tmp_path / "pods.json")]) == 2
+    assert capsys.readouterr().err.startswith(f"gpu-placement explain: no nodes in {tmp_path / 'pods.json'} (it holds "
+                                              "1 Pod): is it a snapshot?")
+    assert main(["namespaces", "--snapshot", str(tmp_path / "pods.json")]) == 2
+    assert capsys.readouterr().err.startswith(f"gpu-placement namespaces: no namespaces in {tmp_path / 'pods.json'} "
+                                              "(it holds 1 Pod): is it a snapshot?")
+    spaces = {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "annotations": {
+            "gpu-placement.io/quota": "nvidia.com/gpu=4"}}}]}
+    (tmp_path / "namespaces.json").write_text(orjson.dumps(spaces).decode())
+    assert main(["namespaces", "--snapshot", str(tmp_path / "namespaces.json")]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:3] == ["team-a", "opted-in", "-"]

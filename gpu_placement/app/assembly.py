@@ -278,7 +278,7 @@ def core_from_snapshot(config: Config, path: str | Path, watch: bool = False) ->
     """Raises SnapshotError when the files cannot be read; with `watch`, reloads them when they change."""
     view = ClusterView(config)
     ingest = Ingest(config)
-    source = SnapshotSource(path, view, ingest)
+    source = SnapshotSource(path, view, ingest, needs_nodes=True)
     source.load()
     freeze_heap()
     outcomes = _track(view, config)

@@ -511,9 +511,9 @@ def _migrate(args: argparse.Namespace) -> int:
                              "not --snapshot")
         if args.kubeconfig or args.context:
             raise UsageError("--snapshot and --kubeconfig/--context exclude each other: one cluster at a time")
-        from gpu_placement.view.snapshot import read_objects
+        from gpu_placement.view.snapshot import load_snapshot
 
-        objects, access = read_objects(args.snapshot), None
+        objects, access = load_snapshot(args.snapshot), None
     else:
         from gpu_placement.view.fetch import connect
 
@@ -555,9 +555,10 @@ def _cluster(args: argparse.Namespace, given: Sequence[dict[str, Any]] = (),
     if args.snapshot:
         if args.kubeconfig or args.context:
             raise UsageError("--snapshot and --kubeconfig/--context exclude each other: one cluster at a time")
-        from gpu_placement.view.snapshot import read_objects
+        from gpu_placement.view.snapshot import load_snapshot
 
-        objects, access = read_objects(args.snapshot), None
+        # `namespaces` reads only Namespaces: a `kubectl get namespaces -o yaml` file is a snapshot for it.
+        objects, access = load_snapshot(args.snapshot, "Namespace" if args.command == "namespaces" else "Node"), None
     else:
         from gpu_placement.view.fetch import connect, fetch_objects
 
