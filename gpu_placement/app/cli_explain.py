@@ -64,6 +64,7 @@ def run_explain(args: argparse.Namespace, cluster: Cluster) -> int:
             for template in templates:
                 check_template(template, f"{kind}/{name}")
     seen = getattr(access, "namespaces_seen", True) if access is not None else True
+    judged_at = _clock_note(core, objects) if access is None else None
     found = []
     for template in templates:
         workload = None if template.where.startswith("Pod ") else template.where + (
@@ -71,7 +72,7 @@ def run_explain(args: argparse.Namespace, cluster: Cluster) -> int:
             if template.replicas is not None else "") + (f"; {template.note}" if template.note else "")
         namespace, chosen = _namespace(args, access, template)
         context = Context(KubeNodes.from_objects(objects, leave_out), core.config_source, workload, notes,
-                          new=not existing, namespaces_seen=seen, namespace=chosen)
+                          new=not existing, namespaces_seen=seen, namespace=chosen, judged_at=judged_at)
         found.append(explain(core, template.pod, namespace, existing, context))
     summary = _summary(core, templates, found)
     unseen = list(getattr(access, "unseen", ()) or ()) if access is not None else []
@@ -121,6 +122,64 @@ def _namespace(args: argparse.Namespace, access: Any, template: PodTemplate) -> 
                                   "not given, so kubectl create -f would create it there)")
     return "default", ("default (the file names none and -n is not given; a snapshot has no kubeconfig context, so "
                        "default, as kubectl with a context without a namespace; -n NS to judge it elsewhere)")
+
+
+def _clock_note(core: Any, objects: list[dict[str, Any]]) -> str | None:
+    """A snapshot records no time: explain judges it at the wall clock. When a verdict depends on the
+    clock, a driver soak that ends after the snapshot's newest timestamp (it was running when the snapshot
+    was taken), the moment and the soaks are said; None when nothing does."""
+    import time
+
+    from gpu_placement.facts.soak import SOAKING
+
+    soak = core.config.rollout.soak_minutes * 60
+    newest = _newest_timestamp(objects)
+    now = time.time()
+    rollout = core.placement.rollout
+    rollout.expire()
+    with core.view.lock:
+        states = dict(rollout.states)
+    timed = []
+    for node, state in sorted(states.items()):
+        if state.since is None or soak <= 0 or (newest is not None and state.since + soak <= newest):
+            continue
+        end = state.since + soak
+        if state.state == SOAKING:
+            timed.append(f"{node} soaking until {_minute(end)}")
+        elif end <= now:
+            timed.append(f"{node}'s soak ended {_minute(end)}")
+    if not timed:
+        return None
+    if len(timed) > _TIMED_SHOWN:
+        timed[_TIMED_SHOWN:] = [f"and {len(timed) - _TIMED_SHOWN} more nodes"]
+    after = f"its newest timestamp is {_minute(newest)}" if newest is not None else "it has no timestamp"
+    return (f"{_minute(now)}, the wall clock (a snapshot records no time; {after}), and these verdicts depend on "
+            f"it: driver soaks end by the clock ({'; '.join(timed)})")
+
+
+_TIMED_SHOWN = 5
+
+
+def _newest_timestamp(objects: list[dict[str, Any]]) -> float | None:
+    """The latest of the times the API server and kubelets write into objects: no earlier than when the
+    snapshot was taken, usually a node heartbeat a minute or two before."""
+    from gpu_placement.base.timestamps import parse_time
+
+    found: list[float] = []
+    for obj in objects:
+        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+        stamps = [meta.get("creationTimestamp"), status.get("startTime"),
+                  *((f or {}).get("time") for f in meta.get("managedFields") or ()),
+                  *(c.get(key) for c in status.get("conditions") or () if isinstance(c, dict)
+                    for key in ("lastHeartbeatTime", "lastTransitionTime", "lastProbeTime"))]
+        found += [at for stamp in stamps if (at := parse_time(stamp)) is not None]
+    return max(found, default=None)
+
+
+def _minute(at: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _summary(core: Any, templates: list[PodTemplate], found: list[Any]) -> Any:

@@ -90,6 +90,7 @@ class Context:
     new: bool = False  # a pod about to be created (a file): its route through the cluster is worked out
     namespaces_seen: bool = True  # False: the namespaces could not be listed (403), so a missing one may exist
     namespace: str | None = None  # how the namespace was chosen, when neither the file nor -n named it
+    judged_at: str | None = None  # a snapshot judged at the wall clock, when a verdict depends on it
 
 
 @dataclass(slots=True)
@@ -372,6 +373,8 @@ def _about(context: Context, route: Route | None) -> list[str]:
         lines.append(f"workload: {context.workload}")
     if context.configuration:
         lines.append(f"configuration: {context.configuration}")
+    if context.judged_at:
+        lines.append(f"judged at: {context.judged_at}")
     lines += [f"  bypassed gpu-placement: {note}" for note in context.notes]
     if route is not None:
         if route.refused:
@@ -433,7 +436,7 @@ def as_json(found: Explanation) -> dict[str, Any]:
     admission = found.admission
     best = found.best
     return {"pod": found.pod, "namespace_chosen": found.context.namespace, "workload": found.context.workload,
-            "configuration": found.context.configuration,
+            "configuration": found.context.configuration, "judged_at": found.context.judged_at,
             "bypassed": list(found.context.notes),
             "route": None if found.route is None else {
                 "webhook": found.route.webhook, "extender": found.route.extender, "node_name": found.route.node_name,
