@@ -3,7 +3,8 @@ certs.
 
 Exit status 0 on success, 2 on bad usage or bad input with a one-line message naming the problem (never a
 traceback: an unexpected error is one line too, status 70, and GPU_PLACEMENT_DEBUG=1 shows its traceback);
-`explain` also 3 and 4 (gpu_placement/app/cli_explain.py). Output cut short by a closed pipe (`| head`) ends
+`explain` also 3, 4 and 5 (gpu_placement/app/cli_explain.py); `survey` 1 on findings and `namespaces` 1 on
+problems; `report` 3 for a window without data. Output cut short by a closed pipe (`| head`) ends
 quietly with status 141, as a process killed by SIGPIPE reports in the shell.
 """
 
