@@ -126,28 +126,28 @@ def _namespace(args: argparse.Namespace, access: Any, template: PodTemplate) -> 
 
 def _clock_note(core: Any, objects: list[dict[str, Any]]) -> str | None:
     """A snapshot records no time: explain judges it at the wall clock. When a verdict depends on the
-    clock, a driver soak that ends after the snapshot's newest timestamp (it was running when the snapshot
-    was taken), the moment and the soaks are said; None when nothing does."""
+    clock, the moment and why are said; None when nothing does. What depends on it: a node soaking a new
+    driver now (its soak ends by the clock), or one that was soaking at the snapshot's newest timestamp
+    and is no more (its rollout state then, worked out by a second tracker on that clock, differs)."""
     import time
 
+    from gpu_placement.decide.rollout import Rollout
     from gpu_placement.facts.soak import SOAKING
 
-    soak = core.config.rollout.soak_minutes * 60
     newest = _newest_timestamp(objects)
     now = time.time()
     rollout = core.placement.rollout
     rollout.expire()
     with core.view.lock:
         states = dict(rollout.states)
+    then = dict(Rollout(core.view, core.config, clock=lambda: newest).states) if newest is not None else {}
     timed = []
-    for node, state in sorted(states.items()):
-        if state.since is None or soak <= 0 or (newest is not None and state.since + soak <= newest):
-            continue
-        end = state.since + soak
-        if state.state == SOAKING:
-            timed.append(f"{node} soaking until {_minute(end)}")
-        elif end <= now:
-            timed.append(f"{node}'s soak ended {_minute(end)}")
+    for node in sorted({*states, *then}):
+        current, before = states.get(node), then.get(node)
+        if current is not None and current.state == SOAKING and current.until is not None:
+            timed.append(f"{node} soaking until {_minute(current.until)}")
+        elif before is not None and before.state == SOAKING and before.until is not None:
+            timed.append(f"{node}'s soak ended {_minute(before.until)}")
     if not timed:
         return None
     if len(timed) > _TIMED_SHOWN:
