@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 
-from gpu_placement.app.cli import main
+from gpu_placement.app.cli import build_parser, main
 from gpu_placement.app.demo import write_snapshot
 from gpu_placement.samples.cluster import make_pod
 
@@ -100,3 +102,70 @@ def test_explain_shows_webhook_change_and_every_node(tmp_path: Path, snapshot: P
     assert rows["h100-single"] == "DriverTooOld"
     assert rows["v100-legacy"] == "ComputeCapability"  # CUDA 13 on Volta: no driver fixes that
     assert len(rows) == 22
+
+
+def _options_without_help(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[str]:
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                missing += _options_without_help(sub, (*path, name))
+        elif not action.help or action.help == argparse.SUPPRESS:
+            missing.append(f"gpu-placement {' '.join(path)} {'/'.join(action.option_strings) or action.dest}")
+    return missing
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """B8 of the wave 5 trial: `certs --help` listed --out, --service and --namespace with nothing beside them."""
+    assert _options_without_help(build_parser()) == []
+
+
+def test_certs_help_describes_each_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["certs", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--out DIR folder to write ca.crt, tls.crt and tls.key (0600) into" in text
+    assert "--service NAME the webhook's Service: the certificate names NAME, NAME.NS, NAME.NS.svc" in text
+    assert "--namespace NS the namespace of that Service" in text
+
+
+JOB = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train", "namespace": "media"},
+       "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+           {"name": "main", "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+            "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}}}
+
+
+@pytest.mark.parametrize("command", [["explain", "POD"], ["nodes"], ["rollout"], ["survey"], ["migrate", "h100-1"],
+                                     ["serve", "--components", "extender"]])
+def test_a_file_that_is_not_a_snapshot_is_refused(command: list[str], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The wave 5 trial: a Job's YAML as --snapshot gave `0/0 nodes are available` (explain) and a
+    SelectorMatchesNoGpuNode finding (survey), judged against a cluster without nodes."""
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(JOB))
+    (tmp_path / "pod.yaml").write_text(yaml.safe_dump(make_pod("media", "p", gpus={"nvidia.com/gpu": 1})))
+    args = [str(tmp_path / "pod.yaml") if word == "POD" else word for word in command]
+    assert main([*args, "--snapshot", str(tmp_path / "train.yaml")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"gpu-placement {command[0]}: no nodes in {tmp_path / 'train.yaml'} (it holds 1 Job): is "
+                            "it a snapshot? Make one with gpu-placement demo --write-snapshot FILE, or kubectl get "
+                            "nodes,pods,namespaces,configmaps -A -o json > cluster.json\n")
+
+
+def test_a_pod_list_is_no_snapshot_either_and_namespaces_needs_only_namespaces(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pods = {"apiVersion": "v1", "kind": "PodList", "items": [make_pod("media", "p", gpus={"nvidia.com/gpu": 1})]}
+    (tmp_path / "pods.json").write_text(orjson.dumps(pods).decode())
+    assert main(["explain", "pod/p", "-n", "media", "--snapshot", str(tmp_path / "pods.json")]) == 2
+    assert capsys.readouterr().err.startswith(f"gpu-placement explain: no nodes in {tmp_path / 'pods.json'} (it holds "
+                                              "1 Pod): is it a snapshot?")
+    assert main(["namespaces", "--snapshot", str(tmp_path / "pods.json")]) == 2
+    assert capsys.readouterr().err.startswith(f"gpu-placement namespaces: no namespaces in {tmp_path / 'pods.json'} "
+                                              "(it holds 1 Pod): is it a snapshot?")
+    spaces = {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "annotations": {
+            "gpu-placement.io/quota": "nvidia.com/gpu=4"}}}]}
+    (tmp_path / "namespaces.json").write_text(orjson.dumps(spaces).decode())
+    assert main(["namespaces", "--snapshot", str(tmp_path / "namespaces.json")]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[:3] == ["team-a", "opted-in", "-"]

@@ -28,6 +28,9 @@ def test_demo_admits_places_and_explains() -> None:
     assert "nvidia.com/gpu -> nvidia.com/gpu.shared" in admission["inference/chat-api"]
     assert "nvidia.com/gpu -> nvidia.com/mig-1g.10gb" in admission["mig-lab/notebook"]
     assert " DENIED " in admission["research/sweep"]
+    for denied in ("research/sweep", "web/frontend-gpu", "research/typo"):  # nothing of a denied pod is stored
+        assert admission[denied].endswith(" DENIED    - (denied: the pod is not created)"), admission[denied]
+    assert admission["team-a/llama-finetune"].endswith(" allowed   tolerations, nodeSelector, schedulerName, admitted")
     assert "denied research/sweep: namespace research may use 2 nvidia.com/gpu (gpu-placement.io/quota)" in text
     assert "denied web/frontend-gpu: namespace web has no GPU access" in text
     assert 'gpu-placement.io/cuda="twelve"' in text

@@ -114,7 +114,9 @@ def test_node_name_bypasses_every_scheduler(snapshot: Path, tmp_path: Path, caps
 
 def test_a_namespace_that_does_not_exist(snapshot: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """P14: `-n tema-a` said 'has no GPU access: ask the platform team to set gpu-placement.io/quota'."""
-    status, out = explain(tmp_path, capsys, gpu_pod("team-a"), "-n", "tema-a", "--snapshot", str(snapshot))
+    pod = gpu_pod("team-a")
+    del pod["metadata"]["namespace"]  # a pod naming team-a with -n tema-a is refused, as kubectl refuses it
+    status, out = explain(tmp_path, capsys, pod, "-n", "tema-a", "--snapshot", str(snapshot))
     assert ("  refused: namespace tema-a does not exist (not in the cluster or the snapshot): the API server refuses "
             'the pod (namespaces "tema-a" not found)') in out
     assert status == 3

@@ -65,6 +65,11 @@ class Scrapes:
                 for sample in family.samples:
                     labels = tuple(sorted({**sample.labels, "pod": replica.identity}.items()))
                     self.series.setdefault((sample.name, labels), []).append((cluster.clock.now, sample.value))
+            # What each replica's /metrics also holds from its start: the sign `report` reads that Prometheus
+            # scraped gpu-placement's outcome counter.
+            leading = (("lease", "gpu-placement-outcomes"), ("pod", replica.identity))
+            self.series.setdefault(("gpu_placement_outcomes_leading", leading), []).append(
+                (cluster.clock.now, float(replica.counter.leading)))
 
     def openmetrics(self) -> str:
         return openmetrics([(name, dict(labels), samples) for (name, labels), samples in self.series.items()])
@@ -294,3 +299,50 @@ def test_report_text_markdown_and_compare(served: tuple[PrometheusServer, Scrape
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:] for line in table.splitlines()[4:]}
     before, after = (int(cell.strip(" |")) for cell in rows["GPU pod launches"])
     assert before + after <= 112 and before > 40 and after > 40  # two halves of the day
+
+
+def test_compare_with_a_before_window_that_has_no_data(served: tuple[PrometheusServer, Scrapes]) -> None:
+    """BEFORE ends before gpu-placement was first scraped: no figures for it, the series it lacks named with
+    where Prometheus has it, the AFTER figures beside, in every output; exit status 3."""
+    server, scrapes = served
+    first = min(at for (name, _), samples in scrapes.series.items() if name == "gpu_placement_outcomes_leading"
+                for at, _ in samples)
+    before, after = START - 4 * HOUR, END
+    args = ["report", "--prometheus", server.url, "--since", "12h", "--compare", f"{_iso(before)}..{_iso(after)}"]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(args) == 3
+    text = out.getvalue()
+    lines = text.splitlines()
+    at_before, at_after = lines[1].index("BEFORE"), lines[1].index("AFTER")
+    rows = {line[:at_before].strip(): (line[at_before:at_after].strip(), line[at_after:].strip())
+            for line in lines[2:] if line[:1].isalpha() and not line.startswith(("BEFORE:", "AFTER:"))}
+    assert rows["Data"] == ("no data", "all of the window")
+    assert rows["GPU pod launches"][0] == "no data" and int(rows["GPU pod launches"][1]) > 40
+    assert all(before == "no data" for before, _ in rows.values())  # not one zero for BEFORE
+    launches = int(rows["GPU pod launches"][1])
+    assert (f"BEFORE: no data for {_minute(before - 12 * HOUR)} to {_minute(before)}, so no figures; missing:\n"
+            "  gpu_placement_outcomes_leading (gpu-placement's outcome counter, exported by every webhook replica): "
+            f"none in this window; Prometheus has it from {_minute(first)} to ") in text
+    assert "AFTER: no data" not in text
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main([*args, "-o", "markdown"]) == 3
+    markdown = out.getvalue()
+    assert "| Data | no data | all of the window |" in markdown
+    assert f"| GPU pod launches | no data | {launches} |" in markdown
+    assert f"- BEFORE: no data for {_minute(before - 12 * HOUR)} to {_minute(before)}" in markdown
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main([*args, "-o", "json"]) == 3
+    body = json.loads(out.getvalue())
+    assert body["before"]["coverage"] is None and "launches" not in body["before"]
+    assert body["before"]["missing"][0]["series"] == "gpu_placement_outcomes_leading"
+    assert body["before"]["missing"][0]["in_prometheus"]["start"] == _minute(first)
+    assert body["after"]["coverage"]["whole_window"] and body["after"]["launches"]["total"] == launches
+
+
+def _minute(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))

@@ -237,7 +237,14 @@ def quota_problems(namespace: str, quota: Mapping[str, int], used: Mapping[str, 
                                            f"resource, or add {resource}=<count> to {n.ANN_QUOTA} on the namespace"))
             continue
         in_use = used.get(key, 0)
-        if in_use + count > limit:
+        if in_use > limit:  # pods the quota did not hold when they came: no request fits until some end
+            problems.append((OVER_QUOTA, f"namespace {namespace} may use {limit} {resource} ({n.ANN_QUOTA}); "
+                                         f"{units(in_use)} in use, already over its quota by pods admitted before "
+                                         "gpu-placement held them to it (installed or switched to enforce since, or "
+                                         f"the quota lowered since), and this pod asks {count} more: no GPU pod of "
+                                         "the namespace is admitted until it is under its quota again: end some of "
+                                         "those pods, or raise the quota on the namespace"))
+        elif in_use + count > limit:
             problems.append((OVER_QUOTA, f"namespace {namespace} may use {limit} {resource} ({n.ANN_QUOTA}); "
                                          f"{units(in_use)} in use and this pod asks {count} more: lower the "
                                          "request or raise the quota on the namespace"))

@@ -98,7 +98,7 @@ def serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     webhooks = _webhook_spec(args)
-    core = (core_from_snapshot(config, args.snapshot, watch=True) if args.snapshot
+    core = (core_from_snapshot(config, args.snapshot, watch=True, needs_nodes=True) if args.snapshot
             else core_from_cluster(config, args.kubeconfig, _kinds(args, config)))
     servers = []
     try:
@@ -275,11 +275,12 @@ def core_from_cluster(config: Config, kubeconfig: str | None, kinds: tuple[str, 
     return _with_telemetry(core)
 
 
-def core_from_snapshot(config: Config, path: str | Path, watch: bool = False) -> Core:
-    """Raises SnapshotError when the files cannot be read; with `watch`, reloads them when they change."""
+def core_from_snapshot(config: Config, path: str | Path, watch: bool = False, needs_nodes: bool = False) -> Core:
+    """Raises SnapshotError when the files cannot be read (or, `needs_nodes`, hold no Node: not a snapshot);
+    with `watch`, reloads them when they change."""
     view = ClusterView(config)
     ingest = Ingest(config)
-    source = SnapshotSource(path, view, ingest)
+    source = SnapshotSource(path, view, ingest, needs_nodes=needs_nodes)
     source.load()
     freeze_heap()
     outcomes = _track(view, config)

@@ -3,7 +3,8 @@ certs.
 
 Exit status 0 on success, 2 on bad usage or bad input with a one-line message naming the problem (never a
 traceback: an unexpected error is one line too, status 70, and GPU_PLACEMENT_DEBUG=1 shows its traceback);
-`explain` also 3 and 4 (gpu_placement/app/cli_explain.py). Output cut short by a closed pipe (`| head`) ends
+`explain` also 3, 4 and 5 (gpu_placement/app/cli_explain.py); `survey` 1 on findings and `namespaces` 1 on
+problems; `report` 3 for a window without data. Output cut short by a closed pipe (`| head`) ends
 quietly with status 141, as a process killed by SIGPIPE reports in the shell.
 """
 
@@ -60,6 +61,19 @@ def _duration(text: str) -> float:
     return float(sum(int(n) * _UNITS[u] for n, u in parts))
 
 
+_WINDOW_UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _window(text: str) -> float:
+    """`report --since`: whole minutes, from "30m", "12h", "7d", "2w", "1d12h" (the figures are read at minute
+    marks, as the idle gauge's record is sampled)."""
+    parts = re.findall(r"(\d+)([mhdw])", text)
+    if not parts or "".join(n + u for n, u in parts) != text or not any(int(n) for n, _ in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a window of whole minutes such as 30m, 12h, 7d, 2w or "
+                                         "1d12h (units m, h, d, w)")
+    return float(sum(int(n) * _WINDOW_UNITS[u] for n, u in parts))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-placement", description="GPU placement for Kubernetes clusters that "
                                      "run the NVIDIA GPU Operator: scheduler extender and admission webhook.")
@@ -77,8 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="what to serve: extender,webhook (default both)")
     serve.add_argument("--extender-listen", type=_listen, default=("127.0.0.1", 8888), metavar="HOST:PORT",
                        help="extender address (default 127.0.0.1:8888; plain HTTP unless a TLS pair is given)")
-    serve.add_argument("--extender-tls-cert", metavar="FILE")
-    serve.add_argument("--extender-tls-key", metavar="FILE")
+    serve.add_argument("--extender-tls-cert", metavar="FILE", help="extender serving certificate (PEM, reloaded when "
+                       "it changes): with --extender-tls-key the extender speaks HTTPS")
+    serve.add_argument("--extender-tls-key", metavar="FILE", help="the key of --extender-tls-cert")
     serve.add_argument("--extender-max-body-bytes", type=int, default=64 * 2**20, metavar="N",
                        help="largest extender request accepted (default 64 MiB); larger ones get 413")
     serve.add_argument("--health-listen", type=_listen, metavar="HOST:PORT",
@@ -95,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(writes ca.crt) and serve with them")
     serve.add_argument("--manage-certs", action="store_true", help="keep the CA and serving certificate in a "
                        "Secret, patch the caBundle of the webhook configurations and rotate before expiry")
-    serve.add_argument("--cert-secret", metavar="NAME", default="gpu-placement-webhook-tls")
+    serve.add_argument("--cert-secret", metavar="NAME", default="gpu-placement-webhook-tls",
+                       help="--manage-certs: the Secret (in --namespace) that keeps the CA and serving certificate "
+                       "(default gpu-placement-webhook-tls)")
     serve.add_argument("--service", metavar="NAME", default="gpu-placement-webhook",
                        help="webhook Service name (certificate SANs)")
     serve.add_argument("--namespace", metavar="NS", help="namespace of the Service and Secret "
@@ -146,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--drivers-lease", metavar="NAME", default="gpu-placement-drivers",
                        help="Lease (in --namespace) that elects the one webhook replica writing each node's "
                        "gpu-placement.io/settled-driver annotation (docs/rollouts.md)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="least severe log lines written (default info)")
 
     demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")
     demo.add_argument("--config", metavar="FILE", help="configuration file (default: the demo's own)")
@@ -161,11 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "cluster or --snapshot: pod/NAME (a pod that exists), deploy/NAME, job/NAME, sts/NAME, "
                          "cronjob/NAME, pytorchjob/NAME, ...")
     _cluster_arguments(explain)
-    explain.add_argument("-n", "--namespace", metavar="NS", help="namespace of pod/NAME, or to admit the file's pod "
-                         "into (default: the pod's own, else the context's)")
+    explain.add_argument("-n", "--namespace", metavar="NS", help="namespace of KIND/NAME, or to create the file's "
+                         "objects in, as kubectl create -f: an object naming another namespace is refused; default: "
+                         "the object's own, else the context's (default with --snapshot)")
     explain.add_argument("--all", action="store_true", dest="show_all",
                          help="every node, not counts and a few examples per reason")
-    explain.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    explain.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                         help="json: every node, the webhook's patch and the exit status, for scripts")
     _config_argument(explain)
 
     nodes = commands.add_parser("nodes", help="one line per node: what GPU pods get there, product, GPUs used and "
@@ -177,20 +197,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     namespaces = commands.add_parser("namespaces", help="one line per namespace with gpu-placement.io/* "
                                      "annotations or labels: opted in or not, policy, quota used and limit, enforced "
-                                     "or not, and what is wrong")
+                                     "or not, and what is wrong; exit status 1 when a namespace listed has a problem",
+                                     epilog="exit status: 0 no namespace listed has a problem; 1 some do (the "
+                                     "PROBLEMS column, problems in -o json), as survey exits 1 on findings; 2 bad "
+                                     "usage or input")
     _cluster_arguments(namespaces)
     _config_argument(namespaces)
     namespaces.add_argument("-A", "--all", action="store_true", dest="show_all",
                             help="every namespace, also those without gpu-placement annotations or labels")
-    namespaces.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    namespaces.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                            help="json: every namespace's selection, policy, quota and problems, for scripts")
 
     rollout = commands.add_parser("rollout", help="driver versions and their nodes (done, pending, upgrading, "
                                   "soaking, failed), soak left, XID rate and failed GPU pods per version, next wave")
     _cluster_arguments(rollout)
     rollout.add_argument("--prometheus", metavar="URL", help="Prometheus to read DCGM XID events from (default: "
                          "the config's telemetry.url)")
-    rollout.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    rollout.add_argument("--config", metavar="FILE")
+    rollout.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                         help="json: every version, its nodes and the next wave, for scripts")
+    _config_argument(rollout)
 
     survey = commands.add_parser("survey", help="inventory of the GPU fleet per pool and product, and findings with "
                                  "stable codes and fixes (docs/survey.md); exit status 1 when there are findings")
@@ -202,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = commands.add_parser("migrate", help="move one node from hand-installed drivers or hand-set labels to "
                                   "the GPU Operator: the steps, which are done, what the next waits for; --apply runs "
                                   "them (docs/survey.md)")
-    migrate.add_argument("node", metavar="NODE")
+    migrate.add_argument("node", metavar="NODE", help="the node to move, by name")
     _cluster_arguments(migrate)
     action = migrate.add_mutually_exclusive_group()
     action.add_argument("--apply", action="store_true", help="run the steps in order, saving the way back first; "
@@ -215,15 +240,20 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("--timeout", type=_duration, default=600.0, metavar="DURATION",
                          help="--apply: how long to wait for pods to go, the operator and the validator (default 10m); "
                          "the kubectl commands of the plan wait as long")
-    migrate.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    migrate.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                         help="json: the steps, their state and commands, for scripts")
     _config_argument(migrate)
     report = commands.add_parser("report", help="the before/after table from Prometheus: launch success and its "
                                  "causes, node preparation and recovery, exclusion latency, GPU pods that waited, "
-                                 "GPU-hours idle while pods waited (docs/outcomes.md)")
+                                 "GPU-hours idle while pods waited (docs/outcomes.md)",
+                                 epilog="exit status: 0 every window has data; 2 bad usage, or Prometheus cannot be "
+                                 "read; 3 a window has no data (gpu-placement not scraped then, or the chart's "
+                                 "recording rules not loaded): no figures for it, and the series it lacks are named")
     report.add_argument("--prometheus", metavar="URL", help="Prometheus that scrapes gpu-placement and holds the "
                         "chart's recording rules (default: the config's telemetry.url)")
-    report.add_argument("--since", type=_duration, default=7 * 86400.0, metavar="DURATION",
-                        help="the window, whole minutes (default 7d)")
+    report.add_argument("--since", type=_window, default=7 * 86400.0, metavar="WINDOW",
+                        help="the window's length in whole minutes: units m, h, d, w, e.g. 30m, 12h, 7d, 2w, 1d12h "
+                        "(default 7d)")
     report.add_argument("--until", metavar="TIME", help="the window's end, RFC 3339 or YYYY-MM-DD (default now)")
     report.add_argument("--compare", metavar="FROM..TO", help="before and after: the --since window ending at FROM "
                         "and the one ending at TO (each RFC 3339, YYYY-MM-DD or now)")
@@ -255,14 +285,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "time-sliced GPU; tasks asking at most 1/REPLICAS of a GPU take one (default 2)")
     replay.add_argument("--extender-weight", type=_positive_int, default=5, dest="weight",
                         help="kube-scheduler's weight of the extender's scores (the chart's default: 5)")
-    replay.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    replay.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                        help="json: every figure of every strategy and seed, for scripts")
     replay.add_argument("--config", metavar="FILE", help="configuration file to judge with (scoring.strategy "
                         "is replaced by each strategy replayed)")
 
-    certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle")
-    certs.add_argument("--out", metavar="DIR", required=True)
-    certs.add_argument("--service", metavar="NAME", required=True)
-    certs.add_argument("--namespace", metavar="NS", required=True)
+    certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle",
+                                description="Write a new CA and a serving certificate for the webhook's Service into "
+                                "DIR, and print the CA as the base64 caBundle of the webhook configurations.")
+    certs.add_argument("--out", metavar="DIR", required=True, help="folder to write ca.crt, tls.crt and tls.key "
+                       "(0600) into; made if missing; the CA's key is not kept")
+    certs.add_argument("--service", metavar="NAME", required=True, help="the webhook's Service: the certificate "
+                       "names NAME, NAME.NS, NAME.NS.svc and NAME.NS.svc.cluster.local")
+    certs.add_argument("--namespace", metavar="NS", required=True, help="the namespace of that Service")
     return parser
 
 
@@ -418,7 +453,7 @@ def _nodes(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from gpu_placement.outcomes.report import Prometheus, ReportError, Window, compute, now, render
+    from gpu_placement.outcomes.report import Prometheus, ReportError, Window, compute, no_data, now, render
 
     url = args.prometheus or (str(_config(args.config).telemetry.url or "") if args.config else "")
     if not url:
@@ -436,7 +471,7 @@ def _report(args: argparse.Namespace) -> int:
     except ReportError as exc:
         raise UsageError(str(exc)) from None
     print(render(reports, args.output, _since(args.since)))
-    return 0
+    return 3 if any(no_data(report) for report in reports) else 0
 
 
 def _moment(text: str) -> float:
@@ -455,7 +490,9 @@ def _moment(text: str) -> float:
 
 
 def _since(seconds: float) -> str:
-    return f"{seconds / 86400:g}d" if seconds % 86400 == 0 else f"{seconds / 3600:g}h"
+    if seconds % 86400 == 0:
+        return f"{seconds / 86400:g}d"
+    return f"{seconds / 3600:g}h" if seconds % 3600 == 0 else f"{seconds / 60:g}m"
 
 
 def _rollout(args: argparse.Namespace) -> int:
@@ -492,9 +529,9 @@ def _migrate(args: argparse.Namespace) -> int:
                              "not --snapshot")
         if args.kubeconfig or args.context:
             raise UsageError("--snapshot and --kubeconfig/--context exclude each other: one cluster at a time")
-        from gpu_placement.view.snapshot import read_objects
+        from gpu_placement.view.snapshot import load_snapshot
 
-        objects, access = read_objects(args.snapshot), None
+        objects, access = load_snapshot(args.snapshot), None
     else:
         from gpu_placement.view.fetch import connect
 
@@ -532,22 +569,25 @@ def _core(args: argparse.Namespace) -> tuple[Any, Any]:
     return core, access
 
 
-def _cluster(args: argparse.Namespace, given: Sequence[dict[str, Any]] = ()) -> tuple[Any, Any, list[dict[str, Any]]]:
+def _cluster(args: argparse.Namespace, given: Sequence[dict[str, Any]] = (),
+             namespace: str | None = None) -> tuple[Any, Any, list[dict[str, Any]]]:
     """`_core`, and the objects it was built from (explain runs kube-scheduler's filters on them).
-    `given`: objects from the user's file laid over the cluster's (a Namespace written beside a Job)."""
+    `given`: objects from the user's file laid over the cluster's (a Namespace written beside a Job);
+    `namespace`: the one the answer is about (-n, else the file's), read where cluster-wide lists are refused."""
     from gpu_placement.app.assembly import core_from_objects
 
     if args.snapshot:
         if args.kubeconfig or args.context:
             raise UsageError("--snapshot and --kubeconfig/--context exclude each other: one cluster at a time")
-        from gpu_placement.view.snapshot import read_objects
+        from gpu_placement.view.snapshot import load_snapshot
 
-        objects, access = read_objects(args.snapshot), None
+        # `namespaces` reads only Namespaces: a `kubectl get namespaces -o yaml` file is a snapshot for it.
+        objects, access = load_snapshot(args.snapshot, "Namespace" if args.command == "namespaces" else "Node"), None
     else:
         from gpu_placement.view.fetch import connect, fetch_objects
 
         access = connect(args.kubeconfig, args.context)
-        objects = fetch_objects(access, getattr(args, "namespace", None))
+        objects = fetch_objects(access, namespace or getattr(args, "namespace", None))
     if given:
         replaced = {(o.get("kind"), (o.get("metadata") or {}).get("name")) for o in given}
         objects = [o for o in objects if (o.get("kind"), (o.get("metadata") or {}).get("name")) not in replaced]

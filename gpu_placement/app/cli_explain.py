@@ -38,11 +38,13 @@ def run_explain(args: argparse.Namespace, cluster: Cluster) -> int:
 
     kind_name = split_kind_name(args.pod_file)
     given: list[dict[str, Any]] = []
+    own: str | None = None
     if kind_name is None:
         objects_in = read_objects(args.pod_file)
         where = "standard input" if args.pod_file == "-" else args.pod_file
         templates, given = templates_in(objects_in, where)
-    core, access, objects = cluster(args, given)
+        own = _require_namespace(args.namespace, templates, where)
+    core, access, objects = cluster(args, given, namespace=args.namespace or own)
     notes: tuple[str, ...] = ()
     existing, leave_out = False, None
     if kind_name is not None:
@@ -61,15 +63,16 @@ def run_explain(args: argparse.Namespace, cluster: Cluster) -> int:
 
             for template in templates:
                 check_template(template, f"{kind}/{name}")
-    namespace = args.namespace
     seen = getattr(access, "namespaces_seen", True) if access is not None else True
+    judged_at = _clock_note(core, objects) if access is None else None
     found = []
     for template in templates:
         workload = None if template.where.startswith("Pod ") else template.where + (
             f", {template.replicas} {'replica' if template.replicas == 1 else 'replicas'}"
             if template.replicas is not None else "") + (f"; {template.note}" if template.note else "")
+        namespace, chosen = _namespace(args, access, template)
         context = Context(KubeNodes.from_objects(objects, leave_out), core.config_source, workload, notes,
-                          new=not existing, namespaces_seen=seen)
+                          new=not existing, namespaces_seen=seen, namespace=chosen, judged_at=judged_at)
         found.append(explain(core, template.pod, namespace, existing, context))
     summary = _summary(core, templates, found)
     unseen = list(getattr(access, "unseen", ()) or ()) if access is not None else []
@@ -92,6 +95,91 @@ def run_explain(args: argparse.Namespace, cluster: Cluster) -> int:
             out += "\n\n" + "\n".join(f"could not see: {line}" for line in unseen)
         print(out)
     return _status(found, summary)
+
+
+def _require_namespace(given: str | None, templates: list[PodTemplate], where: str) -> str | None:
+    """kubectl's rule for `-n` with a file (k8s.io/cli-runtime pkg/resource/visitor.go RequireNamespace, which
+    `kubectl create` and `apply` use when --namespace is given): an object that names another namespace is
+    refused, with kubectl's own sentence. Without -n, each object keeps its own. Returns the first one named."""
+    named = [ns for t in templates if (ns := (t.pod.get("metadata") or {}).get("namespace"))]
+    for namespace in named:
+        if given and namespace != given:
+            raise UsageError(f"{where}: the namespace from the provided object \"{namespace}\" does not match the "
+                             f"namespace \"{given}\". You must pass '--namespace={namespace}' to perform this "
+                             "operation.")
+    return named[0] if named else None
+
+
+def _namespace(args: argparse.Namespace, access: Any, template: PodTemplate) -> tuple[str, str | None]:
+    """Where the pod of a file is created, as kubectl create -f decides: the object's own namespace, else
+    -n, else the kubeconfig context's (its namespace, or default). A snapshot has no context: default.
+    With a sentence saying so when neither the file nor -n chose it."""
+    own = (template.pod.get("metadata") or {}).get("namespace")
+    if own or args.namespace:
+        return own or args.namespace, None
+    if access is not None:
+        return access.namespace, (f"{access.namespace}, context {access.context}'s (the file names none and -n is "
+                                  "not given, so kubectl create -f would create it there)")
+    return "default", ("default (the file names none and -n is not given; a snapshot has no kubeconfig context, so "
+                       "default, as kubectl with a context without a namespace; -n NS to judge it elsewhere)")
+
+
+def _clock_note(core: Any, objects: list[dict[str, Any]]) -> str | None:
+    """A snapshot records no time: explain judges it at the wall clock. When a verdict depends on the
+    clock, the moment and why are said; None when nothing does. What depends on it: a node soaking a new
+    driver now (its soak ends by the clock), or one that was soaking at the snapshot's newest timestamp
+    and is no more (its rollout state then, worked out by a second tracker on that clock, differs)."""
+    import time
+
+    from gpu_placement.decide.rollout import Rollout
+    from gpu_placement.facts.soak import SOAKING
+
+    newest = _newest_timestamp(objects)
+    now = time.time()
+    rollout = core.placement.rollout
+    rollout.expire()
+    with core.view.lock:
+        states = dict(rollout.states)
+    then = dict(Rollout(core.view, core.config, clock=lambda: newest).states) if newest is not None else {}
+    timed = []
+    for node in sorted({*states, *then}):
+        current, before = states.get(node), then.get(node)
+        if current is not None and current.state == SOAKING and current.until is not None:
+            timed.append(f"{node} soaking until {_minute(current.until)}")
+        elif before is not None and before.state == SOAKING and before.until is not None:
+            timed.append(f"{node}'s soak ended {_minute(before.until)}")
+    if not timed:
+        return None
+    if len(timed) > _TIMED_SHOWN:
+        timed[_TIMED_SHOWN:] = [f"and {len(timed) - _TIMED_SHOWN} more nodes"]
+    after = f"its newest timestamp is {_minute(newest)}" if newest is not None else "it has no timestamp"
+    return (f"{_minute(now)}, the wall clock (a snapshot records no time; {after}), and these verdicts depend on "
+            f"it: driver soaks end by the clock ({'; '.join(timed)})")
+
+
+_TIMED_SHOWN = 5
+
+
+def _newest_timestamp(objects: list[dict[str, Any]]) -> float | None:
+    """The latest of the times the API server and kubelets write into objects: no earlier than when the
+    snapshot was taken, usually a node heartbeat a minute or two before."""
+    from gpu_placement.base.timestamps import parse_time
+
+    found: list[float] = []
+    for obj in objects:
+        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+        stamps = [meta.get("creationTimestamp"), status.get("startTime"),
+                  *((f or {}).get("time") for f in meta.get("managedFields") or ()),
+                  *(c.get(key) for c in status.get("conditions") or () if isinstance(c, dict)
+                    for key in ("lastHeartbeatTime", "lastTransitionTime", "lastProbeTime"))]
+        found += [at for stamp in stamps if (at := parse_time(stamp)) is not None]
+    return max(found, default=None)
+
+
+def _minute(at: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _summary(core: Any, templates: list[PodTemplate], found: list[Any]) -> Any:

@@ -222,7 +222,9 @@ def _one(core: Core, post: Post, labels: dict[str, dict[str, str]], story: str, 
     status, review = post("webhook", "/validate?timeout=10s", _review(pod, namespace))
     verdict = review.get("response", {}) if status == 200 else {"status": {"message": str(review)}}
     if not verdict.get("allowed"):
+        # The API server stores nothing of a denied pod: /mutate's patch (with its `admitted` annotation) is dropped.
         outcome.decision, outcome.denial = "DENIED", (verdict.get("status") or {}).get("message", "")
+        outcome.changes = "- (denied: the pod is not created)"
         return outcome
     outcome.decision = "allowed" + "".join(f" (warning: {w})" for w in verdict.get("warnings") or ())
     # The API server stores the pod; the view hears of it as a watch would tell it.

@@ -89,6 +89,8 @@ class Context:
     notes: tuple[str, ...] = ()
     new: bool = False  # a pod about to be created (a file): its route through the cluster is worked out
     namespaces_seen: bool = True  # False: the namespaces could not be listed (403), so a missing one may exist
+    namespace: str | None = None  # how the namespace was chosen, when neither the file nor -n named it
+    judged_at: str | None = None  # a snapshot judged at the wall clock, when a verdict depends on it
 
 
 @dataclass(slots=True)
@@ -365,10 +367,14 @@ def _policy_claims(core: Core, namespace: str, pod: dict[str, Any], nodes: list[
 
 def _about(context: Context, route: Route | None) -> list[str]:
     lines = []
+    if context.namespace:
+        lines.append(f"namespace: {context.namespace}")
     if context.workload:
         lines.append(f"workload: {context.workload}")
     if context.configuration:
         lines.append(f"configuration: {context.configuration}")
+    if context.judged_at:
+        lines.append(f"judged at: {context.judged_at}")
     lines += [f"  bypassed gpu-placement: {note}" for note in context.notes]
     if route is not None:
         if route.refused:
@@ -429,7 +435,8 @@ def as_json(found: Explanation) -> dict[str, Any]:
     """`explain_json`'s answer for an explanation already made."""
     admission = found.admission
     best = found.best
-    return {"pod": found.pod, "workload": found.context.workload, "configuration": found.context.configuration,
+    return {"pod": found.pod, "namespace_chosen": found.context.namespace, "workload": found.context.workload,
+            "configuration": found.context.configuration, "judged_at": found.context.judged_at,
             "bypassed": list(found.context.notes),
             "route": None if found.route is None else {
                 "webhook": found.route.webhook, "extender": found.route.extender, "node_name": found.route.node_name,

@@ -9,6 +9,12 @@ process's own counters (`gpu-placement demo`, which has no Prometheus). Quantile
 inside the histogram's buckets exactly as PromQL's histogram_quantile does (`quantile` below is its
 bucketQuantile), and each figure comes with the one PromQL expression that gives it in Prometheus
 (`-o json`), which is what the dashboard's Outcomes row plots; a test checks that the two agree.
+
+No data is never a zero. Before any figure, `coverage` finds the part of the window the data covers: where
+Prometheus holds gpu-placement's own scrapes (`gpu_placement_outcomes_leading`, on every webhook replica from
+its start) and, wherever a raw series has samples, the chart's record made from it. A window without them gets
+no figures, only the series missing and, where Prometheus has them at all, from when to when; a window whose
+data begins inside it is counted from that moment (the records' values then are the baseline).
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ import orjson
 
 from gpu_placement.facts.launch import NODE_CAUSES, NOT_STARTED, POD_CAUSES
 
-__all__ = ["Counters", "Prometheus", "ReportError", "Window", "compute", "quantile", "render"]
+__all__ = ["Counters", "Coverage", "Missing", "Prometheus", "ReportError", "Span", "Window", "compute", "no_data",
+           "quantile", "render"]
 
 HOUR = 3600.0
 STARTS = "gpu_placement:gpu_pod_starts:total"
@@ -40,6 +47,9 @@ IDLE = "gpu_placement:idle_gpus:max"
 RAW = {STARTS: "gpu_placement_gpu_pod_starts_total", WAIT: "gpu_placement_gpu_pod_wait_seconds_bucket",
        READY: "gpu_placement_node_ready_seconds_bucket", RECOVERY: "gpu_placement_node_recovery_seconds_bucket",
        EXCLUSION: "gpu_placement_node_exclusion_seconds_bucket", IDLE: "gpu_placement_idle_gpus"}
+# Every webhook replica exports it from its start: Prometheus scraped gpu-placement's outcome counter.
+LEADING = "gpu_placement_outcomes_leading"
+LATE = 300.0  # a record beginning this long after its raw series: the rules were loaded later
 WAITED = 600.0  # "waited more than 10 minutes": a bucket bound of gpu_placement_gpu_pod_wait_seconds
 Rows = list[tuple[dict[str, str], float]]
 
@@ -52,16 +62,23 @@ class ReportError(Exception):
 class Window:
     end: float  # Unix time, a whole minute (the idle gauge's record is sampled per minute)
     seconds: int
+    # When the data begins inside the window: the moment whose record values the figures grow from (the
+    # series' values at the window's start do not exist; 0 would count what was counted before then).
+    baseline: float | None = None
 
     @classmethod
     def ending(cls, until: float, seconds: float) -> Window:
         if seconds < 60 or seconds % 60:
-            raise ReportError(f"a window is whole minutes (1h, 12h, 7d), not {seconds:g} s")
+            raise ReportError(f"a window is whole minutes (30m, 12h, 7d, 2w), not {seconds:g} s")
         return cls(math.floor(until / 60) * 60, int(seconds))
 
     @property
     def start(self) -> float:
         return self.end - self.seconds
+
+    def from_(self, moment: float) -> Window:
+        """The window counted from `moment` on, when the data begins after its start."""
+        return Window(self.end, self.seconds, moment if moment > self.start else None)
 
     def subquery(self, step: str = "1m") -> str:
         """A range holding one mark per `step` of the window: one second short of it, so that a range
@@ -82,10 +99,12 @@ def _selector(matchers: Matchers) -> str:
 
 def window_sum(record: str, by: Sequence[str], window: Window, matchers: Matchers | None = None) -> str:
     """PromQL: what a total record grew by over the window, per `by`: its last value less its value a
-    window earlier (0 where the series is younger than the window). A day's lookback bridges a gap in
-    the scrapes (every replica down for a while)."""
+    window earlier (0 where the series is younger than the window), or, when the data begins inside the
+    window, less its value then (`@`). A day's lookback bridges a gap in the scrapes (every replica down
+    for a while)."""
     now = f"last_over_time({record}{_selector(matchers or {})}[1d])"
-    then = f"last_over_time({record}{_selector(matchers or {})}[1d] offset {window.seconds}s)"
+    then = f"last_over_time({record}{_selector(matchers or {})}[1d] " + (
+        f"offset {window.seconds}s)" if window.baseline is None else f"@ {window.baseline:.0f})")
     inner = f"{now} - ({then} or {now} * 0)"
     return f"sum by ({', '.join(by)}) ({inner})" if by else f"sum({inner})"
 
@@ -96,7 +115,37 @@ def gauge_hours(record: str, by: Sequence[str], window: Window) -> str:
     return f"sum by ({', '.join(by)}) ({inner}) / 60" if by else f"sum({inner}) / 60"
 
 
+@dataclass(slots=True, frozen=True)
+class Span:
+    """From the first sample to the last, Unix seconds."""
+
+    start: float
+    end: float
+
+    def describe(self) -> str:
+        return f"{_time(self.start)} to {_time(self.end)}"
+
+
+@dataclass(slots=True, frozen=True)
+class Missing:
+    """A series the window needs and does not have: what it is, why it is missing and what to do, and
+    where Prometheus has it at all (None: nowhere)."""
+
+    series: str
+    about: str
+    fix: str
+    present: Span | None
+
+
+@dataclass(slots=True, frozen=True)
+class Coverage:
+    span: Span | None  # the part of the window its data covers; None: no data
+    missing: tuple[Missing, ...] = ()
+
+
 class Source(Protocol):
+    def coverage(self, window: Window) -> Coverage: ...
+
     def window_sum(self, record: str, by: Sequence[str], window: Window, matchers: Matchers | None = None) -> Rows: ...
 
     def gauge_hours(self, record: str, by: Sequence[str], window: Window) -> Rows: ...
@@ -114,6 +163,59 @@ class Prometheus:
     def describe(self) -> str:
         return f"Prometheus {self.url}"
 
+    def coverage(self, window: Window) -> Coverage:
+        """Where in the window gpu-placement was scraped and the chart's records exist beside their raw
+        series; every series missing, named."""
+        scraped = self.span(LEADING, window.start, window.end)
+        missing = [] if scraped else [self._missing(LEADING, _SCRAPE_FIX, "gpu-placement's outcome counter, exported "
+                                                    "by every webhook replica")]
+        start, end = (scraped.start, scraped.end) if scraped else (window.start, window.end)
+        for record, raw in RAW.items():
+            made = self.span(record, window.start, window.end)
+            under = self.span(raw, window.start, window.end)
+            if made is None:
+                if under is not None or (record == STARTS and scraped is None):
+                    also = f", while {raw} has samples in this window" if under else ""
+                    missing.append(self._missing(record, _RULES_FIX, f"the chart's recording rule over {raw}{also}"))
+                continue
+            if under is not None:  # the rules were loaded after the service was scraped, or dropped before
+                start = max(start, made.start) if made.start > under.start + LATE else start
+                end = min(end, made.end) if made.end < under.end - LATE else end
+        if start > end and not missing:  # the records and the scrapes do not overlap in the window
+            missing.append(Missing(LEADING, "gpu-placement's outcome counter, exported by every webhook replica",
+                                   "its samples and the chart's records' do not overlap in this window",
+                                   scraped))
+        return Coverage(None if missing else Span(start, end), tuple(missing))
+
+    def span(self, series: str, start: float, end: float, step: int = 0) -> Span | None:
+        """From `series`' first sample to its last between `start` and `end`: marks every `step` (by default
+        as many as one query may hold), narrowed to the minute, then to the samples' own times (a mark sees
+        the samples of the 5 minutes before it)."""
+        step = step or max(60, math.ceil((end - start) / 10_000 / 60) * 60)  # Prometheus: 11,000 points a query
+        count = f"count({series})"
+        marks = self.marks(count, start, end, step)
+        if not marks:
+            return None
+        first, last = marks[0], marks[-1]
+        if step > 60:
+            first = (self.marks(count, max(start, first - step), first, 60) or [first])[0]
+            last = (self.marks(count, last, min(end, last + step), 60) or [last])[-1]
+        if first > start:
+            first = next((value for _, value in self.query(f"min(timestamp({series}))", first)), first)
+        if last < end:
+            last = next((value for _, value in self.query(f"max(timestamp({series}))", last)), last)
+        return Span(max(first, start), min(last, end))
+
+    def _missing(self, series: str, fix: str, about: str) -> Missing:
+        """Where Prometheus has `series` at all (hour marks over 400 days, narrowed)."""
+        moment = math.floor(now() / 60) * 60
+        return Missing(series, about, fix, self.span(series, moment - 400 * 86400, moment, 3600))
+
+    def marks(self, promql: str, start: float, end: float, step: int) -> list[float]:
+        """The times of a range query's points (its first series)."""
+        result = self._get("query_range", promql, {"start": f"{start:.0f}", "end": f"{end:.0f}", "step": str(step)})
+        return [float(at) for at, _ in result[0]["values"]] if result else []
+
     def window_sum(self, record: str, by: Sequence[str], window: Window, matchers: Matchers | None = None) -> Rows:
         return self.query(window_sum(record, by, window, matchers), window.end)
 
@@ -122,7 +224,15 @@ class Prometheus:
 
     def query(self, promql: str, at: float) -> Rows:
         self.queries.append(promql)
-        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql, 'time': f'{at:.3f}'})}"
+        rows: Rows = []
+        for series in self._get("query", promql, {"time": f"{at:.3f}"}):
+            value = float(series["value"][1])
+            if math.isfinite(value):
+                rows.append(({k: v for k, v in series["metric"].items() if k != "__name__"}, value))
+        return rows
+
+    def _get(self, endpoint: str, promql: str, params: Mapping[str, str]) -> list[Any]:
+        url = f"{self.url}/api/v1/{endpoint}?{urllib.parse.urlencode({'query': promql, **params})}"
         try:
             with urllib.request.urlopen(url, timeout=self.timeout) as response:
                 body = response.read()
@@ -137,12 +247,16 @@ class Prometheus:
             result = None
         if not isinstance(result, list):
             raise ReportError(f"{self.url} did not answer a Prometheus vector to {promql}")
-        rows: Rows = []
-        for series in result:
-            value = float(series["value"][1])
-            if math.isfinite(value):
-                rows.append(({k: v for k, v in series["metric"].items() if k != "__name__"}, value))
-        return rows
+        return result
+
+
+_SCRAPE_FIX = ("Prometheus did not scrape gpu-placement then; if it never did, point --prometheus at the one that "
+               "does, or have it scrape the webhook's /metrics (chart: serviceMonitor.enabled=true, with "
+               "serviceMonitor.labels that its serviceMonitorSelector matches, e.g. release: kube-prometheus-stack)")
+_RULES_FIX = ("the chart's recording rules did not run then; if they never did, this Prometheus does not load the "
+              "chart's PrometheusRule: give it the labels its ruleSelector matches (chart: prometheusRule.labels, "
+              "e.g. release: kube-prometheus-stack), or load the rules of charts/gpu-placement/templates/"
+              "prometheusrule.yaml as a rules file")
 
 
 def _error(body: bytes) -> str:
@@ -163,6 +277,9 @@ class Counters:
 
     def describe(self) -> str:
         return self.what
+
+    def coverage(self, window: Window) -> Coverage:
+        return Coverage(Span(window.start, window.end))  # a process's counters hold all it counted
 
     def window_sum(self, record: str, by: Sequence[str], window: Window, matchers: Matchers | None = None) -> Rows:
         sums: dict[tuple[str, ...], float] = {}
@@ -253,7 +370,29 @@ def _quantiles(record: str, qs: Sequence[float], source: Source, window: Window,
 
 
 def compute(source: Source, window: Window) -> dict[str, Any]:
-    """Every figure of the table for one window, with the PromQL behind it."""
+    """Every figure of the table for one window, with the PromQL behind it; none where the window has
+    no data (`coverage` null, and `missing` says why)."""
+    coverage = source.coverage(window)
+    about: dict[str, Any] = {
+        "window": {"start": _time(window.start), "end": _time(window.end), "seconds": window.seconds},
+        "coverage": None if coverage.span is None else {
+            "start": _time(coverage.span.start), "end": _time(coverage.span.end),
+            "seconds": round(coverage.span.end - coverage.span.start),
+            "whole_window": coverage.span.start <= window.start and coverage.span.end >= window.end},
+        "missing": [{"series": m.series, "about": m.about, "fix": m.fix, "in_prometheus": None if m.present is None
+                     else {"start": _time(m.present.start), "end": _time(m.present.end)}} for m in coverage.missing],
+        "source": source.describe(),
+    }
+    if coverage.span is None:
+        return about
+    return {**about, **_figures(source, window.from_(coverage.span.start))}
+
+
+def no_data(report: Mapping[str, Any]) -> bool:
+    return report["coverage"] is None
+
+
+def _figures(source: Source, window: Window) -> dict[str, Any]:
     by = ("outcome", "cause", "placed")
     launches = source.window_sum(STARTS, by, window)
     started = _sum(launches, outcome="started")
@@ -267,7 +406,6 @@ def compute(source: Source, window: Window) -> dict[str, Any]:
     waited = {reason: round(b.get(math.inf, 0.0) - b.get(WAITED, 0.0)) for reason, b in sorted(waits.items())}
     idle = source.gauge_hours(IDLE, ("resource", "reason"), window)
     return {
-        "window": {"start": _time(window.start), "end": _time(window.end), "seconds": window.seconds},
         "launches": {
             "total": round(total), "started": round(started),
             "success": started / total if total else None,
@@ -294,7 +432,6 @@ def compute(source: Source, window: Window) -> dict[str, Any]:
             "by_resource": _by(idle, "resource"), "by_reason": _by(idle, "reason"),
             "promql": gauge_hours(IDLE, ("resource", "reason"), window),
         },
-        "source": source.describe(),
     }
 
 
@@ -321,7 +458,9 @@ def _by(rows: Rows, label: str) -> dict[str, float]:
 
 # -- output ------------------------------------------------------------------------------------
 def render(reports: Sequence[dict[str, Any]], output: str, since: str) -> str:
-    """One window: its table; two (before, after): side by side with the change."""
+    """One window: its table; two (before, after): side by side with the change. Each window's first row
+    says the part of it the data covers; a window without data has no figures, and the lines under the
+    table name the series it lacks."""
     if output == "json":
         body: dict[str, Any] = {"since": since, "source": reports[0]["source"]}
         body.update({"figures": reports[0]} if len(reports) == 1 else {"before": reports[0], "after": reports[1]})
@@ -331,25 +470,60 @@ def render(reports: Sequence[dict[str, Any]], output: str, since: str) -> str:
     for other in rows[1:]:
         names += [name for name, _ in other if name not in names]
     columns = [dict(r) for r in rows]
-    if len(reports) == 1:
-        header, table = ["FIGURE", "VALUE"], [[name, columns[0].get(name, "-")] for name in names]
-    else:
-        header = ["FIGURE", "BEFORE", "AFTER"]
-        table = [[name, columns[0].get(name, "-"), columns[1].get(name, "-")] for name in names]
+    cells = [[column.get(name, "no data" if no_data(report) else "-") for column, report in zip(columns, reports,
+                                                                                                 strict=True)]
+             for name in names]
+    header = ["FIGURE", "VALUE"] if len(reports) == 1 else ["FIGURE", "BEFORE", "AFTER"]
+    table = [[name, *row] for name, row in zip(names, cells, strict=True)]
     windows = " | ".join(f"{r['window']['start']} to {r['window']['end']}" for r in reports)
     title = f"GPU cluster outcomes, {windows} ({reports[0]['source']})"
+    notes = _no_data_lines(reports)
     if output == "markdown":
         lines = [f"**{title}**", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
         lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in table]
-        return "\n".join(lines)
+        notes = [f"  - {line[2:]}" if line.startswith("  ") else f"- {line}" for line in notes]
+        return "\n".join([*lines, "", *notes] if notes else lines)
     from gpu_placement.report.tables import table as text_table
 
-    return f"{title}\n{text_table(header, table)}"
+    return "\n".join([title, text_table(header, table), *notes])
+
+
+def _no_data_lines(reports: Sequence[dict[str, Any]]) -> list[str]:
+    lines = []
+    for label, report in zip(("BEFORE: ", "AFTER: ") if len(reports) == 2 else ("",), reports, strict=True):
+        if no_data(report):
+            window = report["window"]
+            lines.append(f"{label}no data for {window['start']} to {window['end']}, so no figures; missing:")
+            lines += [f"  {_missing_line(m)}" for m in report["missing"]]
+    return lines
+
+
+def _missing_line(missing: Mapping[str, Any]) -> str:
+    present = missing["in_prometheus"]
+    where = f"Prometheus has it from {present['start']} to {present['end']}" if present else \
+        "not in this Prometheus at all"
+    return f"{missing['series']} ({missing['about']}): none in this window; {where}: {missing['fix']}"
+
+
+def _coverage(report: Mapping[str, Any]) -> str:
+    coverage, window = report["coverage"], report["window"]
+    if coverage["whole_window"]:
+        return "all of the window"
+    return (f"{coverage['start']} to {coverage['end']} ({_length(coverage['seconds'])} of {_length(window['seconds'])}:"
+            " gpu-placement's series exist only then)")
+
+
+def _length(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    parts = [(minutes // 1440, "d"), (minutes % 1440 // 60, "h"), (minutes % 60, "m")]
+    return " ".join(f"{n}{unit}" for n, unit in parts if n) or "0m"
 
 
 def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    if no_data(report):
+        return [("Data", "no data")]
     launches = report["launches"]
-    rows = [("GPU pod launches", str(launches["total"])),
+    rows = [("Data", _coverage(report)), ("GPU pod launches", str(launches["total"])),
             ("Launch success", _share(launches["started"], launches["total"]))]
     for flag, what in (("true", "  placed by gpu-placement"), ("false", "  placed by another scheduler")):
         figures = launches["placed"][flag]

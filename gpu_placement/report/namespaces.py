@@ -21,7 +21,7 @@ from gpu_placement.decide.enforcement import quota_enforced, selection_state
 from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.report.tables import table
 
-__all__ = ["PROBLEM_KINDS", "namespace_record", "policy_problems", "run_namespaces"]
+__all__ = ["PROBLEMS", "PROBLEM_KINDS", "namespace_record", "policy_problems", "run_namespaces"]
 
 # The `problem` label of gpu_placement_namespace_policy_problems, and what each counts.
 PROBLEM_KINDS = {
@@ -31,6 +31,7 @@ PROBLEM_KINDS = {
     "label_value": "a gpu-placement.io/enabled label other than true or false",
 }
 
+PROBLEMS = 1  # the exit status when a namespace listed has a problem
 HEADER = ["NAMESPACE", "SELECTION", "POLICY", "QUOTA used/limit", "ENFORCED", "PROBLEMS"]
 
 
@@ -44,16 +45,18 @@ def run_namespaces(args: argparse.Namespace, cluster: Callable[..., tuple[Any, A
         usage = {name: dict(used) for name, used in core.view.namespace_usage.items()}
     rows = [namespace_record(r, core.config, usage.get(r.name, {})) for r in records
             if args.show_all or r.annotations or r.labels]
+    # As survey exits 1 on findings: a CI gate fails on a namespace whose settings are wrong.
+    status = PROBLEMS if any(r["problems"] for r in rows) else 0
     if args.output == "json":
         print(orjson.dumps({"configuration": core.config_source, "namespaces": rows},
                            option=orjson.OPT_INDENT_2).decode())
-        return 0
+        return status
     if not rows:
         print("no namespace has gpu-placement.io/* annotations or labels (-A lists every namespace)", file=sys.stderr)
         return 0
     print(table(HEADER, [[r["namespace"], r["selection"], r["policy"] or "-", _quota(r), _enforced(r),
                           " | ".join(r["problems"]) or "-"] for r in rows]))
-    return 0
+    return status
 
 
 def namespace_record(record: NamespaceRecord, config: Config, used: dict[str, int]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ objects the view needs, and one pod by name. No watch: a command reads once and 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -41,11 +42,21 @@ class ClusterAccess:
         self.namespaces_seen = True  # False: namespaces could not be listed; one missing from the view may exist
 
 
+# Where a pod's service account namespace is (kubectl's in-cluster namespace); a test points it elsewhere.
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
 def connect(kubeconfig: str | None, context: str | None) -> ClusterAccess:
     """The kubeconfig kubectl would use: `--kubeconfig`, else the first file of `$KUBECONFIG`, else
-    `~/.kube/config`; its current context unless `--context` names another."""
-    path = kubeconfig or next((p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p), None) \
-        or str(Path("~/.kube/config").expanduser())
+    `~/.kube/config`; its current context unless `--context` names another. In a pod (KUBERNETES_SERVICE_HOST
+    set) without --kubeconfig or a kubeconfig file, the pod's service account, as kubectl falls back to it."""
+    from_env = next((p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p), None)
+    path = kubeconfig or from_env or str(Path("~/.kube/config").expanduser())
+    if not Path(path).expanduser().is_file():
+        in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+        if in_pod and not kubeconfig and not context:
+            return ClusterAccess(kube.load_api_client(None), "in-cluster", _pod_namespace())
+        raise kube.KubeConfigError(_no_kubeconfig(path, kubeconfig, from_env, in_pod))
     api = kube.load_api_client(path, context)
     try:
         contexts, current = kube_config.list_kube_config_contexts(config_file=str(Path(path).expanduser()))
@@ -55,6 +66,40 @@ def connect(kubeconfig: str | None, context: str | None) -> ClusterAccess:
     chosen = chosen or {}
     namespace = (chosen.get("context") or {}).get("namespace") or "default"
     return ClusterAccess(api, str(chosen.get("name") or context or "?"), namespace)
+
+
+def _no_kubeconfig(path: str, flag: str | None, from_env: str | None, in_pod: bool) -> str:
+    """What to do when the kubeconfig kubectl would read is not there; the service account only in a pod."""
+    if flag:
+        return (f"kubeconfig {path} (--kubeconfig) does not exist or is not a file: pass --kubeconfig PATH to a "
+                "readable kubeconfig" + (", or leave it out to use the pod's service account" if in_pod else ""))
+    if from_env:
+        return (f"kubeconfig {path} (from $KUBECONFIG) does not exist or is not a file: set KUBECONFIG, or pass "
+                "--kubeconfig PATH, to a readable kubeconfig" + (
+                    ", or leave out --context to use the pod's service account" if in_pod else ""))
+    return (f"no kubeconfig: {path} does not exist and KUBECONFIG is not set: pass --kubeconfig PATH or set "
+            "KUBECONFIG (kubectl reads the same)" + (", or leave out --context to use the pod's service account"
+                                                     if in_pod else ""))
+
+
+def _pod_namespace() -> str:
+    try:
+        return Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def unreachable(access: ClusterAccess, exc: BaseException) -> str | None:
+    """`cannot reach https://HOST:PORT (context x): connection refused` when the API server could not be
+    connected to at all (refused, timed out, a name that does not resolve); None for other failures."""
+    reason = getattr(exc, "reason", None) or exc  # urllib3's MaxRetryError carries the connection error
+    if not isinstance(reason, urllib3.exceptions.NewConnectionError | urllib3.exceptions.ConnectTimeoutError):
+        return None
+    text = " ".join(str(reason).split())
+    found = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
+    why = found.group(1).strip().rstrip(".").lower() if found else (
+        "timed out" if isinstance(reason, urllib3.exceptions.ConnectTimeoutError) else text[:200])
+    return f"cannot reach {access.api.configuration.host} (context {access.context}): {why}"
 
 
 def fetch_objects(access: ClusterAccess, namespace: str | None = None, page_size: int = 500) -> list[dict[str, Any]]:
@@ -74,7 +119,8 @@ def fetch_objects(access: ClusterAccess, namespace: str | None = None, page_size
         dra = None
         access.unseen.append(f"resource.k8s.io discovery ({exc.message}): DRA devices and claims are left out")
     except urllib3.exceptions.HTTPError as exc:
-        raise FetchError(f"discovery of resource.k8s.io (context {access.context}): {exc}") from None
+        raise FetchError(unreachable(access, exc) or f"discovery of resource.k8s.io (context {access.context}): "
+                                                     f"{exc}") from None
     if dra is not None and dra.served:  # DRA: the devices per node and the claims, as the service's view reads them
         lists += [(kind, dra.path(plural)) for kind, plural in DRA_BY_KIND.items()]
     for kind, path in lists:
@@ -165,8 +211,8 @@ def _get(access: ClusterAccess, path: str, query: list[tuple[str, str | int | bo
                 response.release_conn()
         error = kube.api_error(response)
     except urllib3.exceptions.HTTPError as exc:
-        raise FetchError(f"GET {path} (context {access.context}): the API server did not answer: "
-                         f"{' '.join(str(exc).split())[:200]}") from None
+        raise FetchError(unreachable(access, exc) or f"GET {path} (context {access.context}): the API server did "
+                         f"not answer: {' '.join(str(exc).split())[:200]}") from None
     if error.status == 404 and missing:
         raise FetchError(missing, 404)
     raise FetchError(f"GET {path} (context {access.context}): {error}", error.status)

@@ -20,7 +20,7 @@ from gpu_placement.observe import metrics
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import FILE_KINDS, Ingest
 
-__all__ = ["SnapshotError", "SnapshotSource", "read_objects"]
+__all__ = ["SnapshotError", "SnapshotSource", "load_snapshot", "read_objects"]
 
 log = logging.getLogger("gpu_placement.snapshot")
 _SUFFIXES = (".json", ".yaml", ".yml")
@@ -53,6 +53,28 @@ def read_objects(path: str | Path) -> list[dict[str, Any]]:
         for doc in _documents(file, text):
             objects.extend(_flatten(file, doc))
     return objects
+
+
+def load_snapshot(path: str | Path, needs: str = "Node") -> list[dict[str, Any]]:
+    """The objects of a snapshot, refused when it holds no `needs` object: a Job's YAML or a pod list
+    given as `--snapshot` would otherwise be judged as a cluster without a node (`0/0 nodes are
+    available`), and the answer would look like one about the cluster."""
+    objects = read_objects(path)
+    require(objects, path, needs)
+    return objects
+
+
+def require(objects: list[dict[str, Any]], path: str | Path, needs: str = "Node") -> None:
+    """SnapshotError unless `objects` hold a `needs` (Node; Namespace for `namespaces`)."""
+    if any(o.get("kind") == needs for o in objects):
+        return
+    kinds: dict[str, int] = {}
+    for obj in objects:
+        kinds[str(obj.get("kind"))] = kinds.get(str(obj.get("kind")), 0) + 1
+    held = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "no object"
+    raise SnapshotError(f"no {needs.lower()}s in {path} (it holds {held}): is it a snapshot? Make one with "
+                        "gpu-placement demo --write-snapshot FILE, or kubectl get nodes,pods,namespaces,configmaps -A "
+                        "-o json > cluster.json")
 
 
 def _documents(file: Path, text: bytes) -> list[Any]:
@@ -90,8 +112,10 @@ def _flatten(file: Path, doc: Any) -> Iterator[dict[str, Any]]:
 
 
 class SnapshotSource:
-    def __init__(self, path: str | Path, view: ClusterView, ingest: Ingest) -> None:
+    def __init__(self, path: str | Path, view: ClusterView, ingest: Ingest, needs_nodes: bool = False) -> None:
+        """`needs_nodes`: a file without a Node is refused (serve's: not a snapshot), a reload of one too."""
         self.path = Path(path)
+        self.needs_nodes = needs_nodes
         self.view = view
         self.ingest = ingest
         self.bindings: dict[tuple[str, str], str] = {}  # (namespace, pod) -> node, from /bind
@@ -104,7 +128,10 @@ class SnapshotSource:
         """Read the files and make the view match them; raises SnapshotError, keeping the old view."""
         stamp = self._fingerprint()
         by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in (*FILE_KINDS, *DRA_KINDS)}
-        for obj in read_objects(self.path):
+        objects = read_objects(self.path)
+        if self.needs_nodes:
+            require(objects, self.path)
+        for obj in objects:
             kind = Ingest.kind_of(obj)
             if kind is not None:
                 by_kind[kind].append(obj)
