@@ -37,6 +37,7 @@ from gpu_placement.decide.dra_quota import (
     pod_standins,
     resource_usage,
 )
+from gpu_placement.decide.requirements import unchecked_cuda
 from gpu_placement.facts.annotation_keys import unread_pod_keys
 from gpu_placement.facts.pods import GpuRequests
 from gpu_placement.facts.policy import (
@@ -47,6 +48,7 @@ from gpu_placement.facts.policy import (
     sharing_of_resource,
 )
 from gpu_placement.facts.sharing import effective_sharing
+from gpu_placement.observe.metrics import NGC_UNCHECKED
 from gpu_placement.view.cluster import ClusterView
 from webhook.audit import would_do
 from webhook.claim_reader import ClaimReader, Ref
@@ -74,7 +76,6 @@ from webhook.review import (
     subject_of,
 )
 from webhook.shaping import NOT_SHAPED, NOT_SHAPED_ALLOWED, governed, unshaped, unshaped_warning
-from webhook.unchecked_cuda import count_unchecked, unchecked_cuda
 
 __all__ = ["Admission", "Decision"]
 
@@ -424,7 +425,7 @@ class Admission:
             with self.view.lock:
                 self.reservations.hold(namespace, subject.key, subject.uid, gpus)
         if unchecked is not None and not subject.dry_run:
-            count_unchecked(unchecked)
+            NGC_UNCHECKED.labels(unchecked.why).inc()
         reason = f"Audit{problems[0][0]}" if problems else ALLOWED
         told = None if audit or problems else self._unshaped_told(policy, subject, where)
         if told is not None:

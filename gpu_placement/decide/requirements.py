@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpu_placement.base import names as n
+from gpu_placement.base.config import Config
 from gpu_placement.base.cuda import NgcTable, Version, format_version, parse_version
 from gpu_placement.base.quantity import QuantityError, quantity_to_mib
 from gpu_placement.base.text import MAX_ANNOTATION_VALUE, quoted
-from gpu_placement.facts.cudaneed import CudaNeed, container_need
+from gpu_placement.facts.cudaneed import CudaNeed, container_need, ngc_unlisted
 from gpu_placement.facts.dra import Ask, Request
 from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.pods import GpuRequests, effective_gpu_requests
@@ -25,7 +26,8 @@ from gpu_placement.facts.sharing import EXCLUSIVE, Sharing, narrowed, parse_shar
 if TYPE_CHECKING:
     from gpu_placement.view.dra import DraState
 
-__all__ = ["AnnotationError", "Requirements", "infer_cuda", "parse_memory", "requirements_for"]
+__all__ = ["AnnotationError", "Requirements", "Unchecked", "infer_cuda", "parse_memory", "requirements_for",
+           "unchecked_cuda"]
 
 
 class AnnotationError(ValueError):
@@ -180,3 +182,44 @@ def infer_cuda(spec: Mapping[str, Any], compat: bool = True, ngc: NgcTable | Non
             if found is not None and (best is None or found.version > best.version):
                 best = found
     return best
+
+
+# GPU pods that would go unchecked for CUDA because gpu-placement's NGC table lacks their image's release.
+# An NGC framework image (`nvcr.io/nvidia/pytorch:26.07-py3`) says its CUDA only through the table
+# (`data/ngc-framework-cuda.json` plus the configuration's `ngcReleases`). A release the table lacks infers
+# nothing, and a pod with no other CUDA requirement (no `gpu-placement.io/cuda` on it or its namespace, no
+# NVIDIA_REQUIRE_CUDA, no other image that names one) is placed with no driver checked against its images.
+# /validate says so in an admission warning and counts it (`gpu_placement_ngc_unchecked_pods_total`), so a
+# table that has fallen behind shows where it matters. String work on the pod only: no I/O on the webhook's path.
+
+
+_UNCHECKED_WHY = {True: "newer", False: "gap"}
+
+
+@dataclass(slots=True, frozen=True)
+class Unchecked:
+    text: str  # the admission warning
+    why: str  # newer | gap: the metric's label
+
+
+def unchecked_cuda(pod: Mapping[str, Any], where: str, namespace_cuda: Version | None,
+                   config: Config) -> Unchecked | None:
+    """The warning for a GPU pod whose only CUDA source is an NGC image of a release the table lacks;
+    None for every other pod (most: one pass over the container images)."""
+    spec = pod.get("spec") or {}
+    unlisted = ngc_unlisted(spec, config.ngc)
+    if not unlisted:
+        return None
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    if n.ANN_CUDA in annotations or namespace_cuda is not None or infer_cuda(spec, True, config.ngc) is not None:
+        return None  # a CUDA requirement from elsewhere is checked
+    first, ngc = unlisted[0], config.ngc
+    which = (f"newer than gpu-placement's table of NGC releases (its last is {ngc.newest})" if first.newer
+             else f"one gpu-placement's table of NGC releases lacks ({ngc.first} to {ngc.newest})")
+    more = f" (and {len(unlisted) - 1} more such image{'s' if len(unlisted) > 2 else ''})" if len(unlisted) > 1 else ""
+    text = (f"{where}: no CUDA check applies: image {first.image} is NGC release {first.release}, {which}{more}, so "
+            "no node's driver is checked against its CUDA and the pod may land on a driver too old for it: set "
+            f"{n.ANN_CUDA} on the pod or its namespace (the CUDA of release {first.release}, from its release notes, "
+            f"e.g. \"13.0\"), or have the platform team add release {first.release} to ngcReleases in gpu-placement's "
+            "configuration (docs/rules.md, CUDA compatibility)")
+    return Unchecked(text, _UNCHECKED_WHY[first.newer])

@@ -106,6 +106,8 @@ NGC_UNCHECKED = Counter("gpu_placement_ngc_unchecked_pods",
                         "lacks their NGC framework image's release, so no driver is checked against it: why=newer "
                         "(after the table's last release: the table is behind, add ngcReleases), why=gap (a "
                         "release the table skips).", ["why"])
+for _why in ("newer", "gap"):  # both series from the start: rate() and alerts need a zero
+    NGC_UNCHECKED.labels(_why)
 
 # The DRA taint controller (gpu_placement/controllers/dra_taints.py): DeviceTaintRules for unverified nodes' devices.
 DRA_TAINT_LEADING = Gauge("gpu_placement_dra_taint_leading",
