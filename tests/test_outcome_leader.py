@@ -106,12 +106,12 @@ class Cluster:
             wait_for(lambda r=replica: r.sees(stored), what="the views to catch up")
 
     def run(self, changes: list[Change], until: float, events: dict[float, Any],
-            after_turn: Callable[[Cluster], None] | None = None) -> None:
-        """Turns every STEP of replay time; `events`: at a replay time, something to do to the replicas;
+            after_turn: Callable[[Cluster], None] | None = None, step: float = STEP) -> None:
+        """Turns every `step` of replay time; `events`: at a replay time, something to do to the replicas;
         `after_turn`: called after each turn (a scrape)."""
         pending = list(changes)
         while self.clock.now < until:
-            turn = self.clock.now + STEP
+            turn = self.clock.now + step
             for at in sorted(t for t in events if self.clock.now < t <= turn):
                 self._due(pending, at)
                 events.pop(at)(self)

@@ -127,8 +127,12 @@ OUTCOMES_LEADING = Gauge("gpu_placement_outcomes_leading", "1 on the replica tha
                          "launch outcomes and node lifecycle times for the cluster, else 0.", ["lease"])
 OUTCOMES_COUNTED_UNTIL = Gauge("gpu_placement_outcomes_counted_until_timestamp_seconds",
                                "The outcomes watermark as this replica last read it from the Lease: events up to this "
-                               "Unix time are counted (it trails the clock by the settle time, more while a GPU pod's "
-                               "launch is undecided).", ["lease"])
+                               "Unix time are counted (it trails the clock by the settle time; more only while the "
+                               "deferred launches are at their bound).", ["lease"])
+OUTCOMES_DEFERRED = Gauge("gpu_placement_outcomes_deferred_launches",
+                          "Bound GPU pods the outcomes watermark passed with their launch undecided (containers still "
+                          "being created), as last read from the Lease: each is counted once it starts or fails, or "
+                          "as not_started an hour after it was taken.", ["lease"])
 TELEMETRY_SKIPPED = Counter("gpu_placement_telemetry_samples_skipped",
                             "DCGM telemetry samples skipped, each alone, by why: non_finite (NaN or Inf), malformed.",
                             ["reason"])

@@ -8,8 +8,9 @@ Each webhook replica runs an `OutcomeCounter` (a LeaderLoop on its own Lease, `g
 The Lease carries the watermark W in the annotation `gpu-placement.io/outcomes-counted-until` (RFC 3339,
 microseconds): every event whose anchor is at or before W has been counted by some leader; and the
 cluster's totals so far in `gpu-placement.io/outcomes-totals` (JSON: launches by label set, each
-histogram's buckets, sum and count). On each turn the holder reads the Lease, asks its `Outcomes` how
-far W may go (`limit`), and writes the new W with the new totals in one PUT carrying the Lease's
+histogram's buckets, sum and count, and the launches W passed undecided, by pod UID). On each turn
+the holder reads the Lease, asks its `Outcomes` for the next write (`turn`: how far W goes, what it
+counts, what stays deferred), and writes the new W with the new totals in one PUT carrying the Lease's
 resourceVersion (a compare-and-swap: a 409 means another replica took the Lease in between, and then
 nothing is counted). A standby reads both on each turn, forgets what is counted, and exports the same
 totals. So one write carries W past each event, whoever leads and however often a process restarts:
@@ -39,8 +40,8 @@ from gpu_placement.base.timestamps import parse_time
 from gpu_placement.kube.api import ApiError, api_error, drain, request
 from gpu_placement.kube.leader import LeaderLoop
 from gpu_placement.kube.lease import Lease
-from gpu_placement.observe.metrics import OUTCOMES_COUNTED_UNTIL, OUTCOMES_LEADING
-from gpu_placement.outcomes.record import Outcomes
+from gpu_placement.observe.metrics import OUTCOMES_COUNTED_UNTIL, OUTCOMES_DEFERRED, OUTCOMES_LEADING
+from gpu_placement.outcomes.record import Outcomes, Turn
 
 __all__ = ["TOTALS_ANNOTATION", "WATERMARK_ANNOTATION", "CounterSettings", "LocalCounter", "OutcomeCounter",
            "format_watermark"]
@@ -82,6 +83,7 @@ class OutcomeCounter(LeaderLoop):
                       clock=lambda: datetime.fromtimestamp(clock(), UTC))
         super().__init__(lease, OUTCOMES_LEADING.labels(self.settings.lease_name), self.settings.renew_seconds, clock)
         self._counted_until = OUTCOMES_COUNTED_UNTIL.labels(self.settings.lease_name)
+        self._deferred = OUTCOMES_DEFERRED.labels(self.settings.lease_name)
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{self.settings.lease_name}"
         self.last_error: str | None = None
         self.counted = 0  # events this replica counted: for tests and the log
@@ -93,38 +95,43 @@ class OutcomeCounter(LeaderLoop):
         try:
             self._lead()
             lease = self._read()
-            watermark = _watermark(lease)
-            self.outcomes.load(_totals(lease))  # every replica exports the cluster's totals as last written
+            watermark, totals = _watermark(lease), _totals(lease)
+            deferred = _deferred(totals)
+            self.outcomes.load(totals)  # every replica exports the cluster's totals as last written
             if watermark is not None:
-                self.outcomes.settled(watermark)
+                self.outcomes.settled(watermark, deferred)
                 self._counted_until.set(watermark)
+                self._deferred.set(len(deferred))
             if self.leading and ((lease.get("spec") or {}).get("holderIdentity") == self.identity):
-                self._count(lease, watermark)
+                self._count(lease, watermark, deferred)
             self._ok()
         except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
             if self.last_error is None:
                 log.warning("outcome counter: %s (retrying every %g s)", exc, self.settings.renew_seconds)
             self.last_error = str(exc)
 
-    def _count(self, lease: dict[str, Any], watermark: float | None) -> None:
+    def _count(self, lease: dict[str, Any], watermark: float | None, deferred: dict[str, float]) -> None:
         now = self.clock()
-        target = self.outcomes.limit(now) if watermark is not None else now - self.outcomes.settle
-        if watermark is not None and target <= watermark:
+        if watermark is None:
+            turn: Turn | None = Turn(_written(now - self.outcomes.settle), [], {})
+        else:
+            turn = self.outcomes.turn(now, watermark, deferred, _written)
+        if turn is None:
             return
-        target = _written(target)
-        batch = self.outcomes.due(watermark, target) if watermark is not None else []
-        if not self._write(lease, target, self.outcomes.totals(batch)):
+        if not self._write(lease, turn.until, {**self.outcomes.totals(turn.batch), "deferred": turn.deferred}):
             log.info("outcome counter: the Lease changed under the watermark write; another replica leads now")
             return
-        self.outcomes.emit(batch)
-        self.outcomes.settled(target)
-        self._counted_until.set(target)
-        self.counted += len(batch)
+        self.outcomes.emit(turn.batch)
+        self.outcomes.settled(turn.until, turn.deferred)
+        self._counted_until.set(turn.until)
+        self._deferred.set(len(turn.deferred))
+        self.counted += len(turn.batch)
         if watermark is None:
             log.info("outcome counter: counting launch outcomes and node lifecycle times from %s",
-                     format_watermark(target))
-        elif batch:
-            log.debug("outcome counter: counted %d events up to %s", len(batch), format_watermark(target))
+                     format_watermark(turn.until))
+        elif turn.batch:
+            log.debug("outcome counter: counted %d events up to %s (%d launches deferred)", len(turn.batch),
+                      format_watermark(turn.until), len(turn.deferred))
 
     def _ok(self) -> None:
         if self.last_error is not None:
@@ -160,6 +167,14 @@ def _watermark(lease: dict[str, Any]) -> float | None:
     return parse_time(((lease.get("metadata") or {}).get("annotations") or {}).get(WATERMARK_ANNOTATION))
 
 
+def _deferred(totals: Any) -> dict[str, float]:
+    """The launches W passed undecided, as written with the totals: pod UID -> anchor."""
+    found = totals.get("deferred") if isinstance(totals, dict) else None
+    if not isinstance(found, dict):
+        return {}
+    return {str(uid): float(anchor) for uid, anchor in found.items() if isinstance(anchor, int | float)}
+
+
 def _totals(lease: dict[str, Any]) -> Any:
     raw = ((lease.get("metadata") or {}).get("annotations") or {}).get(TOTALS_ANNOTATION)
     try:
@@ -177,6 +192,7 @@ class LocalCounter:
         self.outcomes, self.clock = outcomes, clock
         outcomes.count()
         self.watermark = start  # None: counting starts at the first turn, less `settle`
+        self.deferred: dict[str, float] = {}
 
     def step(self) -> int:
         """Move the watermark and count; returns how many events were counted."""
@@ -185,14 +201,13 @@ class LocalCounter:
         now = self.clock()
         if self.watermark is None:
             self.watermark = now - self.outcomes.settle
-            self.outcomes.settled(self.watermark)
+            self.outcomes.settled(self.watermark, {})
             self.outcomes.load(None)  # counting starts: the totals are this process's
             return 0
-        target = self.outcomes.limit(now)
-        if target <= self.watermark:
+        turn = self.outcomes.turn(now, self.watermark, self.deferred)
+        if turn is None:
             return 0
-        batch = self.outcomes.due(self.watermark, target)
-        self.outcomes.emit(batch)
-        self.outcomes.settled(target)
-        self.watermark = target
-        return len(batch)
+        self.outcomes.emit(turn.batch)
+        self.outcomes.settled(turn.until, turn.deferred)
+        self.watermark, self.deferred = turn.until, turn.deferred
+        return len(turn.batch)

@@ -19,9 +19,13 @@ neither a restart nor a second replica counts it again; and every replica export
 so each series is the cluster's.
 
 W' stays `settle` seconds behind what the view has heard, so an object change reaches the view before
-W passes its timestamp, and below the anchor of every bound GPU pod whose launch is not decided
-yet (for at most `horizon` seconds: a pod undecided that long is counted `not_started`), so a launch is
-classified once, when W passes it, from the status the pod has then.
+W passes its timestamp. A launch is classified once, from the status the pod has then. One still
+undecided when W passes its anchor (the pod bound, its containers still being created) is *deferred*:
+the write that carries W past it also puts its pod UID (with the anchor) in the Lease's deferred set,
+and the later write that takes it out of the set counts it, once it started or failed, or `horizon`
+seconds after its anchor as `not_started`; a deferred pod deleted undecided leaves the set uncounted.
+So one write counts each launch, as before, and no figure waits on an undecided pod. The set holds
+at most MAX_DEFERRED pods: beyond, W waits below the next undecided anchor (as it did for every one).
 
 What a restart can lose: events whose objects were deleted while no replica ran (a pod that failed
 and was deleted in that gap). What it never does is count an event twice.
@@ -47,11 +51,12 @@ from gpu_placement.observe.metrics import LatestFamilies
 from gpu_placement.report.cluster_metrics import NO_POOL, OK
 from gpu_placement.view.cluster import ClusterView
 
-__all__ = ["BUCKETS", "SETTLE_SECONDS", "START_HORIZON_SECONDS", "Emission", "Outcomes", "track_outcomes",
-           "wait_reason"]
+__all__ = ["BUCKETS", "MAX_DEFERRED", "SETTLE_SECONDS", "START_HORIZON_SECONDS", "Emission", "Outcomes", "Turn",
+           "track_outcomes", "wait_reason"]
 
 SETTLE_SECONDS = 120.0  # how far the watermark stays behind what the view has heard
 START_HORIZON_SECONDS = 3600.0  # a bound pod undecided this long after its anchor is counted not_started
+MAX_DEFERRED = 1000  # launches passed undecided, kept in the Lease until decided; beyond, the watermark waits
 PREPARE_WINDOW_SECONDS = 86400.0  # at start, an unverified node younger than this is taken to be in preparation
 _EPSILON = 1e-3
 _SLICE = 8192  # pods looked at per hold of the view's lock while priming (nodes: a sixteenth of it)
@@ -124,6 +129,16 @@ class Emission:
     key: str  # what it is about (pod UID, node), for tests and logs
 
 
+@dataclass(slots=True, frozen=True)
+class Turn:
+    """One write of the watermark: W moves to `until`, `batch` is what the write counts, `deferred` the
+    launches passed undecided (pod UID -> anchor) that later writes count once decided."""
+
+    until: float
+    batch: list[Emission]
+    deferred: dict[str, float]
+
+
 @dataclass(slots=True)
 class _Node:
     verdict: str
@@ -151,10 +166,10 @@ class Outcomes:
     settle: float = SETTLE_SECONDS
     horizon: float = START_HORIZON_SECONDS
     watermark: float | None = None  # W as last read from the Lease (None: not read yet)
+    deferred: dict[str, float] = field(default_factory=dict)  # launches W passed undecided: pod UID -> anchor
     counts: dict[tuple[str, ...], float] = field(default_factory=dict)  # (outcome, cause, pool, placed) -> n
     histograms: dict[str, dict[tuple[str, ...], _Histogram]] = field(default_factory=dict)
     _launches: dict[str, _Launch] = field(default_factory=dict)  # pod UID -> launch not counted yet
-    _undecided: dict[str, float] = field(default_factory=dict)  # pod UID -> anchor, launches still pending
     _uids: dict[str, str] = field(default_factory=dict)  # pod key -> UID of the GPU pod under that name
     _waiting: dict[str, tuple[str, ...]] = field(default_factory=dict)  # unbound GPU pod UID -> its codes
     pending: dict[str, PodRecord] = field(default_factory=dict)  # pod key -> unbound, active GPU pod (idle.py)
@@ -232,27 +247,46 @@ class Outcomes:
             time.sleep(0)
 
     # -- what the leader does (under the view's lock) ------------------------------------------
-    def limit(self, now: float) -> float:
-        """How far the watermark may move now: `settle` behind what the view has heard, and below the
-        anchor of every launch still undecided within the horizon."""
+    def turn(self, now: float, watermark: float, deferred: Mapping[str, float],
+             written: Callable[[float], float] = lambda at: at) -> Turn | None:
+        """The next write after (`watermark`, `deferred`) as last written: W moves to `settle` behind what
+        the view has heard (`written`: as it reads back from where it is kept); the events it passes are
+        counted, and so is each deferred launch decided since, or past the horizon (`not_started`). A
+        launch passed undecided joins the deferred set, while there is room; W stops below the first
+        that finds none. None: nothing to write."""
         if not self.prime():
-            return float("-inf")
+            return None
         with self.view.lock:
-            bound = min(now, self.heard()) - self.settle
-            for anchor in self._undecided.values():
-                if anchor + self.horizon > now:
-                    bound = min(bound, anchor - _EPSILON)
-            return bound
-
-    def due(self, since: float, until: float) -> list[Emission]:
-        """The events in (since, until], launches classified from the status they have now."""
-        with self.view.lock:
-            out = [event for event in self._events.values() if since < event.at <= until]
+            reach = min(now, self.heard()) - self.settle
+            batch: list[Emission] = []
+            kept: dict[str, float] = {}
+            for uid, anchor in deferred.items():
+                entry = self._launches.get(uid)
+                if entry is not None and (entry.launch.state != PENDING or anchor + self.horizon <= now):
+                    batch.append(self._launch_emission(uid, entry, anchor))
+                elif entry is not None or anchor > reach:  # undecided; or the view may not have it yet
+                    kept[uid] = anchor
+                # else the pod is gone undecided (or was decided and deleted while no replica ran): not counted
+            passing = sorted((anchor, uid) for uid, entry in self._launches.items()
+                             if (anchor := entry.launch.anchor) is not None and watermark < anchor <= reach
+                             and uid not in deferred and self._undecided(entry, anchor, now))
+            room = MAX_DEFERRED - len(kept)
+            until = reach if len(passing) <= room else passing[room][0] - _EPSILON
+            until = written(until) if until > watermark else watermark
+            batch += [event for event in self._events.values() if watermark < event.at <= until]
             for uid, entry in self._launches.items():
                 anchor = entry.launch.anchor
-                if anchor is not None and since < anchor <= until:
-                    out.append(self._launch_emission(uid, entry, anchor))
-            return sorted(out, key=lambda e: (e.at, e.key))
+                if anchor is not None and watermark < anchor <= until and uid not in deferred:
+                    if self._undecided(entry, anchor, now):
+                        kept[uid] = anchor
+                    else:
+                        batch.append(self._launch_emission(uid, entry, anchor))
+            if until == watermark and not batch and kept.keys() == deferred.keys():
+                return None
+            return Turn(until, sorted(batch, key=lambda e: (e.at, e.key)), kept)
+
+    def _undecided(self, entry: _Launch, anchor: float, now: float) -> bool:
+        return entry.launch.state == PENDING and anchor + self.horizon > now
 
     def emit(self, batch: Iterable[Emission]) -> None:
         """Count them (the leader, once its watermark write went through)."""
@@ -310,15 +344,18 @@ class Outcomes:
                     table[tuple(str(label) for label in labels)] = _Histogram([int(n) for n in buckets],
                                                                               float(total), int(count))
 
-    def settled(self, watermark: float) -> None:
-        """The cluster's events up to `watermark` are counted (by whoever led): forget them."""
+    def settled(self, watermark: float, deferred: Mapping[str, float]) -> None:
+        """The cluster's events up to `watermark` are counted (by whoever led) but the `deferred`
+        launches (as read with it): forget the others."""
         self.prime()
         with self.view.lock:
             self.watermark = watermark if self.watermark is None else max(self.watermark, watermark)
+            self.deferred = dict(deferred)
             for key in [key for key, event in self._events.items() if event.at <= self.watermark]:
                 del self._events[key]
-            for uid in [uid for uid, e in self._launches.items() if (e.launch.anchor or 0) <= self.watermark]:
-                self._forget_launch(uid)
+            for uid in [uid for uid, e in self._launches.items()
+                        if (e.launch.anchor or 0) <= self.watermark and uid not in self.deferred]:
+                del self._launches[uid]
 
     def _launch_emission(self, uid: str, entry: _Launch, anchor: float) -> Emission:
         launch = entry.launch
@@ -353,7 +390,7 @@ class Outcomes:
         entry = self._launches.get(pod.uid)
         anchor = launch.anchor
         if entry is None:
-            if anchor is None or not self._open(anchor):
+            if anchor is None or not (self._open(anchor) or pod.uid in self.deferred):
                 return
             entry = self._launches[pod.uid] = _Launch(pod, self._pool(pod.node))
             if launch.bound is not None and self._open(launch.bound):
@@ -363,10 +400,6 @@ class Outcomes:
         entry.record = pod
         if pod.node in self.view.nodes:
             entry.pool = self._pool(pod.node)
-        if launch.state == PENDING and anchor is not None:
-            self._undecided[pod.uid] = anchor
-        else:
-            self._undecided.pop(pod.uid, None)
 
     def _gone(self, key: str, uid: str) -> None:
         """The GPU pod under `key` (UID `uid`) was deleted: a decided launch is still counted."""
@@ -376,14 +409,9 @@ class Outcomes:
         if entry is None:
             return
         if entry.launch.state == PENDING:  # deleted before it started or failed: no launch to count
-            self._forget_launch(uid)
+            del self._launches[uid]
         else:
             entry.gone = True
-            self._undecided.pop(uid, None)
-
-    def _forget_launch(self, uid: str) -> None:
-        self._launches.pop(uid, None)
-        self._undecided.pop(uid, None)
 
     def _open(self, at: float) -> bool:
         """Whether an event at `at` is still to be counted (beyond the watermark, as far as known)."""

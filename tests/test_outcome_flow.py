@@ -1,0 +1,183 @@
+"""Counting flows past a launch still undecided (gpu_placement/outcomes/record.py, the deferred set): a GPU
+pod stuck in ContainerCreating holds no figure back, and each launch is still counted once, by one
+replica, across a crash and a restart. The stories go into the fake API server; replicas run the real
+list+watch loop and the OutcomeCounter, on a clock that follows the objects (turns every 10 s)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from gpu_placement.outcomes.counter import LocalCounter
+from gpu_placement.outcomes.record import SETTLE_SECONDS, START_HORIZON_SECONDS
+from gpu_placement.samples.cluster import namespace
+from gpu_placement.samples.history import H100, Change, Story, Truth
+from tests.fakeapi import FakeApiServer
+from tests.outcome_replay import START, Clock, ViewReplica, apply, exposition, figures, truth_histograms
+from tests.test_outcome_leader import SETTINGS, Cluster
+
+pytestmark = pytest.mark.timeout(300)
+
+M = 60.0
+TURN = SETTINGS.renew_seconds
+STUCK, BIG, STARTS, FAILS = 0, 1, 2, 3  # the story's pods, by index (job-000 ...)
+READY = "gpu_placement_node_ready_seconds"
+
+
+def story() -> tuple[list[Change], Truth, dict[str, float]]:
+    """A node that serves; at 05:00 a GPU pod bound there stays in ContainerCreating for ever (a volume
+    that never mounts); at 08:00 one pulls a 20-minute image; at 10:00 one starts, at 12:00 one fails on
+    the node (the device plugin's Allocate); a node that joined at 10:00 is verified at 16:00. Returns
+    the changes, the figures, and when each figure may be counted at the latest: SETTLE_SECONDS plus one
+    turn after its anchor, or one turn after its decision when that comes later."""
+    told = Story(START)
+    told.put(-2 * 3600, namespace("ml"))
+    told.put(-2 * 3600, namespace("gpu-operator"))
+    old = -30 * 86400.0
+    told.put(-2 * 3600, told.node("train-1", "training", H100, old))
+    told.put(-2 * 3600, told.validator("train-1", old + 120, old + 600))
+    joined = 10 * M
+    told.put(joined, told.node("train-2", "training", H100, joined, ready_at=joined + 60))
+    told.put(joined + 90, told.validator("train-2", joined + 90, None))
+    told.put(16 * M, told.validator("train-2", joined + 90, 16 * M))
+    told.truth.ready.append(("training", H100, 6 * M))
+    for index, created, what in ((STUCK, 5 * M, "stuck"), (BIG, 8 * M, "big_image"), (STARTS, 10 * M, "start"),
+                                 (FAILS, 12 * M, "device_plugin")):
+        told.launch(index, created, "train-1", story=what)
+    late = SETTLE_SECONDS + TURN
+    due = {"started": START + 10 * M + 5 + late, "device_plugin": START + 12 * M + 5 + late,
+           "ready": START + 16 * M + late, "big_image": START + 8 * M + 5 + 20 * M + 1 + TURN,
+           "not_started": START + 5 * M + 5 + START_HORIZON_SECONDS + TURN}
+    return sorted(told.changes, key=lambda c: c.at), told.truth, due
+
+
+def counted(starts: Counter[tuple[str, ...]], histograms: dict[str, Counter[tuple[str, ...]]]) -> set[str]:
+    """Which of the story's figures the exposition shows."""
+    found = {"ready"} if histograms.get(READY, Counter())[("training", H100)] else set()
+    started = starts[("started", "none", "training", "true")]
+    found |= {"started"} if started >= 1 else set()
+    found |= {"big_image"} if started >= 2 else set()
+    found |= {"device_plugin"} if starts[("failed", "device_plugin", "training", "true")] else set()
+    return found | ({"not_started"} if starts[("failed", "not_started", "training", "true")] else set())
+
+
+def expected(truth: Truth) -> dict[str, Counter[tuple[str, ...]]]:
+    """The story's histogram counts (the families it has observations of)."""
+    return {metric: counts for metric, counts in truth_histograms(truth).items() if counts}
+
+
+@pytest.fixture
+def cluster(fake_api: FakeApiServer) -> Iterator[Cluster]:
+    made = Cluster(fake_api, Clock(START - 5 * M))
+    yield made
+    made.close()
+
+
+def test_a_pod_stuck_in_container_creating_holds_no_figure_back(cluster: Cluster) -> None:
+    """Each figure is counted within SETTLE_SECONDS plus one turn of its anchor (a launch decided later:
+    one turn after its decision), while the pod bound at 05:00 stays in ContainerCreating; that one
+    counts not_started an hour after it was taken, and every launch once."""
+    changes, truth, due = story()
+    cluster.start("a")
+    seen: dict[str, float] = {}
+
+    def scrape(c: Cluster) -> None:
+        for figure in counted(*c.totals()) - seen.keys():
+            seen[figure] = c.clock.now
+
+    cluster.run(changes, START + 5 * M + START_HORIZON_SECONDS + 2 * TURN, {}, scrape, step=TURN)
+    late = {figure: (seen.get(figure), at) for figure, at in due.items() if seen.get(figure, float("inf")) > at}
+    assert late == {}, "counted later than due (counted at, due by)"
+    starts, histograms = cluster.totals()
+    assert starts == truth.starts
+    assert histograms == expected(truth)
+    assert cluster.replicas["a"].outcomes.deferred == {}
+
+
+def test_a_crash_while_launches_are_deferred_counts_each_once(cluster: Cluster) -> None:
+    """A leads, defers the stuck pod and the big image's, and crashes at 11:00; B takes the Lease when
+    A's runs out (5 minutes on) and reads the deferred set: it counts the big image's launch when it
+    starts (28:06), once, and the stuck pod's at the horizon; A comes back at 40:00 as a fresh process
+    and stands by."""
+    changes, truth, _ = story()
+    cluster.start("a")
+    cluster.start("b")
+    cluster.run(changes, START + 5 * M + START_HORIZON_SECONDS + 2 * TURN, {
+        START + 11 * M: lambda c: c.retire("a", crash=True),
+        START + 40 * M: lambda c: c.start("a2"),
+    }, step=TURN)
+    starts, histograms = cluster.totals()
+    assert starts == truth.starts
+    assert histograms == expected(truth)
+    a = cluster.retired[0]
+    assert set(a.outcomes.deferred) == {"uid-job-000", "uid-job-001"}
+    assert a.counter.counted == 2  # the two pods' waits
+    assert cluster.replicas["b"].counter.counted == 7 and cluster.replicas["a2"].counter.counted == 0
+
+
+def test_a_restart_while_a_launch_is_deferred_counts_it_once(cluster: Cluster) -> None:
+    """One replica, stopped at 20:00 with the big image's pod deferred, started again at 30:00 as a new
+    process (the pod started at 28:06 meanwhile): it reads the deferred set back and counts it, once."""
+    changes, truth, _ = story()
+    cluster.start("a")
+    cluster.run(changes, START + 5 * M + START_HORIZON_SECONDS + 2 * TURN, {
+        START + 20 * M: lambda c: c.retire("a", crash=False),
+        START + 30 * M: lambda c: c.start("a2"),
+    }, step=TURN)
+    starts, histograms = cluster.totals()
+    assert starts == truth.starts
+    assert histograms == expected(truth)
+    before, after = cluster.retired[0].counter.counted, cluster.replicas["a2"].counter.counted
+    assert (before, after) == (7, 2)  # after: the big image's launch, and the stuck pod's at the horizon
+
+
+class Replay:
+    """One view fed straight from the changes, counted by a LocalCounter, a turn every 10 s."""
+
+    def __init__(self, changes: list[Change]) -> None:
+        self.changes, self.applied = changes, 0
+        self.clock = Clock(START - 5 * M)
+        self.replica = ViewReplica(self.clock)
+        self.counter = LocalCounter(self.replica.outcomes, self.clock)
+
+    def until(self, at: float) -> set[str]:
+        """Turns until `at`; the story's figures counted by then."""
+        while self.clock.now < at:
+            turn = self.clock.now + TURN
+            while self.applied < len(self.changes) and self.changes[self.applied].at <= turn:
+                change = self.changes[self.applied]
+                self.clock.now = max(self.clock.now, change.at)
+                apply(self.replica.ingest, self.replica.view, change)
+                self.applied += 1
+            self.clock.now = turn
+            self.counter.step()
+        return counted(*figures(exposition(self.replica.outcomes)))
+
+
+def test_a_deferred_pod_deleted_undecided_is_not_counted() -> None:
+    """The stuck pod deleted at 30:00 (its owner gave up): no launch to count; it leaves the deferred set."""
+    changes, truth, due = story()
+    stuck = next(c for c in reversed(changes) if c.key == ("Pod", "ml", "job-000"))
+    replay = Replay(sorted([*changes, Change(START + 30 * M, stuck.obj, deleted=True)], key=lambda c: c.at))
+    replay.until(START + 29 * M)
+    assert list(replay.counter.deferred) == ["uid-job-000"]
+    replay.until(START + 30 * M + TURN)
+    assert replay.counter.deferred == {}
+    assert replay.until(due["not_started"]) == {"started", "device_plugin", "ready", "big_image"}
+    truth.starts[("failed", "not_started", "training", "true")] -= 1
+    starts, histograms = figures(exposition(replay.replica.outcomes))
+    assert +starts == +truth.starts and histograms == expected(truth)
+
+
+def test_the_deferred_set_is_bounded_and_the_watermark_waits_beyond(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for one deferred launch, the big image's pod (the second undecided) holds the watermark
+    below its anchor, as every undecided launch did before: the launches after it wait until it starts."""
+    monkeypatch.setattr("gpu_placement.outcomes.record.MAX_DEFERRED", 1)
+    changes, _, due = story()
+    replay = Replay(changes)
+    assert replay.until(due["ready"]) == set()
+    assert list(replay.counter.deferred) == ["uid-job-000"]
+    assert replay.counter.watermark is not None and START + 8 * M < replay.counter.watermark < START + 8 * M + 5
+    assert replay.until(due["big_image"]) == {"started", "device_plugin", "ready", "big_image"}
