@@ -14,6 +14,7 @@ import pytest
 from gpu_placement.kube.api import WatchSettings
 from gpu_placement.outcomes.counter import WATERMARK_ANNOTATION, CounterSettings, OutcomeCounter
 from gpu_placement.outcomes.record import Outcomes
+from gpu_placement.outcomes.store import pack
 from gpu_placement.samples.history import Change, day
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
@@ -208,5 +209,5 @@ def test_a_stale_lease_counts_nothing(cluster: Cluster) -> None:
     lease = a.counter._read()
     counted = dict(a.outcomes.counts)
     cluster.fake.set_annotations("Lease", SETTINGS.lease_name, {"touched": "by another writer"}, "gpu-placement")
-    assert not a.counter._write(lease, START + 3000, a.outcomes.totals())
+    assert not a.counter._write(lease, START + 3000, pack(a.outcomes.totals(), None, {}).text)
     assert a.outcomes.counts == counted

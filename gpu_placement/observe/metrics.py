@@ -129,6 +129,10 @@ OUTCOMES_COUNTED_UNTIL = Gauge("gpu_placement_outcomes_counted_until_timestamp_s
                                "The outcomes watermark as this replica last read it from the Lease: events up to this "
                                "Unix time are counted (it trails the clock by the settle time; more only while the "
                                "deferred launches are at their bound).", ["lease"])
+OUTCOMES_STATE_BYTES = Gauge("gpu_placement_outcomes_state_bytes",
+                             "Size of the outcomes Lease's state annotation (the cluster's totals and deferred "
+                             "launches, compressed) as this replica last read or wrote it; bounded at 224 KiB of the "
+                             "Lease's 256 KiB of annotations.", ["lease"])
 OUTCOMES_DEFERRED = Gauge("gpu_placement_outcomes_deferred_launches",
                           "Bound GPU pods the outcomes watermark passed with their launch undecided (containers still "
                           "being created), as last read from the Lease: each is counted once it starts or fails, or "

@@ -51,8 +51,8 @@ from gpu_placement.observe.metrics import LatestFamilies
 from gpu_placement.report.cluster_metrics import NO_POOL, OK
 from gpu_placement.view.cluster import ClusterView
 
-__all__ = ["BUCKETS", "MAX_DEFERRED", "SETTLE_SECONDS", "START_HORIZON_SECONDS", "Emission", "Outcomes", "Turn",
-           "track_outcomes", "wait_reason"]
+__all__ = ["BUCKETS", "LABELS", "MAX_DEFERRED", "SETTLE_SECONDS", "START_HORIZON_SECONDS", "Emission", "Outcomes",
+           "Turn", "track_outcomes", "wait_reason"]
 
 SETTLE_SECONDS = 120.0  # how far the watermark stays behind what the view has heard
 START_HORIZON_SECONDS = 3600.0  # a bound pod undecided this long after its anchor is counted not_started
@@ -73,8 +73,8 @@ BUCKETS: dict[str, tuple[float, ...]] = {
     RECOVERY: (60.0, 300.0, 600.0, 900.0, 1800.0, 2700.0, *_HOURS),
     EXCLUSION: (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0),
 }
-_LABELS = {WAIT: ("reason", "pool"), READY: ("pool", "product"), RECOVERY: ("pool", "product", "reason"),
-           EXCLUSION: ("pool", "product", "reason")}
+LABELS = {STARTS: ("outcome", "cause", "pool", "placed"), WAIT: ("reason", "pool"), READY: ("pool", "product"),
+          RECOVERY: ("pool", "product", "reason"), EXCLUSION: ("pool", "product", "reason")}
 _HELP = {
     STARTS: "Bound GPU pods by launch outcome (started: every app container Running, or Succeeded; failed: the "
             "cause read from the pod's status), pool of their node, and whether gpu-placement placed them. Counted "
@@ -190,7 +190,7 @@ class Outcomes:
                 self.counts[(STARTED, NONE, pool, placed)] = 0.0
                 for cause in CAUSES:
                     self.counts[(FAILED, cause, pool, placed)] = 0.0
-        for metric in _LABELS:
+        for metric in BUCKETS:
             self.histograms[metric] = {}
         with self.view.lock:
             self.view.subscribe(self._node_changed, lambda _name: None)
@@ -588,12 +588,12 @@ class Outcomes:
             histograms = {metric: {labels: (list(h.buckets), h.total, h.count) for labels, h in table.items()}
                           for metric, table in self.histograms.items()}
         loaded = self.loaded
-        starts = CounterMetricFamily(STARTS, _HELP[STARTS], labels=["outcome", "cause", "pool", "placed"])
+        starts = CounterMetricFamily(STARTS, _HELP[STARTS], labels=list(LABELS[STARTS]))
         for labels, value in sorted(counts.items()) if loaded else ():
             starts.add_metric(list(labels), value)
         out: list[Metric] = [starts]
         for metric, table in histograms.items():
-            family = HistogramMetricFamily(metric, _HELP[metric], labels=list(_LABELS[metric]))
+            family = HistogramMetricFamily(metric, _HELP[metric], labels=list(LABELS[metric]))
             for labels, (buckets, total, count) in sorted(table.items()) if loaded else ():
                 cumulative = [(floatToGoString(b), float(n)) for b, n in zip(BUCKETS[metric], buckets, strict=True)]
                 family.add_metric(list(labels), [*cumulative, ("+Inf", float(count))], total)
