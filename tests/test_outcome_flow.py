@@ -5,17 +5,19 @@ list+watch loop and the OutcomeCounter, on a clock that follows the objects (tur
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import REGISTRY
 
-from gpu_placement.outcomes.counter import LocalCounter
+from gpu_placement.outcomes.counter import LocalCounter, OutcomeCounter
 from gpu_placement.outcomes.record import SETTLE_SECONDS, START_HORIZON_SECONDS
 from gpu_placement.samples.cluster import namespace
 from gpu_placement.samples.history import H100, Change, Story, Truth
 from tests.fakeapi import FakeApiServer
-from tests.outcome_replay import START, Clock, ViewReplica, apply, exposition, figures, truth_histograms
+from tests.outcome_replay import START, Clock, ViewReplica, apply, exposition, figures, held, truth_histograms
 from tests.test_outcome_leader import SETTINGS, Cluster
 
 pytestmark = pytest.mark.timeout(300)
@@ -181,3 +183,56 @@ def test_the_deferred_set_is_bounded_and_the_watermark_waits_beyond(monkeypatch:
     assert list(replay.counter.deferred) == ["uid-job-000"]
     assert replay.counter.watermark is not None and START + 8 * M < replay.counter.watermark < START + 8 * M + 5
     assert replay.until(due["big_image"]) == {"started", "device_plugin", "ready", "big_image"}
+
+
+def writes(outcome: str) -> float:
+    return REGISTRY.get_sample_value("gpu_placement_outcomes_writes_total",
+                                     {"lease": SETTINGS.lease_name, "outcome": outcome}) or 0.0
+
+
+def test_a_failed_watermark_write_is_logged_counted_and_retried(fake_api: FakeApiServer,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The holder's write of W refused twice in a row as it passes the node's verification (a 500, then
+    a 422: each logged, each counted in gpu_placement_outcomes_writes_total): those turns count nothing,
+    the replica still leads, and the next turn counts what they could not; in the end every event of the
+    story once."""
+    fake_api.add({"kind": "Namespace", "metadata": {"name": "gpu-placement"}})
+    changes, truth, _ = story()
+    clock = Clock(START - 5 * M)
+    replica = ViewReplica(clock)
+    counter = OutcomeCounter(fake_api.api_client(), replica.outcomes, "gpu-placement", "a", SETTINGS, clock)
+    applied = iter(changes)
+    upcoming = next(applied, None)
+
+    def turn(at: float) -> None:
+        nonlocal upcoming
+        clock.now = at
+        while upcoming is not None and upcoming.at <= clock.now:
+            apply(replica.ingest, replica.view, upcoming)
+            upcoming = next(applied, None)
+        counter.step()
+
+    verified = START + 16 * M + SETTLE_SECONDS  # W passes the node's verification from here
+    while clock.now < verified - 20:
+        turn(clock.now + TURN)
+    turn(verified - 2)  # renews the Lease (10 s are up): the next turns' only PUT is the watermark's
+    refused, ok = writes("refused"), writes("ok")
+    counted = held(replica.outcomes)
+    assert READY not in {metric for metric, table in counted[1].items() if table} and counter.leading
+    caplog.set_level(logging.INFO, "gpu_placement.outcomes.record")
+    path = f"/apis/coordination.k8s.io/v1/namespaces/gpu-placement/leases/{SETTINGS.lease_name}"
+    for status, at in ((500, verified), (422, verified + 2)):
+        fake_api.fail_next(1, status, method="PUT", path=path)
+        turn(at)
+        assert counter.leading and held(replica.outcomes) == counted  # nothing counted, nothing lost
+        assert any(r.levelno == logging.ERROR and f"HTTP {status}" in r.getMessage() for r in caplog.records)
+        caplog.clear()
+    assert (writes("refused"), writes("ok")) == (refused + 2, ok)
+    turn(verified + 4)
+    assert counter.last_error is None and writes("ok") == ok + 1
+    assert "the API server answers again" in caplog.text
+    assert held(replica.outcomes)[1][READY]  # the node's preparation, counted now
+    while clock.now < START + 5 * M + START_HORIZON_SECONDS + 2 * TURN:
+        turn(clock.now + TURN)
+    starts, histograms = figures(exposition(replica.outcomes))
+    assert starts == truth.starts and histograms == expected(truth)

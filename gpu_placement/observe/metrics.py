@@ -129,6 +129,11 @@ OUTCOMES_COUNTED_UNTIL = Gauge("gpu_placement_outcomes_counted_until_timestamp_s
                                "The outcomes watermark as this replica last read it from the Lease: events up to this "
                                "Unix time are counted (it trails the clock by the settle time; more only while the "
                                "deferred launches are at their bound).", ["lease"])
+OUTCOMES_WRITES = Counter("gpu_placement_outcomes_writes",
+                          "Watermark writes by the outcomes Lease's holder, by outcome: ok; conflict (another "
+                          "replica wrote the Lease first: this one counts nothing, as meant); refused, timeout, "
+                          "unreachable, not_found (nothing counted that turn; the next turn counts it).",
+                          ["lease", "outcome"])
 OUTCOMES_STATE_BYTES = Gauge("gpu_placement_outcomes_state_bytes",
                              "Size of the outcomes Lease's state annotation (the cluster's totals and deferred "
                              "launches, compressed) as this replica last read or wrote it; bounded at 224 KiB of the "

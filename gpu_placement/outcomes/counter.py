@@ -44,10 +44,13 @@ from gpu_placement.kube.api import ApiError, api_error, drain, request
 from gpu_placement.kube.leader import LeaderLoop
 from gpu_placement.kube.lease import Lease
 from gpu_placement.observe.metrics import (
+    API_OUTCOMES,
     OUTCOMES_COUNTED_UNTIL,
     OUTCOMES_DEFERRED,
     OUTCOMES_LEADING,
     OUTCOMES_STATE_BYTES,
+    OUTCOMES_WRITES,
+    api_outcome,
 )
 from gpu_placement.outcomes.record import Outcomes, Turn
 from gpu_placement.outcomes.store import LIMIT, Packed, pack, unpack
@@ -96,6 +99,8 @@ class OutcomeCounter(LeaderLoop):
         self._counted_until = OUTCOMES_COUNTED_UNTIL.labels(self.settings.lease_name)
         self._deferred = OUTCOMES_DEFERRED.labels(self.settings.lease_name)
         self._state_bytes = OUTCOMES_STATE_BYTES.labels(self.settings.lease_name)
+        for outcome in API_OUTCOMES:  # every series from the start: rate() and alerts need the zero
+            OUTCOMES_WRITES.labels(self.settings.lease_name, outcome)
         self._taken: str | None = None  # the state annotation as last taken in: the same again is not decoded
         self._state: dict[str, Any] | None = None  # what it holds (store.unpack), None: nothing yet
         self._current = False  # whether that is a state this version wrote (else the next write packs it)
@@ -121,8 +126,11 @@ class OutcomeCounter(LeaderLoop):
                 self._count(lease, watermark, deferred)
             self._ok()
         except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            if self.last_error is None:
-                log.warning("outcome counter: %s (retrying every %g s)", exc, self.settings.renew_seconds)
+            # Nothing was counted (a failed write leaves W and the totals as they were): the next turn
+            # counts from the same W. Logged when the error is new or changed.
+            if str(exc) != self.last_error:
+                log.error("outcome counter: %s; nothing counted this turn, tried again in %g s", exc,
+                          self.settings.renew_seconds)
             self.last_error = str(exc)
 
     def _count(self, lease: dict[str, Any], watermark: float | None, deferred: dict[str, float]) -> None:
@@ -199,14 +207,17 @@ class OutcomeCounter(LeaderLoop):
         meta = lease.setdefault("metadata", {})
         kept = {k: v for k, v in (meta.get("annotations") or {}).items() if k != TOTALS_ANNOTATION}
         meta["annotations"] = {**kept, WATERMARK_ANNOTATION: format_watermark(watermark), STATE_ANNOTATION: state}
-        response = request(self.api, "PUT", self._path, body=lease, timeout=_TIMEOUT)
-        if response.status == 409:
-            drain(response)
-            return False
-        if response.status >= 300:
-            raise api_error(response)
+        try:
+            response = request(self.api, "PUT", self._path, body=lease, timeout=_TIMEOUT)
+            if response.status >= 300 and response.status != 409:
+                raise api_error(response)
+        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+            OUTCOMES_WRITES.labels(self.settings.lease_name, api_outcome(exc)).inc()
+            raise
         drain(response)
-        return True
+        written = response.status != 409  # 409: another replica wrote the Lease since it was read
+        OUTCOMES_WRITES.labels(self.settings.lease_name, "ok" if written else "conflict").inc()
+        return written
 
 
 def _watermark(lease: dict[str, Any]) -> float | None:
