@@ -24,11 +24,11 @@ pytestmark = pytest.mark.timeout(300)
 
 M = 60.0
 TURN = SETTINGS.renew_seconds
-STUCK, BIG, STARTS, FAILS = 0, 1, 2, 3  # the story's pods, by index (job-000 ...)
+STUCK, BIG, STARTS, FAILS, LATE = 0, 1, 2, 3, 4  # the story's pods, by index (job-000 ...)
 READY = "gpu_placement_node_ready_seconds"
 
 
-def story() -> tuple[list[Change], Truth, dict[str, float]]:
+def story(late_kubelet: bool = False) -> tuple[list[Change], Truth, dict[str, float]]:
     """A node that serves; at 05:00 a GPU pod bound there stays in ContainerCreating for ever (a volume
     that never mounts); at 08:00 one pulls a 20-minute image; at 10:00 one starts, at 12:00 one fails on
     the node (the device plugin's Allocate); a node that joined at 10:00 is verified at 16:00. Returns
@@ -48,6 +48,8 @@ def story() -> tuple[list[Change], Truth, dict[str, float]]:
     for index, created, what in ((STUCK, 5 * M, "stuck"), (BIG, 8 * M, "big_image"), (STARTS, 10 * M, "start"),
                                  (FAILS, 12 * M, "device_plugin")):
         told.launch(index, created, "train-1", story=what)
+    if late_kubelet:  # bound at 20:03 to a node whose kubelet takes it only at 30:03 (startTime), runs at 30:28
+        told.launch(LATE, 20 * M, "train-1", story="start", taken_after=10 * M)
     late = SETTLE_SECONDS + TURN
     due = {"started": START + 10 * M + 5 + late, "device_plugin": START + 12 * M + 5 + late,
            "ready": START + 16 * M + late, "big_image": START + 8 * M + 5 + 20 * M + 1 + TURN,
@@ -171,6 +173,33 @@ def test_a_deferred_pod_deleted_undecided_is_not_counted() -> None:
     truth.starts[("failed", "not_started", "training", "true")] -= 1
     starts, histograms = figures(exposition(replay.replica.outcomes))
     assert +starts == +truth.starts and histograms == expected(truth)
+
+
+def test_a_launch_deferred_before_its_kubelet_took_it_is_counted_once() -> None:
+    """A pod bound at 20:03 whose kubelet takes it only at 30:03: deferred at its binding (no startTime
+    yet), its anchor moves to 30:03, past W; it leaves the deferred set and is counted when W passes
+    30:03, once (counted from the set as well, it would be counted twice)."""
+    changes, truth, _ = story(late_kubelet=True)
+    replay = Replay(changes)
+    replay.until(START + 29 * M)
+    assert set(replay.counter.deferred) == {"uid-job-000", "uid-job-004"}
+    replay.until(START + 5 * M + START_HORIZON_SECONDS + 2 * TURN)
+    starts, histograms = figures(exposition(replay.replica.outcomes))
+    assert starts == truth.starts and histograms == expected(truth)
+
+
+def test_a_crash_after_a_launch_left_the_deferred_set_counts_it_once(cluster: Cluster) -> None:
+    """The late kubelet's pod again, with A (leading) crashing at 31:00, after the pod left the deferred
+    set and before W passed its new anchor: B counts it; A comes back as a fresh process and stands by."""
+    changes, truth, _ = story(late_kubelet=True)
+    cluster.start("a")
+    cluster.start("b")
+    cluster.run(changes, START + 5 * M + START_HORIZON_SECONDS + 2 * TURN, {
+        START + 31 * M: lambda c: c.retire("a", crash=True),
+        START + 40 * M: lambda c: c.start("a2"),
+    }, step=TURN)
+    starts, histograms = cluster.totals()
+    assert starts == truth.starts and histograms == expected(truth)
 
 
 def test_the_deferred_set_is_bounded_and_the_watermark_waits_beyond(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,6 +24,9 @@ undecided when W passes its anchor (the pod bound, its containers still being cr
 the write that carries W past it also puts its pod UID (with the anchor) in the Lease's deferred set,
 and the later write that takes it out of the set counts it, once it started or failed, or `horizon`
 seconds after its anchor as `not_started`; a deferred pod deleted undecided leaves the set uncounted.
+A pod deferred before its kubelet took it (anchored at its binding) whose kubelet then writes
+status.startTime after W leaves the set too: its anchor moved past W, where every replica sees it, and
+the write that passes the new anchor counts it.
 So one write counts each launch, as before, and no figure waits on an undecided pod. The set holds
 at most MAX_DEFERRED pods: beyond, W waits below the next undecided anchor (as it did for every one).
 
@@ -260,8 +263,15 @@ class Outcomes:
             reach = min(now, self.heard()) - self.settle
             batch: list[Emission] = []
             kept: dict[str, float] = {}
+            owned: set[str] = set()  # the deferred launches this write counts, keeps or lets go
             for uid, anchor in deferred.items():
                 entry = self._launches.get(uid)
+                if entry is not None and (entry.launch.anchor or anchor) > watermark:
+                    # Deferred at its binding, and the kubelet took it since (status.startTime, after W):
+                    # it leaves the set, to be counted when W passes that anchor, as any launch (every
+                    # replica sees it beyond W; counted here too, it would be counted twice).
+                    continue
+                owned.add(uid)
                 if entry is not None and (entry.launch.state != PENDING or anchor + self.horizon <= now):
                     batch.append(self._launch_emission(uid, entry, anchor))
                 elif entry is not None or anchor > reach:  # undecided; or the view may not have it yet
@@ -269,14 +279,14 @@ class Outcomes:
                 # else the pod is gone undecided (or was decided and deleted while no replica ran): not counted
             passing = sorted((anchor, uid) for uid, entry in self._launches.items()
                              if (anchor := entry.launch.anchor) is not None and watermark < anchor <= reach
-                             and uid not in deferred and self._undecided(entry, anchor, now))
+                             and uid not in owned and self._undecided(entry, anchor, now))
             room = MAX_DEFERRED - len(kept)
             until = reach if len(passing) <= room else passing[room][0] - _EPSILON
             until = written(until) if until > watermark else watermark
             batch += [event for event in self._events.values() if watermark < event.at <= until]
             for uid, entry in self._launches.items():
                 anchor = entry.launch.anchor
-                if anchor is not None and watermark < anchor <= until and uid not in deferred:
+                if anchor is not None and watermark < anchor <= until and uid not in owned:
                     if self._undecided(entry, anchor, now):
                         kept[uid] = anchor
                     else:

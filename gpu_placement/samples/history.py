@@ -138,9 +138,10 @@ class Story:
         return pod
 
     def launch(self, index: int, created: float, node: str, *, wait: float = 3.0, codes: str = "",
-               story: str = "start", placed: bool = True, gone_after: float | None = None, gpus: int = 1) -> None:
+               story: str = "start", placed: bool = True, gone_after: float | None = None, gpus: int = 1,
+               taken_after: float = 2.0) -> None:
         """A GPU pod's life: created, maybe unschedulable for `wait` seconds, bound to `node`, taken by
-        the kubelet 2 s later, then `story`; the truth it adds."""
+        the kubelet `taken_after` seconds later (status.startTime), then `story`; the truth it adds."""
         pod = self.pod(index, created, placed, gpus)
         pool, _ = self.pools[node]
         self.put(created, pod)
@@ -158,7 +159,7 @@ class Story:
         self.put(bound, pod)
         reason = codes.split(":", 1)[0].split(" ", 1)[1] if codes else "none"
         self.truth.waits.append((reason, pool, wait))
-        taken = bound + 2
+        taken = bound + taken_after
         pod = copy.deepcopy(pod)
         pod["status"].update({"startTime": format_time(self.start + taken), "containerStatuses": [
             _container({"waiting": {"reason": "ContainerCreating"}})]})
