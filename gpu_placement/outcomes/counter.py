@@ -53,7 +53,7 @@ from gpu_placement.observe.metrics import (
     api_outcome,
 )
 from gpu_placement.outcomes.record import Outcomes, Turn
-from gpu_placement.outcomes.store import LIMIT, Packed, pack, unpack
+from gpu_placement.outcomes.store import LIMIT, pack, unpack
 
 __all__ = ["STATE_ANNOTATION", "TOTALS_ANNOTATION", "WATERMARK_ANNOTATION", "CounterSettings", "LocalCounter",
            "OutcomeCounter", "format_watermark"]
@@ -141,20 +141,20 @@ class OutcomeCounter(LeaderLoop):
             turn = self.outcomes.turn(now, watermark, deferred, _written)
         if turn is None:
             return
+        packed = None  # only W moves: the state stays as it is (its encoding takes 60 ms for a large cluster)
         if turn.batch or turn.deferred != deferred or not self._current:
             packed = pack(self.outcomes.totals(turn.batch), self._state, turn.deferred)
-        else:  # only W moves: the state as it is (its encoding costs 60 ms for a large cluster)
-            packed = Packed(str(self._taken), self._state, 0)
-        if packed.folded:
-            log.error("outcome counter: the cluster's totals outgrew %d bytes: %d series with the fewest observations "
-                      "are counted under pool and product _other from now on, and no new series is kept",
-                      LIMIT, packed.folded)
-        if not self._write(lease, turn.until, packed.text):
+            if packed.folded:
+                log.error("outcome counter: the cluster's totals outgrew %d bytes: %d series with the fewest "
+                          "observations are counted under pool and product _other from now on, and no new series "
+                          "is kept", LIMIT, packed.folded)
+        if not self._write(lease, turn.until, packed.text if packed else str(self._taken)):
             log.info("outcome counter: the Lease changed under the watermark write; another replica leads now")
             return
-        self.outcomes.load(packed.totals)  # what was written: the batch counted in, new series past the cap folded
-        self._state, self._taken, self._current = packed.totals, packed.text, True
-        self._state_bytes.set(len(packed.text))
+        if packed is not None:  # what was written: the batch counted in, new series past the cap folded
+            self.outcomes.load(packed.totals)
+            self._state, self._taken, self._current = packed.totals, packed.text, True
+            self._state_bytes.set(len(packed.text))
         self.outcomes.settled(turn.until, turn.deferred)
         self._counted_until.set(turn.until)
         self._deferred.set(len(turn.deferred))
