@@ -11,7 +11,7 @@ for 8 GPUs with kube-scheduler's message. Figures, each with and without the out
   (in slices under the view's lock: a probe thread measures the longest wait a reader meets);
 - event: microseconds to apply one MODIFIED event of a bound GPU pod (its status changes), median;
 - scrape: milliseconds for the outcome families and for the idle-GPU gauges (5,000 nodes);
-- turn: milliseconds of a counter turn (limit, due, settled) with every bound GPU pod tracked.
+- turn: milliseconds of a counter turn (turn, emit, settled) with every bound GPU pod tracked.
 
 In process, no network. Other engineers' work may share the machine: the load average is printed.
 """

@@ -1996,9 +1996,13 @@ _LABEL_VALUE_RULE = ("a valid label must be an empty string or consist of alphan
 def _check_labels(res: Resource, obj: Obj) -> None:
     """ValidateObjectMeta's label rules, which kube-apiserver applies to every object it stores
     (apimachinery v0.37.2 pkg/apis/meta/v1/validation ValidateLabels; api/validate/content IsLabelValue):
-    a key is a qualified name, a value at most 63 characters of the label alphabet."""
+    a key is a qualified name, a value at most 63 characters of the label alphabet. And its annotations'
+    size: keys and values at most 256 KiB in all (pkg/api/validation/objectmeta.go TotalAnnotationSizeLimitB)."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     name = obj["metadata"].get("name") or ""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    if sum(len(str(k)) + len(str(v)) for k, v in annotations.items()) > 256 * 1024:
+        raise _invalid(res, name, "metadata.annotations", "Too long: may not be more than 262144 bytes")
     for key, value in labels.items() if isinstance(labels, dict) else ():
         prefix, _, part = str(key).rpartition("/")
         if not _QUALIFIED.match(str(key)) or len(part) > 63 or len(prefix) > 253:

@@ -3,6 +3,8 @@ timestamps (not wall time): the helpers the outcome tests share."""
 
 from __future__ import annotations
 
+import math
+import random
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -12,13 +14,30 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from gpu_placement.base.config import Config, parse_config
-from gpu_placement.outcomes.record import BUCKETS, Outcomes
+from gpu_placement.decide.rules import CODES, DRIVER_UPGRADE, MIG_RECONFIGURING, NO_GPU, NODE_NOT_READY, NOT_VALIDATED
+from gpu_placement.facts.launch import CAUSES, FAILED, NONE, STARTED
+from gpu_placement.outcomes.record import (
+    AFFINITY,
+    BUCKETS,
+    EXCLUSION,
+    GATED,
+    INSUFFICIENT,
+    LABELS,
+    NO_WAIT,
+    READY,
+    RECOVERY,
+    STARTS,
+    UNKNOWN,
+    WAIT,
+    Emission,
+    Outcomes,
+)
 from gpu_placement.samples.history import CONFIG, Change, Truth
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 
-__all__ = ["START", "Clock", "ViewReplica", "apply", "exposition", "figures", "histogram_counts", "plural",
-           "truth_histograms"]
+__all__ = ["START", "Clock", "Held", "ViewReplica", "apply", "exposition", "figures", "held", "histogram_counts",
+           "large_cluster", "plural", "truth_histograms"]
 
 START = 1772409600.0  # 2026-03-02T00:00:00Z: the day's midnight
 _PLURAL = {"Pod": "pods", "Node": "nodes", "Namespace": "namespaces"}
@@ -101,11 +120,21 @@ def figures(text: str) -> tuple[Counter[tuple[str, ...]], dict[str, Counter[tupl
     return starts, counts
 
 
+Held = tuple[dict[tuple[str, ...], float], dict[str, dict[tuple[str, ...], tuple[tuple[int, ...], float, int]]]]
+
+
+def held(outcomes: Outcomes) -> Held:
+    """What an Outcomes exports, read from it directly (an exposition of 13,000 series takes a minute to
+    parse): launches by label set; each histogram series' buckets, sum and count; series at zero left out."""
+    with outcomes.view.lock:
+        return ({labels: value for labels, value in outcomes.counts.items() if value},
+                {metric: {labels: (tuple(h.buckets), h.total, h.count) for labels, h in table.items() if h.count}
+                 for metric, table in outcomes.histograms.items()})
+
+
 def histogram_counts(outcomes: Outcomes, metric: str) -> Counter[tuple[str, ...]]:
     """Observations per label set, labels in sorted-name order (as `figures` gives them)."""
-    from gpu_placement.outcomes.record import _LABELS
-
-    names = _LABELS[metric]
+    names = LABELS[metric]
     order = sorted(range(len(names)), key=lambda i: names[i])
     return Counter({tuple(labels[i] for i in order): h.count
                     for labels, h in outcomes.histograms[metric].items() if h.count})
@@ -121,6 +150,45 @@ def truth_histograms(truth: Truth) -> dict[str, Counter[tuple[str, ...]]]:
                                                         for pool, product, reason, _ in truth.exclusion),
         "gpu_placement_gpu_pod_wait_seconds": Counter((pool, reason) for reason, pool, _ in truth.waits),
     }
+
+
+PRODUCTS = ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-B200", "NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-SXM4-40GB",
+            "NVIDIA-L40S", "NVIDIA-A10G", "Tesla-T4")
+NODE_REASONS = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING)  # a verdict's codes
+WAIT_REASONS = (*CODES, GATED, INSUFFICIENT, AFFINITY, NO_WAIT, UNKNOWN)
+
+
+def large_cluster(pools: int = 20, products: int = 8, seed: int = 41) -> tuple[Config, list[Emission]]:
+    """A large cluster's year of outcomes: `pools` pools (named as teams name them), each with
+    `products` GPU products, every launch outcome and cause, every wait reason, every reason a node
+    goes out for; a series' observations in the tens to hundreds, launches in the tens of thousands,
+    the times spread over the buckets (log-uniform)."""
+    rnd = random.Random(seed)
+    names = [f"{team}-{kind}-{index:02d}" for index, (team, kind) in enumerate(
+        (team, kind) for team in ("research", "inference", "training", "platform", "batch")
+        for kind in ("interactive", "batch", "prod", "dev"))][:pools]
+    names += [f"pool-{index:04d}" for index in range(len(names), pools)]
+    kinds = [*PRODUCTS, *(f"NVIDIA-GPU-{index:03d}" for index in range(len(PRODUCTS), products))][:products]
+    config = parse_config({"pools": {name: {"nodeSelector": {"pool": name}} for name in names}})
+
+    def times(metric: str, labels: tuple[str, ...], most: int, low: float, high: float) -> list[Emission]:
+        return [Emission(metric, labels, math.exp(rnd.uniform(math.log(low), math.log(high))), 0.0, metric)
+                for _ in range(rnd.randint(1, most))]
+
+    events: list[Emission] = []
+    for pool in names:
+        for placed in ("true", "false"):
+            events.append(Emission(STARTS, (STARTED, NONE, pool, placed), float(rnd.randint(10_000, 200_000)), 0.0, ""))
+            events += [Emission(STARTS, (FAILED, cause, pool, placed), float(rnd.randint(1, 500)), 0.0, "")
+                       for cause in CAUSES]
+        for reason in WAIT_REASONS:
+            events += times(WAIT, (reason, pool), 300, 1.0, 172800.0)
+        for product in kinds:
+            events += times(READY, (pool, product), 60, 180.0, 14400.0)
+            for reason in NODE_REASONS:
+                events += times(RECOVERY, (pool, product, reason), 40, 60.0, 172800.0)
+                events += times(EXCLUSION, (pool, product, reason), 40, 0.05, 3600.0)
+    return config, events
 
 
 assert set(BUCKETS) == {"gpu_placement_gpu_pod_wait_seconds", "gpu_placement_node_ready_seconds",

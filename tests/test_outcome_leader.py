@@ -14,6 +14,7 @@ import pytest
 from gpu_placement.kube.api import WatchSettings
 from gpu_placement.outcomes.counter import WATERMARK_ANNOTATION, CounterSettings, OutcomeCounter
 from gpu_placement.outcomes.record import Outcomes
+from gpu_placement.outcomes.store import pack
 from gpu_placement.samples.history import Change, day
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
@@ -106,12 +107,12 @@ class Cluster:
             wait_for(lambda r=replica: r.sees(stored), what="the views to catch up")
 
     def run(self, changes: list[Change], until: float, events: dict[float, Any],
-            after_turn: Callable[[Cluster], None] | None = None) -> None:
-        """Turns every STEP of replay time; `events`: at a replay time, something to do to the replicas;
+            after_turn: Callable[[Cluster], None] | None = None, step: float = STEP) -> None:
+        """Turns every `step` of replay time; `events`: at a replay time, something to do to the replicas;
         `after_turn`: called after each turn (a scrape)."""
         pending = list(changes)
         while self.clock.now < until:
-            turn = self.clock.now + STEP
+            turn = self.clock.now + step
             for at in sorted(t for t in events if self.clock.now < t <= turn):
                 self._due(pending, at)
                 events.pop(at)(self)
@@ -208,5 +209,5 @@ def test_a_stale_lease_counts_nothing(cluster: Cluster) -> None:
     lease = a.counter._read()
     counted = dict(a.outcomes.counts)
     cluster.fake.set_annotations("Lease", SETTINGS.lease_name, {"touched": "by another writer"}, "gpu-placement")
-    assert not a.counter._write(lease, START + 3000, a.outcomes.totals())
+    assert not a.counter._write(lease, START + 3000, pack(a.outcomes.totals(), None, {}).text)
     assert a.outcomes.counts == counted

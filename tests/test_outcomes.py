@@ -4,7 +4,7 @@ on a view fed a day of changes (gpu_placement/samples/history.py) with the clock
 from __future__ import annotations
 
 from gpu_placement.outcomes.counter import LocalCounter
-from gpu_placement.outcomes.record import wait_reason
+from gpu_placement.outcomes.record import SETTLE_SECONDS, wait_reason
 from gpu_placement.samples.history import day
 from tests.outcome_replay import START, Clock, ViewReplica, apply, exposition, figures, run, truth_histograms
 
@@ -37,17 +37,21 @@ def test_a_day_is_counted_as_the_story_says() -> None:
     assert {node: since for node, (_, _, since) in replica.outcomes.preparing().items()} == truth.preparing
 
 
-def test_counting_waits_for_a_launch_still_undecided() -> None:
-    """The stuck pod (ContainerCreating from 17:00) holds the watermark for an hour; at 18:00 it counts
-    as not_started, and what started meanwhile is counted then, not lost."""
+def test_counting_flows_past_a_launch_still_undecided() -> None:
+    """The stuck pod (ContainerCreating from 17:00) is deferred, not waited for: the jobs that start at
+    17:02 and 17:17 are counted while it is undecided; at 18:00 it counts as not_started, once."""
+    before, _ = figures(exposition(replay(until=START + 17 * 3600)[0].outcomes))
     replica, counter = replay(until=START + 17 * 3600 + 30 * 60)
-    assert counter.watermark is not None and counter.watermark < START + 17 * 3600 + 10
+    assert counter.watermark is not None and counter.watermark >= START + 17 * 3600 + 30 * 60 - SETTLE_SECONDS - 30
+    assert list(counter.deferred) == ["uid-job-083"]  # the stuck one, bound to batch-1 at 17:00
     held, _ = figures(exposition(replica.outcomes))
     assert held[("failed", "not_started", "batch", "true")] == 0
+    assert held[("started", "none", "training", "true")] + held[("started", "none", "batch", "true")] == (
+        before[("started", "none", "training", "true")] + before[("started", "none", "batch", "true")] + 2)
     replica, counter = replay(until=START + 18 * 3600 + 10 * 60)
     after, _ = figures(exposition(replica.outcomes))
     assert after[("failed", "not_started", "batch", "true")] == 1
-    assert counter.watermark is not None and counter.watermark > START + 17 * 3600 + 40 * 60
+    assert counter.deferred == {}
 
 
 def test_wait_reason_is_the_code_of_the_node_that_came_closest() -> None:

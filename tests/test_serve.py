@@ -153,12 +153,12 @@ def test_serve_against_an_api_server_manages_its_webhook_certificate(fake_api: o
         wait_ready(f"https://127.0.0.1:{ports['webhook']}/readyz", verify=trust)
         assert api.get("Secret", SECRET, NS) is not None
         # The webhook replica counts launch outcomes: it holds the outcomes Lease and starts the watermark.
-        from gpu_placement.outcomes.counter import TOTALS_ANNOTATION, WATERMARK_ANNOTATION
+        from gpu_placement.outcomes.counter import STATE_ANNOTATION, WATERMARK_ANNOTATION
         from tests.test_live import wait_for
 
         annotations = wait_for(lambda: ((api.get("Lease", "gpu-placement-outcomes", NS) or {}).get("metadata") or {})
                                .get("annotations"), what="the outcomes Lease's watermark")
-        assert WATERMARK_ANNOTATION in annotations and TOTALS_ANNOTATION in annotations
+        assert WATERMARK_ANNOTATION in annotations and STATE_ANNOTATION in annotations
         scraped = httpx.get(f"https://127.0.0.1:{ports['webhook']}/metrics", verify=trust).text
         assert 'gpu_placement_outcomes_leading{lease="gpu-placement-outcomes"} 1.0' in scraped
     finally:

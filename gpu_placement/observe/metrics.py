@@ -145,8 +145,21 @@ OUTCOMES_LEADING = Gauge("gpu_placement_outcomes_leading", "1 on the replica tha
                          "launch outcomes and node lifecycle times for the cluster, else 0.", ["lease"])
 OUTCOMES_COUNTED_UNTIL = Gauge("gpu_placement_outcomes_counted_until_timestamp_seconds",
                                "The outcomes watermark as this replica last read it from the Lease: events up to this "
-                               "Unix time are counted (it trails the clock by the settle time, more while a GPU pod's "
-                               "launch is undecided).", ["lease"])
+                               "Unix time are counted (it trails the clock by the settle time; more only while the "
+                               "deferred launches are at their bound).", ["lease"])
+OUTCOMES_WRITES = Counter("gpu_placement_outcomes_writes",
+                          "Watermark writes by the outcomes Lease's holder, by outcome: ok; conflict (another "
+                          "replica wrote the Lease first: this one counts nothing, as meant); refused, timeout, "
+                          "unreachable, not_found (nothing counted that turn; the next turn counts it).",
+                          ["lease", "outcome"])
+OUTCOMES_STATE_BYTES = Gauge("gpu_placement_outcomes_state_bytes",
+                             "Size of the outcomes Lease's state annotation (the cluster's totals and deferred "
+                             "launches, compressed) as this replica last read or wrote it; bounded at 224 KiB of the "
+                             "Lease's 256 KiB of annotations.", ["lease"])
+OUTCOMES_DEFERRED = Gauge("gpu_placement_outcomes_deferred_launches",
+                          "Bound GPU pods the outcomes watermark passed with their launch undecided (containers still "
+                          "being created), as last read from the Lease: each is counted once it starts or fails, or "
+                          "as not_started an hour after it was taken.", ["lease"])
 TELEMETRY_SKIPPED = Counter("gpu_placement_telemetry_samples_skipped",
                             "DCGM telemetry samples skipped, each alone, by why: non_finite (NaN or Inf), malformed.",
                             ["reason"])

@@ -19,9 +19,16 @@ neither a restart nor a second replica counts it again; and every replica export
 so each series is the cluster's.
 
 W' stays `settle` seconds behind what the view has heard, so an object change reaches the view before
-W passes its timestamp, and below the anchor of every bound GPU pod whose launch is not decided
-yet (for at most `horizon` seconds: a pod undecided that long is counted `not_started`), so a launch is
-classified once, when W passes it, from the status the pod has then.
+W passes its timestamp. A launch is classified once, from the status the pod has then. One still
+undecided when W passes its anchor (the pod bound, its containers still being created) is *deferred*:
+the write that carries W past it also puts its pod UID (with the anchor) in the Lease's deferred set,
+and the later write that takes it out of the set counts it, once it started or failed, or `horizon`
+seconds after its anchor as `not_started`; a deferred pod deleted undecided leaves the set uncounted.
+A pod deferred before its kubelet took it (anchored at its binding) whose kubelet then writes
+status.startTime after W leaves the set too: its anchor moved past W, where every replica sees it, and
+the write that passes the new anchor counts it.
+So one write counts each launch, as before, and no figure waits on an undecided pod. The set holds
+at most MAX_DEFERRED pods: beyond, W waits below the next undecided anchor (as it did for every one).
 
 What a restart can lose: events whose objects were deleted while no replica ran (a pod that failed
 and was deleted in that gap). What it never does is count an event twice.
@@ -47,11 +54,12 @@ from gpu_placement.observe.metrics import LatestFamilies
 from gpu_placement.report.cluster_metrics import NO_POOL, OK
 from gpu_placement.view.cluster import ClusterView
 
-__all__ = ["BUCKETS", "SETTLE_SECONDS", "START_HORIZON_SECONDS", "Emission", "Outcomes", "track_outcomes",
-           "wait_reason"]
+__all__ = ["BUCKETS", "LABELS", "MAX_DEFERRED", "SETTLE_SECONDS", "START_HORIZON_SECONDS", "Emission", "Outcomes",
+           "Turn", "track_outcomes", "wait_reason"]
 
 SETTLE_SECONDS = 120.0  # how far the watermark stays behind what the view has heard
 START_HORIZON_SECONDS = 3600.0  # a bound pod undecided this long after its anchor is counted not_started
+MAX_DEFERRED = 1000  # launches passed undecided, kept in the Lease until decided; beyond, the watermark waits
 PREPARE_WINDOW_SECONDS = 86400.0  # at start, an unverified node younger than this is taken to be in preparation
 _EPSILON = 1e-3
 _SLICE = 8192  # pods looked at per hold of the view's lock while priming (nodes: a sixteenth of it)
@@ -68,8 +76,8 @@ BUCKETS: dict[str, tuple[float, ...]] = {
     RECOVERY: (60.0, 300.0, 600.0, 900.0, 1800.0, 2700.0, *_HOURS),
     EXCLUSION: (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0),
 }
-_LABELS = {WAIT: ("reason", "pool"), READY: ("pool", "product"), RECOVERY: ("pool", "product", "reason"),
-           EXCLUSION: ("pool", "product", "reason")}
+LABELS = {STARTS: ("outcome", "cause", "pool", "placed"), WAIT: ("reason", "pool"), READY: ("pool", "product"),
+          RECOVERY: ("pool", "product", "reason"), EXCLUSION: ("pool", "product", "reason")}
 _HELP = {
     STARTS: "Bound GPU pods by launch outcome (started: every app container Running, or Succeeded; failed: the "
             "cause read from the pod's status), pool of their node, and whether gpu-placement placed them. Counted "
@@ -124,6 +132,16 @@ class Emission:
     key: str  # what it is about (pod UID, node), for tests and logs
 
 
+@dataclass(slots=True, frozen=True)
+class Turn:
+    """One write of the watermark: W moves to `until`, `batch` is what the write counts, `deferred` the
+    launches passed undecided (pod UID -> anchor) that later writes count once decided."""
+
+    until: float
+    batch: list[Emission]
+    deferred: dict[str, float]
+
+
 @dataclass(slots=True)
 class _Node:
     verdict: str
@@ -151,10 +169,10 @@ class Outcomes:
     settle: float = SETTLE_SECONDS
     horizon: float = START_HORIZON_SECONDS
     watermark: float | None = None  # W as last read from the Lease (None: not read yet)
+    deferred: dict[str, float] = field(default_factory=dict)  # launches W passed undecided: pod UID -> anchor
     counts: dict[tuple[str, ...], float] = field(default_factory=dict)  # (outcome, cause, pool, placed) -> n
     histograms: dict[str, dict[tuple[str, ...], _Histogram]] = field(default_factory=dict)
     _launches: dict[str, _Launch] = field(default_factory=dict)  # pod UID -> launch not counted yet
-    _undecided: dict[str, float] = field(default_factory=dict)  # pod UID -> anchor, launches still pending
     _uids: dict[str, str] = field(default_factory=dict)  # pod key -> UID of the GPU pod under that name
     _waiting: dict[str, tuple[str, ...]] = field(default_factory=dict)  # unbound GPU pod UID -> its codes
     pending: dict[str, PodRecord] = field(default_factory=dict)  # pod key -> unbound, active GPU pod (idle.py)
@@ -175,7 +193,7 @@ class Outcomes:
                 self.counts[(STARTED, NONE, pool, placed)] = 0.0
                 for cause in CAUSES:
                     self.counts[(FAILED, cause, pool, placed)] = 0.0
-        for metric in _LABELS:
+        for metric in BUCKETS:
             self.histograms[metric] = {}
         with self.view.lock:
             self.view.subscribe(self._node_changed, lambda _name: None)
@@ -232,27 +250,53 @@ class Outcomes:
             time.sleep(0)
 
     # -- what the leader does (under the view's lock) ------------------------------------------
-    def limit(self, now: float) -> float:
-        """How far the watermark may move now: `settle` behind what the view has heard, and below the
-        anchor of every launch still undecided within the horizon."""
+    def turn(self, now: float, watermark: float, deferred: Mapping[str, float],
+             written: Callable[[float], float] = lambda at: at) -> Turn | None:
+        """The next write after (`watermark`, `deferred`) as last written: W moves to `settle` behind what
+        the view has heard (`written`: as it reads back from where it is kept); the events it passes are
+        counted, and so is each deferred launch decided since, or past the horizon (`not_started`). A
+        launch passed undecided joins the deferred set, while there is room; W stops below the first
+        that finds none. None: nothing to write."""
         if not self.prime():
-            return float("-inf")
+            return None
         with self.view.lock:
-            bound = min(now, self.heard()) - self.settle
-            for anchor in self._undecided.values():
-                if anchor + self.horizon > now:
-                    bound = min(bound, anchor - _EPSILON)
-            return bound
-
-    def due(self, since: float, until: float) -> list[Emission]:
-        """The events in (since, until], launches classified from the status they have now."""
-        with self.view.lock:
-            out = [event for event in self._events.values() if since < event.at <= until]
+            reach = min(now, self.heard()) - self.settle
+            batch: list[Emission] = []
+            kept: dict[str, float] = {}
+            owned: set[str] = set()  # the deferred launches this write counts, keeps or lets go
+            for uid, anchor in deferred.items():
+                entry = self._launches.get(uid)
+                if entry is not None and (entry.launch.anchor or anchor) > watermark:
+                    # Deferred at its binding, and the kubelet took it since (status.startTime, after W):
+                    # it leaves the set, to be counted when W passes that anchor, as any launch (every
+                    # replica sees it beyond W; counted here too, it would be counted twice).
+                    continue
+                owned.add(uid)
+                if entry is not None and (entry.launch.state != PENDING or anchor + self.horizon <= now):
+                    batch.append(self._launch_emission(uid, entry, anchor))
+                elif entry is not None or anchor > reach:  # undecided; or the view may not have it yet
+                    kept[uid] = anchor
+                # else the pod is gone undecided (or was decided and deleted while no replica ran): not counted
+            passing = sorted((anchor, uid) for uid, entry in self._launches.items()
+                             if (anchor := entry.launch.anchor) is not None and watermark < anchor <= reach
+                             and uid not in owned and self._undecided(entry, anchor, now))
+            room = MAX_DEFERRED - len(kept)
+            until = reach if len(passing) <= room else passing[room][0] - _EPSILON
+            until = written(until) if until > watermark else watermark
+            batch += [event for event in self._events.values() if watermark < event.at <= until]
             for uid, entry in self._launches.items():
                 anchor = entry.launch.anchor
-                if anchor is not None and since < anchor <= until:
-                    out.append(self._launch_emission(uid, entry, anchor))
-            return sorted(out, key=lambda e: (e.at, e.key))
+                if anchor is not None and watermark < anchor <= until and uid not in owned:
+                    if self._undecided(entry, anchor, now):
+                        kept[uid] = anchor
+                    else:
+                        batch.append(self._launch_emission(uid, entry, anchor))
+            if until == watermark and not batch and kept.keys() == deferred.keys():
+                return None
+            return Turn(until, sorted(batch, key=lambda e: (e.at, e.key)), kept)
+
+    def _undecided(self, entry: _Launch, anchor: float, now: float) -> bool:
+        return entry.launch.state == PENDING and anchor + self.horizon > now
 
     def emit(self, batch: Iterable[Emission]) -> None:
         """Count them (the leader, once its watermark write went through)."""
@@ -310,15 +354,18 @@ class Outcomes:
                     table[tuple(str(label) for label in labels)] = _Histogram([int(n) for n in buckets],
                                                                               float(total), int(count))
 
-    def settled(self, watermark: float) -> None:
-        """The cluster's events up to `watermark` are counted (by whoever led): forget them."""
+    def settled(self, watermark: float, deferred: Mapping[str, float]) -> None:
+        """The cluster's events up to `watermark` are counted (by whoever led) but the `deferred`
+        launches (as read with it): forget the others."""
         self.prime()
         with self.view.lock:
             self.watermark = watermark if self.watermark is None else max(self.watermark, watermark)
+            self.deferred = dict(deferred)
             for key in [key for key, event in self._events.items() if event.at <= self.watermark]:
                 del self._events[key]
-            for uid in [uid for uid, e in self._launches.items() if (e.launch.anchor or 0) <= self.watermark]:
-                self._forget_launch(uid)
+            for uid in [uid for uid, e in self._launches.items()
+                        if (e.launch.anchor or 0) <= self.watermark and uid not in self.deferred]:
+                del self._launches[uid]
 
     def _launch_emission(self, uid: str, entry: _Launch, anchor: float) -> Emission:
         launch = entry.launch
@@ -353,7 +400,7 @@ class Outcomes:
         entry = self._launches.get(pod.uid)
         anchor = launch.anchor
         if entry is None:
-            if anchor is None or not self._open(anchor):
+            if anchor is None or not (self._open(anchor) or pod.uid in self.deferred):
                 return
             entry = self._launches[pod.uid] = _Launch(pod, self._pool(pod.node))
             if launch.bound is not None and self._open(launch.bound):
@@ -363,10 +410,6 @@ class Outcomes:
         entry.record = pod
         if pod.node in self.view.nodes:
             entry.pool = self._pool(pod.node)
-        if launch.state == PENDING and anchor is not None:
-            self._undecided[pod.uid] = anchor
-        else:
-            self._undecided.pop(pod.uid, None)
 
     def _gone(self, key: str, uid: str) -> None:
         """The GPU pod under `key` (UID `uid`) was deleted: a decided launch is still counted."""
@@ -376,14 +419,9 @@ class Outcomes:
         if entry is None:
             return
         if entry.launch.state == PENDING:  # deleted before it started or failed: no launch to count
-            self._forget_launch(uid)
+            del self._launches[uid]
         else:
             entry.gone = True
-            self._undecided.pop(uid, None)
-
-    def _forget_launch(self, uid: str) -> None:
-        self._launches.pop(uid, None)
-        self._undecided.pop(uid, None)
 
     def _open(self, at: float) -> bool:
         """Whether an event at `at` is still to be counted (beyond the watermark, as far as known)."""
@@ -560,12 +598,12 @@ class Outcomes:
             histograms = {metric: {labels: (list(h.buckets), h.total, h.count) for labels, h in table.items()}
                           for metric, table in self.histograms.items()}
         loaded = self.loaded
-        starts = CounterMetricFamily(STARTS, _HELP[STARTS], labels=["outcome", "cause", "pool", "placed"])
+        starts = CounterMetricFamily(STARTS, _HELP[STARTS], labels=list(LABELS[STARTS]))
         for labels, value in sorted(counts.items()) if loaded else ():
             starts.add_metric(list(labels), value)
         out: list[Metric] = [starts]
         for metric, table in histograms.items():
-            family = HistogramMetricFamily(metric, _HELP[metric], labels=list(_LABELS[metric]))
+            family = HistogramMetricFamily(metric, _HELP[metric], labels=list(LABELS[metric]))
             for labels, (buckets, total, count) in sorted(table.items()) if loaded else ():
                 cumulative = [(floatToGoString(b), float(n)) for b, n in zip(BUCKETS[metric], buckets, strict=True)]
                 family.add_metric(list(labels), [*cumulative, ("+Inf", float(count))], total)

@@ -30,7 +30,7 @@ from gpu_placement.facts.launch import (
 )
 from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
 
-__all__ = ["CONFIG", "Change", "Truth", "day"]
+__all__ = ["CONFIG", "Change", "Story", "Truth", "day"]
 
 Obj = dict[str, Any]
 H, M = 3600.0, 60.0
@@ -75,7 +75,9 @@ class Truth:
     preparing: dict[str, float] = field(default_factory=dict)  # node never verified -> created
 
 
-class _Story:
+class Story:
+    """A story told as the API server stores it: each write with its time, and the figures it comes to."""
+
     def __init__(self, start: float) -> None:
         self.start = start
         self.changes: list[Change] = []
@@ -136,9 +138,10 @@ class _Story:
         return pod
 
     def launch(self, index: int, created: float, node: str, *, wait: float = 3.0, codes: str = "",
-               story: str = "start", placed: bool = True, gone_after: float | None = None, gpus: int = 1) -> None:
+               story: str = "start", placed: bool = True, gone_after: float | None = None, gpus: int = 1,
+               taken_after: float = 2.0) -> None:
         """A GPU pod's life: created, maybe unschedulable for `wait` seconds, bound to `node`, taken by
-        the kubelet 2 s later, then `story`; the truth it adds."""
+        the kubelet `taken_after` seconds later (status.startTime), then `story`; the truth it adds."""
         pod = self.pod(index, created, placed, gpus)
         pool, _ = self.pools[node]
         self.put(created, pod)
@@ -156,7 +159,7 @@ class _Story:
         self.put(bound, pod)
         reason = codes.split(":", 1)[0].split(" ", 1)[1] if codes else "none"
         self.truth.waits.append((reason, pool, wait))
-        taken = bound + 2
+        taken = bound + taken_after
         pod = copy.deepcopy(pod)
         pod["status"].update({"startTime": format_time(self.start + taken), "containerStatuses": [
             _container({"waiting": {"reason": "ContainerCreating"}})]})
@@ -170,8 +173,8 @@ class _Story:
     def _story(self, pod: Obj, story: str, taken: float) -> tuple[str, str]:
         t = self.start + taken
         status = copy.deepcopy(pod["status"])
-        if story in ("start", "slow_start"):  # the image is there, or takes a minute and a half to pull
-            pull = 25.0 if story == "start" else 90.0
+        if story in ("start", "slow_start", "big_image"):  # the image is there, or takes 90 s or 20 min to pull
+            pull = {"start": 25.0, "slow_start": 90.0, "big_image": 20 * M}[story]
             status.update({"phase": "Running", "containerStatuses": [_container({"running": {
                 "startedAt": format_time(t + pull)}}, ready=True)]})
             self.put(taken + pull + 1, {**pod, "status": status})
@@ -278,7 +281,7 @@ def day(start: float) -> tuple[list[Change], Truth]:
     """The day from `start` (Unix s), in the order the API server stores it, and its figures. Between
     minutes 598 and 606 (the tests restart a replica there) one job ends and one pod starts (09:59);
     nothing else changes."""
-    story = _Story(start)
+    story = Story(start)
     story.put(-2 * H, namespace("ml"))
     story.put(-2 * H, namespace("gpu-operator"))
     old = -30 * 86400.0
