@@ -95,6 +95,7 @@ class Decision:
     namespace: str = ""
     pod: str = ""
     problems: list[str] = field(default_factory=list)
+    uid: str = ""  # the pod's metadata.uid as the review has it (the API server's, for /validate of a CREATE)
 
     def log_entry(self, verb: str) -> dict[str, Any]:
         """What the debug log line records: JSON-able, one per decision."""
@@ -570,7 +571,7 @@ class Admission:
     @staticmethod
     def _decision(response: AdmissionResponse, reason: str, subject: Subject,
                   problems: list[str] | None = None) -> Decision:
-        return Decision(response, reason, subject.namespace, subject.name, problems or [])
+        return Decision(response, reason, subject.namespace, subject.name, problems or [], subject.uid)
 
 
 def _joined(texts: list[str]) -> str:
