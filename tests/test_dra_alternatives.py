@@ -103,7 +103,9 @@ def test_quota_counts_the_worst_case_per_class_as_kube_apiserver_does() -> None:
         charge = claim_charge(core.view.dra, "ai", spec, ())
     assert dict(charge.asks) == {"gpu.nvidia.com.deviceclass.resource.k8s.io/devices": 2,
                                  "mig.nvidia.com.deviceclass.resource.k8s.io/devices": 1,
-                                 "requests.nvidia.com/gpu": 2}
+                                 # both names of gpu.nvidia.com (addExtendedResourceQuota)
+                                 "requests.nvidia.com/gpu": 2,
+                                 "requests.deviceclass.resource.kubernetes.io/gpu.nvidia.com": 2}
 
 
 def test_a_claim_written_by_hand_may_name_the_products_in_its_own_alternatives() -> None:

@@ -31,8 +31,8 @@ from gpu_placement.decide.dra_quota import (
     claim_hard,
     claim_names,
     claim_usage,
+    mirror_hard,
     monitor_devices,
-    monitor_room,
     plain_charge,
     pod_standins,
     resource_usage,
@@ -63,7 +63,7 @@ from webhook.patches import (
     shaped_requests,
     tolerates_gpu_taint,
 )
-from webhook.quota import NOT_IN_QUOTA, Reservations, held_warnings, quota_problems
+from webhook.quota import NOT_IN_QUOTA, Reservations, held_warnings, name_advice, quota_problems, unheld_names
 from webhook.quota_gate import GATED_HOLD_SECONDS, QUOTA_PENDING, keys_pending, quota_pending
 from webhook.review import (
     AdmissionRequest,
@@ -97,6 +97,7 @@ class Decision:
     namespace: str = ""
     pod: str = ""
     problems: list[str] = field(default_factory=list)
+    uid: str = ""  # the pod's metadata.uid as the review has it (the API server's, for /validate of a CREATE)
 
     def log_entry(self, verb: str) -> dict[str, Any]:
         """What the debug log line records: JSON-able, one per decision."""
@@ -345,7 +346,9 @@ class Admission:
         policy = self.policy(namespace)
         if not governed(policy, self.config) or n.ANN_SHARING in policy.errors:
             return Decision(allowed(uid), ALLOWED, namespace, name)
-        problems = claim_problems(obj, resource, policy, self.config)
+        with self.view.lock:
+            classes = dict(self.view.dra.classes)
+        problems = claim_problems(obj, resource, policy, self.config, classes)
         if not problems:
             return Decision(allowed(uid), ALLOWED, namespace, name)
         if self.config.mode == "audit":
@@ -384,25 +387,30 @@ class Admission:
                 policy, asked, gpus, where)
             problems += escalations
             if not escalations and policy.quota is not None:
+                on_dra = policy.mode(config) == "dra"
                 with self.view.lock:
                     used = dict(self.view.namespace_usage.get(namespace) or {})
                     pending = self.reservations.pending(namespace, exclude=subject.key)
                     enforced = self.view.resourcequotas.get(namespace)
                     dra = self.view.dra
-                    room: dict[str, int] = {}
+                    over: list[tuple[str, str]] = []
+                    advice: dict[str, str] = {}
                     if dra.classes:  # where a DeviceClass serves a resource, its claims count there too
+                        over = unheld_names(namespace, policy.quota, gpus, config, on_dra, dra.classes)
+                        advice = name_advice(policy.quota, gpus, config, on_dra, dra.classes)
                         gpus = plain_charge(gpus, dra.classes, policy.quota)
                         devices, extended = dra.namespace_devices.get(namespace), dra.namespace_extended.get(namespace)
                         monitors = dra.namespace_monitors.get(namespace)
                         used = {resource: resource_usage(resource, used, devices or {}, dra.classes, extended, monitors)
                                 for resource in {*used, *policy.quota}}
-                        room = monitor_room({f"requests.{r}": c for r, c in policy.quota.items()},
-                                            monitor_devices(self.view, namespace), dra.classes)
+                    # The figures the mirror writes: the gate waits for exactly those (one function for both).
+                    wanted = mirror_hard(policy.quota, config, on_dra, dra.classes, monitor_devices(
+                        self.view, namespace) if dra.classes else {}) if self.quota_gate else {}
                 # Holds, which any caller that reaches the port can make, never refuse: they only warn
                 # (docs/webhook.md, "Who may hold quota"). What exists refuses; the API server's quota decides
                 # the last unit of a burst.
-                over = quota_problems(namespace, policy.quota, used, gpus)
-                problems += over or (quota_pending(namespace, policy.quota, enforced, gpus, self.view.clock(), room)
+                over = over or quota_problems(namespace, policy.quota, used, gpus, advice=advice)
+                problems += over or (quota_pending(namespace, wanted, enforced, gpus, self.view.clock())
                                      if self.quota_gate else [])
                 if not problems:
                     held = held_warnings(namespace, policy.quota, used, pending, gpus)
@@ -449,11 +457,14 @@ class Admission:
         with self.view.lock:
             dra = self.view.dra
             charge = claim_charge(dra, namespace, spec, pod_standins(spec))
-            hard = {key: int(value) for key, value in claim_hard(policy.quota, self.config, dra.classes).items()}
+            claims = claim_hard(policy.quota, self.config, dra.classes)
+            hard = {key: int(value) for key, value in claims.items()}
             used = claim_usage(self.view.namespace_usage.get(namespace) or {},
                                dra.namespace_devices.get(namespace) or {}, dra.classes, hard,
                                dra.namespace_extended.get(namespace), dra.namespace_monitors.get(namespace))
-            room = monitor_room(hard, monitor_devices(self.view, namespace), dra.classes)
+            # The figures the mirror writes (its monitors' room included): the gate waits for exactly those.
+            mirrored = mirror_hard(policy.quota, self.config, True, dra.classes, monitor_devices(self.view, namespace),
+                                   claims) if self.quota_gate else {}
             # Admitted claim pods whose claims do not all exist yet (webhook/quota.py): without them two pods
             # created at once both pass, and the API server then refuses the second one's claims.
             pending = self.reservations.pending(namespace, exclude=subject.key)
@@ -466,7 +477,6 @@ class Admission:
         for kind in by_kind(asks):
             problems = problems or quota_problems(namespace, hard, used, kind, names)
         if not problems and self.quota_gate:
-            mirrored = {key: limit + room.get(key, 0) for key, limit in hard.items()}  # as the mirror writes them
             problems = keys_pending(namespace, mirrored, enforced, [key for key, _ in asks], names, self.view.clock())
         held: list[str] = []
         for kind in by_kind(asks) if not problems else ():  # the first kind over is worth a sentence, as above
@@ -566,7 +576,7 @@ class Admission:
     @staticmethod
     def _decision(response: AdmissionResponse, reason: str, subject: Subject,
                   problems: list[str] | None = None) -> Decision:
-        return Decision(response, reason, subject.namespace, subject.name, problems or [])
+        return Decision(response, reason, subject.namespace, subject.name, problems or [], subject.uid)
 
 
 def _joined(texts: list[str]) -> str:

@@ -37,7 +37,8 @@ __all__ = ["MAX_BODY", "Webhook", "create_app"]
 log = logging.getLogger("gpu_placement.webhook")
 MAX_BODY = 3 * 2**20  # the API server caps objects at about 1.5 MiB; a review holds one, plus its metadata
 _VERBS = ("mutate", "validate")
-Warned = Callable[[str, str, list[str]], None]
+# (namespace, pod name, pod uid, warnings, the peer's address): see create_app.
+Warned = Callable[[str, str, str, list[str], str], None]
 
 
 def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool, str]], api: Any = None,
@@ -47,8 +48,9 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
     `api` (a kubernetes ApiClient, None with --snapshot): overdue holds are settled by listing pods
     (webhook/holds.py, a thread that runs while the app does). `quota_gate`: see webhook/quota_gate.py.
     `dra_version`: the resource.k8s.io version the API server serves claims at (webhook/claim_reader.py).
-    `on_warned(namespace, name, warnings)`: a pod CREATE /validate allowed with warnings, not a dry run
-    (gpu_placement/controllers/events.py PodWarnings puts them on the pod once it exists); a dict insert, no I/O."""
+    `on_warned(namespace, name, uid, warnings, peer)`: a pod CREATE /validate allowed with warnings, not a dry
+    run (gpu_placement/controllers/events.py PodWarnings puts them on the pod with that uid once it exists,
+    bounded per peer); a dict insert, no I/O."""
     admission = Admission(view, config, api, quota_gate, dra_version)
     state = Webhook(admission, HoldChecker(admission.reservations, api) if api is not None else None, on_warned)
     routes = [Route("/mutate", mutate, methods=["POST"]), Route("/validate", validate, methods=["POST"]),
@@ -153,7 +155,8 @@ async def _handle(request: Request, state: Webhook, verb: str,
     if state.on_warned is not None and verb == "validate" and decision.response.get("warnings") and \
             decision.response["allowed"] and review.get("operation", "CREATE") == "CREATE" and \
             not review.get("dryRun") and not (review.get("resource") or {}).get("group"):
-        state.on_warned(decision.namespace, decision.pod, list(decision.response["warnings"]))
+        peer = request.client.host if request.client is not None else ""
+        state.on_warned(decision.namespace, decision.pod, decision.uid, list(decision.response["warnings"]), peer)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("webhook decision %s", orjson.dumps(decision.log_entry(verb)).decode())
     state.timers[verb].observe(time.perf_counter() - start)

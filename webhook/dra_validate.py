@@ -21,6 +21,7 @@ from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
 from gpu_placement.decide.claims import claim_policy, device_hard, product_selector, template_for
 from gpu_placement.decide.dra_fit import parse_selectors
+from gpu_placement.facts.dra import DeviceClass
 from gpu_placement.facts.policy import NamespacePolicy
 from gpu_placement.facts.sharing import SHARED
 
@@ -31,8 +32,10 @@ CLAIM_KINDS = {"resourceclaims": "ResourceClaim", "resourceclaimtemplates": "Res
 _ALL_DEVICES = 32  # resourceapi.AllocationResultsMaxSize: what quota charges allocationMode All
 
 
-def claim_problems(obj: Mapping[str, Any], resource: str, policy: NamespacePolicy, config: Config) -> list[str]:
-    """What in a claim (or a template's claim) the namespace's policy does not allow; [] when it may."""
+def claim_problems(obj: Mapping[str, Any], resource: str, policy: NamespacePolicy, config: Config,
+                   classes: Mapping[str, DeviceClass] | None = None) -> list[str]:
+    """What in a claim (or a template's claim) the namespace's policy does not allow; [] when it may.
+    `classes`: the view's DeviceClasses (a class's two names are one count in the quota)."""
     spec = obj.get("spec") if isinstance(obj, Mapping) else None
     if resource == "resourceclaimtemplates":
         spec = spec.get("spec") if isinstance(spec, Mapping) else None
@@ -46,7 +49,7 @@ def claim_problems(obj: Mapping[str, Any], resource: str, policy: NamespacePolic
     products = claim_policy(policy)
     # The selector to suggest: the namespace's products, the form its templates carry.
     wanted_products = product_selector(config.dra.driver, products.products) if products.products else None
-    quota = device_hard(policy.quota, config) if policy.quota is not None else None
+    quota = device_hard(policy.quota, config, classes) if policy.quota is not None else None
     # `shared` through DRA: the GPU class with the opaque GpuConfig the namespace's shared template carries.
     shared = template_for(policy.namespace, SHARED, products, config)
     shared_config = {"driver": config.dra.driver, "parameters": dict(shared.config or {})}

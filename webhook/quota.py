@@ -33,15 +33,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpu_placement.base import names as n
+from gpu_placement.base.config import Config
 from gpu_placement.base.text import units
-from gpu_placement.decide.claims import devices_quota_key
-from gpu_placement.facts.dra import DeviceClass
+from gpu_placement.decide.claims import devices_quota_key, one_count
+from gpu_placement.decide.dra_quota import mapped, raised_names
+from gpu_placement.facts.dra import DeviceClass, implicit_name
 from gpu_placement.facts.pods import GpuRequests, PodRecord
 from gpu_placement.facts.sharing import is_standin
 from gpu_placement.observe.metrics import QUOTA_HOLD_OLDEST, QUOTA_HOLD_SETTLEMENTS, QUOTA_HOLDS
 from gpu_placement.view.cluster import ClusterView, same_pod
 
-__all__ = ["MAX_HOLDS", "NOT_IN_QUOTA", "OVER_QUOTA", "Reservations", "held_warnings", "quota_problems"]
+__all__ = ["MAX_HOLDS", "NOT_IN_QUOTA", "OVER_QUOTA", "Reservations", "held_warnings", "name_advice", "quota_problems",
+           "unheld_names"]
 
 OVER_QUOTA = "OverQuota"
 NOT_IN_QUOTA = "NotInQuota"
@@ -204,17 +207,19 @@ class Reservations:
         made = dra.made_for_pod.get(item.uid) if item.uid else None
         charged: dict[str, int] = {}
         for device_class, number in made.devices.items() if made is not None else ():
-            for charged_key in (devices_quota_key(device_class), _extended_key(dra.classes.get(device_class))):
-                if charged_key:
-                    charged[charged_key] = charged.get(charged_key, 0) + number
+            for charged_key in (devices_quota_key(device_class), *_extended_keys(device_class, dra.classes)):
+                charged[charged_key] = charged.get(charged_key, 0) + number
         counted = item.seen and item.standins
         return tuple((key, count - charged.get(key, 0)) for key, count in item.gpus
                      if count > charged.get(key, 0) and not (counted and _is_standin_key(key)))
 
 
-def _extended_key(device_class: DeviceClass | None) -> str:
-    """`requests.X` for a DeviceClass naming extendedResourceName X: where the API server charges its claims too."""
-    return f"requests.{device_class.extended_resource}" if device_class and device_class.extended_resource else ""
+def _extended_keys(name: str, classes: Mapping[str, DeviceClass]) -> tuple[str, ...]:
+    """`requests.X` and `requests.deviceclass.resource.kubernetes.io/<class>` for a DeviceClass naming
+    extendedResourceName X: where the API server charges its claims too."""
+    found = classes.get(name)
+    return (f"requests.{found.extended_resource}", f"requests.{implicit_name(name)}") if (
+        found is not None and found.extended_resource) else ()
 
 
 def _is_standin_key(key: str) -> bool:
@@ -222,19 +227,22 @@ def _is_standin_key(key: str) -> bool:
 
 
 def quota_problems(namespace: str, quota: Mapping[str, int], used: Mapping[str, int], asks: GpuRequests,
-                   names: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+                   names: Mapping[str, str] | None = None,
+                   advice: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """(reason code, sentence) for each resource the pod would take past the namespace's quota, counting what
     the view shows in use (holds only warn: `held_warnings`). `names`: how the sentence names a key (a claim
-    pod's ResourceQuota keys, gpu_placement/decide/dra_quota.py)."""
+    pod's ResourceQuota keys, gpu_placement/decide/dra_quota.py); `advice`: what a NotInQuota sentence tells
+    to do for a resource, where the default would mislead (`name_advice`)."""
     problems: list[tuple[str, str]] = []
     for key, count in asks:
         limit = quota.get(key)
         resource = names.get(key, key) if names else key
         if limit is None:
             listed = ",".join(f"{r}={c}" for r, c in sorted(quota.items()))
+            fix = (advice or {}).get(key) or (f"ask for a listed resource, or add {resource}=<count> to {n.ANN_QUOTA} "
+                                              "on the namespace")
             problems.append((NOT_IN_QUOTA, f"namespace {namespace} may not use {resource}: its {n.ANN_QUOTA} lists "
-                                           f"only {listed} and this pod asks for {count} {resource}: ask for a listed "
-                                           f"resource, or add {resource}=<count> to {n.ANN_QUOTA} on the namespace"))
+                                           f"only {listed} and this pod asks for {count} {resource}: {fix}"))
             continue
         in_use = used.get(key, 0)
         if in_use > limit:  # pods the quota did not hold when they came: no request fits until some end
@@ -266,3 +274,56 @@ def held_warnings(namespace: str, quota: Mapping[str, int], used: Mapping[str, i
                      "more: if they all are, this one goes over the quota (where gpu-placement mirrors the quota "
                      "into a ResourceQuota, the API server refuses it)")
     return texts
+
+
+# -- a DeviceClass's two names (docs/webhook.md, "Two names for one class's GPUs") ----------------------------
+
+def name_advice(quota: Mapping[str, int], asks: GpuRequests, config: Config, dra: bool,
+                classes: Mapping[str, DeviceClass]) -> dict[str, str]:
+    """What NotInQuota tells a pod asking a class's implicit name (`deviceclass.resource.kubernetes.io/<class>`)
+    that the quota does not list, where the class names an extendedResourceName X that it does: the two
+    names are one count (gpu_placement/decide/claims.py `one_count`), so X is the plain fix; listing the
+    implicit name too is offered only where it would then be held to the quota (`unheld_names`)."""
+    advice: dict[str, str] = {}
+    figures = one_count(quota, classes)
+    for resource, _ in asks:
+        if resource in quota or not resource.startswith(n.IMPLICIT_CLASS_PREFIX):
+            continue
+        device_class = resource[len(n.IMPLICIT_CLASS_PREFIX):]
+        other = mapped(classes, device_class)
+        if other is None or other not in quota:
+            continue
+        fix = f"ask for {other} instead (the same devices of DeviceClass {device_class})"
+        if not unheld_names("", {**quota, resource: figures[other]}, [(resource, 1)], config, dra, classes):
+            fix += (f", or add {resource}={figures[other]} to {n.ANN_QUOTA} on the namespace (the two names share one "
+                    "count: listed both, the lower figure binds both)")
+        advice[resource] = fix
+    return advice
+
+
+def unheld_names(namespace: str, quota: Mapping[str, int], asks: GpuRequests, config: Config, dra: bool,
+                 classes: Mapping[str, DeviceClass]) -> list[tuple[str, str]]:
+    """NotInQuota for a pod asking a class's implicit name that the API server could not hold to the quota at
+    its create: in a `dra` namespace whose quota also gives other GPUs of the class (a shared level), the
+    mirror raises that name's key to all the class's devices, since their claims are charged there too
+    (gpu_placement/decide/dra_quota.py `raised_names`); the pod pays only that key at its create and carries
+    no stand-in. A pod asking the class's extendedResourceName there gets claims from the namespace's
+    templates instead, held by its stand-ins (gpu_placement/decide/claims.py `keeps_resource`)."""
+    if not dra:
+        return []
+    raised = raised_names(quota, config, classes)
+    problems = []
+    for resource, _ in asks:
+        if resource not in raised or not resource.startswith(n.IMPLICIT_CLASS_PREFIX):
+            continue
+        figure, written = raised[resource]
+        device_class = resource[len(n.IMPLICIT_CLASS_PREFIX):]
+        other = mapped(classes, device_class) or n.GPU_RESOURCE
+        instead = f"ask for {other} instead" if other in quota else (
+            f"list {other}={figure} in {n.ANN_QUOTA} in its place and ask for {other}")
+        problems.append((NOT_IN_QUOTA, (
+            f"namespace {namespace} may not use {resource} beside the other GPUs of DeviceClass {device_class} its "
+            f"{n.ANN_QUOTA} gives: the API server charges their claims to requests.{resource} as well, so that key "
+            f"is written at {written}, and a pod asking {resource} could not be held to {figure} at its create: "
+            f"{instead} (gpu-placement gives it a device of {device_class}, held to the quota)")))
+    return problems

@@ -9,9 +9,11 @@ every webhook and checks and counts each pod atomically (a compare-and-swap of t
 mirror created or changed the ResourceQuota: until then, for the first second or so after the
 annotation is set, nothing but the replicas' own counts stands in the way.
 
-So /validate waits for it: it lets a pod asking for resource R in a namespace whose annotation allows
-N through only when the namespace's `gpu-placement` ResourceQuota, as its watch shows it, has had
-`status.hard[requests.R] <= N` with a `status.used` figure for it for the last SETTLE_SECONDS. The
+So /validate waits for it: it lets a pod asking for resource R through only when the namespace's
+`gpu-placement` ResourceQuota, as its watch shows it, has had `status.hard[requests.R] <= N` with a
+`status.used` figure for it for the last SETTLE_SECONDS, N being the figure the mirror writes for that
+key (gpu_placement/decide/dra_quota.py `mirror_hard`, the one function both call: the annotation's
+figure, a class's two names at one count, raised by the namespace's monitors' room). The
 API server's quota admission reads the ResourceQuota from its own informer, which may show the counted
 status later than the webhook's watch does: a pod let in the moment the webhook saw it was, in a burst
 split between two replicas, admitted by an API server that did not enforce it yet (3 pods against a
@@ -52,14 +54,13 @@ QUOTA_PENDING = "QuotaPending"
 GATED_HOLD_SECONDS = 5.0
 
 
-def quota_pending(namespace: str, quota: Mapping[str, int], status: QuotaStatus | None,
-                  asks: GpuRequests, now: float, room: Mapping[str, int] | None = None) -> list[tuple[str, str]]:
+def quota_pending(namespace: str, wanted: Mapping[str, int], status: QuotaStatus | None, asks: GpuRequests,
+                  now: float) -> list[tuple[str, str]]:
     """(QUOTA_PENDING, sentence) for the first resource the pod asks for whose quota the API server does
-    not enforce yet at the annotation's figure or below; [] when it does for all of them. `room`: what the
-    mirror adds to a key for the namespace's monitors (gpu_placement/decide/dra_quota.py `monitor_room`)."""
-    wanted = {f"requests.{resource}": quota[resource] + (room or {}).get(f"requests.{resource}", 0)
-              for resource, _ in asks if resource in quota}
-    return keys_pending(namespace, wanted, status, list(wanted), {f"requests.{r}": r for r in quota}, now)
+    not enforce yet at the mirror's figure or below; [] when it does for all of them. `wanted`: what the
+    mirror writes for the namespace (gpu_placement/decide/dra_quota.py `mirror_hard`, the same function)."""
+    keys = {f"requests.{resource}": resource for resource, _ in asks}
+    return keys_pending(namespace, wanted, status, list(keys), keys, now)
 
 
 def keys_pending(namespace: str, wanted: Mapping[str, int], status: QuotaStatus | None, keys: Sequence[str],

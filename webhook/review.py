@@ -12,6 +12,7 @@ Two kinds of bad input, answered differently, as the API server expects:
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NotRequired, TypedDict
@@ -19,7 +20,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 import orjson
 
 from gpu_placement.base.quantity import QuantityError, QuantityProblem, to_count
-from gpu_placement.base.text import json_type, shown
+from gpu_placement.base.text import json_type, quoted, shown
 from gpu_placement.facts.pods import MAX_GPU_COUNT, GpuRequests, effective_gpu_requests
 from gpu_placement.web import shape
 from gpu_placement.web.shape import ShapeError
@@ -44,6 +45,8 @@ __all__ = [
     "status_body",
     "subject_of",
 ]
+# A pod name as the API server takes it (a DNS subdomain), or a generateName with the "*" messages add.
+_POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?|[a-z0-9][-a-z0-9.]{0,251}\*")
 
 API_VERSION = "admission.k8s.io/v1"
 
@@ -224,6 +227,8 @@ def subject_of(request: AdmissionRequest, is_gpu_resource: Callable[[str], bool]
     pod_name = meta.get("name") or request.get("name") or ""
     uid = str(meta.get("uid") or "")
     shown = pod_name or f"{meta.get('generateName') or ''}*"
+    if not _POD_NAME.fullmatch(shown):  # not a name the API server takes: a forged review's, shown escaped
+        shown = quoted(shown, 80)
     # Validating admission runs after the API server generated the name; mutating admission before.
     key = f"{namespace}/{pod_name}" if pod_name else f"{namespace}/ unnamed {uid or request['uid']}"
     return Subject(obj, namespace, shown, key, uid, request.get("dryRun", False) is True, gpus)

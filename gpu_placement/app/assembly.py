@@ -234,7 +234,7 @@ class Core:
     def extender_app(self, max_body: int = DEFAULT_MAX_BODY) -> Starlette:
         return create_extender_app(self.view, self.placement, self.binder, self.readiness, max_body)
 
-    def webhook_app(self, on_warned: Callable[[str, str, list[str]], None] | None = None) -> Starlette:
+    def webhook_app(self, on_warned: Callable[[str, str, str, list[str], str], None] | None = None) -> Starlette:
         from webhook.app import create_app as create_webhook_app
 
         # The mirrored ResourceQuotas in the view: /validate admits a quota namespace's GPU pods only once

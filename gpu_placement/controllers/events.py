@@ -13,7 +13,9 @@ What is written, and why there:
   drops it; the Event puts it on the pod. An admission webhook cannot write an Event about a pod that
   does not exist yet, and the API server may still refuse the create after /validate: so the replica
   that validated the pod notes the warnings (a bounded dict, no I/O) and writes the Event once its view
-  sees the pod created. Only that replica knows them, so no Lease is needed and none is duplicated.
+  sees the pod created, matched by the uid the API server gave the pod (`PodWarnings`: a forged review,
+  which anyone who reaches the webhook port can post, names no pod that will be created). Only that
+  replica knows them, so no Lease is needed and none is duplicated.
   A *refused* pod never exists: its denial message goes to its creator, and a controller records it as
   a `FailedCreate` Warning on the workload (pkg/controller/controller_utils.go, FailedCreatePodReason),
   which is where `kubectl describe deploy|job` shows it; another Event would repeat it.
@@ -326,36 +328,85 @@ def watch_namespaces(view: ClusterView, writer: EventWriter, problems_of: Proble
             on_namespace(name, record)
 
 
+@dataclass(slots=True)
+class _Noted:
+    key: str  # namespace/name the review named: the pod must have it too
+    note: str  # the warnings, joined and cut to an Event's note
+    made: float
+
+
 class PodWarnings:
     """The webhook's warnings for pods it admitted, until the view sees the pod created: then one Warning
-    Event on the pod. Bounded: past `limit` pods waiting, the oldest are forgotten (a pod the API server
-    refused after /validate never appears)."""
+    Event on the pod.
 
-    def __init__(self, view: ClusterView, writer: EventWriter, limit: int = 10_000) -> None:
-        self.writer = writer
-        self.limit = limit
-        self._pending: OrderedDict[str, tuple[str, list[str]]] = OrderedDict()  # ns/name -> (uid or "", warnings)
+    Only on the pod that review created. The webhook port answers anyone (docs/webhook.md, "Who may hold
+    quota"), so a forged review may name any pod. The warnings are kept by the pod's uid, which
+    kube-apiserver gives the object before it calls validating webhooks (v1.37.2
+    staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go `create`: FillObjectMetaSystemFields,
+    a random UUID, then createValidation) and stores with it; the review's own request.uid is another UUID
+    per webhook call (admission/plugin/webhook/request/admissionreview.go) that no object carries. They are
+    written when the view first sees a pod with that uid and that namespace/name, and dropped if the view
+    has that pod already when the review comes (a pod being created is not stored yet): a forger would
+    need the uid of a pod before the API server has stored it. One Event per uid.
+
+    Bounded by the peer that sent the review (`source`), which a forger cannot take: at most `per_source`
+    a peer (its oldest go first), `limit` in all (the oldest of the peer holding the most go first: never
+    the API server's handful in flight), and none kept past `ttl` seconds (a pod shows up within seconds
+    of its /validate, or its create failed; 5 minutes cover a watch that went silent and relisted). Each is
+    at most an Event's note (1 kB)."""
+
+    def __init__(self, view: ClusterView, writer: EventWriter, limit: int = 10_000, per_source: int = 1_000,
+                 ttl: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.view, self.writer = view, writer
+        self.limit, self.per_source, self.ttl, self.clock = limit, per_source, ttl, clock
+        self._by_source: dict[str, OrderedDict[str, _Noted]] = {}  # peer -> pod uid -> its warnings
+        self._source_of: dict[str, str] = {}  # pod uid -> peer
         self._lock = threading.Lock()
         with view.lock:
             view.subscribe_records(self._pod_changed, lambda name, record: None)
 
-    def admitted(self, namespace: str, name: str, warnings: list[str]) -> None:
-        """From /validate of a CREATE that was allowed with warnings, not a dry run: a dict insert."""
-        if not name or name.endswith("*") or not warnings:
-            return
+    def __len__(self) -> int:
+        return len(self._source_of)
+
+    def admitted(self, namespace: str, name: str, uid: str, warnings: list[str], source: str = "") -> None:
+        """From /validate of a pod CREATE allowed with warnings, not a dry run: a dict insert, no I/O.
+        `uid`: the pod's metadata.uid in the review; `source`: the peer's address."""
+        if not name or not uid or not warnings or name.endswith("*"):
+            return  # no uid: not what the API server sends to validating webhooks, nothing to match
+        key = f"{namespace}/{name}"
+        seen = self.view.pods.get(key)  # one dict read: the view's lock is not needed
+        if seen is not None and seen.uid == uid:
+            return  # stored already: not the review of its create
+        noted = _Noted(key, _cut(f"admitted by gpu-placement with warnings: {' | '.join(warnings)}"), self.clock())
         with self._lock:
-            self._pending[f"{namespace}/{name}"] = ("", list(warnings))
-            while len(self._pending) > self.limit:
-                self._pending.popitem(last=False)
+            self._expire(noted.made)
+            previous = self._source_of.pop(uid, None)
+            if previous is not None:
+                self._by_source[previous].pop(uid, None)
+            entries = self._by_source.setdefault(source, OrderedDict())
+            entries[uid] = noted
+            self._source_of[uid] = source
+            while len(entries) > self.per_source:
+                self._source_of.pop(entries.popitem(last=False)[0], None)
+            while len(self._source_of) > self.limit:
+                largest = max(self._by_source.values(), key=len)
+                self._source_of.pop(largest.popitem(last=False)[0], None)
+
+    def _expire(self, now: float) -> None:
+        for source, entries in list(self._by_source.items()):
+            while entries and now - next(iter(entries.values())).made > self.ttl:
+                self._source_of.pop(entries.popitem(last=False)[0], None)
+            if not entries:
+                del self._by_source[source]
 
     def _pod_changed(self, key: str, record: PodRecord | None) -> None:
-        if record is None:
+        """View listener (under the view's lock, for every pod): one dict lookup unless it is a pod noted."""
+        if record is None or record.uid not in self._source_of:
             return
         with self._lock:
-            found = self._pending.pop(key, None)
-        if found is None:
-            return
+            source = self._source_of.pop(record.uid, None)
+            noted = self._by_source[source].pop(record.uid, None) if source is not None else None
+        if noted is None or noted.key != key:
+            return  # another pod's uid under this name: not the pod reviewed
         regarding = Regarding("Pod", record.name, record.namespace, record.uid)
-        note = " | ".join(found[1])
-        self.writer.emit(EventItem(regarding, "Warning", "GpuPlacementWarning", "Admitted",
-                                   f"admitted by gpu-placement with warnings: {note}", leased=False))
+        self.writer.emit(EventItem(regarding, "Warning", "GpuPlacementWarning", "Admitted", noted.note, leased=False))

@@ -44,7 +44,7 @@ from kubernetes.client import ApiClient
 
 from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
-from gpu_placement.decide.dra_quota import claim_hard, monitor_devices, monitor_room, requests_hard
+from gpu_placement.decide.dra_quota import mirror_hard, monitor_devices
 from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.pods import PodRecord
 from gpu_placement.facts.policy import NamespacePolicy, parse_policy
@@ -63,7 +63,7 @@ from gpu_placement.observe.metrics import (
 )
 from gpu_placement.view.cluster import ClusterView
 
-__all__ = ["MANAGED_BY", "MIRROR_NAME", "MirrorSettings", "QuotaMirror", "desired_hard"]
+__all__ = ["MANAGED_BY", "MIRROR_NAME", "MirrorSettings", "QuotaMirror"]
 
 log = logging.getLogger("gpu_placement.quota_mirror")
 
@@ -80,10 +80,6 @@ class MirrorSettings:
     renew_seconds: float = 10.0  # how often the holder renews (and a standby tries)
     resync_seconds: float = 300.0  # full pass: what no event told us (a ResourceQuota edited by hand)
     owner: str | None = None  # the ValidatingWebhookConfiguration owning the quotas; None: their Namespace
-
-
-def desired_hard(quota: Mapping[str, int]) -> dict[str, str]:
-    return requests_hard(quota)
 
 
 class QuotaMirror(LeaderLoop):
@@ -210,16 +206,12 @@ class QuotaMirror(LeaderLoop):
             return True, None, record.uid
         if policy.mode(self.config) == "dra" and self.templates is not None and "deviceclasses" not in self.view.listed:
             return False, None, record.uid  # its DeviceClasses say what claims are charged: not known yet
-        hard = desired_hard(policy.quota)
         with self.view.lock:
-            # What the API server charges claim pods: gpu_placement/decide/dra_quota.py.
-            if policy.mode(self.config) == "dra":
-                hard.update(claim_hard(policy.quota, self.config, self.view.dra.classes))
-            # Room for the monitors' admin-access claims, which the API server charges too.
-            room = monitor_room(hard, monitor_devices(self.view, name), self.view.dra.classes)
-        for key, extra in room.items():
-            hard[key] = str(int(hard[key]) + extra)
-        return True, hard, record.uid
+            # What the API server charges claim pods, room for the monitors' admin-access claims: the figures
+            # the quota gate waits for (gpu_placement/decide/dra_quota.py `mirror_hard`, one function for both).
+            hard = mirror_hard(policy.quota, self.config, policy.mode(self.config) == "dra", self.view.dra.classes,
+                               monitor_devices(self.view, name))
+        return True, {key: str(count) for key, count in hard.items()}, record.uid
 
     def _classes_changed(self) -> bool:
         """Whether the GPU DeviceClasses' extendedResourceName (or their first list) changed since the last turn."""

@@ -54,7 +54,7 @@ import orjson
 from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
 from gpu_placement.base.cuda import Version, driver_table
-from gpu_placement.facts.dra import Device, DeviceClass, device_product
+from gpu_placement.facts.dra import Device, DeviceClass, device_product, implicit_name
 from gpu_placement.facts.pods import GpuRequests, container_gpu_requests
 from gpu_placement.facts.policy import NamespacePolicy
 from gpu_placement.facts.sharing import SHARED, Sharing, sharing_of_resource
@@ -66,6 +66,7 @@ __all__ = [
     "ClaimPolicy",
     "Template",
     "claim_policy",
+    "class_of",
     "device_hard",
     "devices_quota_key",
     "dra_level",
@@ -73,6 +74,8 @@ __all__ = [
     "keeps_resource",
     "level_of",
     "levels_for",
+    "name_groups",
+    "one_count",
     "plan",
     "plugin_profile",
     "product_selector",
@@ -400,18 +403,63 @@ def wanted_templates(policy: NamespacePolicy, mig_profiles: set[str], config: Co
     return [t for t in templates if devices_quota_key(t.device_class) in allowed]
 
 
-def device_hard(quota: Mapping[str, int], config: Config) -> dict[str, str]:
+def device_hard(quota: Mapping[str, int], config: Config,
+                classes: Mapping[str, DeviceClass] | None = None) -> dict[str, str]:
     """`gpu-placement.io/quota` as ResourceQuota charges claims: devices per class. MIG resources count
-    against the MIG class, the others (whole and shared GPUs) against the GPU class; each claim of
-    ours is one device (pkg/quota/v1/evaluator/core/resource_claims.go at v1.37.2)."""
+    against the MIG class, a class's implicit name against that class, the others (whole and shared GPUs)
+    against the GPU class; each claim of ours is one device (pkg/quota/v1/evaluator/core/resource_claims.go
+    at v1.37.2). The two names of a class (`classes`: the view's, `one_count`) count its devices once."""
+    figures = one_count(quota, classes or {})
+    groups = {name: group for group in name_groups(classes or {}) for name in group} if len(figures) > 1 and any(
+        name.startswith(n.IMPLICIT_CLASS_PREFIX) for name in figures) else {}
     per_class: dict[str, int] = {}
-    for resource, count in quota.items():
+    counted: set[tuple[frozenset[str], str]] = set()
+    for resource, count in figures.items():
         if not config.is_gpu_resource(resource):
             continue
-        kind = sharing_of_resource(resource, config).kind
-        device_class = config.dra.mig_class if kind == "mig" else config.dra.gpu_class
+        device_class = class_of(resource, config)
+        group = groups.get(resource)
+        if group is not None:
+            if (group, device_class) in counted:
+                continue  # the class's other name is counted already: the same devices (at the same figure)
+            counted.add((group, device_class))
         per_class[device_class] = per_class.get(device_class, 0) + count
     return {devices_quota_key(device_class): str(count) for device_class, count in sorted(per_class.items())}
+
+
+def class_of(resource: str, config: Config) -> str:
+    """The device class a GPU resource of the annotation takes devices of in a `dra` namespace: its own
+    class for an implicit name, else the MIG or the GPU class by its level (`device_hard`)."""
+    if resource.startswith(n.IMPLICIT_CLASS_PREFIX):
+        return resource[len(n.IMPLICIT_CLASS_PREFIX):]
+    return config.dra.mig_class if sharing_of_resource(resource, config).kind == "mig" else config.dra.gpu_class
+
+
+def name_groups(classes: Mapping[str, DeviceClass]) -> list[frozenset[str]]:
+    """The extended resources that name the same devices: an `extendedResourceName` X with the implicit
+    name `deviceclass.resource.kubernetes.io/<class>` of each class naming it. kube-apiserver charges every
+    claim of such a class to both (resource_claims.go `addExtendedResourceQuota`: a claim kube-scheduler
+    made for a pod is charged the name the pod did not pay at its create)."""
+    groups: dict[str, set[str]] = {}
+    for device_class, found in sorted(classes.items()):
+        if found.extended_resource:
+            groups.setdefault(found.extended_resource, {found.extended_resource}).add(implicit_name(device_class))
+    return [frozenset(group) for _, group in sorted(groups.items())]
+
+
+def one_count(quota: Mapping[str, int], classes: Mapping[str, DeviceClass]) -> dict[str, int]:
+    """The annotation's figures, with the names of one class's devices (`name_groups`) at one count: each
+    is a limit on the same devices, so they do not add up, and the lowest one listed binds all of them
+    (docs/webhook.md, "Two names for one class's GPUs")."""
+    figures = dict(quota)
+    if len(quota) < 2 or not any(name.startswith(n.IMPLICIT_CLASS_PREFIX) for name in quota):
+        return figures  # each group has an implicit name: none is listed twice (the common case, on /validate)
+    for group in name_groups(classes):
+        listed = [name for name in group if name in quota]
+        if len(listed) > 1:
+            lowest = min(quota[name] for name in listed)
+            figures.update((name, lowest) for name in listed)
+    return figures
 
 
 # -- pods the cluster serves through DRA without claims of ours -----------------------------------------

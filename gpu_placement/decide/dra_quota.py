@@ -25,9 +25,15 @@ kubelet drops extended resources its node lacks before its own fit check
 (pkg/kubelet/lifecycle/predicate.go `removeMissingExtendedResources`).
 
 The mirror writes (`claim_hard`), beyond `requests.<resource>` of the annotation: the stand-ins per
-level; the devices per class (`device_hard`); and `requests.X`, where the view's DeviceClass of a
-class names X, no lower than that class's devices, so claims charged there are not refused below the
-devices key. /validate counts the same keys (`claim_charge`, `claim_usage`) and refuses first.
+level; the devices per class (`device_hard`); and, where the view's DeviceClass of a class names X,
+`requests.X` and `requests.deviceclass.resource.kubernetes.io/<class>` (those listed) no lower than that
+class's devices, so claims charged there are not refused below the devices key. /validate counts the
+same keys (`claim_charge`, `claim_usage`) and refuses first. What the mirror writes is `mirror_hard`,
+which the quota gate reads too: it waits for exactly the figures the mirror writes.
+
+The two names of a class (X and the implicit one) limit the same devices, since every claim of the class
+is charged to both: in the annotation they are one count, the lower figure binding both
+(gpu_placement/decide/claims.py `one_count`; docs/webhook.md, "Two names for one class's GPUs").
 
 A pod that asks an extended resource a DeviceClass serves (`nvidia.com/gpu`, or the class's implicit
 `deviceclass.resource.kubernetes.io/<class>`) and lands where kube-scheduler serves it through DRA is
@@ -55,8 +61,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
-from gpu_placement.decide.claims import device_hard, devices_quota_key
+from gpu_placement.decide.claims import device_hard, devices_quota_key, one_count
 from gpu_placement.facts.dra import DeviceClass, implicit_name
 from gpu_placement.facts.pods import GpuRequests, effective_gpu_requests
 from gpu_placement.facts.sharing import Sharing, is_standin, parse_sharing, sharing_of_resource, standin_of
@@ -64,8 +71,8 @@ from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.dra import DraState
 
 __all__ = ["ClaimCharge", "by_kind", "claim_charge", "claim_hard", "claim_names", "claim_usage", "is_standin_key",
-           "level_quota", "mapped", "monitor_devices", "monitor_room", "plain_charge", "pod_standins", "requests_hard",
-           "resource_usage"]
+           "level_quota", "mapped", "mirror_hard", "monitor_devices", "monitor_room", "plain_charge", "pod_standins",
+           "raised_names", "requests_hard", "resource_usage"]
 
 _REQUESTS = "requests."
 _DEVICES = devices_quota_key("")  # the suffix
@@ -77,12 +84,33 @@ def requests_hard(quota: Mapping[str, int]) -> dict[str, str]:
     return {f"{_REQUESTS}{resource}": str(count) for resource, count in sorted(quota.items())}
 
 
-def level_quota(quota: Mapping[str, int], config: Config) -> dict[Sharing, int]:
+def mirror_hard(quota: Mapping[str, int], config: Config, dra: bool, classes: Mapping[str, DeviceClass],
+                monitors: Mapping[str, int], claims: Mapping[str, str] | None = None) -> dict[str, int]:
+    """The ResourceQuota `spec.hard` the mirror writes for a namespace's annotation, and so the figure the
+    quota gate waits to see enforced for each key (webhook/quota_gate.py): one function for both, or the
+    gate waits for a figure the mirror never writes. `requests.<resource>` for each resource (the names of
+    one class's devices at one count, `one_count`); in a `dra` namespace (`dra`) what claim pods are
+    charged (`claim_hard`, or `claims` where the caller has it already); each key raised by what the
+    namespace's monitors are charged there (`monitors`: devices per class, `monitor_devices`;
+    `monitor_room`). `classes`: the view's DeviceClasses (hold its lock)."""
+    hard = {f"{_REQUESTS}{resource}": count for resource, count in sorted(one_count(quota, classes).items())}
+    if dra:
+        claims = claim_hard(quota, config, classes) if claims is None else claims
+        hard.update((key, int(value)) for key, value in claims.items())
+    for key, extra in monitor_room(hard, monitors, classes).items():
+        hard[key] += extra
+    return hard
+
+
+def level_quota(quota: Mapping[str, int], config: Config,
+                classes: Mapping[str, DeviceClass] | None = None) -> dict[Sharing, int]:
     """The annotation's figures by level: the levels' resources (`nvidia.com/gpu`, the shared resource,
-    `nvidia.com/mig-<profile>`); several whole-GPU resources (gpuResources) add up, as in `device_hard`."""
+    `nvidia.com/mig-<profile>`); several whole-GPU resources (gpuResources) add up, as in `device_hard`.
+    A class's implicit name is no level: its pods keep it (gpu_placement/decide/claims.py `keeps_resource`)
+    and carry no stand-in; its figure binds the class's other name (`one_count`)."""
     levels: dict[Sharing, int] = {}
-    for resource, count in quota.items():
-        if config.is_gpu_resource(resource):
+    for resource, count in one_count(quota, classes or {}).items():
+        if config.is_gpu_resource(resource) and not resource.startswith(n.IMPLICIT_CLASS_PREFIX):
             level = sharing_of_resource(resource, config)
             levels[level] = levels.get(level, 0) + count
     return levels
@@ -90,20 +118,44 @@ def level_quota(quota: Mapping[str, int], config: Config) -> dict[Sharing, int]:
 
 def claim_hard(quota: Mapping[str, int], config: Config, classes: Mapping[str, DeviceClass]) -> dict[str, str]:
     """What the mirror writes for a `dra` namespace beyond `requests_hard`: the stand-ins per level, the
-    devices per class, and `requests.X` raised to the devices of the classes that name X. `classes`: the
-    view's DeviceClasses (hold its lock)."""
-    devices = device_hard(quota, config)
+    devices per class, and the names of a class that names an extendedResourceName (`requests.X` and
+    `requests.deviceclass.resource.kubernetes.io/<class>`, where listed) raised to the class's devices:
+    the API server charges every claim of the class to both. `classes`: the view's DeviceClasses (hold
+    its lock)."""
+    figures = one_count(quota, classes)
+    devices = device_hard(quota, config, classes)
     hard = dict(devices)
-    for level, count in sorted(level_quota(quota, config).items(), key=lambda item: item[0].text):
+    for level, count in sorted(level_quota(quota, config, classes).items(), key=lambda item: item[0].text):
         hard[f"{_REQUESTS}{standin_of(level)}"] = str(count)
+    for name, floor in _floors(quota, devices, classes).items():
+        hard[f"{_REQUESTS}{name}"] = str(max(figures[name], floor))
+    return hard
+
+
+def _floors(quota: Mapping[str, int], devices: Mapping[str, str], classes: Mapping[str, DeviceClass]
+            ) -> dict[str, int]:
+    """For each listed name of a class that names an extendedResourceName, the devices of the classes
+    charged to it: its `requests.` key may not be lower, or the API server refuses their claims there."""
     floors: dict[str, int] = {}
     for key, count in devices.items():
-        extended = mapped(classes, key[: -len(_DEVICES)])
-        if extended is not None and extended in quota:
-            floors[extended] = floors.get(extended, 0) + int(count)
-    for extended, floor in floors.items():
-        hard[f"{_REQUESTS}{extended}"] = str(max(quota[extended], floor))
-    return hard
+        device_class = key[: -len(_DEVICES)]
+        found = classes.get(device_class)
+        for name in _names(device_class, found) if found is not None else ():
+            if name in quota:
+                floors[name] = floors.get(name, 0) + int(count)
+    return floors
+
+
+def raised_names(quota: Mapping[str, int], config: Config, classes: Mapping[str, DeviceClass]
+                 ) -> dict[str, tuple[int, int]]:
+    """In a `dra` namespace, the listed names of a class whose `requests.` key `claim_hard` raises above their
+    figure (the quota gives other GPUs of the class too, whose claims are charged there): name -> (figure,
+    what the key is written at). A pod kept on such a name pays only that key at its create, so the API
+    server would not hold it to the figure: `keeps_resource` converts `nvidia.com/gpu` pods there (their
+    stand-ins hold them), and /validate refuses pods asking the implicit name (webhook/quota.py)."""
+    figures = one_count(quota, classes)
+    return {name: (figures[name], floor) for name, floor in _floors(quota, device_hard(quota, config, classes),
+                                                                     classes).items() if floor > figures[name]}
 
 
 def mapped(classes: Mapping[str, DeviceClass], device_class: str) -> str | None:
@@ -142,9 +194,9 @@ def claim_charge(dra: DraState, namespace: str, spec: Mapping[str, Any], standin
             if device_class not in dra.gpu_classes:
                 continue
             _add(asks, devices_quota_key(device_class), count)
-            extended = mapped(dra.classes, device_class)
-            if extended is not None:
-                _add(asks, f"{_REQUESTS}{extended}", count)
+            found = dra.classes.get(device_class)
+            for name in _names(device_class, found) if found is not None else ():  # requests.X and the implicit name
+                _add(asks, f"{_REQUESTS}{name}", count)
             if level is None:
                 every_device_levelled = False
                 continue
@@ -266,6 +318,8 @@ def claim_names(keys: Any, config: Config) -> dict[str, str]:
     for key in keys:
         if is_standin_key(key):
             names[key] = _standin_level(key[len(_REQUESTS):]).resource(config)
+        elif key.startswith(_REQUESTS + n.IMPLICIT_CLASS_PREFIX):
+            names[key] = f"{key} (what pods asking {key[len(_REQUESTS):]} and claims of its DeviceClass are charged)"
         elif key.startswith(_REQUESTS):
             extended = key[len(_REQUESTS):]
             names[key] = (f"{key} (what pods asking {extended} and claims of a DeviceClass naming it as "

@@ -85,11 +85,33 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0, interva
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
+def retrying_503(create: Callable[[], httpx.Response], timeout: float = 30.0,
+                 interval: float = 0.2) -> httpx.Response:
+    """A create as a client makes it that honours the webhook's 503 (QuotaPending, TemplatePending,
+    NamespaceUnknown: nothing is wrong with the pod, "try again in a few seconds"; controllers retry by
+    themselves): the same request again every `interval` while the answer is 503, and the first other
+    answer; after `timeout`, the 503, for the test's assertion to show. Every e2e create of a GPU pod made
+    after a quota was set or changed goes through it (E2E.gpu_pod does by default): the gate may refuse
+    again after a probe passed (a figure counted anew, a DeviceClass the webhook's view saw meanwhile that
+    adds keys the pod is charged), and a fixed wait is a race."""
+    deadline = time.monotonic() + timeout
+    waited: list[str] = []  # the 503s' messages: shown with the test's output (pytest -rP, or on failure)
+    while True:
+        answer = create()
+        if answer.status_code != 503 or time.monotonic() >= deadline:
+            if waited:
+                print(f"retried a 503 {len(waited)} times, the first: {waited[0]}")
+            return answer
+        waited.append(answer.text[:400])
+        time.sleep(interval)
+
+
 def gate_open(namespace: str, probes: list[Callable[[], httpx.Response]]) -> None:
     """Once the ResourceQuota is in force: the webhook's quota gate passes a figure SETTLE_SECONDS after its
     watch showed it counted (webhook/quota_gate.py), refusing GPU pods with 503 QuotaPending until then. Waits
     until each probe (a dry-run create: it holds nothing) is answered otherwise, then a moment more for a
-    second replica, whose watch may be that much behind the one that answered."""
+    second replica, whose watch may be that much behind the one that answered. Before a burst whose answers
+    are counted; a create that must be admitted retries 503s still (`retrying_503`)."""
     wait_for(f"the quota gate open in {namespace}", lambda: all(probe().status_code != 503 for probe in probes),
              timeout=30, interval=0.2)
     time.sleep(0.5)

@@ -23,7 +23,16 @@ import yaml
 from gpu_placement.base.config import Config
 from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.policy import parse_policy
-from tests.e2e.cluster import Api, ControlPlane, Kubelets, gate_open, namespace, start_control_plane, wait_for
+from tests.e2e.cluster import (
+    Api,
+    ControlPlane,
+    Kubelets,
+    gate_open,
+    namespace,
+    retrying_503,
+    start_control_plane,
+    wait_for,
+)
 from tests.e2e.deploy import NAMESPACE, Pod, find, install, render, wait_ready, webhook_port
 from tests.e2e.supervisor import Supervisor
 
@@ -220,9 +229,16 @@ class E2E:
 
     def gpu_pod(self, namespace: str, name: str, group: str, gpus: int = 1, resource: str = "nvidia.com/gpu",
                 annotations: dict[str, str] | None = None,
-                image: str = "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04", **params: Any) -> httpx.Response:
+                image: str = "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04", retry: bool = True,
+                **params: Any) -> httpx.Response:
+        """Created as a client does it: the webhook's 503s retried (`retrying_503`); `retry=False` where a
+        test counts them (bursts against a quota not in force yet)."""
         pod = gpu_pod_manifest(namespace, name, group, gpus, resource, annotations, image)
-        return self.api.create(f"/api/v1/namespaces/{namespace}/pods", pod, **params)
+
+        def create() -> httpx.Response:
+            return self.api.create(f"/api/v1/namespaces/{namespace}/pods", pod, **params)
+
+        return retrying_503(create) if retry else create()
 
     def pod(self, namespace: str, name: str) -> Obj:
         return self.api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.e2e.cluster import Api, ControlPlane, DraPlugin, Kubelets, gate_open, namespace, wait_for
+from tests.e2e.cluster import Api, ControlPlane, DraPlugin, Kubelets, gate_open, namespace, retrying_503, wait_for
 from tests.e2e.deploy import CHART, K8S_TAG, NAMESPACE, RELEASE
 from tests.e2e.release import ReleaseKubelet
 
@@ -51,7 +51,7 @@ class Adoption:
                "spec": {"restartPolicy": "Never", "nodeSelector": {"e2e-group": group},
                         "containers": [{"name": "main", "image": "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04",
                                         "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
-        return self.api.create(f"/api/v1/namespaces/{namespace}/pods", pod)
+        return retrying_503(lambda: self.api.create(f"/api/v1/namespaces/{namespace}/pods", pod))
 
     def webhooks(self) -> dict[str, list[Obj] | None]:
         """The live webhooks of both configurations (None: the configuration does not exist)."""

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from gpu_placement.app.cli import main
-from tests.e2e.cluster import ADMIN_TOKEN, wait_for
+from tests.e2e.cluster import ADMIN_TOKEN, retrying_503, wait_for
 from tests.e2e.conftest import E2E
 
 GROUP = "s13"
@@ -40,7 +40,7 @@ def cluster(e2e: E2E, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, s
     # The full node's one GPU, held by a pod bound there.
     hog = _pod(ns, "hog")
     hog["spec"]["nodeSelector"]["kubernetes.io/hostname"] = f"{GROUP}-full"
-    assert e2e.api.create(f"/api/v1/namespaces/{ns}/pods", hog).status_code == 201
+    assert retrying_503(lambda: e2e.api.create(f"/api/v1/namespaces/{ns}/pods", hog)).status_code == 201
     assert e2e.wait_bound(ns, "hog") == f"{GROUP}-full"
     kubeconfig = e2e.api.kubeconfig(tmp_path_factory.mktemp("explain") / "admin.kubeconfig", ADMIN_TOKEN, "e2e-admin")
     return kubeconfig, ns
@@ -95,7 +95,7 @@ def test_where_one_node_fits_explain_and_kube_scheduler_pick_it(e2e: E2E, cluste
     assert ours[f"{GROUP}-unvalidated"]["verdict"] == "NotValidated"
     assert [row["node"] for row in answer["nodes"] if row["verdict"] == "pass"] == [f"{GROUP}-fit"]
     assert answer["best"]["node"] == f"{GROUP}-fit"
-    assert e2e.api.create(f"/api/v1/namespaces/{ns}/pods", pod).status_code == 201
+    assert retrying_503(lambda: e2e.api.create(f"/api/v1/namespaces/{ns}/pods", pod)).status_code == 201
     assert e2e.wait_bound(ns, "fits") == f"{GROUP}-fit"
 
 
@@ -111,7 +111,7 @@ def test_where_no_node_fits_explain_predicts_the_pods_message(e2e: E2E, cluster:
     kubeconfig, ns = cluster
     pod = copy.deepcopy(_pod(ns, name))
     change(pod)
-    e2e.api.create(f"/api/v1/namespaces/{ns}/pods", pod).raise_for_status()
+    retrying_503(lambda: e2e.api.create(f"/api/v1/namespaces/{ns}/pods", pod)).raise_for_status()
     e2e.scheduled_condition(ns, name)  # kube-scheduler has tried once
     answer = _explain(kubeconfig, pod, tmp_path, capsys)
     assert answer["best"] is None

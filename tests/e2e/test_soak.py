@@ -36,6 +36,7 @@ import jsonpatch
 import orjson
 import pytest
 
+from tests.e2e.cluster import retrying_503
 from tests.e2e.conftest import E2E, gpu_pod_manifest
 from tests.test_webhook_helpers import patch_of, review, user_pod
 
@@ -171,7 +172,8 @@ def test_soak(e2e: E2E) -> None:
             ns = quota if i % 2 == 0 else shared
             name = f"churn-{i:05d}"
             body = gpu_pod_manifest(ns, name, GROUP, 1, image="nvcr.io/nvidia/cuda:11.6.2-runtime-ubuntu20.04")
-            status = _status(e2e.api.create, f"/api/v1/namespaces/{ns}/pods", body)
+            status = _status(lambda path, pod: retrying_503(lambda: e2e.api.create(path, pod)),
+                             f"/api/v1/namespaces/{ns}/pods", body)
             churn[f"create {status}"] += 1
             if status == 201:
                 live[ns].append(name)
