@@ -115,12 +115,12 @@ class ApiBinder:
 
 
 def _bind_refusal(error: kube.ApiError, namespace: str, name: str, node: str) -> str:
-    if error.status == 404:
+    if isinstance(error, kube.ApiNotFound):
         return f"pod {namespace}/{name} no longer exists (API server: {error.message})"
-    if error.status == 409:
+    if isinstance(error, kube.ApiConflict):
         return f"pod {namespace}/{name} cannot be bound to {node}: already bound, or replaced (UID changed): " \
                f"API server says: {error.message}"
-    if error.status == 403:
+    if isinstance(error, kube.ApiForbidden):
         return f"binding {namespace}/{name} to {node} is forbidden: grant the service account RBAC `create` on " \
                f"`pods/binding` (API group \"\"): API server says: {error.message}"
     status = f"HTTP {error.status} {error.reason}" if error.reason else f"HTTP {error.status}"

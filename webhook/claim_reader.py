@@ -26,7 +26,7 @@ import orjson
 import urllib3
 
 from gpu_placement.facts.dra import Claim, claim_from_json, template_from_json
-from gpu_placement.kube.api import ApiError, api_error, request
+from gpu_placement.kube.api import ApiError, get
 from gpu_placement.observe.metrics import API_OUTCOMES, CLAIM_READS, api_outcome
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.dra import PodClaims
@@ -129,11 +129,7 @@ class ClaimReader:
         path = f"/apis/resource.k8s.io/{self.version}/namespaces/{quote(namespace, safe='')}/{plural}/" \
                f"{quote(name, safe='')}"
         try:
-            response = request(self.api, "GET", path, timeout=self.timeout)
-            if response.status >= 300:
-                raise api_error(response)
-            obj = orjson.loads(response.read())
-            response.release_conn()
+            obj = get(self.api, path, timeout=self.timeout)
             result = _Read(parse(obj), "", time.monotonic())
             CLAIM_READS.labels("ok").inc()
         except (ApiError, OSError, urllib3.exceptions.HTTPError, orjson.JSONDecodeError) as exc:

@@ -29,7 +29,7 @@ import orjson
 import urllib3
 
 from gpu_placement.facts.namespaces import NamespaceRecord, namespace_from_json
-from gpu_placement.kube.api import ApiError, api_error, request
+from gpu_placement.kube.api import ApiError, ApiNotFound, get
 from gpu_placement.observe.metrics import API_OUTCOMES, NAMESPACE_READS, api_outcome
 from gpu_placement.view.cluster import ClusterView
 
@@ -126,16 +126,11 @@ class NamespaceReader:
     def _get(self, namespace: str) -> None:
         self.reads += 1
         try:
-            response = request(self.api, "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}",
-                               timeout=self.timeout)
-            if response.status >= 300:
-                raise api_error(response)
-            obj = orjson.loads(response.read())
-            response.release_conn()
+            obj = get(self.api, f"/api/v1/namespaces/{quote(namespace, safe='')}", timeout=self.timeout)
             result = _Read(namespace_from_json(obj), "", time.monotonic())
             NAMESPACE_READS.labels("ok").inc()
         except (ApiError, OSError, urllib3.exceptions.HTTPError, orjson.JSONDecodeError) as exc:
-            missing = isinstance(exc, ApiError) and exc.status == 404
+            missing = isinstance(exc, ApiNotFound)
             result = _Read(None, _reason(exc, self.timeout), time.monotonic(), missing)
             NAMESPACE_READS.labels("refused" if isinstance(exc, orjson.JSONDecodeError) else api_outcome(exc)).inc()
             log.warning("namespace %s is not in the view yet and could not be read: %s", namespace, result.error)

@@ -35,14 +35,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
 import urllib3
 import yaml
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.names import REGISTERED_ANNOTATION
-from gpu_placement.kube.api import ApiError, api_error, request
-from gpu_placement.kube.lease import drain
+from gpu_placement.kube.api import ApiError, api_error, drain, get, get_or_none, request
 from gpu_placement.observe import metrics
 
 __all__ = ["KINDS", "REGISTERED_ANNOTATION", "RegistrationSettings", "WebhookRegistration", "WebhookSpec",
@@ -152,11 +150,9 @@ class WebhookRegistration:
 
     # -- the API -------------------------------------------------------------------------------
     def _endpoint_ready(self) -> bool:
-        response = request(self.api, "GET", f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices",
-                           query=[("labelSelector", f"kubernetes.io/service-name={self.service}")], timeout=_TIMEOUT)
-        if response.status >= 300:
-            raise api_error(response)
-        slices = orjson.loads(response.read()).get("items") or []
+        slices = get(self.api, f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices",
+                     query=[("labelSelector", f"kubernetes.io/service-name={self.service}")], timeout=_TIMEOUT
+                     ).get("items") or []
         # A missing `ready` counts as ready (discovery.k8s.io/v1 EndpointConditions).
         return any((endpoint.get("conditions") or {}).get("ready", True) is not False
                    for piece in slices for endpoint in piece.get("endpoints") or ())
@@ -164,18 +160,9 @@ class WebhookRegistration:
     def _path(self, kind: str) -> str:
         return f"/apis/admissionregistration.k8s.io/v1/{KINDS[kind]}/{self.configuration}"
 
-    def _read(self, kind: str) -> dict[str, Any] | None:
-        response = request(self.api, "GET", self._path(kind), timeout=_TIMEOUT)
-        if response.status == 404:
-            drain(response)
-            return None
-        if response.status >= 300:
-            raise api_error(response)
-        return orjson.loads(response.read())  # type: ignore[no-any-return]
-
     def _get(self, kind: str) -> list[dict[str, Any]] | None:
         """The live webhooks of one configuration; None when the configuration does not exist."""
-        current = self._read(kind)
+        current = get_or_none(self.api, self._path(kind), timeout=_TIMEOUT)
         return None if current is None else list(current.get("webhooks") or [])
 
     def _write_all(self, why: str) -> None:
@@ -190,7 +177,7 @@ class WebhookRegistration:
                  ", ".join(written), why)
 
     def _write(self, kind: str, bundle: str | None) -> bool:
-        current = self._read(kind)
+        current = get_or_none(self.api, self._path(kind), timeout=_TIMEOUT)
         if current is None:
             log.warning("webhook registration: %s %s does not exist (deleted by hand, or the release is being "
                         "uninstalled): nothing registered; helm upgrade puts it back", KINDS[kind], self.configuration)

@@ -26,11 +26,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import orjson
 from kubernetes.client import ApiClient
 
-from gpu_placement.kube.api import ApiError, api_error, request
-from gpu_placement.kube.lease import Lease, drain, parse_time
+from gpu_placement.kube.api import ApiError, api_error, drain, get_or_none, request
+from gpu_placement.kube.lease import Lease, parse_time
 from gpu_placement.web.certs import cert_not_after, make_ca, make_serving_cert
 
 __all__ = ["CertPaths", "CertificateManager", "RotationSettings"]
@@ -187,14 +186,10 @@ class CertificateManager:
         return f"/api/v1/namespaces/{self.namespace}/secrets" + (f"/{name}" if name else "")
 
     def _read_secret(self) -> _Material | None:
-        response = request(self.api, "GET", self._secret_path(self.secret), timeout=_TIMEOUT)
-        if response.status == 404:
-            drain(response)
+        secret = get_or_none(self.api, self._secret_path(self.secret), timeout=_TIMEOUT)
+        if secret is None:
             self._resource_version = None
             return None
-        if response.status >= 300:
-            raise api_error(response)
-        secret = orjson.loads(response.read())
         self._resource_version = secret["metadata"].get("resourceVersion")
         data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
         if not all(k in data for k in ("ca.crt", "ca.key", "tls.crt", "tls.key")):
@@ -243,14 +238,11 @@ class CertificateManager:
     def _patch_bundles(self, bundle: str) -> None:
         for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
             path = f"/apis/admissionregistration.k8s.io/v1/{kind}/{self.webhook_configuration}"
-            response = request(self.api, "GET", path, timeout=_TIMEOUT)
-            if response.status == 404:
-                drain(response)
+            found = get_or_none(self.api, path, timeout=_TIMEOUT)
+            if found is None:
                 log.warning("%s %s not found: nothing to patch", kind, self.webhook_configuration)
                 continue
-            if response.status >= 300:
-                raise api_error(response)
-            webhooks = orjson.loads(response.read()).get("webhooks") or []
+            webhooks = found.get("webhooks") or []
             ops = [{"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
                    for i, hook in enumerate(webhooks) if (hook.get("clientConfig") or {}).get("caBundle") != bundle]
             if not ops:

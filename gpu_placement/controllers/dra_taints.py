@@ -70,10 +70,10 @@ from kubernetes.client import ApiClient
 
 from gpu_placement.base.config import Config
 from gpu_placement.decide.rules import DRIVER_UPGRADE, MIG_RECONFIGURING, NOT_VALIDATED, dra_readiness
-from gpu_placement.kube.api import ApiError, api_error, request
+from gpu_placement.kube.api import ApiConflict, ApiError, ApiNotFound, api_error, get, get_or_none, request, write
 from gpu_placement.kube.discovery import GROUP, discover
 from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted
-from gpu_placement.kube.lease import Lease, drain
+from gpu_placement.kube.lease import Lease
 from gpu_placement.kube.owner import Owner
 from gpu_placement.observe.metrics import (
     API_OUTCOMES,
@@ -406,10 +406,8 @@ class TaintController(LeaderLoop):
     def _create(self, rule: Rule) -> None:
         try:
             created = self._write("POST", self._path(), self._body(rule, None))
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-            found = self._get(rule.name)
+        except ApiConflict:
+            found = get_or_none(self.api, self._path(rule.name), timeout=_TIMEOUT)
             if found is not None and not _ours(found):
                 log.warning("DRA taints: a DeviceTaintRule %s exists that gpu-placement does not manage; left alone, "
                             "so node %s's devices are not tainted by gpu-placement: rename or remove it", rule.name,
@@ -426,11 +424,9 @@ class TaintController(LeaderLoop):
     def _update(self, current: dict[str, Any], rule: Rule) -> None:
         try:
             updated = self._write("PUT", self._path(rule.name), self._body(rule, current))
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
+        except ApiConflict:
             # Changed since we read it (kube-controller-manager writes its status): once more, on what it is now.
-            found = self._get(rule.name)
+            found = get_or_none(self.api, self._path(rule.name), timeout=_TIMEOUT)
             if found is None:
                 self.owned.pop(rule.name, None)
                 self._create(rule)
@@ -450,11 +446,8 @@ class TaintController(LeaderLoop):
         # The uid alone: the resourceVersion we were answered with is stale as soon as kube-controller-manager
         # writes the rule's status (device_taint_eviction.go maybeUpdateRuleStatus), which it does for every rule.
         options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": meta.get("uid")}}
-        with self._counted("DELETE"):
-            response = request(self.api, "DELETE", self._path(name), body=options, timeout=_TIMEOUT)
-            if response.status >= 300 and response.status != 404:
-                raise api_error(response)
-            drain(response)
+        with self._counted("DELETE"):  # ApiNotFound: gone already, what was wanted
+            write(self.api, "DELETE", self._path(name), body=options, timeout=_TIMEOUT, settled=ApiNotFound)
         self.owned.pop(name, None)
         self.writes += 1
         log.info("DRA taints: removed %s: node %s is verified again", name, rule_node(current))
@@ -470,23 +463,8 @@ class TaintController(LeaderLoop):
         return f"/apis/{GROUP}/{self.version}/devicetaintrules" + (f"/{name}" if name else "")
 
     def _relist(self) -> None:
-        response = request(self.api, "GET", self._path(), query=[("labelSelector", _SELECTOR)], timeout=_TIMEOUT)
-        if response.status >= 300:
-            raise api_error(response)
-        items = orjson.loads(response.read()).get("items") or []
-        response.release_conn()
+        items = get(self.api, self._path(), query=[("labelSelector", _SELECTOR)], timeout=_TIMEOUT).get("items") or []
         self.owned = {str(item["metadata"]["name"]): item for item in items if _ours(item)}
-
-    def _get(self, name: str) -> dict[str, Any] | None:
-        response = request(self.api, "GET", self._path(name), timeout=_TIMEOUT)
-        if response.status == 404:
-            drain(response)
-            return None
-        if response.status >= 300:
-            raise api_error(response)
-        found: dict[str, Any] = orjson.loads(response.read())
-        response.release_conn()
-        return found
 
     def _write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         with self._counted(method):

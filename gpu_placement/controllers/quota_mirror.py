@@ -38,7 +38,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import urllib3
 from kubernetes.client import ApiClient
 
@@ -49,9 +48,9 @@ from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.pods import PodRecord
 from gpu_placement.facts.policy import NamespacePolicy, parse_policy
 from gpu_placement.facts.resourcequotas import MIRROR_NAME
-from gpu_placement.kube.api import ApiError, api_error, request, write
+from gpu_placement.kube.api import ApiError, ApiNotFound, api_error, drain, get, get_or_none, request, write
 from gpu_placement.kube.leader import Failures, LeaderLoop, namespace_terminating
-from gpu_placement.kube.lease import Lease, drain
+from gpu_placement.kube.lease import Lease
 from gpu_placement.kube.owner import Owner
 from gpu_placement.observe.metrics import (
     API_OUTCOMES,
@@ -328,21 +327,12 @@ class QuotaMirror(LeaderLoop):
         return f"/api/v1/namespaces/{namespace}/resourcequotas" + (f"/{name}" if name else "")
 
     def _get(self, namespace: str) -> dict[str, Any] | None:
-        response = request(self.api, "GET", self._path(namespace, MIRROR_NAME), timeout=_TIMEOUT)
-        if response.status == 404:
-            drain(response)
-            return None
-        if response.status >= 300:
-            raise api_error(response)
-        return orjson.loads(response.read())  # type: ignore[no-any-return]
+        return get_or_none(self.api, self._path(namespace, MIRROR_NAME), timeout=_TIMEOUT)
 
     def _list_owned(self) -> list[dict[str, Any]]:
-        response = request(self.api, "GET", "/api/v1/resourcequotas",
-                           query=[("labelSelector", _SELECTOR), ("fieldSelector", f"metadata.name={MIRROR_NAME}")],
-                           timeout=_TIMEOUT)
-        if response.status >= 300:
-            raise api_error(response)
-        return list(orjson.loads(response.read()).get("items") or [])
+        return list(get(self.api, "/api/v1/resourcequotas", timeout=_TIMEOUT,
+                        query=[("labelSelector", _SELECTOR), ("fieldSelector", f"metadata.name={MIRROR_NAME}")]
+                        ).get("items") or [])
 
     def _write(self, method: str, namespace: str, body: dict[str, Any]) -> None:
         path = self._path(namespace) if method == "POST" else self._path(namespace, MIRROR_NAME)
@@ -359,7 +349,7 @@ class QuotaMirror(LeaderLoop):
                    "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
         with _counted("DELETE"):  # 404: gone already, what was wanted
             if not write(self.api, "DELETE", self._path(namespace, MIRROR_NAME), body=options, timeout=_TIMEOUT,
-                         settled=404):
+                         settled=ApiNotFound):
                 return
         self.writes += 1
         log.info("quota mirror: deleted ResourceQuota %s/%s (no %s on the namespace)", namespace, MIRROR_NAME,

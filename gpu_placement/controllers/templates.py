@@ -30,7 +30,7 @@ from kubernetes.client import ApiClient
 from gpu_placement.base.config import Config
 from gpu_placement.decide.claims import MANAGED_BY, Template, wanted_templates
 from gpu_placement.facts.policy import NamespacePolicy
-from gpu_placement.kube.api import ApiError, api_error, request, write
+from gpu_placement.kube.api import ApiConflict, ApiError, ApiNotFound, api_error, request, write
 from gpu_placement.kube.leader import Failures, namespace_terminating
 from gpu_placement.view.cluster import ClusterView
 
@@ -158,7 +158,8 @@ class TemplateKeeper:
             body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Namespace",
                                                     "name": template.namespace, "uid": uid}]
         try:  # 409: made by a pass whose answer we did not see, what was wanted
-            if not write(self.api, "POST", self._path(template.namespace), body=body, timeout=_TIMEOUT, settled=409):
+            if not write(self.api, "POST", self._path(template.namespace), body=body, timeout=_TIMEOUT,
+                         settled=ApiConflict):
                 return
         except ApiError as exc:
             if not namespace_terminating(exc):
@@ -173,7 +174,8 @@ class TemplateKeeper:
     def _delete(self, namespace: str, name: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": meta.get("uid")}}
-        if not write(self.api, "DELETE", self._path(namespace, name), body=options, timeout=_TIMEOUT, settled=404):
+        if not write(self.api, "DELETE", self._path(namespace, name), body=options, timeout=_TIMEOUT,
+                     settled=ApiNotFound):
             return
         self.writes += 1
         log.info("dra templates: deleted ResourceClaimTemplate %s/%s (no longer the namespace's policy)",

@@ -9,10 +9,18 @@ Errors, what to catch:
 
     KubeConfigError     the kubeconfig or in-cluster config cannot be loaded (at start)
     ApiError            the API server answered with a non-2xx status; `.status`, `.reason`,
-                        `.message` and `.causes` (each cause's reason) from its `Status` body,
-                        `.retry_after` seconds or None
+     |                  `.message` and `.causes` (each cause's reason) from its `Status` body,
+     |                  `.retry_after` seconds or None
+     +-- ApiForbidden   403: RBAC, or an admission plugin's refusal (NamespaceTerminating)
+     +-- ApiNotFound    404: no such object, or a resource the server does not serve
+     +-- ApiConflict    409: AlreadyExists to a create, Conflict to a stale update
+     +-- ApiGone        410: a resourceVersion or continue token too old to resume from
     urllib3.exceptions.HTTPError
                         no answer: connection refused, connect or read timeout, stream cut
+
+A status with a class is one some caller settles by catching it (kopf's `APINotFoundError`, ...);
+the others (401, 422, 429, 5xx) stay a plain ApiError, read by `.status` where a set of them counts
+alike (the watch's backoff, the leader loops' server-wide failures).
 """
 
 from __future__ import annotations
@@ -30,8 +38,9 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-__all__ = ["ApiError", "KubeConfigError", "Status", "WatchSettings", "api_error", "error_from", "load_api_client",
-           "request"]
+__all__ = ["ApiConflict", "ApiError", "ApiForbidden", "ApiGone", "ApiNotFound", "KubeConfigError", "Status",
+           "WatchSettings", "api_error", "drain", "error_from", "get", "get_or_none", "load_api_client", "request",
+           "write"]
 
 log = logging.getLogger("gpu_placement.kube")
 
@@ -68,7 +77,32 @@ class ApiError(Exception):
         self.causes = causes  # details.causes[].reason: NamespaceTerminating, FieldValueInvalid, ...
 
     def __repr__(self) -> str:
-        return f"ApiError(status={self.status}, reason={self.reason!r}, message={self.message!r})"
+        return f"{type(self).__name__}(status={self.status}, reason={self.reason!r}, message={self.message!r})"
+
+    @staticmethod
+    def of(status: int, reason: str, message: str, retry_after: float | None = None,
+           causes: tuple[str, ...] = ()) -> ApiError:
+        """The error of this status: its own class where it has one (ApiNotFound for 404, ...)."""
+        return _BY_STATUS.get(status, ApiError)(status, reason, message, retry_after, causes)
+
+
+class ApiForbidden(ApiError):
+    """403 Forbidden: RBAC refused the call, or an admission plugin did (NamespaceTerminating)."""
+
+
+class ApiNotFound(ApiError):
+    """404 Not Found: no such object (or namespace), or a resource the API server does not serve."""
+
+
+class ApiConflict(ApiError):
+    """409 Conflict: AlreadyExists to a create, or an update or delete whose precondition is stale."""
+
+
+class ApiGone(ApiError):
+    """410 Gone: a resourceVersion or continue token the API server no longer keeps (list again)."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {403: ApiForbidden, 404: ApiNotFound, 409: ApiConflict, 410: ApiGone}
 
 
 @dataclass(slots=True, frozen=True)
@@ -179,15 +213,39 @@ def drain(response: Any) -> None:
     response.release_conn()
 
 
-def write(api: ApiClient, method: str, path: str, *, body: Any, timeout: Timeout, settled: int) -> bool:
-    """One write whose answer is only its status: True when it was made; False when the API server
-    answered `settled`, which says what was wanted is there already (409 to a POST: it exists; 404
-    to a DELETE: it is gone). Any other error raises ApiError."""
-    response = request(api, method, path, body=body, timeout=timeout)
-    if response.status >= 300 and response.status != settled:
+def get(api: ApiClient, path: str, *, query: Query = (), timeout: Timeout) -> Any:
+    """One GET, its JSON body parsed; a non-2xx answer raises its ApiError (see `api_error`)."""
+    response = request(api, "GET", path, query=query, timeout=timeout)
+    if response.status >= 300:
         raise api_error(response)
-    drain(response)
-    return response.status < 300
+    try:
+        return orjson.loads(response.read())
+    finally:
+        response.release_conn()
+
+
+def get_or_none(api: ApiClient, path: str, *, timeout: Timeout) -> dict[str, Any] | None:
+    """One object, or None when the API server has no such object (404)."""
+    try:
+        found: dict[str, Any] = get(api, path, timeout=timeout)
+    except ApiNotFound:
+        return None
+    return found
+
+
+def write(api: ApiClient, method: str, path: str, *, body: Any, timeout: Timeout,
+          settled: type[ApiError]) -> bool:
+    """One write whose answer is only its status: True when it was made; False when the API server
+    answered `settled`, which says what was wanted is there already (ApiConflict to a POST: it exists;
+    ApiNotFound to a DELETE: it is gone). Any other error raises."""
+    response = request(api, method, path, body=body, timeout=timeout)
+    if response.status < 300:
+        drain(response)
+        return True
+    error = api_error(response)
+    if isinstance(error, settled):
+        return False
+    raise error
 
 
 def api_error(response: urllib3.BaseHTTPResponse) -> ApiError:
@@ -212,10 +270,10 @@ def error_from(status_code: int, http_reason: str | None, raw: bytes, retry_afte
     message = status.get("message") or raw[:200].decode("utf-8", "replace").strip() or (http_reason or "")
     details = status.get("details")
     causes = details.get("causes") if isinstance(details, dict) else None
-    return ApiError(status_code, str(status.get("reason") or http_reason or ""), str(message),
-                    _retry_after(retry_after),
-                    tuple(str(c.get("reason") or "") for c in causes if isinstance(c, dict))
-                    if isinstance(causes, list) else ())
+    return ApiError.of(status_code, str(status.get("reason") or http_reason or ""), str(message),
+                       _retry_after(retry_after),
+                       tuple(str(c.get("reason") or "") for c in causes if isinstance(c, dict))
+                       if isinstance(causes, list) else ())
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 import urllib3
 from prometheus_client import Gauge
 
-from gpu_placement.kube.api import ApiError
+from gpu_placement.kube.api import ApiError, ApiForbidden
 from gpu_placement.kube.lease import Lease
 
 __all__ = ["Failures", "LeaderLoop", "PassInterrupted", "about_the_object", "namespace_terminating"]
@@ -45,7 +45,7 @@ def namespace_terminating(exc: BaseException) -> bool:
     pkg/admission/plugin/namespace/lifecycle/admission.go: 403 Forbidden with the `NamespaceTerminating`
     cause, "unable to create new content in namespace X because it is being terminated"): nothing is
     wanted there any more, so the create is settled, not failed."""
-    return isinstance(exc, ApiError) and exc.status == 403 and (
+    return isinstance(exc, ApiForbidden) and (
         "NamespaceTerminating" in exc.causes or "because it is being terminated" in exc.message)
 
 

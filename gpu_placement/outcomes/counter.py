@@ -40,7 +40,7 @@ import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.timestamps import parse_time
-from gpu_placement.kube.api import ApiError, api_error, drain, request
+from gpu_placement.kube.api import ApiConflict, ApiError, get, write
 from gpu_placement.kube.leader import LeaderLoop
 from gpu_placement.kube.lease import Lease
 from gpu_placement.observe.metrics import (
@@ -192,13 +192,7 @@ class OutcomeCounter(LeaderLoop):
         self.last_error = None
 
     def _read(self) -> dict[str, Any]:
-        response = request(self.api, "GET", self._path, timeout=_TIMEOUT)
-        if response.status >= 300:
-            raise api_error(response)
-        try:
-            lease: dict[str, Any] = orjson.loads(response.read())
-        finally:
-            response.release_conn()
+        lease: dict[str, Any] = get(self.api, self._path, timeout=_TIMEOUT)
         return lease
 
     def _write(self, lease: dict[str, Any], watermark: float, state: str) -> bool:
@@ -207,15 +201,11 @@ class OutcomeCounter(LeaderLoop):
         meta = lease.setdefault("metadata", {})
         kept = {k: v for k, v in (meta.get("annotations") or {}).items() if k != TOTALS_ANNOTATION}
         meta["annotations"] = {**kept, WATERMARK_ANNOTATION: format_watermark(watermark), STATE_ANNOTATION: state}
-        try:
-            response = request(self.api, "PUT", self._path, body=lease, timeout=_TIMEOUT)
-            if response.status >= 300 and response.status != 409:
-                raise api_error(response)
+        try:  # ApiConflict: another replica wrote the Lease since it was read
+            written = write(self.api, "PUT", self._path, body=lease, timeout=_TIMEOUT, settled=ApiConflict)
         except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
             OUTCOMES_WRITES.labels(self.settings.lease_name, api_outcome(exc)).inc()
             raise
-        drain(response)
-        written = response.status != 409  # 409: another replica wrote the Lease since it was read
         OUTCOMES_WRITES.labels(self.settings.lease_name, "ok" if written else "conflict").inc()
         return written
 

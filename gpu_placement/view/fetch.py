@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import orjson
 import urllib3
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
@@ -113,11 +112,11 @@ def fetch_objects(access: ClusterAccess, namespace: str | None = None, page_size
     own = namespace or access.namespace
     try:
         dra = discover(access.api)
-    except kube.ApiError as exc:
-        if exc.status != 403:
-            raise FetchError(f"discovery of resource.k8s.io (context {access.context}): {exc}") from None
+    except kube.ApiForbidden as exc:
         dra = None
         access.unseen.append(f"resource.k8s.io discovery ({exc.message}): DRA devices and claims are left out")
+    except kube.ApiError as exc:
+        raise FetchError(f"discovery of resource.k8s.io (context {access.context}): {exc}") from None
     except urllib3.exceptions.HTTPError as exc:
         raise FetchError(unreachable(access, exc) or f"discovery of resource.k8s.io (context {access.context}): "
                                                      f"{exc}") from None
@@ -203,16 +202,11 @@ def fetch_pod(access: ClusterAccess, namespace: str, name: str) -> dict[str, Any
 def _get(access: ClusterAccess, path: str, query: list[tuple[str, str | int | bool]],
          missing: str | None = None) -> dict[str, Any]:
     try:
-        response = kube.request(access.api, "GET", path, query=query, timeout=_TIMEOUT)
-        if response.status == 200:
-            try:
-                return dict(orjson.loads(response.read()))
-            finally:
-                response.release_conn()
-        error = kube.api_error(response)
+        return dict(kube.get(access.api, path, query=query, timeout=_TIMEOUT))
     except urllib3.exceptions.HTTPError as exc:
         raise FetchError(unreachable(access, exc) or f"GET {path} (context {access.context}): the API server did "
                          f"not answer: {' '.join(str(exc).split())[:200]}") from None
-    if error.status == 404 and missing:
-        raise FetchError(missing, 404)
-    raise FetchError(f"GET {path} (context {access.context}): {error}", error.status)
+    except kube.ApiError as error:
+        if missing and isinstance(error, kube.ApiNotFound):
+            raise FetchError(missing, 404) from None
+        raise FetchError(f"GET {path} (context {access.context}): {error}", error.status) from None
