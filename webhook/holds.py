@@ -22,7 +22,7 @@ import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.facts.pods import pod_key
-from gpu_placement.kube.api import ApiError, api_error, request
+from gpu_placement.kube.api import LIST_TIMEOUT, ApiError, api_error, request
 from gpu_placement.observe.metrics import API_OUTCOMES, QUOTA_HOLD_LISTS, api_outcome
 from webhook.quota import Reservations
 
@@ -31,7 +31,6 @@ __all__ = ["HoldChecker"]
 log = logging.getLogger("gpu_placement.webhook.holds")
 
 _ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
-_TIMEOUT = (5.0, 30.0)
 
 
 class HoldChecker:
@@ -122,7 +121,7 @@ class HoldChecker:
             if token:
                 query.append(("continue", token))
             response = request(self.api, "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods", query=query,
-                               timeout=_TIMEOUT, accept=_ACCEPT)
+                               timeout=LIST_TIMEOUT, accept=_ACCEPT)
             if response.status >= 300:
                 raise api_error(response)
             page: dict[str, Any] = orjson.loads(response.read())

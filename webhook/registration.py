@@ -40,7 +40,7 @@ import yaml
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.names import REGISTERED_ANNOTATION
-from gpu_placement.kube.api import ApiError, api_error, drain, get, get_or_none, request
+from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiError, api_error, drain, get, get_or_none, request
 from gpu_placement.observe import metrics
 
 __all__ = ["KINDS", "REGISTERED_ANNOTATION", "RegistrationSettings", "WebhookRegistration", "WebhookSpec",
@@ -49,7 +49,6 @@ __all__ = ["KINDS", "REGISTERED_ANNOTATION", "RegistrationSettings", "WebhookReg
 log = logging.getLogger("gpu_placement.registration")
 
 KINDS = {"mutating": "mutatingwebhookconfigurations", "validating": "validatingwebhookconfigurations"}
-_TIMEOUT = (5.0, 15.0)
 WebhookSpec = dict[str, list[dict[str, Any]]]  # "mutating" | "validating" -> webhooks
 
 
@@ -151,7 +150,7 @@ class WebhookRegistration:
     # -- the API -------------------------------------------------------------------------------
     def _endpoint_ready(self) -> bool:
         slices = get(self.api, f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices",
-                     query=[("labelSelector", f"kubernetes.io/service-name={self.service}")], timeout=_TIMEOUT
+                     query=[("labelSelector", f"kubernetes.io/service-name={self.service}")], timeout=OBJECT_TIMEOUT
                      ).get("items") or []
         # A missing `ready` counts as ready (discovery.k8s.io/v1 EndpointConditions).
         return any((endpoint.get("conditions") or {}).get("ready", True) is not False
@@ -162,7 +161,7 @@ class WebhookRegistration:
 
     def _get(self, kind: str) -> list[dict[str, Any]] | None:
         """The live webhooks of one configuration; None when the configuration does not exist."""
-        current = get_or_none(self.api, self._path(kind), timeout=_TIMEOUT)
+        current = get_or_none(self.api, self._path(kind), timeout=OBJECT_TIMEOUT)
         return None if current is None else list(current.get("webhooks") or [])
 
     def _write_all(self, why: str) -> None:
@@ -177,7 +176,7 @@ class WebhookRegistration:
                  ", ".join(written), why)
 
     def _write(self, kind: str, bundle: str | None) -> bool:
-        current = get_or_none(self.api, self._path(kind), timeout=_TIMEOUT)
+        current = get_or_none(self.api, self._path(kind), timeout=OBJECT_TIMEOUT)
         if current is None:
             log.warning("webhook registration: %s %s does not exist (deleted by hand, or the release is being "
                         "uninstalled): nothing registered; helm upgrade puts it back", KINDS[kind], self.configuration)
@@ -199,7 +198,7 @@ class WebhookRegistration:
                         "value": stamp})
         else:
             ops.append({"op": "add", "path": "/metadata/annotations", "value": {REGISTERED_ANNOTATION: stamp}})
-        response = request(self.api, "PATCH", self._path(kind), body=ops, timeout=_TIMEOUT,
+        response = request(self.api, "PATCH", self._path(kind), body=ops, timeout=OBJECT_TIMEOUT,
                            content_type="application/json-patch+json")
         if response.status >= 300:
             raise api_error(response)  # a 409/422 from the test op: changed meanwhile, written on the next turn

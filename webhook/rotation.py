@@ -28,14 +28,13 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
-from gpu_placement.kube.api import ApiError, api_error, drain, get_or_none, request
+from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiError, api_error, drain, get_or_none, request
 from gpu_placement.kube.lease import Lease, parse_time
 from gpu_placement.web.certs import cert_not_after, make_ca, make_serving_cert
 
 __all__ = ["CertPaths", "CertificateManager", "RotationSettings"]
 
 log = logging.getLogger("gpu_placement.rotation")
-_TIMEOUT = (5.0, 15.0)
 _STAGED_AT = "gpu-placement.io/ca-staged-at"
 _PROMOTED_AT = "gpu-placement.io/ca-promoted-at"
 
@@ -186,7 +185,7 @@ class CertificateManager:
         return f"/api/v1/namespaces/{self.namespace}/secrets" + (f"/{name}" if name else "")
 
     def _read_secret(self) -> _Material | None:
-        secret = get_or_none(self.api, self._secret_path(self.secret), timeout=_TIMEOUT)
+        secret = get_or_none(self.api, self._secret_path(self.secret), timeout=OBJECT_TIMEOUT)
         if secret is None:
             self._resource_version = None
             return None
@@ -214,10 +213,10 @@ class CertificateManager:
             "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
         }
         if created:
-            response = request(self.api, "POST", self._secret_path(), body=body, timeout=_TIMEOUT)
+            response = request(self.api, "POST", self._secret_path(), body=body, timeout=OBJECT_TIMEOUT)
         else:
             body["metadata"]["resourceVersion"] = self._resource_version  # lost update -> 409, retried next pass
-            response = request(self.api, "PUT", self._secret_path(self.secret), body=body, timeout=_TIMEOUT)
+            response = request(self.api, "PUT", self._secret_path(self.secret), body=body, timeout=OBJECT_TIMEOUT)
         if response.status >= 300:
             raise api_error(response)
         drain(response)
@@ -238,7 +237,7 @@ class CertificateManager:
     def _patch_bundles(self, bundle: str) -> None:
         for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
             path = f"/apis/admissionregistration.k8s.io/v1/{kind}/{self.webhook_configuration}"
-            found = get_or_none(self.api, path, timeout=_TIMEOUT)
+            found = get_or_none(self.api, path, timeout=OBJECT_TIMEOUT)
             if found is None:
                 log.warning("%s %s not found: nothing to patch", kind, self.webhook_configuration)
                 continue
@@ -247,7 +246,7 @@ class CertificateManager:
                    for i, hook in enumerate(webhooks) if (hook.get("clientConfig") or {}).get("caBundle") != bundle]
             if not ops:
                 continue
-            response = request(self.api, "PATCH", path, body=ops, timeout=_TIMEOUT,
+            response = request(self.api, "PATCH", path, body=ops, timeout=OBJECT_TIMEOUT,
                                content_type="application/json-patch+json")
             if response.status >= 300:
                 raise api_error(response)

@@ -70,7 +70,17 @@ from kubernetes.client import ApiClient
 
 from gpu_placement.base.config import Config
 from gpu_placement.decide.rules import DRIVER_UPGRADE, MIG_RECONFIGURING, NOT_VALIDATED, dra_readiness
-from gpu_placement.kube.api import ApiConflict, ApiError, ApiNotFound, api_error, get, get_or_none, request, write
+from gpu_placement.kube.api import (
+    OBJECT_TIMEOUT,
+    ApiConflict,
+    ApiError,
+    ApiNotFound,
+    api_error,
+    get,
+    get_or_none,
+    request,
+    write,
+)
 from gpu_placement.kube.discovery import GROUP, discover
 from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted
 from gpu_placement.kube.lease import Lease
@@ -116,7 +126,6 @@ XID_ERROR = "XIDError"
 # KEP-4680): tainted alone, as an XID device is, for as long as a pod reports it.
 DEVICE_UNHEALTHY = "DeviceUnhealthy"
 _SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
-_TIMEOUT = (5.0, 15.0)
 _ACTIONS = {"POST": "create", "PUT": "update", "DELETE": "delete"}
 _NAME_LIMIT = 253
 _LABEL_VALUE_LIMIT = 63
@@ -407,7 +416,7 @@ class TaintController(LeaderLoop):
         try:
             created = self._write("POST", self._path(), self._body(rule, None))
         except ApiConflict:
-            found = get_or_none(self.api, self._path(rule.name), timeout=_TIMEOUT)
+            found = get_or_none(self.api, self._path(rule.name), timeout=OBJECT_TIMEOUT)
             if found is not None and not _ours(found):
                 log.warning("DRA taints: a DeviceTaintRule %s exists that gpu-placement does not manage; left alone, "
                             "so node %s's devices are not tainted by gpu-placement: rename or remove it", rule.name,
@@ -426,7 +435,7 @@ class TaintController(LeaderLoop):
             updated = self._write("PUT", self._path(rule.name), self._body(rule, current))
         except ApiConflict:
             # Changed since we read it (kube-controller-manager writes its status): once more, on what it is now.
-            found = get_or_none(self.api, self._path(rule.name), timeout=_TIMEOUT)
+            found = get_or_none(self.api, self._path(rule.name), timeout=OBJECT_TIMEOUT)
             if found is None:
                 self.owned.pop(rule.name, None)
                 self._create(rule)
@@ -447,7 +456,7 @@ class TaintController(LeaderLoop):
         # writes the rule's status (device_taint_eviction.go maybeUpdateRuleStatus), which it does for every rule.
         options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": meta.get("uid")}}
         with self._counted("DELETE"):  # ApiNotFound: gone already, what was wanted
-            write(self.api, "DELETE", self._path(name), body=options, timeout=_TIMEOUT, settled=ApiNotFound)
+            write(self.api, "DELETE", self._path(name), body=options, timeout=OBJECT_TIMEOUT, settled=ApiNotFound)
         self.owned.pop(name, None)
         self.writes += 1
         log.info("DRA taints: removed %s: node %s is verified again", name, rule_node(current))
@@ -463,12 +472,13 @@ class TaintController(LeaderLoop):
         return f"/apis/{GROUP}/{self.version}/devicetaintrules" + (f"/{name}" if name else "")
 
     def _relist(self) -> None:
-        items = get(self.api, self._path(), query=[("labelSelector", _SELECTOR)], timeout=_TIMEOUT).get("items") or []
+        items = get(self.api, self._path(), query=[("labelSelector", _SELECTOR)], timeout=OBJECT_TIMEOUT
+                    ).get("items") or []
         self.owned = {str(item["metadata"]["name"]): item for item in items if _ours(item)}
 
     def _write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         with self._counted(method):
-            response = request(self.api, method, path, body=body, timeout=_TIMEOUT)
+            response = request(self.api, method, path, body=body, timeout=OBJECT_TIMEOUT)
             if response.status >= 300:
                 raise api_error(response)
             written: dict[str, Any] = orjson.loads(response.read())

@@ -48,7 +48,17 @@ from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.pods import PodRecord
 from gpu_placement.facts.policy import NamespacePolicy, parse_policy
 from gpu_placement.facts.resourcequotas import MIRROR_NAME
-from gpu_placement.kube.api import ApiError, ApiNotFound, api_error, drain, get, get_or_none, request, write
+from gpu_placement.kube.api import (
+    OBJECT_TIMEOUT,
+    ApiError,
+    ApiNotFound,
+    api_error,
+    drain,
+    get,
+    get_or_none,
+    request,
+    write,
+)
 from gpu_placement.kube.leader import Failures, LeaderLoop, namespace_terminating
 from gpu_placement.kube.lease import Lease
 from gpu_placement.kube.owner import Owner
@@ -68,7 +78,6 @@ log = logging.getLogger("gpu_placement.quota_mirror")
 
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
 _SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
-_TIMEOUT = (5.0, 15.0)
 _ACTIONS = {"POST": "create", "PUT": "update", "DELETE": "delete"}
 
 
@@ -327,17 +336,17 @@ class QuotaMirror(LeaderLoop):
         return f"/api/v1/namespaces/{namespace}/resourcequotas" + (f"/{name}" if name else "")
 
     def _get(self, namespace: str) -> dict[str, Any] | None:
-        return get_or_none(self.api, self._path(namespace, MIRROR_NAME), timeout=_TIMEOUT)
+        return get_or_none(self.api, self._path(namespace, MIRROR_NAME), timeout=OBJECT_TIMEOUT)
 
     def _list_owned(self) -> list[dict[str, Any]]:
-        return list(get(self.api, "/api/v1/resourcequotas", timeout=_TIMEOUT,
+        return list(get(self.api, "/api/v1/resourcequotas", timeout=OBJECT_TIMEOUT,
                         query=[("labelSelector", _SELECTOR), ("fieldSelector", f"metadata.name={MIRROR_NAME}")]
                         ).get("items") or [])
 
     def _write(self, method: str, namespace: str, body: dict[str, Any]) -> None:
         path = self._path(namespace) if method == "POST" else self._path(namespace, MIRROR_NAME)
         with _counted(method):
-            response = request(self.api, method, path, body=body, timeout=_TIMEOUT)
+            response = request(self.api, method, path, body=body, timeout=OBJECT_TIMEOUT)
             if response.status >= 300:
                 raise api_error(response)
             drain(response)
@@ -348,7 +357,7 @@ class QuotaMirror(LeaderLoop):
         options = {"kind": "DeleteOptions", "apiVersion": "v1",
                    "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
         with _counted("DELETE"):  # 404: gone already, what was wanted
-            if not write(self.api, "DELETE", self._path(namespace, MIRROR_NAME), body=options, timeout=_TIMEOUT,
+            if not write(self.api, "DELETE", self._path(namespace, MIRROR_NAME), body=options, timeout=OBJECT_TIMEOUT,
                          settled=ApiNotFound):
                 return
         self.writes += 1

@@ -31,7 +31,7 @@ from kubernetes.client import ApiClient
 
 from gpu_placement.base.names import ANN_SETTLED_DRIVER
 from gpu_placement.decide.rollout import Rollout
-from gpu_placement.kube.api import ApiError, api_error, drain, request
+from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiError, api_error, drain, request
 from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted
 from gpu_placement.kube.lease import Lease
 from gpu_placement.observe.metrics import (
@@ -45,7 +45,6 @@ from gpu_placement.observe.metrics import (
 __all__ = ["SettledDrivers", "SettledSettings"]
 
 log = logging.getLogger("gpu_placement.rollout")
-_TIMEOUT = (5.0, 15.0)
 
 
 @dataclass(slots=True, frozen=True)
@@ -102,7 +101,7 @@ class SettledDrivers(LeaderLoop):
     def _patch(self, node: str, version: str) -> None:
         body = {"metadata": {"annotations": {ANN_SETTLED_DRIVER: version}}}
         try:
-            response = request(self.api, "PATCH", f"/api/v1/nodes/{node}", body=body, timeout=_TIMEOUT,
+            response = request(self.api, "PATCH", f"/api/v1/nodes/{node}", body=body, timeout=OBJECT_TIMEOUT,
                                content_type="application/merge-patch+json")
             if response.status >= 300:
                 raise api_error(response)

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 import orjson
 import urllib3
@@ -38,14 +38,42 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-__all__ = ["ApiConflict", "ApiError", "ApiForbidden", "ApiGone", "ApiNotFound", "KubeConfigError", "Status",
+__all__ = ["BIND_TIMEOUT", "COMMAND_TIMEOUT", "LIST_TIMEOUT", "OBJECT_TIMEOUT", "REVIEW_TIMEOUT", "ApiConflict",
+           "ApiError", "ApiForbidden", "ApiGone", "ApiNotFound", "KubeConfigError", "Status", "Timeout",
            "WatchSettings", "api_error", "drain", "error_from", "get", "get_or_none", "load_api_client", "request",
            "write"]
 
 log = logging.getLogger("gpu_placement.kube")
 
 Query = Sequence[tuple[str, str | int | bool]]
-Timeout = tuple[float, float]  # (connect, read) seconds, as urllib3 takes them
+
+
+class Timeout(NamedTuple):
+    """How long one API call may wait, in seconds (httpx's `Timeout`): `connect` for the TCP and TLS
+    handshake, `read` for each silence while the answer comes. A (connect, read) pair, as urllib3 takes it."""
+
+    connect: float
+    read: float
+
+
+# Every API call outside list+watch (whose timing is WatchSettings') waits by one of these, named for the
+# kind of wait, so that each budget and its reason is written once.
+
+# One object read or written off the request path (controllers, Leases, discovery, certificates): the API
+# server answers in milliseconds; 15 s of silence is an API server in trouble, and the loop tries again.
+OBJECT_TIMEOUT = Timeout(connect=5.0, read=15.0)
+# A page of a list in a background loop (a namespace's pods for the quota holds) or a report's list: a
+# page of many objects takes the API server longer to produce than one object.
+LIST_TIMEOUT = Timeout(connect=5.0, read=30.0)
+# A command's reads (explain, nodes, survey, migrate): whole kinds of a large cluster, a person waiting;
+# as long as a list page of the watch (WatchSettings.read_timeout).
+COMMAND_TIMEOUT = Timeout(connect=5.0, read=60.0)
+# A GET on the admission path (a namespace or claim the view lacks yet): the API server's call to the
+# webhook waits meanwhile, at most its timeoutSeconds (5 s in the chart), so the answer must come first.
+REVIEW_TIMEOUT = Timeout(connect=1.0, read=2.0)
+# The extender's Binding POST: inside kube-scheduler's 5 s extender httpTimeout, so that the scheduler
+# gets our sentence rather than its own timeout.
+BIND_TIMEOUT = Timeout(connect=2.0, read=2.5)
 
 
 class Status(TypedDict, total=False):
@@ -144,11 +172,11 @@ class WatchSettings:
 
     @property
     def list_timeout(self) -> Timeout:
-        return (self.connect_timeout, self.read_timeout)
+        return Timeout(self.connect_timeout, self.read_timeout)
 
     @property
     def watch_timeout(self) -> Timeout:
-        return (self.connect_timeout, self.client_timeout)
+        return Timeout(self.connect_timeout, self.client_timeout)
 
     def backoff(self, failures: int, rand: float) -> float:
         """The wait before attempt `failures + 1`; `rand` in [0, 1) gives the jitter."""

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from kubernetes.client import ApiClient
 
 from gpu_placement.facts.dra import DRA_KINDS
-from gpu_placement.kube.api import get, get_or_none
+from gpu_placement.kube.api import OBJECT_TIMEOUT, get, get_or_none
 
 __all__ = ["GROUP", "DraApi", "discover"]
 
 log = logging.getLogger("gpu_placement.dra")
 GROUP = "resource.k8s.io"
-_TIMEOUT = (5.0, 15.0)
 _VIEW_VERSIONS = ("v1", "v1beta2", "v1beta1")  # the view's four kinds, newest first
 _TAINT_VERSIONS = ("v1", "v1beta2", "v1alpha3")  # DeviceTaintRule, newest first
 
@@ -49,7 +48,7 @@ class DraApi:
 
 def discover(api: ApiClient) -> DraApi:
     """Raises ApiError or urllib3's HTTPError when the API server cannot say (the caller retries)."""
-    group = get_or_none(api, f"/apis/{GROUP}", timeout=_TIMEOUT)
+    group = get_or_none(api, f"/apis/{GROUP}", timeout=OBJECT_TIMEOUT)
     if group is None:
         return DraApi()
     offered = {v.get("version") for v in group.get("versions") or () if isinstance(v, dict)}
@@ -57,7 +56,7 @@ def discover(api: ApiClient) -> DraApi:
     for version in dict.fromkeys((*_VIEW_VERSIONS, *_TAINT_VERSIONS)):
         if version not in offered:
             continue
-        body = get(api, f"/apis/{GROUP}/{version}", timeout=_TIMEOUT)
+        body = get(api, f"/apis/{GROUP}/{version}", timeout=OBJECT_TIMEOUT)
         resources[version] = {r.get("name") for r in body.get("resources") or () if isinstance(r, dict)}
     view = next((v for v in _VIEW_VERSIONS if set(DRA_KINDS) <= resources.get(v, set())), None)
     taints = next((v for v in _TAINT_VERSIONS if "devicetaintrules" in resources.get(v, set())), None)

@@ -12,11 +12,10 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
-from gpu_placement.kube.api import ApiConflict, ApiError, drain, get, get_or_none, request, write
+from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiConflict, ApiError, drain, get, get_or_none, request, write
 
 __all__ = ["Lease", "parse_time"]
 
-_TIMEOUT = (5.0, 15.0)
 
 
 class Lease:
@@ -43,12 +42,12 @@ class Lease:
         now = self.clock()
         stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration_seconds, "renewTime": stamp}
-        lease = get_or_none(self.api, f"{self._path}/{self.name}", timeout=_TIMEOUT)
+        lease = get_or_none(self.api, f"{self._path}/{self.name}", timeout=OBJECT_TIMEOUT)
         if lease is None:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": {**spec, "acquireTime": stamp}}
-            return write(self.api, "POST", self._path, body=body, timeout=_TIMEOUT, settled=ApiConflict)
+            return write(self.api, "POST", self._path, body=body, timeout=OBJECT_TIMEOUT, settled=ApiConflict)
         held = lease.get("spec") or {}
         renewed = parse_time(held.get("renewTime"))
         expired = renewed is None or now - renewed > timedelta(seconds=held.get("leaseDurationSeconds") or 0)
@@ -57,20 +56,21 @@ class Lease:
         lease["spec"] = {**held, **spec}
         if held.get("holderIdentity") != self.identity:
             lease["spec"]["acquireTime"] = stamp
-        return write(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=_TIMEOUT, settled=ApiConflict)
+        return write(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=OBJECT_TIMEOUT,
+                     settled=ApiConflict)
 
     def release(self) -> None:
         """Give the Lease up (on a clean stop), so another replica takes it at its next try instead of
         after `duration_seconds`: what client-go's ReleaseOnCancel does. Best effort."""
         try:
-            lease: dict[str, Any] = get(self.api, f"{self._path}/{self.name}", timeout=_TIMEOUT)
+            lease: dict[str, Any] = get(self.api, f"{self._path}/{self.name}", timeout=OBJECT_TIMEOUT)
         except ApiError:
             return
         spec = lease.get("spec") or {}
         if spec.get("holderIdentity") != self.identity:
             return
         lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1}
-        drain(request(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=_TIMEOUT))
+        drain(request(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=OBJECT_TIMEOUT))
 
 
 def parse_time(text: str | None) -> datetime | None:

@@ -15,12 +15,11 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
-from gpu_placement.kube.api import get_or_none
+from gpu_placement.kube.api import OBJECT_TIMEOUT, get_or_none
 
 __all__ = ["Owner"]
 
 log = logging.getLogger("gpu_placement.owner")
-_TIMEOUT = (5.0, 15.0)
 
 
 @dataclass(slots=True)
@@ -34,7 +33,7 @@ class Owner:
         """Read the owner; True when its reference changed (then everything is due again)."""
         before = self.ref
         path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{self.name}"
-        found = get_or_none(api, path, timeout=_TIMEOUT)
+        found = get_or_none(api, path, timeout=OBJECT_TIMEOUT)
         if found is None:
             self.ref = None
             if not self._missing:

@@ -40,7 +40,7 @@ import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.timestamps import parse_time
-from gpu_placement.kube.api import ApiConflict, ApiError, get, write
+from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiConflict, ApiError, get, write
 from gpu_placement.kube.leader import LeaderLoop
 from gpu_placement.kube.lease import Lease
 from gpu_placement.observe.metrics import (
@@ -63,7 +63,6 @@ log = logging.getLogger("gpu_placement.outcomes.record")
 WATERMARK_ANNOTATION = "gpu-placement.io/outcomes-counted-until"
 STATE_ANNOTATION = "gpu-placement.io/outcomes-state"  # the totals and deferred launches (store.py)
 TOTALS_ANNOTATION = "gpu-placement.io/outcomes-totals"  # before the state: plain JSON, read until the first write
-_TIMEOUT = (5.0, 15.0)
 
 
 @dataclass(slots=True, frozen=True)
@@ -192,7 +191,7 @@ class OutcomeCounter(LeaderLoop):
         self.last_error = None
 
     def _read(self) -> dict[str, Any]:
-        lease: dict[str, Any] = get(self.api, self._path, timeout=_TIMEOUT)
+        lease: dict[str, Any] = get(self.api, self._path, timeout=OBJECT_TIMEOUT)
         return lease
 
     def _write(self, lease: dict[str, Any], watermark: float, state: str) -> bool:
@@ -202,7 +201,7 @@ class OutcomeCounter(LeaderLoop):
         kept = {k: v for k, v in (meta.get("annotations") or {}).items() if k != TOTALS_ANNOTATION}
         meta["annotations"] = {**kept, WATERMARK_ANNOTATION: format_watermark(watermark), STATE_ANNOTATION: state}
         try:  # ApiConflict: another replica wrote the Lease since it was read
-            written = write(self.api, "PUT", self._path, body=lease, timeout=_TIMEOUT, settled=ApiConflict)
+            written = write(self.api, "PUT", self._path, body=lease, timeout=OBJECT_TIMEOUT, settled=ApiConflict)
         except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
             OUTCOMES_WRITES.labels(self.settings.lease_name, api_outcome(exc)).inc()
             raise

@@ -164,7 +164,7 @@ def fetch_policy(access: Any) -> tuple[ClusterPolicy | None, str]:
     from gpu_placement.kube import api as kube
 
     try:
-        items = kube.get(access.api, CLUSTER_POLICIES, timeout=(5.0, 30.0)).get("items") or []
+        items = kube.get(access.api, CLUSTER_POLICIES, timeout=kube.LIST_TIMEOUT).get("items") or []
     except urllib3.exceptions.HTTPError as exc:
         return None, f"GET {CLUSTER_POLICIES}: the API server did not answer ({' '.join(str(exc).split())[:120]})"
     except kube.ApiNotFound:

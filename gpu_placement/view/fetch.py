@@ -19,7 +19,6 @@ from gpu_placement.kube.discovery import discover
 
 __all__ = ["ClusterAccess", "FetchError", "connect", "fetch_labelled", "fetch_objects", "fetch_pod", "get_object"]
 
-_TIMEOUT = (5.0, 60.0)
 _LISTS = (("Namespace", "/api/v1/namespaces"), ("Node", "/api/v1/nodes"), ("Pod", "/api/v1/pods"))
 
 
@@ -202,7 +201,7 @@ def fetch_pod(access: ClusterAccess, namespace: str, name: str) -> dict[str, Any
 def _get(access: ClusterAccess, path: str, query: list[tuple[str, str | int | bool]],
          missing: str | None = None) -> dict[str, Any]:
     try:
-        return dict(kube.get(access.api, path, query=query, timeout=_TIMEOUT))
+        return dict(kube.get(access.api, path, query=query, timeout=kube.COMMAND_TIMEOUT))
     except urllib3.exceptions.HTTPError as exc:
         raise FetchError(unreachable(access, exc) or f"GET {path} (context {access.context}): the API server did "
                          f"not answer: {' '.join(str(exc).split())[:200]}") from None
