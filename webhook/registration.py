@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from kubernetes.client import ApiClient
 
 from gpu_placement.base.names import REGISTERED_ANNOTATION
 from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiError, api_error, drain, get, get_or_none, request
+from gpu_placement.kube.leader import Worker
 from gpu_placement.observe import metrics
 
 __all__ = ["KINDS", "REGISTERED_ANNOTATION", "RegistrationSettings", "WebhookRegistration", "WebhookSpec",
@@ -78,39 +78,27 @@ def load_webhook_spec(path: str | Path) -> WebhookSpec:
     return spec
 
 
-class WebhookRegistration:
+class WebhookRegistration(Worker):
+    what = "webhook registration"
+    log = log
+
     def __init__(self, api: ApiClient, configuration: str, namespace: str, service: str, spec: WebhookSpec,
                  ready: Callable[[], bool], ca_file: Path | None, identity: str,
                  settings: RegistrationSettings | None = None) -> None:
         self.api, self.configuration, self.namespace, self.service = api, configuration, namespace, service
         self.spec, self.ready, self.ca_file, self.identity = spec, ready, ca_file, identity
         self.settings = settings or RegistrationSettings()
+        super().__init__()
         self.registered = False  # this replica has written the webhooks
         self.last_error: str | None = None
         self._endpoint_since: float | None = None
         self._waiting_for = ""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._gauge = metrics.WEBHOOKS_REGISTERED
         self._gauge.set(0)
 
     # -- running -------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="webhook-registration", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception:  # a bug, not the network: say so, keep the thread
-                log.exception("webhook registration failed")
-            self._stop.wait(self.settings.recheck_seconds if self.registered else self.settings.interval_seconds)
+    def _pause(self) -> None:
+        self._stop.wait(self.settings.recheck_seconds if self.registered else self.settings.interval_seconds)
 
     def step(self) -> None:
         """One turn: write the webhooks when due. API errors are logged once each and retried."""

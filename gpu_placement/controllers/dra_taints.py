@@ -65,7 +65,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.config import Config
@@ -73,7 +72,6 @@ from gpu_placement.decide.rules import DRIVER_UPGRADE, MIG_RECONFIGURING, NOT_VA
 from gpu_placement.kube.api import (
     OBJECT_TIMEOUT,
     ApiConflict,
-    ApiError,
     ApiNotFound,
     api_error,
     get,
@@ -82,7 +80,7 @@ from gpu_placement.kube.api import (
     write,
 )
 from gpu_placement.kube.discovery import GROUP, discover
-from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted
+from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted, counted
 from gpu_placement.kube.lease import Lease
 from gpu_placement.kube.owner import Owner
 from gpu_placement.observe.metrics import (
@@ -95,7 +93,6 @@ from gpu_placement.observe.metrics import (
     DRA_TAINT_SUCCESS,
     DRA_TAINT_WRITES,
     DRA_TAINTED_DEVICES,
-    api_outcome,
 )
 from gpu_placement.view.cluster import ClusterView
 
@@ -455,7 +452,8 @@ class TaintController(LeaderLoop):
         # The uid alone: the resourceVersion we were answered with is stale as soon as kube-controller-manager
         # writes the rule's status (device_taint_eviction.go maybeUpdateRuleStatus), which it does for every rule.
         options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": meta.get("uid")}}
-        with self._counted("DELETE"):  # ApiNotFound: gone already, what was wanted
+        self._take_token()
+        with counted(DRA_TAINT_WRITES, "delete"):  # ApiNotFound: gone already, what was wanted
             write(self.api, "DELETE", self._path(name), body=options, timeout=OBJECT_TIMEOUT, settled=ApiNotFound)
         self.owned.pop(name, None)
         self.writes += 1
@@ -477,7 +475,8 @@ class TaintController(LeaderLoop):
         self.owned = {str(item["metadata"]["name"]): item for item in items if _ours(item)}
 
     def _write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        with self._counted(method):
+        self._take_token()
+        with counted(DRA_TAINT_WRITES, _ACTIONS[method]):
             response = request(self.api, method, path, body=body, timeout=OBJECT_TIMEOUT)
             if response.status >= 300:
                 raise api_error(response)
@@ -486,18 +485,8 @@ class TaintController(LeaderLoop):
         self.writes += 1
         return written
 
-    @contextmanager
-    def _counted(self, method: str) -> Iterator[None]:
-        """Paced (a token per write; the Lease renewed on the way), counted by how it ended."""
-        self._take_token()
-        try:
-            yield
-        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            DRA_TAINT_WRITES.labels(_ACTIONS[method], api_outcome(exc)).inc()
-            raise
-        DRA_TAINT_WRITES.labels(_ACTIONS[method], "ok").inc()
-
     def _take_token(self) -> None:
+        """Writes are paced: a token each; a long wait renews the Lease on the way."""
         while True:
             now = self.clock()
             self._tokens = min(float(self.settings.burst),

@@ -33,12 +33,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.base import names as n
@@ -52,14 +50,11 @@ from gpu_placement.kube.api import (
     OBJECT_TIMEOUT,
     ApiError,
     ApiNotFound,
-    api_error,
-    drain,
     get,
     get_or_none,
-    request,
     write,
 )
-from gpu_placement.kube.leader import Failures, LeaderLoop, namespace_terminating
+from gpu_placement.kube.leader import Failures, LeaderLoop, counted, namespace_terminating
 from gpu_placement.kube.lease import Lease
 from gpu_placement.kube.owner import Owner
 from gpu_placement.observe.metrics import (
@@ -68,7 +63,6 @@ from gpu_placement.observe.metrics import (
     QUOTA_MIRROR_LEADING,
     QUOTA_MIRROR_SUCCESS,
     QUOTA_MIRROR_WRITES,
-    api_outcome,
 )
 from gpu_placement.view.cluster import ClusterView
 
@@ -345,35 +339,21 @@ class QuotaMirror(LeaderLoop):
 
     def _write(self, method: str, namespace: str, body: dict[str, Any]) -> None:
         path = self._path(namespace) if method == "POST" else self._path(namespace, MIRROR_NAME)
-        with _counted(method):
-            response = request(self.api, method, path, body=body, timeout=OBJECT_TIMEOUT)
-            if response.status >= 300:
-                raise api_error(response)
-            drain(response)
+        with counted(QUOTA_MIRROR_WRITES, _ACTIONS[method]):
+            write(self.api, method, path, body=body, timeout=OBJECT_TIMEOUT)
         self.writes += 1
 
     def _delete(self, namespace: str, current: dict[str, Any]) -> None:
         meta = current.get("metadata") or {}
         options = {"kind": "DeleteOptions", "apiVersion": "v1",
                    "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
-        with _counted("DELETE"):  # 404: gone already, what was wanted
+        with counted(QUOTA_MIRROR_WRITES, "delete"):  # ApiNotFound: gone already, what was wanted
             if not write(self.api, "DELETE", self._path(namespace, MIRROR_NAME), body=options, timeout=OBJECT_TIMEOUT,
                          settled=ApiNotFound):
                 return
         self.writes += 1
         log.info("quota mirror: deleted ResourceQuota %s/%s (no %s on the namespace)", namespace, MIRROR_NAME,
                  n.ANN_QUOTA)
-
-
-@contextmanager
-def _counted(method: str) -> Iterator[None]:
-    """Count one write in gpu_placement_quota_mirror_writes_total by how it ended; errors go on up."""
-    try:
-        yield
-    except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-        QUOTA_MIRROR_WRITES.labels(_ACTIONS[method], api_outcome(exc)).inc()
-        raise
-    QUOTA_MIRROR_WRITES.labels(_ACTIONS[method], "ok").inc()
 
 
 def _ours(quota: dict[str, Any]) -> bool:

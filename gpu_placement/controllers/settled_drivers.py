@@ -26,20 +26,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.names import ANN_SETTLED_DRIVER
 from gpu_placement.decide.rollout import Rollout
-from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiError, api_error, drain, request
-from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted
+from gpu_placement.kube.api import OBJECT_TIMEOUT, api_error, drain, request
+from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted, counted
 from gpu_placement.kube.lease import Lease
 from gpu_placement.observe.metrics import (
     API_OUTCOMES,
     SETTLED_DRIVER_FAILING,
     SETTLED_DRIVER_LEADING,
     SETTLED_DRIVER_WRITES,
-    api_outcome,
 )
 
 __all__ = ["SettledDrivers", "SettledSettings"]
@@ -100,16 +98,12 @@ class SettledDrivers(LeaderLoop):
 
     def _patch(self, node: str, version: str) -> None:
         body = {"metadata": {"annotations": {ANN_SETTLED_DRIVER: version}}}
-        try:
+        with counted(SETTLED_DRIVER_WRITES):
             response = request(self.api, "PATCH", f"/api/v1/nodes/{node}", body=body, timeout=OBJECT_TIMEOUT,
                                content_type="application/merge-patch+json")
             if response.status >= 300:
                 raise api_error(response)
             drain(response)
-        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            SETTLED_DRIVER_WRITES.labels(api_outcome(exc)).inc()
-            raise
-        SETTLED_DRIVER_WRITES.labels("ok").inc()
         self.writes += 1
         log.info("settled drivers: node %s runs driver %s settled (%s)", node, version, ANN_SETTLED_DRIVER)
 

@@ -262,7 +262,7 @@ def get_or_none(api: ApiClient, path: str, *, timeout: Timeout) -> dict[str, Any
 
 
 def write(api: ApiClient, method: str, path: str, *, body: Any, timeout: Timeout,
-          settled: type[ApiError]) -> bool:
+          settled: type[ApiError] | None = None) -> bool:
     """One write whose answer is only its status: True when it was made; False when the API server
     answered `settled`, which says what was wanted is there already (ApiConflict to a POST: it exists;
     ApiNotFound to a DELETE: it is gone). Any other error raises."""
@@ -271,7 +271,7 @@ def write(api: ApiClient, method: str, path: str, *, body: Any, timeout: Timeout
         drain(response)
         return True
     error = api_error(response)
-    if isinstance(error, settled):
+    if settled is not None and isinstance(error, settled):
         return False
     raise error
 

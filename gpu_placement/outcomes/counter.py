@@ -41,7 +41,7 @@ from kubernetes.client import ApiClient
 
 from gpu_placement.base.timestamps import parse_time
 from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiConflict, ApiError, get, write
-from gpu_placement.kube.leader import LeaderLoop
+from gpu_placement.kube.leader import LeaderLoop, counted
 from gpu_placement.kube.lease import Lease
 from gpu_placement.observe.metrics import (
     API_OUTCOMES,
@@ -50,7 +50,6 @@ from gpu_placement.observe.metrics import (
     OUTCOMES_LEADING,
     OUTCOMES_STATE_BYTES,
     OUTCOMES_WRITES,
-    api_outcome,
 )
 from gpu_placement.outcomes.record import Outcomes, Turn
 from gpu_placement.outcomes.store import LIMIT, pack, unpack
@@ -200,13 +199,12 @@ class OutcomeCounter(LeaderLoop):
         meta = lease.setdefault("metadata", {})
         kept = {k: v for k, v in (meta.get("annotations") or {}).items() if k != TOTALS_ANNOTATION}
         meta["annotations"] = {**kept, WATERMARK_ANNOTATION: format_watermark(watermark), STATE_ANNOTATION: state}
-        try:  # ApiConflict: another replica wrote the Lease since it was read
-            written = write(self.api, "PUT", self._path, body=lease, timeout=OBJECT_TIMEOUT, settled=ApiConflict)
-        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            OUTCOMES_WRITES.labels(self.settings.lease_name, api_outcome(exc)).inc()
-            raise
-        OUTCOMES_WRITES.labels(self.settings.lease_name, "ok" if written else "conflict").inc()
-        return written
+        try:
+            with counted(OUTCOMES_WRITES, self.settings.lease_name):
+                write(self.api, "PUT", self._path, body=lease, timeout=OBJECT_TIMEOUT)
+        except ApiConflict:  # another replica wrote the Lease since it was read (counted as a conflict)
+            return False
+        return True
 
 
 def _watermark(lease: dict[str, Any]) -> float | None:
