@@ -29,7 +29,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict
 
 import orjson
 import urllib3
@@ -77,11 +77,13 @@ BIND_TIMEOUT = Timeout(connect=2.0, read=2.5)
 
 
 class Status(TypedDict, total=False):
-    """`meta/v1` Status: what the API server sends with an error, and in watch ERROR events."""
+    """`meta/v1` Status: what the API server sends with an error and in watch ERROR events, and what the
+    webhook answers a request it cannot read with (webhook/review.py `status_body`)."""
 
     kind: str
     apiVersion: str
-    status: str
+    metadata: dict[str, Any]
+    status: Literal["Success", "Failure"]
     message: str
     reason: str  # NotFound, AlreadyExists, Conflict, Forbidden, Expired, Gone, TooManyRequests, ...
     details: dict[str, Any]
