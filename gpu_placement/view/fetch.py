@@ -17,7 +17,7 @@ from gpu_placement.facts.dra import DRA_BY_KIND
 from gpu_placement.kube import api as kube
 from gpu_placement.kube.discovery import discover
 
-__all__ = ["ClusterAccess", "FetchError", "connect", "fetch_labelled", "fetch_objects", "fetch_pod", "get_object"]
+__all__ = ["ClusterAccess", "FetchError", "connect", "fetch_labelled", "fetch_objects", "get_object"]
 
 _LISTS = (("Namespace", "/api/v1/namespaces"), ("Node", "/api/v1/nodes"), ("Pod", "/api/v1/pods"))
 
@@ -189,13 +189,6 @@ def fetch_labelled(access: ClusterAccess, path: str, selector: str, kind: str) -
     """One list of the objects at `path` (e.g. /api/v1/configmaps) carrying these labels, `kind` set on each."""
     items = _get(access, path, [("labelSelector", selector)]).get("items") or []
     return [{**item, "kind": kind} for item in items if isinstance(item, dict)]
-
-
-def fetch_pod(access: ClusterAccess, namespace: str, name: str) -> dict[str, Any]:
-    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
-    pod = _get(access, path, [], missing=f"pod {namespace}/{name} not found (context {access.context})")
-    pod.setdefault("kind", "Pod")
-    return pod
 
 
 def _get(access: ClusterAccess, path: str, query: list[tuple[str, str | int | bool]],
