@@ -35,7 +35,7 @@ from gpu_placement.web import shape
 from gpu_placement.web.http import ORJSONResponse, ops_routes
 from gpu_placement.web.shape import ShapeError
 
-__all__ = ["DEFAULT_MAX_BODY", "create_app"]
+__all__ = ["DEFAULT_MAX_BODY", "bind", "crashed", "create_app", "filter_", "not_found", "prioritize", "timed"]
 
 log = logging.getLogger("gpu_placement.extender")
 Endpoint = Callable[[Request], Awaitable[ORJSONResponse]]

@@ -27,7 +27,7 @@ from gpu_placement.web import shape
 from gpu_placement.web.http import ORJSONResponse
 from gpu_placement.web.shape import ShapeError
 
-__all__ = ["encode_result", "parse_preemption_args", "preempt"]
+__all__ = ["PreemptWireError", "encode_result", "parse_preemption_args", "preempt"]
 
 log = logging.getLogger("gpu_placement.extender")
 

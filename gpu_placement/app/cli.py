@@ -22,7 +22,7 @@ from gpu_placement.app.cli_input import UsageError
 from gpu_placement.base.config import Config, ConfigError, load_config
 from gpu_placement.view.snapshot import SnapshotError
 
-__all__ = ["UsageError", "build_parser", "main"]
+__all__ = ["UsageError", "build_parser", "deployed_config", "main"]
 
 
 

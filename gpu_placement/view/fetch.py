@@ -87,7 +87,7 @@ def _pod_namespace() -> str:
         return "default"
 
 
-def unreachable(access: ClusterAccess, exc: BaseException) -> str | None:
+def _unreachable(access: ClusterAccess, exc: BaseException) -> str | None:
     """`cannot reach https://HOST:PORT (context x): connection refused` when the API server could not be
     connected to at all (refused, timed out, a name that does not resolve); None for other failures."""
     reason = getattr(exc, "reason", None) or exc  # urllib3's MaxRetryError carries the connection error
@@ -117,7 +117,7 @@ def fetch_objects(access: ClusterAccess, namespace: str | None = None, page_size
     except kube.ApiError as exc:
         raise FetchError(f"discovery of resource.k8s.io (context {access.context}): {exc}") from None
     except urllib3.exceptions.HTTPError as exc:
-        raise FetchError(unreachable(access, exc) or f"discovery of resource.k8s.io (context {access.context}): "
+        raise FetchError(_unreachable(access, exc) or f"discovery of resource.k8s.io (context {access.context}): "
                                                      f"{exc}") from None
     if dra is not None and dra.served:  # DRA: the devices per node and the claims, as the service's view reads them
         lists += [(kind, dra.path(plural)) for kind, plural in DRA_BY_KIND.items()]
@@ -196,7 +196,7 @@ def _get(access: ClusterAccess, path: str, query: list[tuple[str, str | int | bo
     try:
         return dict(kube.get(access.api, path, query=query, timeout=kube.COMMAND_TIMEOUT))
     except urllib3.exceptions.HTTPError as exc:
-        raise FetchError(unreachable(access, exc) or f"GET {path} (context {access.context}): the API server did "
+        raise FetchError(_unreachable(access, exc) or f"GET {path} (context {access.context}): the API server did "
                          f"not answer: {' '.join(str(exc).split())[:200]}") from None
     except kube.ApiError as error:
         if missing and isinstance(error, kube.ApiNotFound):
