@@ -39,7 +39,7 @@ import yaml
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.names import REGISTERED_ANNOTATION
-from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiError, api_error, drain, get, get_or_none, request
+from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiError, get, get_or_none, write
 from gpu_placement.kube.leader import Worker
 from gpu_placement.observe import metrics
 
@@ -186,12 +186,9 @@ class WebhookRegistration(Worker):
                         "value": stamp})
         else:
             ops.append({"op": "add", "path": "/metadata/annotations", "value": {REGISTERED_ANNOTATION: stamp}})
-        response = request(self.api, "PATCH", self._path(kind), body=ops, timeout=OBJECT_TIMEOUT,
-                           content_type="application/json-patch+json")
-        if response.status >= 300:
-            raise api_error(response)  # a 409/422 from the test op: changed meanwhile, written on the next turn
-        drain(response)
-        return True
+        # A 409/422 from the test op raises: changed meanwhile, written on the next turn.
+        return write(self.api, "PATCH", self._path(kind), body=ops, timeout=OBJECT_TIMEOUT,
+                     content_type="application/json-patch+json")
 
     def _ca_bundle(self) -> str | None:
         """Base64 of the CA file beside the serving certificate, if there is one."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
-from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiError, api_error, drain, get_or_none, request
+from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiError, get_or_none, write
 from gpu_placement.kube.lease import Lease, parse_time
 from gpu_placement.web.certs import cert_not_after, make_ca, make_serving_cert
 
@@ -213,13 +213,10 @@ class CertificateManager:
             "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
         }
         if created:
-            response = request(self.api, "POST", self._secret_path(), body=body, timeout=OBJECT_TIMEOUT)
+            write(self.api, "POST", self._secret_path(), body=body, timeout=OBJECT_TIMEOUT)
         else:
             body["metadata"]["resourceVersion"] = self._resource_version  # lost update -> 409, retried next pass
-            response = request(self.api, "PUT", self._secret_path(self.secret), body=body, timeout=OBJECT_TIMEOUT)
-        if response.status >= 300:
-            raise api_error(response)
-        drain(response)
+            write(self.api, "PUT", self._secret_path(self.secret), body=body, timeout=OBJECT_TIMEOUT)
 
     def _write_files(self, m: _Material) -> None:
         self.cert_dir.mkdir(parents=True, exist_ok=True)
@@ -246,11 +243,7 @@ class CertificateManager:
                    for i, hook in enumerate(webhooks) if (hook.get("clientConfig") or {}).get("caBundle") != bundle]
             if not ops:
                 continue
-            response = request(self.api, "PATCH", path, body=ops, timeout=OBJECT_TIMEOUT,
-                               content_type="application/json-patch+json")
-            if response.status >= 300:
-                raise api_error(response)
-            drain(response)
+            write(self.api, "PATCH", path, body=ops, timeout=OBJECT_TIMEOUT, content_type="application/json-patch+json")
             log.info("patched caBundle of %s %s", kind, self.webhook_configuration)
 
     # -- the Lease -----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from kubernetes.client import ApiClient
 
 from gpu_placement.base.names import ANN_SETTLED_DRIVER
 from gpu_placement.decide.rollout import Rollout
-from gpu_placement.kube.api import OBJECT_TIMEOUT, api_error, drain, request
+from gpu_placement.kube.api import OBJECT_TIMEOUT, write
 from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted, counted
 from gpu_placement.kube.lease import Lease
 from gpu_placement.observe.metrics import (
@@ -99,11 +99,8 @@ class SettledDrivers(LeaderLoop):
     def _patch(self, node: str, version: str) -> None:
         body = {"metadata": {"annotations": {ANN_SETTLED_DRIVER: version}}}
         with counted(SETTLED_DRIVER_WRITES):
-            response = request(self.api, "PATCH", f"/api/v1/nodes/{node}", body=body, timeout=OBJECT_TIMEOUT,
-                               content_type="application/merge-patch+json")
-            if response.status >= 300:
-                raise api_error(response)
-            drain(response)
+            write(self.api, "PATCH", f"/api/v1/nodes/{node}", body=body, timeout=OBJECT_TIMEOUT,
+                  content_type="application/merge-patch+json")
         self.writes += 1
         log.info("settled drivers: node %s runs driver %s settled (%s)", node, version, ANN_SETTLED_DRIVER)
 

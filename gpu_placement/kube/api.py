@@ -264,11 +264,11 @@ def get_or_none(api: ApiClient, path: str, *, timeout: Timeout) -> dict[str, Any
 
 
 def write(api: ApiClient, method: str, path: str, *, body: Any, timeout: Timeout,
-          settled: type[ApiError] | None = None) -> bool:
+          settled: type[ApiError] | None = None, content_type: str = "application/json") -> bool:
     """One write whose answer is only its status: True when it was made; False when the API server
     answered `settled`, which says what was wanted is there already (ApiConflict to a POST: it exists;
-    ApiNotFound to a DELETE: it is gone). Any other error raises."""
-    response = request(api, method, path, body=body, timeout=timeout)
+    ApiNotFound to a DELETE: it is gone). Any other error raises. `content_type` as for `request`."""
+    response = request(api, method, path, body=body, timeout=timeout, content_type=content_type)
     if response.status < 300:
         drain(response)
         return True
