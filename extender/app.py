@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
@@ -168,9 +169,10 @@ def _decide(ex: Extender, pod: dict[str, Any], req: Requirements, names: list[st
 async def _bind(ex: Extender, namespace: str, name: str, uid: str, node: str) -> str:
     key = pod_key(namespace, name)
     with ex.view.lock:  # the fit is checked and the memory reserved in one step: no other bind in between
-        reserved = _recheck_and_reserve(ex, key, uid, node)
-        if isinstance(reserved, str):
-            return reserved
+        checked = _recheck_and_reserve(ex, key, uid, node)
+    if checked.refused:
+        return checked.refused
+    reserved = checked.reserved
     try:
         # The API call, a coroutine on this loop (no thread, a kept connection): outside the lock.
         await ex.binder.bind(namespace, name, uid, node)
@@ -182,30 +184,44 @@ async def _bind(ex: Extender, namespace: str, name: str, uid: str, node: str) ->
     return ""
 
 
-def _recheck_and_reserve(ex: Extender, key: str, uid: str, node: str) -> bool | str:
-    """Whether a reservation was made, or why the bind is refused. kube-scheduler binds
+@dataclass(slots=True, frozen=True)
+class Recheck:
+    """/bind's second look: `refused`, why the Binding is not made (empty: it is); `reserved`, whether the
+    pod's GPUs were reserved on the node (released again when the Binding surely failed)."""
+
+    refused: str = ""
+    reserved: bool = False
+
+
+_NOTHING_HELD = Recheck()  # the Binding goes ahead with nothing to reserve
+_RESERVED = Recheck(reserved=True)
+
+
+def _recheck_and_reserve(ex: Extender, key: str, uid: str, node: str) -> Recheck:
+    """Whether the bind may go ahead, and whether a reservation was made. kube-scheduler binds
     asynchronously: other pods may have been bound since this one's /filter, so its verdict is
     taken again now, with every reservation counted."""
     view = ex.view
     view.expire_reservations()
     if node not in view.nodes:
-        return unknown_node()
+        return Recheck(unknown_node())
     pod = view.pods.get(key)
     # Identity is the UID: the view may still show the pod this one replaced under the same name (a
     # StatefulSet's, with the watch a moment behind), bound elsewhere; that says nothing of this pod.
     if pod is not None and pod.node and same_pod(pod.uid, uid):
-        return False  # already bound: the binder says to which node
+        return _NOTHING_HELD  # already bound: the binder says to which node
     known = ex.recent.get(key)
     if known is None:
         if pod is None or not pod.gpus:
-            return False  # a pod with no GPU: nothing to check or hold
-        return (f"pod {key} was not filtered by this extender (restarted since its /filter?); "
-                "kube-scheduler retries it")
+            return _NOTHING_HELD  # a pod with no GPU: nothing to check or hold
+        return Recheck(f"pod {key} was not filtered by this extender (restarted since its /filter?); "
+                       "kube-scheduler retries it")
     filtered_uid, req = known
     if uid and filtered_uid and uid != filtered_uid:
-        return f"pod {key} has UID {uid}, not {filtered_uid} as filtered: it was replaced; kube-scheduler retries"
+        return Recheck(f"pod {key} has UID {uid}, not {filtered_uid} as filtered: it was replaced; kube-scheduler "
+                       "retries")
     if not req.wants_gpu:
-        return False
+        return _NOTHING_HELD
     held = view.reservations.get(key)  # a retry after an ambiguous failure: its own hold does not count
     if held is not None:
         view.release(key)
@@ -216,10 +232,10 @@ def _recheck_and_reserve(ex: Extender, key: str, uid: str, node: str) -> bool | 
         if held is not None:
             view.reserve(key, held.node, held.gpus, held.memory_annotation, held.uid)
         ex.decisions.count("BindRefused")
-        return f"{problem} (checked again at /bind; kube-scheduler retries the pod)"
+        return Recheck(f"{problem} (checked again at /bind; kube-scheduler retries the pod)")
     memory = f"{req.memory_mib}Mi" if req.memory_mib is not None else None  # the ask /filter judged
     view.reserve(key, node, req.gpus, memory, uid or filtered_uid)
-    return True
+    return _RESERVED
 
 
 _NOT_DECIDED = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}}
