@@ -23,7 +23,7 @@ from starlette.requests import Request
 from extender.args import WireError, json_object, pod_label
 from extender.binding import Binder, BindError
 from extender.preempt import preempt
-from extender.state import DEFAULT_MAX_BODY, Extender, extender, pod_key_of
+from extender.state import BIND_REFUSED, DEFAULT_MAX_BODY, Extender, extender, pod_key_of
 from extender.wire import ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement.decide.nominated import keep_for_nominated
 from gpu_placement.decide.placement import FilterResult, Placement
@@ -231,7 +231,7 @@ def _recheck_and_reserve(ex: Extender, key: str, uid: str, node: str) -> Recheck
     if problem is not None:
         if held is not None:
             view.reserve(key, held.node, held.gpus, held.memory_annotation, held.uid)
-        ex.decisions.count("BindRefused")
+        ex.decisions.count(BIND_REFUSED)
         return Recheck(f"{problem} (checked again at /bind; kube-scheduler retries the pod)")
     memory = f"{req.memory_mib}Mi" if req.memory_mib is not None else None  # the ask /filter judged
     view.reserve(key, node, req.gpus, memory, uid or filtered_uid)

@@ -24,10 +24,13 @@ from gpu_placement.view.cluster import ClusterView
 from gpu_placement.web.edge import Decisions
 from gpu_placement.web.http import read_body
 
-__all__ = ["DEFAULT_MAX_BODY", "Extender", "extender", "pod_key_of"]
+__all__ = ["BIND_REFUSED", "DEFAULT_MAX_BODY", "VIEW_NOT_READY", "Extender", "extender", "pod_key_of"]
 
 log = logging.getLogger("gpu_placement.extender")
 DEFAULT_MAX_BODY = 64 * 2**20
+# The extender's own decision codes, beside the node reasons of gpu_placement/decide/rules.py:
+VIEW_NOT_READY = "ViewNotReady"  # answered before the view's first full list (an Error kube-scheduler retries)
+BIND_REFUSED = "BindRefused"  # /bind found the node no longer fits (extender/app.py _recheck_and_reserve)
 _RECENT_PODS = 10_000  # pods seen in /filter, so /bind knows their ask before the watch shows them
 
 
@@ -68,7 +71,7 @@ class Extender:
         if ok:
             self.listed = True
             return None
-        self.decisions.count("ViewNotReady")
+        self.decisions.count(VIEW_NOT_READY)
         log.info("extender %s answered Error: view not ready: %s", verb, why)
         return f"view not ready: {why}; kube-scheduler retries the pod with backoff"
 
