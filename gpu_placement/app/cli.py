@@ -20,6 +20,7 @@ from typing import Any
 
 from gpu_placement.app.cli_input import UsageError
 from gpu_placement.base.config import Config, ConfigError, load_config
+from gpu_placement.base.timestamps import parse_duration, parse_time
 from gpu_placement.view.snapshot import SnapshotError
 
 __all__ = ["UsageError", "build_parser", "main"]
@@ -50,28 +51,28 @@ def _resources(text: str) -> tuple[str, ...]:
     return names
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def _duration(text: str) -> float:
     """A positive duration in seconds from "90s", "10m", "1h30m", "365d"."""
-    parts = re.findall(r"(\d+)([smhd])", text)
-    if not parts or "".join(n + u for n, u in parts) != text or not any(int(n) for n, _ in parts):
+    try:
+        seconds = parse_duration(text, "smhd")
+    except ValueError:
+        seconds = 0.0
+    if not seconds:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration such as 90s, 10m, 1h30m or 365d")
-    return float(sum(int(n) * _UNITS[u] for n, u in parts))
-
-
-_WINDOW_UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    return seconds
 
 
 def _window(text: str) -> float:
     """`report --since`: whole minutes, from "30m", "12h", "7d", "2w", "1d12h" (the figures are read at minute
     marks, as the idle gauge's record is sampled)."""
-    parts = re.findall(r"(\d+)([mhdw])", text)
-    if not parts or "".join(n + u for n, u in parts) != text or not any(int(n) for n, _ in parts):
+    try:
+        seconds = parse_duration(text, "mhdw")
+    except ValueError:
+        seconds = 0.0
+    if not seconds:
         raise argparse.ArgumentTypeError(f"{text!r} is not a window of whole minutes such as 30m, 12h, 7d, 2w or "
                                          "1d12h (units m, h, d, w)")
-    return float(sum(int(n) * _WINDOW_UNITS[u] for n, u in parts))
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--since", type=_window, default=7 * 86400.0, metavar="WINDOW",
                         help="the window's length in whole minutes: units m, h, d, w, e.g. 30m, 12h, 7d, 2w, 1d12h "
                         "(default 7d)")
-    report.add_argument("--until", metavar="TIME", help="the window's end, RFC 3339 or YYYY-MM-DD (default now)")
+    report.add_argument("--until", metavar="TIME", help="the window's end, RFC 3339 with its zone "
+                        "(2026-03-02T10:00:00Z) or YYYY-MM-DD, midnight UTC (default now)")
     report.add_argument("--compare", metavar="FROM..TO", help="before and after: the --since window ending at FROM "
                         "and the one ending at TO (each RFC 3339, YYYY-MM-DD or now)")
     report.add_argument("-o", "--output", choices=["text", "markdown", "json"], default="text",
@@ -475,18 +477,23 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _moment(text: str) -> float:
-    """now, YYYY-MM-DD (midnight UTC) or RFC 3339, as Unix seconds."""
+    """now, YYYY-MM-DD (midnight UTC) or RFC 3339 (a time with its zone), as Unix seconds."""
     from datetime import UTC, datetime
 
     if text == "now":
         from gpu_placement.outcomes.report import now
 
         return now()
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"{text!r} is not a time: now, YYYY-MM-DD or RFC 3339 (2026-03-02T10:00:00Z)") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        try:
+            return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            pass
+    moment = parse_time(text)
+    if moment is None:
+        raise UsageError(f"{text!r} is not a time: now, YYYY-MM-DD or RFC 3339 with its zone (2026-03-02T10:00:00Z, "
+                         "2026-03-02T11:00:00+01:00)")
+    return moment
 
 
 def _since(seconds: float) -> str:
