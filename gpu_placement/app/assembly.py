@@ -33,6 +33,7 @@ from extender.app import DEFAULT_MAX_BODY
 from extender.app import create_app as create_extender_app
 from extender.binding import Binder, SnapshotBinder
 from gpu_placement.base.config import Config, load_config
+from gpu_placement.base.errors import UsageError
 from gpu_placement.controllers import events as _events  # noqa: F401 - registers gpu_placement_events_total on /metrics
 from gpu_placement.decide.placement import Placement
 from gpu_placement.decide.rollout import track_rollout
@@ -49,7 +50,7 @@ from gpu_placement.view.snapshot import SnapshotSource
 from gpu_placement.web.http import ops_routes
 from gpu_placement.web.serving import run_servers
 
-__all__ = ["MMAP_THRESHOLD", "SWITCH_INTERVAL_S", "TRIM_THRESHOLD", "Core", "UsageError", "core_from_cluster",
+__all__ = ["MMAP_THRESHOLD", "SWITCH_INTERVAL_S", "TRIM_THRESHOLD", "Core", "core_from_cluster",
            "core_from_objects", "core_from_snapshot", "discover_dra", "fix_malloc_thresholds", "freeze_heap",
            "health_app", "serve"]
 
@@ -76,10 +77,6 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
 
 
 # -- the process: gpu-placement serve ---------------------------------------------------------------------------------
-
-class UsageError(Exception):
-    pass
-
 
 def serve(args: argparse.Namespace) -> int:
     from gpu_placement.web.tls import ReloadingTLS, make_server

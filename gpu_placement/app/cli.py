@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpu_placement.app.cli_input import UsageError
 from gpu_placement.base.config import Config, ConfigError, load_config
+from gpu_placement.base.errors import UsageError
 from gpu_placement.base.timestamps import parse_duration, parse_time
 from gpu_placement.view.snapshot import SnapshotError
 
-__all__ = ["UsageError", "build_parser", "main"]
+__all__ = ["build_parser", "main"]
 
 
 
@@ -380,10 +380,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def _extra_errors() -> tuple[type[Exception], ...]:
     """Errors of modules loaded on demand that also mean "bad usage or input"."""
-    from gpu_placement.app.assembly import UsageError as ServeUsageError
     from gpu_placement.replay.trace import TraceError
 
-    extra: list[type[Exception]] = [ServeUsageError, TraceError]
+    extra: list[type[Exception]] = [TraceError]
     try:
         from gpu_placement.kube.api import KubeConfigError
         from gpu_placement.view.fetch import FetchError
