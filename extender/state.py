@@ -21,13 +21,14 @@ from gpu_placement.decide.requirements import Requirements
 from gpu_placement.facts.pods import pod_key
 from gpu_placement.report.cluster_metrics import ClusterMetrics, tracker_for
 from gpu_placement.view.cluster import ClusterView
+from gpu_placement.web import shape
 from gpu_placement.web.edge import Decisions
 from gpu_placement.web.http import read_body
 
 __all__ = ["BIND_REFUSED", "DEFAULT_MAX_BODY", "VIEW_NOT_READY", "Extender", "extender", "pod_key_of"]
 
 log = logging.getLogger("gpu_placement.extender")
-DEFAULT_MAX_BODY = 64 * 2**20
+DEFAULT_MAX_BODY = shape.EXTENDER_MAX_BODY
 # The extender's own decision codes, beside the node reasons of gpu_placement/decide/rules.py:
 VIEW_NOT_READY = "ViewNotReady"  # answered before the view's first full list (an Error kube-scheduler retries)
 BIND_REFUSED = "BindRefused"  # /bind found the node no longer fits (extender/app.py _recheck_and_reserve)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gpu_placement.app.serve_options import ServeOptions
 from gpu_placement.base.config import Config, ConfigError, load_config
 from gpu_placement.base.errors import UsageError
 from gpu_placement.base.timestamps import parse_duration, parse_time
@@ -25,6 +26,7 @@ from gpu_placement.view.snapshot import SnapshotError
 
 __all__ = ["build_parser", "main"]
 
+_SERVE = ServeOptions()  # serve's flags take their defaults from here
 
 
 
@@ -88,14 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--kubeconfig", metavar="PATH", help="API server from this kubeconfig "
                         "(default: in-cluster config)")
     serve.add_argument("--config", metavar="FILE", help="configuration file (YAML)")
-    serve.add_argument("--components", type=_components, default=("extender", "webhook"),
+    serve.add_argument("--components", type=_components, default=_SERVE.components,
                        help="what to serve: extender,webhook (default both)")
-    serve.add_argument("--extender-listen", type=_listen, default=("127.0.0.1", 8888), metavar="HOST:PORT",
+    serve.add_argument("--extender-listen", type=_listen, default=_SERVE.extender_listen, metavar="HOST:PORT",
                        help="extender address (default 127.0.0.1:8888; plain HTTP unless a TLS pair is given)")
     serve.add_argument("--extender-tls-cert", metavar="FILE", help="extender serving certificate (PEM, reloaded when "
                        "it changes): with --extender-tls-key the extender speaks HTTPS")
     serve.add_argument("--extender-tls-key", metavar="FILE", help="the key of --extender-tls-cert")
-    serve.add_argument("--extender-max-body-bytes", type=int, default=64 * 2**20, metavar="N",
+    serve.add_argument("--extender-max-body-bytes", type=int, default=_SERVE.extender_max_body_bytes, metavar="N",
                        help="largest extender request accepted (default 64 MiB); larger ones get 413")
     serve.add_argument("--health-listen", type=_listen, metavar="HOST:PORT",
                        help="also serve only GET /healthz and /readyz there, plain HTTP (for kubelet's HTTP probes "
@@ -103,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--managed-resources", type=_resources, metavar="R1,R2,...",
                        help="the managedResources of kube-scheduler's extender configuration: warn (log and "
                        "metric) about GPU resources nodes offer beyond them, which bypass the extender")
-    serve.add_argument("--webhook-listen", type=_listen, default=("0.0.0.0", 8443), metavar="HOST:PORT",
+    serve.add_argument("--webhook-listen", type=_listen, default=_SERVE.webhook_listen, metavar="HOST:PORT",
                        help="webhook address (default 0.0.0.0:8443, always TLS)")
     serve.add_argument("--tls-cert", metavar="FILE", help="webhook serving certificate (reloaded when it changes)")
     serve.add_argument("--tls-key", metavar="FILE", help="webhook serving key")
@@ -111,60 +113,62 @@ def build_parser() -> argparse.ArgumentParser:
                        "(writes ca.crt) and serve with them")
     serve.add_argument("--manage-certs", action="store_true", help="keep the CA and serving certificate in a "
                        "Secret, patch the caBundle of the webhook configurations and rotate before expiry")
-    serve.add_argument("--cert-secret", metavar="NAME", default="gpu-placement-webhook-tls",
+    serve.add_argument("--cert-secret", metavar="NAME", default=_SERVE.cert_secret,
                        help="--manage-certs: the Secret (in --namespace) that keeps the CA and serving certificate "
                        "(default gpu-placement-webhook-tls)")
-    serve.add_argument("--service", metavar="NAME", default="gpu-placement-webhook",
+    serve.add_argument("--service", metavar="NAME", default=_SERVE.service,
                        help="webhook Service name (certificate SANs)")
     serve.add_argument("--namespace", metavar="NS", help="namespace of the Service and Secret "
                        "(default: $POD_NAMESPACE, else gpu-placement)")
-    serve.add_argument("--webhook-configuration", metavar="NAME", default="gpu-placement",
+    serve.add_argument("--webhook-configuration", metavar="NAME", default=_SERVE.webhook_configuration,
                        help="name of the Mutating- and ValidatingWebhookConfiguration to patch")
     serve.add_argument("--webhooks-file", metavar="FILE",
                        help="the webhooks ({mutating: [...], validating: [...]}) to write into the (empty) "
                        "--webhook-configuration once this replica is ready and its --service has a ready "
                        "endpoint; nothing is sent to the webhook before")
-    serve.add_argument("--cert-dir", metavar="DIR", default="/tmp/gpu-placement-certs",
+    serve.add_argument("--cert-dir", metavar="DIR", default=_SERVE.cert_dir,
                        help="where --manage-certs writes the serving pair (default /tmp/gpu-placement-certs)")
-    serve.add_argument("--ca-lifetime", type=_duration, default=3650 * 86400.0, metavar="DURATION",
+    serve.add_argument("--ca-lifetime", type=_duration, default=_SERVE.ca_lifetime, metavar="DURATION",
                        help="--manage-certs: lifetime of each CA it makes (default 3650d; units s, m, h, d)")
-    serve.add_argument("--renew-ca-before", type=_duration, default=365 * 86400.0, metavar="DURATION",
+    serve.add_argument("--renew-ca-before", type=_duration, default=_SERVE.renew_ca_before, metavar="DURATION",
                        help="--manage-certs: start a CA rotation this long before the CA ends (default 365d)")
-    serve.add_argument("--serving-cert-lifetime", type=_duration, default=365 * 86400.0, metavar="DURATION",
+    serve.add_argument("--serving-cert-lifetime", type=_duration, default=_SERVE.serving_cert_lifetime,
+                       metavar="DURATION",
                        help="--manage-certs: serving certificate lifetime, cut to its CA's end (default 365d)")
-    serve.add_argument("--renew-serving-before", type=_duration, default=30 * 86400.0, metavar="DURATION",
+    serve.add_argument("--renew-serving-before", type=_duration, default=_SERVE.renew_serving_before,
+                       metavar="DURATION",
                        help="--manage-certs: reissue the serving certificate this long before it ends (default 30d)")
-    serve.add_argument("--ca-overlap", type=_duration, default=600.0, metavar="DURATION",
+    serve.add_argument("--ca-overlap", type=_duration, default=_SERVE.ca_overlap, metavar="DURATION",
                        help="--manage-certs: time between the steps of a CA rotation, for every API server to "
                        "reload the caBundle (default 10m)")
-    serve.add_argument("--cert-check-interval", type=_duration, default=60.0, metavar="DURATION",
+    serve.add_argument("--cert-check-interval", type=_duration, default=_SERVE.cert_check_interval, metavar="DURATION",
                        help="--manage-certs: how often the certificates are checked (default 60s)")
-    serve.add_argument("--quota-mirror", action=argparse.BooleanOptionalAction, default=True,
+    serve.add_argument("--quota-mirror", action=argparse.BooleanOptionalAction, default=_SERVE.quota_mirror,
                        help="keep a ResourceQuota in each namespace with gpu-placement.io/quota, so the API server "
                        "enforces it; in audit mode, delete the ones kept before (default on; off with --snapshot)")
-    serve.add_argument("--quota-lease", metavar="NAME", default="gpu-placement-quota-mirror",
+    serve.add_argument("--quota-lease", metavar="NAME", default=_SERVE.quota_lease,
                        help="Lease (in --namespace) that elects the one replica writing ResourceQuotas")
     serve.add_argument("--owner", metavar="NAME",
                        help="owner of every object the service writes (mirrored ResourceQuotas, DRA DeviceTaintRules): "
                        "this ValidatingWebhookConfiguration, so they go with it (helm uninstall); default: none "
                        "(a quota's own Namespace)")
-    serve.add_argument("--dra-lease", metavar="NAME", default="gpu-placement-dra",
+    serve.add_argument("--dra-lease", metavar="NAME", default=_SERVE.dra_lease,
                        help="Lease (in --namespace) that elects the one webhook replica writing DeviceTaintRules "
                        "for unverified nodes' DRA devices (config dra.taints)")
-    serve.add_argument("--events", action=argparse.BooleanOptionalAction, default=True,
+    serve.add_argument("--events", action=argparse.BooleanOptionalAction, default=_SERVE.events,
                        help="write Kubernetes Events (webhook replicas, with an API server): on a Node when "
                        "gpu-placement's verdict for it changes, on a Namespace whose gpu-placement settings do "
                        "nothing, on a pod admitted with warnings (docs/operations.md, Events)")
-    serve.add_argument("--events-lease", metavar="NAME", default="gpu-placement-events",
+    serve.add_argument("--events-lease", metavar="NAME", default=_SERVE.events_lease,
                        help="Lease (in --namespace) that elects the one webhook replica writing Node and Namespace "
                        "Events")
-    serve.add_argument("--outcomes-lease", metavar="NAME", default="gpu-placement-outcomes",
+    serve.add_argument("--outcomes-lease", metavar="NAME", default=_SERVE.outcomes_lease,
                        help="Lease (in --namespace) that elects the one webhook replica counting launch outcomes and "
                        "node lifecycle times; its annotation keeps how far it has counted (docs/outcomes.md)")
-    serve.add_argument("--drivers-lease", metavar="NAME", default="gpu-placement-drivers",
+    serve.add_argument("--drivers-lease", metavar="NAME", default=_SERVE.drivers_lease,
                        help="Lease (in --namespace) that elects the one webhook replica writing each node's "
                        "gpu-placement.io/settled-driver annotation (docs/rollouts.md)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+    serve.add_argument("--log-level", default=_SERVE.log_level, choices=["debug", "info", "warning", "error"],
                        help="least severe log lines written (default info)")
 
     demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")
@@ -343,7 +347,7 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "serve":
             from gpu_placement.app.assembly import serve
 
-            return serve(args)
+            return serve(ServeOptions.from_args(args))
         if args.command == "demo":
             from gpu_placement.app.demo import run_demo, write_snapshot
 
