@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpu_placement.app.cli import main
-from gpu_placement.base.timestamps import format_time, parse_datetime, parse_duration, parse_time
+from gpu_placement.base.timestamps import format_duration, format_time, parse_datetime, parse_duration, parse_time
 
 NOON = datetime(2026, 12, 3, 12, 0, tzinfo=UTC).timestamp()
 
@@ -40,6 +40,13 @@ def test_format_time_reads_back() -> None:
 ])
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (3650 * 86400.0, "3650d"), (5400.0, "1h30m"), (600.0, "10m"), (60.0, "1m"), (90.0, "1m30s"), (0.0, "0s")])
+def test_durations_written_as_they_are_read(seconds: float, text: str) -> None:
+    """How the command line's help shows a default it holds in seconds."""
+    assert format_duration(seconds) == text and parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize(("text", "units"), [

@@ -12,7 +12,7 @@ import re
 from collections.abc import Collection
 from datetime import UTC, datetime
 
-__all__ = ["UNITS", "format_time", "parse_datetime", "parse_duration", "parse_time"]
+__all__ = ["UNITS", "format_duration", "format_time", "parse_datetime", "parse_duration", "parse_time"]
 
 
 def parse_datetime(value: object) -> datetime | None:
@@ -52,3 +52,13 @@ def parse_duration(text: str, units: Collection[str] = UNITS) -> float:
             unit not in units for _, unit in parts):
         raise ValueError(f"{text!r} is not a duration of whole numbers and units {', '.join(units)}")
     return float(sum(int(number) * UNITS[unit] for number, unit in parts))
+
+
+def format_duration(seconds: float) -> str:
+    """Whole seconds as parse_duration reads them, in days, hours, minutes and seconds ("3650d", "1h30m")."""
+    rest, parts = int(seconds), []
+    for unit in ("d", "h", "m", "s"):
+        count, rest = divmod(rest, int(UNITS[unit]))
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts) or "0s"
