@@ -226,8 +226,10 @@ def test_a_refused_patch_is_retried_and_counted(
         cluster: tuple[FakeApiServer, Callable[[str], Replica], list[float]]) -> None:
     fake, replica, _ = cluster
     first = replica("replica-a")
-    first.recorder._lead()  # take the Lease first: the refusal below is for the Node patch
-    fake.fail_next(1, status=403, message="nodes \"n1\" is forbidden: cannot patch resource \"nodes\"")
+    first.recorder._lead()  # take the Lease first
+    # the refusal is for n1's patch alone: on a slow machine the step renews the Lease first
+    fake.fail_next(1, status=403, message="nodes \"n1\" is forbidden: cannot patch resource \"nodes\"",
+                   method="PATCH", path="/api/v1/nodes/n1")
     before = metrics.SETTLED_DRIVER_WRITES.labels("refused")._value.get()
     first.recorder.step()
     assert metrics.SETTLED_DRIVER_WRITES.labels("refused")._value.get() == before + 1
