@@ -1,28 +1,29 @@
 """The extender's HTTP edge: parse what kube-scheduler sends, ask `Placement`, encode the answer.
 
 One endpoint per verb (`filter_`, `prioritize`, `bind`, and `preempt` in extender/preempt.py), each a
-plain function of the request; what they share is `app.state.extender` (extender/state.py). `timed`
-wraps each in its latency and request counters and answers a bug with a 500 whose body says so.
+plain function of the request that answers 200; what they share is `app.state.extender`
+(extender/state.py). A request refused is raised (`BodyTooLarge`, `WireError`, `ShapeError`,
+`Unavailable`) and answered by the app's exception handlers with the protocol's `Error` field; `_EDGE`
+(gpu_placement/web/edge.py) says how, times each verb and answers a bug with a 500 whose body says so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.routing import Route
 
 from extender.args import WireError, json_object, pod_label
 from extender.binding import Binder, BindError
 from extender.preempt import preempt
-from extender.state import DEFAULT_MAX_BODY, Extender, extender, pod_key_of
+from extender.state import BIND_REFUSED, DEFAULT_MAX_BODY, Extender, extender, pod_key_of
 from extender.wire import ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement.decide.nominated import keep_for_nominated
 from gpu_placement.decide.placement import FilterResult, Placement
@@ -32,19 +33,19 @@ from gpu_placement.facts.pods import pod_key, pod_priority
 from gpu_placement.observe import metrics
 from gpu_placement.view.cluster import ClusterView, same_pod
 from gpu_placement.web import shape
-from gpu_placement.web.http import ORJSONResponse, ops_routes
+from gpu_placement.web.edge import Edge, Refusal, Unavailable
+from gpu_placement.web.http import BodyTooLarge, ORJSONResponse, ops_routes
 from gpu_placement.web.shape import ShapeError
 
-__all__ = ["DEFAULT_MAX_BODY", "bind", "crashed", "create_app", "filter_", "not_found", "prioritize", "timed"]
+__all__ = ["DEFAULT_MAX_BODY", "Recheck", "bind", "create_app", "filter_", "prioritize"]
 
 log = logging.getLogger("gpu_placement.extender")
-Endpoint = Callable[[Request], Awaitable[ORJSONResponse]]
 
 
 def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: Callable[[], tuple[bool, str]],
                max_body: int = DEFAULT_MAX_BODY) -> Starlette:
-    routes = [timed("filter", filter_), timed("prioritize", prioritize), timed("bind", bind),
-              timed("preempt", preempt), *ops_routes(ready)]
+    routes = [_EDGE.route("filter", filter_), _EDGE.route("prioritize", prioritize), _EDGE.route("bind", bind),
+              _EDGE.route("preempt", preempt), *ops_routes(ready)]
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -53,8 +54,7 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
         finally:
             await binder.aclose()  # its connections belong to this loop
 
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed},
-                    lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers=_EDGE.handlers(), lifespan=lifespan)
     app.state.extender = Extender(view, placement, binder, ready, max_body)
     return app
 
@@ -63,20 +63,14 @@ def create_app(view: ClusterView, placement: Placement, binder: Binder, ready: C
 
 async def filter_(request: Request) -> ORJSONResponse:
     ex = extender(request)
-    args = await ex.args(request, "filter")
-    if isinstance(args, ORJSONResponse):
-        return args
-    pod, names, objects = args
+    pod, names, objects = await ex.args(request)
     waiting = ex.not_ready("filter")
     if waiting is not None:  # 200 with Error: kube-scheduler shows the sentence (a non-200 loses it)
         return ORJSONResponse(_NOT_DECIDED | {"Error": waiting})
     req = ex.placement.requirements(pod)
     if req.wants_gpu and req.error is None:  # a pod no node can take is not bound; and its text is not kept
         ex.remember(pod, req)
-    decided = _decide(ex, pod, req, names, objects)
-    if isinstance(decided, ORJSONResponse):
-        return decided
-    result, encoded = decided
+    result, encoded = _decide(ex, pod, req, names, objects)
     settle = ex.settle
     assert settle is not None
     if not result.passed and req.error is None and (len(result.failed_json) > 2 or
@@ -89,14 +83,11 @@ async def filter_(request: Request) -> ORJSONResponse:
         key, uid, version = pod_key_of(pod), str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
         why = settle.why(key, uid, version, result)
         if why is not None and await settle.wait(key, why, version):
-            decided = _decide(ex, pod, req, names, objects)
-            if isinstance(decided, ORJSONResponse):
-                return decided
-            result, encoded = decided
+            result, encoded = _decide(ex, pod, req, names, objects)
         settle.answered(key, uid, version, result)
     elif result.passed:
         settle.forget(pod_key_of(pod))
-    ex.count(result.reasons)
+    ex.decisions.count_all(result.reasons)
     if ex.tracker is not None and req.gpus:
         ex.tracker.filtered(pod_key_of(pod), bool(result.passed), result.reasons)
     if log.isEnabledFor(logging.DEBUG):
@@ -108,30 +99,19 @@ async def filter_(request: Request) -> ORJSONResponse:
 
 async def prioritize(request: Request) -> ORJSONResponse:
     ex = extender(request)
-    args = await ex.args(request, "prioritize")
-    if isinstance(args, ORJSONResponse):
-        return args
-    pod, names, _ = args
+    pod, names, _ = await ex.args(request)
     waiting = ex.not_ready("prioritize")
     if waiting is not None:  # HostPriorityList has no Error field: a non-200 is kube-scheduler's error
-        metrics.REQUESTS.labels("extender", "prioritize", "503").inc()
-        return ORJSONResponse({"Error": waiting}, status_code=503)
+        raise Unavailable(waiting, problem=None)  # not the sender's fault: no bad request
     return ORJSONResponse(ex.placement.scores_json(ex.placement.requirements(pod), names))
 
 
 async def bind(request: Request) -> ORJSONResponse:
     ex = extender(request)
-    body = await ex.body(request, "bind")
-    if isinstance(body, ORJSONResponse):
-        return body
-    try:
-        args: ExtenderBindingArgs = json_object(body, "ExtenderBindingArgs")
-        name, node = shape.name(args.get("PodName"), "PodName"), shape.name(args.get("Node"), "Node")
-        namespace = shape.name(args.get("PodNamespace"), "PodNamespace", shape.LABEL_LIMIT)
-        uid = shape.opt_str(args.get("PodUID"), "PodUID", shape.UID_LIMIT)
-    except (WireError, ShapeError) as exc:
-        return ex.refuse("bind", 400, "malformed", str(exc))
-    uid = uid or ""
+    args: ExtenderBindingArgs = json_object(await ex.body(request), "ExtenderBindingArgs")
+    name, node = shape.name(args.get("PodName"), "PodName"), shape.name(args.get("Node"), "Node")
+    namespace = shape.name(args.get("PodNamespace"), "PodNamespace", shape.LABEL_LIMIT)
+    uid = shape.opt_str(args.get("PodUID"), "PodUID", shape.UID_LIMIT) or ""
     waiting = ex.not_ready("bind")
     if waiting is not None:
         metrics.BINDINGS.labels("error").inc()
@@ -145,54 +125,43 @@ async def bind(request: Request) -> ORJSONResponse:
     return ORJSONResponse({"Error": error})
 
 
-# -- what every route gets -----------------------------------------------------------------------------------
+# -- how the extender refuses: the protocol's Error field, and its status -------------------------------------
 
-def timed(verb: str, endpoint: Endpoint) -> Route:
-    """`POST /<verb>`: its latency and 200s counted, and a bug answered here with a 500 whose body says
-    so (through Starlette's error middleware the body can be lost)."""
-    timer = metrics.REQUEST_SECONDS.labels("extender", verb)
-    answered = metrics.REQUESTS.labels("extender", verb, "200")
-
-    async def counted(request: Request) -> ORJSONResponse:
-        start = time.perf_counter()
-        try:
-            response = await endpoint(request)
-        except Exception as exc:
-            log.exception("extender %s failed", verb)
-            return extender(request).refuse(verb, 500, "internal", f"internal error: {type(exc).__name__}: {exc}")
-        timer.observe(time.perf_counter() - start)
-        if response.status_code == 200:
-            answered.inc()
-        return response
-
-    return Route(f"/{verb}", counted, methods=["POST"])
+def _error_body(refusal: Refusal) -> dict[str, Any]:
+    return {"Error": refusal.message}
 
 
-async def not_found(request: Request, exc: Exception) -> ORJSONResponse:
-    status = getattr(exc, "status_code", 404)
-    return extender(request).refuse(request.url.path.strip("/") or "root", status, "bad_path",
-                                    f"{request.method} {request.url.path} is not an extender verb: use POST /filter, "
-                                    "/prioritize, /preempt or /bind")
+def _malformed(exc: Exception) -> Refusal:
+    return Refusal(400, str(exc), "malformed")
 
 
-async def crashed(request: Request, exc: Exception) -> ORJSONResponse:
-    log.exception("extender %s failed", request.url.path)
-    return extender(request).refuse(request.url.path.strip("/"), 500, "internal",
-                                    f"internal error: {type(exc).__name__}: {exc}")
+def _wrong_path(request: Request, status: int) -> Refusal:
+    return Refusal(status, f"{request.method} {request.url.path} is not an extender verb: use POST /filter, "
+                   "/prioritize, /preempt or /bind", "bad_path")
+
+
+def _internal(exc: Exception) -> Refusal:
+    return Refusal(500, f"internal error: {type(exc).__name__}: {exc}", "internal")
+
+
+_EDGE = Edge("extender", log, _error_body, {
+    BodyTooLarge: lambda exc: Refusal(413, f"{exc} (raise it with --extender-max-body-bytes)", "too_large"),
+    WireError: _malformed,  # PreemptWireError too
+    ShapeError: _malformed,
+    Unavailable: lambda exc: Refusal(503, str(exc), exc.problem),
+}, _wrong_path, _internal)
 
 
 # -- /filter's decision and its bytes ------------------------------------------------------------------------
 
 def _decide(ex: Extender, pod: dict[str, Any], req: Requirements, names: list[str],
-            objects: list[dict[str, Any]] | None) -> tuple[FilterResult, bytes] | ORJSONResponse:
+            objects: list[dict[str, Any]] | None) -> tuple[FilterResult, bytes]:
+    """The verdict and its bytes; raises ShapeError for a passing node too deep to echo back."""
     result = ex.placement.filter(req, names)  # a kind's unchanged answer comes back with its bytes
     # Room preemption made for a nominated pod of equal or higher priority stays its (nominated.py).
     result = keep_for_nominated(ex.placement, req, result, pod_priority(pod.get("spec") or {}), pod_key_of(pod),
                                 str((pod.get("metadata") or {}).get("uid") or ""))
-    try:
-        return result, _encode_filter(result, objects)
-    except ShapeError as exc:  # a passing node too deep to echo back
-        return ex.refuse("filter", 400, "malformed", str(exc))
+    return result, _encode_filter(result, objects)
 
 
 # -- /bind: the fit checked again, then the Binding ------------------------------------------------------------
@@ -200,9 +169,10 @@ def _decide(ex: Extender, pod: dict[str, Any], req: Requirements, names: list[st
 async def _bind(ex: Extender, namespace: str, name: str, uid: str, node: str) -> str:
     key = pod_key(namespace, name)
     with ex.view.lock:  # the fit is checked and the memory reserved in one step: no other bind in between
-        reserved = _recheck_and_reserve(ex, key, uid, node)
-        if isinstance(reserved, str):
-            return reserved
+        checked = _recheck_and_reserve(ex, key, uid, node)
+    if checked.refused:
+        return checked.refused
+    reserved = checked.reserved
     try:
         # The API call, a coroutine on this loop (no thread, a kept connection): outside the lock.
         await ex.binder.bind(namespace, name, uid, node)
@@ -214,30 +184,44 @@ async def _bind(ex: Extender, namespace: str, name: str, uid: str, node: str) ->
     return ""
 
 
-def _recheck_and_reserve(ex: Extender, key: str, uid: str, node: str) -> bool | str:
-    """Whether a reservation was made, or why the bind is refused. kube-scheduler binds
+@dataclass(slots=True, frozen=True)
+class Recheck:
+    """/bind's second look: `refused`, why the Binding is not made (empty: it is); `reserved`, whether the
+    pod's GPUs were reserved on the node (released again when the Binding surely failed)."""
+
+    refused: str = ""
+    reserved: bool = False
+
+
+_NOTHING_HELD = Recheck()  # the Binding goes ahead with nothing to reserve
+_RESERVED = Recheck(reserved=True)
+
+
+def _recheck_and_reserve(ex: Extender, key: str, uid: str, node: str) -> Recheck:
+    """Whether the bind may go ahead, and whether a reservation was made. kube-scheduler binds
     asynchronously: other pods may have been bound since this one's /filter, so its verdict is
     taken again now, with every reservation counted."""
     view = ex.view
     view.expire_reservations()
     if node not in view.nodes:
-        return unknown_node()
+        return Recheck(unknown_node())
     pod = view.pods.get(key)
     # Identity is the UID: the view may still show the pod this one replaced under the same name (a
     # StatefulSet's, with the watch a moment behind), bound elsewhere; that says nothing of this pod.
     if pod is not None and pod.node and same_pod(pod.uid, uid):
-        return False  # already bound: the binder says to which node
+        return _NOTHING_HELD  # already bound: the binder says to which node
     known = ex.recent.get(key)
     if known is None:
         if pod is None or not pod.gpus:
-            return False  # a pod with no GPU: nothing to check or hold
-        return (f"pod {key} was not filtered by this extender (restarted since its /filter?); "
-                "kube-scheduler retries it")
+            return _NOTHING_HELD  # a pod with no GPU: nothing to check or hold
+        return Recheck(f"pod {key} was not filtered by this extender (restarted since its /filter?); "
+                       "kube-scheduler retries it")
     filtered_uid, req = known
     if uid and filtered_uid and uid != filtered_uid:
-        return f"pod {key} has UID {uid}, not {filtered_uid} as filtered: it was replaced; kube-scheduler retries"
+        return Recheck(f"pod {key} has UID {uid}, not {filtered_uid} as filtered: it was replaced; kube-scheduler "
+                       "retries")
     if not req.wants_gpu:
-        return False
+        return _NOTHING_HELD
     held = view.reservations.get(key)  # a retry after an ambiguous failure: its own hold does not count
     if held is not None:
         view.release(key)
@@ -247,11 +231,11 @@ def _recheck_and_reserve(ex: Extender, key: str, uid: str, node: str) -> bool | 
     if problem is not None:
         if held is not None:
             view.reserve(key, held.node, held.gpus, held.memory_annotation, held.uid)
-        metrics.DECISIONS.labels("extender", "BindRefused").inc()
-        return f"{problem} (checked again at /bind; kube-scheduler retries the pod)"
+        ex.decisions.count(BIND_REFUSED)
+        return Recheck(f"{problem} (checked again at /bind; kube-scheduler retries the pod)")
     memory = f"{req.memory_mib}Mi" if req.memory_mib is not None else None  # the ask /filter judged
     view.reserve(key, node, req.gpus, memory, uid or filtered_uid)
-    return True
+    return _RESERVED
 
 
 _NOT_DECIDED = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}}

@@ -24,6 +24,7 @@ from gpu_placement.decide.preemption import preempt as preempt_on
 from gpu_placement.facts.pods import pod_priority
 from gpu_placement.observe import metrics
 from gpu_placement.web import shape
+from gpu_placement.web.edge import Unavailable
 from gpu_placement.web.http import ORJSONResponse
 from gpu_placement.web.shape import ShapeError
 
@@ -32,8 +33,8 @@ __all__ = ["PreemptWireError", "encode_result", "parse_preemption_args", "preemp
 log = logging.getLogger("gpu_placement.extender")
 
 
-class PreemptWireError(ValueError):
-    """The request is not an ExtenderPreemptionArgs; the message says what is wrong."""
+class PreemptWireError(WireError):
+    """The request is not an ExtenderPreemptionArgs; the message says what is wrong (a 400, as every WireError)."""
 
 
 def parse_preemption_args(args: ExtenderPreemptionArgs) -> tuple[dict[str, Any], dict[str, Proposal]]:
@@ -92,16 +93,10 @@ def encode_result(plans: dict[str, NodePlan]) -> bytes:
 
 async def preempt(request: Request) -> ORJSONResponse:
     ex = extender(request)
-    body = await ex.body(request, "preempt")
-    if isinstance(body, ORJSONResponse):
-        return body
-    try:
-        pod, proposals = parse_preemption_args(json_object(body, "ExtenderPreemptionArgs"))
-    except (PreemptWireError, WireError) as exc:
-        return ex.refuse("preempt", 400, "malformed", str(exc))
+    pod, proposals = parse_preemption_args(json_object(await ex.body(request), "ExtenderPreemptionArgs"))
     up, why = ex.ready()
     if not up:  # an answer from a partial view could evict the wrong pods; kube-scheduler retries
-        return ex.refuse("preempt", 503, "not_ready", f"gpu-placement is not ready: {why}")
+        raise Unavailable(f"gpu-placement is not ready: {why}")
     spec = pod.get("spec") or {}
     placement = ex.placement
     if spec.get("preemptionPolicy") == "Never":

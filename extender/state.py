@@ -1,6 +1,7 @@
 """What the extender's routes share, kept on `app.state.extender`: the view and the deciders, the binder,
 what /filter remembered for /bind, and the three steps every verb begins with (read the body, parse it,
-check the view is whole), each answering in the protocol's own error field when it fails."""
+check the view is whole). The first two raise what is wrong (`BodyTooLarge`, `WireError`, `ShapeError`),
+which the app answers in the protocol's own error field (extender/app.py, gpu_placement/web/edge.py)."""
 
 from __future__ import annotations
 
@@ -12,22 +13,25 @@ from typing import Any
 
 from starlette.requests import Request
 
-from extender.args import ParsedArgs, WireError, parse_extender_args
+from extender.args import ParsedArgs, parse_extender_args
 from extender.binding import Binder
 from extender.settle import Settle
 from gpu_placement.decide.placement import Placement
 from gpu_placement.decide.requirements import Requirements
 from gpu_placement.facts.pods import pod_key
-from gpu_placement.observe import metrics
 from gpu_placement.report.cluster_metrics import ClusterMetrics, tracker_for
 from gpu_placement.view.cluster import ClusterView
-from gpu_placement.web.http import BodyTooLarge, ORJSONResponse, read_body
-from gpu_placement.web.shape import ShapeError
+from gpu_placement.web import shape
+from gpu_placement.web.edge import Decisions
+from gpu_placement.web.http import read_body
 
-__all__ = ["DEFAULT_MAX_BODY", "Extender", "extender", "pod_key_of"]
+__all__ = ["BIND_REFUSED", "DEFAULT_MAX_BODY", "VIEW_NOT_READY", "Extender", "extender", "pod_key_of"]
 
 log = logging.getLogger("gpu_placement.extender")
-DEFAULT_MAX_BODY = 64 * 2**20
+DEFAULT_MAX_BODY = shape.EXTENDER_MAX_BODY
+# The extender's own decision codes, beside the node reasons of gpu_placement/decide/rules.py:
+VIEW_NOT_READY = "ViewNotReady"  # answered before the view's first full list (an Error kube-scheduler retries)
+BIND_REFUSED = "BindRefused"  # /bind found the node no longer fits (extender/app.py _recheck_and_reserve)
 _RECENT_PODS = 10_000  # pods seen in /filter, so /bind knows their ask before the watch shows them
 
 
@@ -41,7 +45,7 @@ class Extender:
     # pod -> (UID, what /filter judged): /bind re-checks the fit the pod was filtered for
     recent: OrderedDict[str, tuple[str, Requirements]] = field(default_factory=OrderedDict)
     tracker: ClusterMetrics | None = None  # pods rejected on every node, for gpu_placement_pods_waiting
-    decisions: dict[str, Any] = field(default_factory=dict)  # reason code -> its counter child, looked up once
+    decisions: Decisions = field(default_factory=lambda: Decisions("extender"))  # gpu_placement_decisions_total
     settle: Settle | None = None  # when an answer that passes no node waits for the view (extender/settle.py)
     listed: bool = False  # latched: a view once listed in full keeps serving (a dead API server changes nothing)
 
@@ -50,28 +54,14 @@ class Extender:
         if self.settle is None:
             self.settle = Settle(self.view)
 
-    def refuse(self, verb: str, status: int, problem: str, message: str) -> ORJSONResponse:
-        log.warning("extender %s refused (%d): %s", verb, status, message)
-        metrics.BAD_REQUESTS.labels("extender", problem).inc()
-        metrics.REQUESTS.labels("extender", verb, str(status)).inc()
-        error: Any = {"Error": message}
-        return ORJSONResponse(error, status_code=status)
+    async def body(self, request: Request) -> bytes:
+        """The body; raises BodyTooLarge past --extender-max-body-bytes."""
+        return await read_body(request, self.max_body)
 
-    async def body(self, request: Request, verb: str) -> bytes | ORJSONResponse:
-        try:
-            return await read_body(request, self.max_body)
-        except BodyTooLarge as exc:
-            return self.refuse(verb, 413, "too_large", f"{exc} (raise it with --extender-max-body-bytes)")
-
-    async def args(self, request: Request, verb: str) -> ParsedArgs | ORJSONResponse:
-        """The `ExtenderArgs` of /filter and /prioritize, or the 400 that says what is wrong with them."""
-        body = await self.body(request, verb)
-        if isinstance(body, ORJSONResponse):
-            return body
-        try:
-            return parse_extender_args(body)
-        except (WireError, ShapeError) as exc:
-            return self.refuse(verb, 400, "malformed", str(exc))
+    async def args(self, request: Request) -> ParsedArgs:
+        """The `ExtenderArgs` of /filter and /prioritize; raises what is wrong with them (BodyTooLarge,
+        WireError, ShapeError)."""
+        return parse_extender_args(await self.body(request))
 
     def not_ready(self, verb: str) -> str | None:
         """Why the view cannot decide yet: before every kind's first full list (a restart, a leader
@@ -82,7 +72,7 @@ class Extender:
         if ok:
             self.listed = True
             return None
-        metrics.DECISIONS.labels("extender", "ViewNotReady").inc()
+        self.decisions.count(VIEW_NOT_READY)
         log.info("extender %s answered Error: view not ready: %s", verb, why)
         return f"view not ready: {why}; kube-scheduler retries the pod with backoff"
 
@@ -92,13 +82,6 @@ class Extender:
         self.recent.move_to_end(key)
         if len(self.recent) > _RECENT_PODS:
             self.recent.popitem(last=False)
-
-    def count(self, reasons: dict[str, int]) -> None:
-        for code, number in reasons.items():
-            counter = self.decisions.get(code)
-            if counter is None:
-                counter = self.decisions[code] = metrics.DECISIONS.labels("extender", code)
-            counter.inc(number)
 
 
 def extender(request: Request) -> Extender:

@@ -269,9 +269,8 @@ def test_a_validator_already_waiting_when_the_process_starts_keeps_its_node_unta
     """After a restart (serve's own order: core_from_cluster starts the list+watch, the servers and
     certificates come up, then _start_dra_taints), a DRA validator pod that was pending before the
     controller existed still holds its node's rule back: a taint would lock it out for good."""
-    import argparse
-
     from gpu_placement.app.assembly import _kinds, _start_dra_taints, core_from_cluster
+    from gpu_placement.app.serve_options import ServeOptions
 
     fake = FakeApiServer(dra="v1", taint_rules="v1").start()
     core = None
@@ -279,11 +278,10 @@ def test_a_validator_already_waiting_when_the_process_starts_keeps_its_node_unta
         fake.load([namespace("gpu-placement"), namespace("gpu-operator"), *device_classes(), dra_node("gpu-new"),
                    resource_slice("gpu-new", 2), waiting_validator("gpu-new")])
         config = Config()
-        args = argparse.Namespace(components=["webhook"], quota_mirror=True, namespace="gpu-placement",
-                                  dra_lease="gpu-placement-dra", owner=None)
-        core = core_from_cluster(config, str(fake.write_kubeconfig(tmp_path / "kubeconfig")), _kinds(args, config))
+        options = ServeOptions(components=("webhook",), namespace="gpu-placement")
+        core = core_from_cluster(config, str(fake.write_kubeconfig(tmp_path / "kubeconfig")), _kinds(options, config))
         wait_for(lambda: {"pods", "nodes", "resourceslices"} <= core.view.listed, what="the first lists")
-        _start_dra_taints(args, core)
+        _start_dra_taints(options, core)
         controller = core.stoppers[-1].__self__  # type: ignore[attr-defined]
         assert isinstance(controller, TaintController)
         wait_for(lambda: controller.holds == {"gpu-new"}, what="the node's rule held back for its validator")

@@ -11,6 +11,7 @@ import pytest
 from gpu_placement.observe import metrics
 from gpu_placement.samples.dra import device_classes
 from tests.test_webhook_helpers import Webhook, user_pod
+from webhook.admission import AUDIT, AUDIT_OVER_QUOTA
 from webhook.audit import KEEP_OFF, would_do
 
 pytestmark = pytest.mark.timeout(30)
@@ -97,3 +98,13 @@ def test_a_dra_pod_is_not_routed_either(hook: Webhook, audit: Webhook) -> None:
     assert ops == [] and mutated == pod, "audit mode: nothing a pod runs with changes"
     assert response["warnings"] == [would_do(enforce_ops, ["training"])]
     assert "set schedulerName gpu-placement" in response["warnings"][0]
+
+
+def test_validate_counts_what_enforce_would_refuse_under_its_audit_code(audit: Webhook) -> None:
+    """Every refusal code has its audit code written out (webhook/admission.py AUDIT), so a grep for
+    AuditOverQuota finds the rule that counts it."""
+    unshaped, _, _ = audit.mutate(user_pod("inference", "big", gpus={"nvidia.com/gpu": 5}), "inference")
+    before = decided(AUDIT_OVER_QUOTA)
+    audit.validate(unshaped, "inference", dry_run=True)
+    assert decided("AuditOverQuota") == before + 1
+    assert all(code == f"Audit{refusal}" for refusal, code in AUDIT.items())

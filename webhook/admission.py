@@ -11,8 +11,8 @@ Exempt, NamespacePolicyBroken, NamespaceUnknown, AnnotationsFixed, Monitor (in t
 (review.py); BadAnnotation, NoGpuAccess, Escalation, Allowed (here); NotShaped, NotShapedAllowed
 (shaping.py); OverQuota, NotInQuota (quota.py); QuotaPending (quota_gate.py); TemplatePending
 (dra_claims.py); ClaimOutsidePolicy (dra_validate.py). In audit mode a would-be
-denial is counted as `Audit<code>`, and so is a patch /mutate would have sent (`AuditMutated`,
-`AuditKeptOffGpuNodes`): audit mode changes no pod (webhook/audit.py).
+denial is counted as its `Audit<code>`, and so is a patch /mutate would have sent (`AuditMutated`,
+`AuditKeptOffGpuNodes`): audit mode changes no pod (webhook/audit.py). The audit codes are `AUDIT`, here.
 """
 
 from __future__ import annotations
@@ -63,7 +63,15 @@ from webhook.patches import (
     shaped_requests,
     tolerates_gpu_taint,
 )
-from webhook.quota import NOT_IN_QUOTA, Reservations, held_warnings, name_advice, quota_problems, unheld_names
+from webhook.quota import (
+    NOT_IN_QUOTA,
+    OVER_QUOTA,
+    Reservations,
+    held_warnings,
+    name_advice,
+    quota_problems,
+    unheld_names,
+)
 from webhook.quota_gate import GATED_HOLD_SECONDS, QUOTA_PENDING, keys_pending, quota_pending
 from webhook.review import (
     AdmissionRequest,
@@ -88,6 +96,26 @@ MONITOR = "Monitor"
 BAD_POD, BAD_ANNOTATION, NO_GPU_ACCESS, ESCALATION, ALLOWED = (
     "BadPod", "BadAnnotation", "NoGpuAccess", "Escalation", "Allowed")
 _RETRIABLE = (QUOTA_PENDING, TEMPLATE_PENDING)  # refusals that pass by themselves: 503, nothing is wrong with the pod
+# Audit mode's codes: what a patch or a refusal would have been, counted under a code of its own. Written
+# out, so that a grep for AuditOverQuota finds its rule; every code a refusal can carry has one.
+AUDIT_MUTATED = "AuditMutated"
+AUDIT_KEPT_OFF_GPU = "AuditKeptOffGpuNodes"
+AUDIT_NAMESPACE_UNKNOWN = "AuditNamespaceUnknown"
+AUDIT_ANNOTATIONS_FIXED = "AuditAnnotationsFixed"
+AUDIT_CLAIM_OUTSIDE_POLICY = "AuditClaimOutsidePolicy"
+AUDIT_BAD_ANNOTATION = "AuditBadAnnotation"
+AUDIT_NO_GPU_ACCESS = "AuditNoGpuAccess"
+AUDIT_ESCALATION = "AuditEscalation"
+AUDIT_NOT_SHAPED = "AuditNotShaped"
+AUDIT_OVER_QUOTA = "AuditOverQuota"
+AUDIT_NOT_IN_QUOTA = "AuditNotInQuota"
+AUDIT_QUOTA_PENDING = "AuditQuotaPending"
+AUDIT_TEMPLATE_PENDING = "AuditTemplatePending"
+AUDIT = {MUTATED: AUDIT_MUTATED, KEPT_OFF_GPU: AUDIT_KEPT_OFF_GPU, NAMESPACE_UNKNOWN: AUDIT_NAMESPACE_UNKNOWN,
+         ANNOTATIONS_FIXED: AUDIT_ANNOTATIONS_FIXED, CLAIM_OUTSIDE_POLICY: AUDIT_CLAIM_OUTSIDE_POLICY,
+         BAD_ANNOTATION: AUDIT_BAD_ANNOTATION, NO_GPU_ACCESS: AUDIT_NO_GPU_ACCESS, ESCALATION: AUDIT_ESCALATION,
+         NOT_SHAPED: AUDIT_NOT_SHAPED, OVER_QUOTA: AUDIT_OVER_QUOTA, NOT_IN_QUOTA: AUDIT_NOT_IN_QUOTA,
+         QUOTA_PENDING: AUDIT_QUOTA_PENDING, TEMPLATE_PENDING: AUDIT_TEMPLATE_PENDING}  # code -> its audit code
 
 
 @dataclass(slots=True)
@@ -264,7 +292,7 @@ class Admission:
 
     def _told(self, uid: str, text: str, reason: str, subject: Subject) -> Decision:
         """Audit mode: the patch is not sent; the warning says what it would have done."""
-        return self._decision(allowed(uid, warnings=[text]), f"Audit{reason}", subject, [text])
+        return self._decision(allowed(uid, warnings=[text]), AUDIT[reason], subject, [text])
 
     def _claims(self, uid: str, subject: Subject) -> Decision | None:
         """A pod whose ResourceClaims ask for a GPU device class (DRA): routed to the gpu-placement scheduler
@@ -330,7 +358,7 @@ class Admission:
                 "how it is placed) and cannot be changed on a running pod: delete the pod and create it again with "
                 "the annotations you want")
         if self.config.mode == "audit":
-            return Decision(allowed(uid, warnings=[text]), f"Audit{ANNOTATIONS_FIXED}", namespace, name, [text])
+            return Decision(allowed(uid, warnings=[text]), AUDIT_ANNOTATIONS_FIXED, namespace, name, [text])
         return Decision(denied(uid, text), ANNOTATIONS_FIXED, namespace, name, [text])
 
     def _claim_object(self, request: AdmissionRequest, resource: str) -> Decision:
@@ -352,7 +380,7 @@ class Admission:
         if not problems:
             return Decision(allowed(uid), ALLOWED, namespace, name)
         if self.config.mode == "audit":
-            return Decision(allowed(uid, warnings=problems), f"Audit{CLAIM_OUTSIDE_POLICY}", namespace, name, problems)
+            return Decision(allowed(uid, warnings=problems), AUDIT_CLAIM_OUTSIDE_POLICY, namespace, name, problems)
         return Decision(denied(uid, _joined(problems)), CLAIM_OUTSIDE_POLICY, namespace, name, problems)
 
     def _validate(self, uid: str, subject: Subject) -> Decision:
@@ -365,7 +393,7 @@ class Admission:
         unknown = self._unknown_namespace(namespace)
         if unknown is not None:
             if config.mode == "audit":
-                return self._decision(allowed(uid, warnings=[unknown]), f"Audit{NAMESPACE_UNKNOWN}", subject,
+                return self._decision(allowed(uid, warnings=[unknown]), AUDIT_NAMESPACE_UNKNOWN, subject,
                                       [unknown])
             # 503: nothing is wrong with the pod; the same request a moment later is decided normally.
             return self._decision(denied(uid, unknown, 503, "ServiceUnavailable"), NAMESPACE_UNKNOWN, subject,
@@ -434,7 +462,7 @@ class Admission:
                 self.reservations.hold(namespace, subject.key, subject.uid, gpus)
         if unchecked is not None and not subject.dry_run:
             NGC_UNCHECKED.labels(unchecked.why).inc()
-        reason = f"Audit{problems[0][0]}" if problems else ALLOWED
+        reason = AUDIT[problems[0][0]] if problems else ALLOWED
         told = None if audit or problems else self._unshaped_told(policy, subject, where)
         if told is not None:
             texts, reason = [told], NOT_SHAPED_ALLOWED
@@ -493,7 +521,7 @@ class Admission:
         if not problems:
             return self._decision(allowed(uid, warnings=held), ALLOWED, subject, held)
         if not refused:
-            return self._decision(allowed(uid, warnings=texts), f"Audit{problems[0][0]}", subject, texts)
+            return self._decision(allowed(uid, warnings=texts), AUDIT[problems[0][0]], subject, texts)
         retriable = problems[0][0] in _RETRIABLE and len(problems) == 1
         response = denied(uid, _joined(texts), 503, "ServiceUnavailable") if retriable else denied(uid, _joined(texts))
         return self._decision(response, problems[0][0], subject, texts)

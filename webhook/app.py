@@ -6,7 +6,10 @@ Answers, by what came in:
   Every non-200 answer has a JSON `v1.Status` body (`kind: Status`, `status: Failure`, `message`,
   `reason`, `code`), the shape the API server uses for its own errors, and is logged and counted.
 Query strings (`?timeout=10s`, which the API server appends) are ignored by the routing. One endpoint
-per verb (`mutate`, `validate`), each a function of the request; what they share is `app.state.webhook`.
+per verb (`mutate`, `validate`), each a function of the request that answers 200; what they share is
+`app.state.webhook`. A request refused is raised (`BodyTooLarge`, `ReviewError`) and answered by the app's
+exception handlers with a `v1.Status`; `_EDGE` (gpu_placement/web/edge.py) says how, times each verb and
+answers a bug with a 500.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,21 +24,19 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.routing import Route
 
 from gpu_placement.base.config import Config
-from gpu_placement.observe import metrics
 from gpu_placement.view.cluster import ClusterView
+from gpu_placement.web.edge import Decisions, Edge, Refusal
 from gpu_placement.web.http import BodyTooLarge, ORJSONResponse, ops_routes, read_body
 from webhook.admission import Admission, Decision
 from webhook.holds import HoldChecker
 from webhook.review import AdmissionRequest, ReviewError, encode_review, parse_review, status_body
 
-__all__ = ["MAX_BODY", "Webhook", "crashed", "create_app", "mutate", "not_found", "validate"]
+__all__ = ["MAX_BODY", "Webhook", "create_app", "mutate", "validate"]
 
 log = logging.getLogger("gpu_placement.webhook")
 MAX_BODY = 3 * 2**20  # the API server caps objects at about 1.5 MiB; a review holds one, plus its metadata
-_VERBS = ("mutate", "validate")
 # (namespace, pod name, pod uid, warnings, the peer's address): see create_app.
 Warned = Callable[[str, str, str, list[str], str], None]
 
@@ -53,8 +53,7 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
     bounded per peer); a dict insert, no I/O."""
     admission = Admission(view, config, api, quota_gate, dra_version)
     state = Webhook(admission, HoldChecker(admission.reservations, api) if api is not None else None, on_warned)
-    routes = [Route("/mutate", mutate, methods=["POST"]), Route("/validate", validate, methods=["POST"]),
-              *ops_routes(ready)]
+    routes = [_EDGE.route("mutate", mutate), _EDGE.route("validate", validate), *ops_routes(ready)]
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -66,8 +65,7 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
             if state.holds is not None:
                 state.holds.stop()
 
-    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: crashed},
-                    lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers=_EDGE.handlers(), lifespan=lifespan)
     app.state.webhook = state
     app.state.admission = admission  # for tests and the demo: the policy cache and reservations
     app.state.holds = state.holds
@@ -76,17 +74,13 @@ def create_app(view: ClusterView, config: Config, ready: Callable[[], tuple[bool
 
 @dataclass(slots=True, eq=False)
 class Webhook:
-    """What the routes share, on `app.state.webhook`: the decisions, the thread settling quota holds, the
-    hook for admission warnings, and the metric children looked up once so the hot path skips labels()."""
+    """What the routes share, on `app.state.webhook`: the decisions and their counters, the thread settling
+    quota holds, and the hook for admission warnings."""
 
     admission: Admission
     holds: HoldChecker | None = None
     on_warned: Warned | None = None
-    timers: dict[str, Any] = field(default_factory=lambda: {
-        verb: metrics.REQUEST_SECONDS.labels("webhook", verb) for verb in _VERBS})
-    answered: dict[str, Any] = field(default_factory=lambda: {
-        verb: metrics.REQUESTS.labels("webhook", verb, "200") for verb in _VERBS})
-    decided: dict[str, Any] = field(default_factory=dict)  # reason -> its gpu_placement_decisions child
+    decisions: Decisions = field(default_factory=lambda: Decisions("webhook"))  # gpu_placement_decisions_total
 
 
 # -- the two verbs -------------------------------------------------------------------------------------------
@@ -101,33 +95,34 @@ async def validate(request: Request) -> ORJSONResponse:
     return await _handle(request, state, "validate", state.admission.validate)
 
 
-async def not_found(request: Request, exc: Exception) -> ORJSONResponse:
-    status = getattr(exc, "status_code", 404)
-    reason = "NotFound" if status == 404 else "MethodNotAllowed"
-    return _refuse(request.url.path.strip("/") or "root", status, reason, "bad_path",
-                   f"{request.method} {request.url.path} is not a webhook endpoint: the API server calls "
-                   "POST /mutate and POST /validate")
+# -- how the webhook refuses: a v1.Status, as the API server answers its own errors ------------------------
+
+def _status(refusal: Refusal) -> bytes:
+    return orjson.dumps(status_body(refusal.status, refusal.reason, refusal.message))
 
 
-async def crashed(request: Request, exc: Exception) -> ORJSONResponse:
-    log.exception("webhook %s failed", request.url.path)
-    return _refuse(request.url.path.strip("/"), 500, "InternalError", "internal", _internal(exc))
+def _wrong_path(request: Request, status: int) -> Refusal:
+    return Refusal(status, f"{request.method} {request.url.path} is not a webhook endpoint: the API server calls "
+                   "POST /mutate and POST /validate", "bad_path", "NotFound" if status == 404 else "MethodNotAllowed")
+
+
+def _internal(exc: Exception) -> Refusal:
+    return Refusal(500, f"internal error in the gpu-placement webhook: {type(exc).__name__}: {exc}", "internal",
+                   "InternalError")
+
+
+_EDGE = Edge("webhook", log, _status, {
+    BodyTooLarge: lambda exc: Refusal(413, f"{exc}: an AdmissionReview of one pod is far smaller", "too_large",
+                                      "RequestEntityTooLarge"),
+    ReviewError: lambda exc: Refusal(400, str(exc), exc.problem, "BadRequest"),
+}, _wrong_path, _internal)
 
 
 # -- what both verbs do -------------------------------------------------------------------------------------
 
 async def _handle(request: Request, state: Webhook, verb: str,
                   decide: Callable[[AdmissionRequest], Decision]) -> ORJSONResponse:
-    start = time.perf_counter()
-    try:
-        body = await read_body(request, MAX_BODY)
-    except BodyTooLarge as exc:
-        return _refuse(verb, 413, "RequestEntityTooLarge", "too_large",
-                       f"{exc}: an AdmissionReview of one pod is far smaller")
-    try:
-        review = parse_review(body)
-    except ReviewError as exc:
-        return _refuse(verb, 400, "BadRequest", exc.problem, str(exc))
+    review = parse_review(await read_body(request, MAX_BODY))
     admission = state.admission
     reads: list[Awaitable[None]] = []
     namespace = admission.namespace_to_read(review)
@@ -142,16 +137,9 @@ async def _handle(request: Request, state: Webhook, verb: str,
         decision = decide(review)
         encoded = encode_review(decision.response)
     except Exception as exc:
-        # Answered here rather than by Starlette's error middleware: that one re-raises to the
-        # server after answering, and uvicorn then drops the connection, with the answer
-        # sometimes still unsent on a TLS connection.
-        log.exception("webhook %s failed for request %s", verb, review["uid"])
-        return _refuse(verb, 500, "InternalError", "internal", _internal(exc))
-    counter = state.decided.get(decision.reason)
-    if counter is None:
-        counter = state.decided[decision.reason] = metrics.DECISIONS.labels("webhook", decision.reason)
-    counter.inc()
-    state.answered[verb].inc()
+        exc.add_note(f"for request {review['uid']}")  # in the line the edge logs
+        raise
+    state.decisions.count(decision.reason)
     if state.on_warned is not None and verb == "validate" and decision.response.get("warnings") and \
             decision.response["allowed"] and review.get("operation", "CREATE") == "CREATE" and \
             not review.get("dryRun") and not (review.get("resource") or {}).get("group"):
@@ -159,16 +147,4 @@ async def _handle(request: Request, state: Webhook, verb: str,
         state.on_warned(decision.namespace, decision.pod, decision.uid, list(decision.response["warnings"]), peer)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("webhook decision %s", orjson.dumps(decision.log_entry(verb)).decode())
-    state.timers[verb].observe(time.perf_counter() - start)
     return ORJSONResponse(encoded)
-
-
-def _refuse(verb: str, status: int, reason: str, problem: str, message: str) -> ORJSONResponse:
-    log.warning("webhook %s refused (%d %s): %s", verb, status, reason, message)
-    metrics.BAD_REQUESTS.labels("webhook", problem).inc()
-    metrics.REQUESTS.labels("webhook", verb, str(status)).inc()
-    return ORJSONResponse(orjson.dumps(status_body(status, reason, message)), status_code=status)
-
-
-def _internal(exc: Exception) -> str:
-    return f"internal error in the gpu-placement webhook: {type(exc).__name__}: {exc}"

@@ -6,14 +6,14 @@ under their Leases (quota mirror, DRA taints, Events, launch outcomes, certifica
 registration). Below it, `Core`: the view, its source and the deciders, built from a live API server
 (`core_from_cluster`), a snapshot (`core_from_snapshot`) or a list of objects (`core_from_objects`: the
 demo, explain, tests).
-Nothing below gpu_placement/app/ reads `serve`'s command line: what a layer needs is handed to it here.
+`serve` reads its options (gpu_placement/app/serve_options.py, built once from the command line); nothing
+below gpu_placement/app/ reads them: what a layer needs is handed to it here.
 
 This module, the CLI and the commands are the only ones that import both `extender` and `webhook`.
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import gc
 import logging
@@ -32,7 +32,9 @@ from starlette.applications import Starlette
 from extender.app import DEFAULT_MAX_BODY
 from extender.app import create_app as create_extender_app
 from extender.binding import Binder, SnapshotBinder
+from gpu_placement.app.serve_options import ServeOptions
 from gpu_placement.base.config import Config, load_config
+from gpu_placement.base.errors import UsageError
 from gpu_placement.controllers import events as _events  # noqa: F401 - registers gpu_placement_events_total on /metrics
 from gpu_placement.decide.placement import Placement
 from gpu_placement.decide.rollout import track_rollout
@@ -50,7 +52,7 @@ from gpu_placement.view.snapshot import SnapshotSource
 from gpu_placement.web.http import ops_routes
 from gpu_placement.web.serving import run_servers
 
-__all__ = ["MMAP_THRESHOLD", "SWITCH_INTERVAL_S", "TRIM_THRESHOLD", "Core", "UsageError", "core_from_cluster",
+__all__ = ["MMAP_THRESHOLD", "SWITCH_INTERVAL_S", "TRIM_THRESHOLD", "Core", "core_from_cluster",
            "core_from_objects", "core_from_snapshot", "discover_dra", "fix_malloc_thresholds", "freeze_heap",
            "health_app", "serve"]
 
@@ -78,56 +80,53 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc malloc.h
 
 # -- the process: gpu-placement serve ---------------------------------------------------------------------------------
 
-class UsageError(Exception):
-    pass
-
-
-def serve(args: argparse.Namespace) -> int:
+def serve(options: ServeOptions) -> int:
     from gpu_placement.web.tls import ReloadingTLS, make_server
 
-    setup_logging(args.log_level)
+    setup_logging(options.log_level)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     fix_malloc_thresholds()
-    config = load_config(args.config)
-    if bool(args.extender_tls_cert) != bool(args.extender_tls_key):
+    config = load_config(options.config)
+    if bool(options.extender_tls_cert) != bool(options.extender_tls_key):
         raise UsageError("--extender-tls-cert and --extender-tls-key go together")
-    if getattr(args, "manage_certs", False):  # refuse bad lifetimes before connecting anywhere
+    if options.manage_certs:  # refuse bad lifetimes before connecting anywhere
         from webhook.rotation import RotationSettings
 
         try:
-            RotationSettings.from_args(args)
+            RotationSettings.from_args(options)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    webhooks = _webhook_spec(args)
-    core = (core_from_snapshot(config, args.snapshot, watch=True, needs_nodes=True) if args.snapshot
-            else core_from_cluster(config, args.kubeconfig, _kinds(args, config)))
+    webhooks = _webhook_spec(options)
+    core = (core_from_snapshot(config, options.snapshot, watch=True, needs_nodes=True) if options.snapshot
+            else core_from_cluster(config, options.kubeconfig, _kinds(options, config)))
     servers = []
     try:
-        if "extender" in args.components and args.managed_resources:
+        if "extender" in options.components and options.managed_resources:
             from extender.managed import UnmanagedResources
 
-            UnmanagedResources(core.view, args.managed_resources)
-        if "extender" in args.components:
-            tls = (ReloadingTLS(args.extender_tls_cert, args.extender_tls_key) if args.extender_tls_cert else None)
-            host, port = args.extender_listen
-            servers.append(make_server(core.extender_app(args.extender_max_body_bytes), host, port, tls=tls))
+            UnmanagedResources(core.view, options.managed_resources)
+        if "extender" in options.components:
+            tls = (ReloadingTLS(options.extender_tls_cert, options.extender_tls_key) if options.extender_tls_cert
+                   else None)
+            host, port = options.extender_listen
+            servers.append(make_server(core.extender_app(options.extender_max_body_bytes), host, port, tls=tls))
             _track_expiry("extender", tls)
             log.info("extender listening on %s://%s:%d", "https" if tls else "http", host, port)
-        if "webhook" in args.components:
-            tls = _webhook_tls(args, core)
-            host, port = args.webhook_listen
-            server = make_server(core.webhook_app(_start_events(args, core)), host, port, tls=tls)
+        if "webhook" in options.components:
+            tls = _webhook_tls(options, core)
+            host, port = options.webhook_listen
+            server = make_server(core.webhook_app(_start_events(options, core)), host, port, tls=tls)
             servers.append(server)
             _track_expiry("webhook", tls)
-            _start_quota_mirror(args, core)
+            _start_quota_mirror(options, core)
             if webhooks is not None:
-                _start_registration(args, core, webhooks, server, Path(tls.cert_file).parent / "ca.crt")
-            _start_dra_taints(args, core)
-            _start_outcome_counter(args, core)
-            _start_settled_drivers(args, core)
+                _start_registration(options, core, webhooks, server, Path(tls.cert_file).parent / "ca.crt")
+            _start_dra_taints(options, core)
+            _start_outcome_counter(options, core)
+            _start_settled_drivers(options, core)
             log.info("webhook listening on https://%s:%d", host, port)
-        if getattr(args, "health_listen", None):
-            host, port = args.health_listen
+        if options.health_listen:
+            host, port = options.health_listen
             servers.append(make_server(health_app(core.readiness), host, port))
             log.info("health probes on http://%s:%d (/healthz, /readyz)", host, port)
         run_servers(servers)
@@ -153,57 +152,57 @@ def health_app(ready: Callable[[], tuple[bool, str]]) -> Starlette:
     return Starlette(routes=[route for route in ops_routes(ready) if route.path in ("/healthz", "/readyz")])
 
 
-def _kinds(args: argparse.Namespace, config: Any) -> tuple[str, ...]:
+def _kinds(options: ServeOptions, config: Any) -> tuple[str, ...]:
     """What the live view watches: the core kinds, PodDisruptionBudgets for the extender's /preempt,
     and the mirrored ResourceQuotas where the webhook's quota mirror runs."""
     from gpu_placement.view.ingest import KINDS
 
-    extra = ("poddisruptionbudgets",) if "extender" in args.components else ()
-    if "webhook" in args.components and getattr(args, "quota_mirror", True) and config.mode != "audit":
+    extra = ("poddisruptionbudgets",) if "extender" in options.components else ()
+    if "webhook" in options.components and options.quota_mirror and config.mode != "audit":
         extra += ("resourcequotas",)
     return (*KINDS, *extra)
 
 
-def _webhook_spec(args: argparse.Namespace) -> Any:
-    if not getattr(args, "webhooks_file", None):
+def _webhook_spec(options: ServeOptions) -> Any:
+    if not options.webhooks_file:
         return None
-    if "webhook" not in args.components or args.snapshot:
+    if "webhook" not in options.components or options.snapshot:
         raise UsageError("--webhooks-file registers the webhook with an API server: it needs --components webhook "
                          "and no --snapshot")
     from webhook.registration import load_webhook_spec
 
     try:
-        return load_webhook_spec(args.webhooks_file)
+        return load_webhook_spec(options.webhooks_file)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
-def _webhook_tls(args: argparse.Namespace, core: Core) -> Any:
+def _webhook_tls(options: ServeOptions, core: Core) -> Any:
     from gpu_placement.web.tls import ReloadingTLS
 
-    namespace = _namespace(args)
-    chosen = [bool(args.tls_cert or args.tls_key), bool(args.self_signed), bool(args.manage_certs)]
+    namespace = options.home
+    chosen = [bool(options.tls_cert or options.tls_key), bool(options.self_signed), bool(options.manage_certs)]
     if sum(chosen) != 1:
         raise UsageError("the webhook always serves TLS: give exactly one of --tls-cert/--tls-key, "
                          "--self-signed DIR or --manage-certs")
-    if args.tls_cert or args.tls_key:
-        if not (args.tls_cert and args.tls_key):
+    if options.tls_cert or options.tls_key:
+        if not (options.tls_cert and options.tls_key):
             raise UsageError("--tls-cert and --tls-key go together")
-        return ReloadingTLS(args.tls_cert, args.tls_key)
-    if args.self_signed:
+        return ReloadingTLS(options.tls_cert, options.tls_key)
+    if options.self_signed:
         from gpu_placement.web.certs import ensure_self_signed
 
-        host = args.webhook_listen[0]
+        host = options.webhook_listen[0]
         extra = tuple(h for h in (host,) if h not in ("0.0.0.0", "::", ""))
-        bundle = ensure_self_signed(args.self_signed, args.service, namespace, extra)
-        log.info("self-signed webhook certificate in %s (trust %s)", args.self_signed, bundle.ca_cert)
+        bundle = ensure_self_signed(options.self_signed, options.service, namespace, extra)
+        log.info("self-signed webhook certificate in %s (trust %s)", options.self_signed, bundle.ca_cert)
         return ReloadingTLS(str(bundle.cert), str(bundle.key))
     from webhook.rotation import CertificateManager, RotationSettings
 
     if core.api is None:
         raise UsageError("--manage-certs needs the API server (not --snapshot)")
-    manager = CertificateManager(core.api, namespace, args.cert_secret, args.service, args.webhook_configuration,
-                                 args.cert_dir, RotationSettings.from_args(args))
+    manager = CertificateManager(core.api, namespace, options.cert_secret, options.service,
+                                 options.webhook_configuration, options.cert_dir, RotationSettings.from_args(options))
     paths = manager.start()
     core.stoppers.append(manager.stop)
     return ReloadingTLS(str(paths.cert), str(paths.key))
@@ -399,10 +398,10 @@ def freeze_heap() -> None:
 
 # -- what a webhook replica runs beside its server, each under its own Lease ------------------------------------------
 
-def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:
+def _start_quota_mirror(options: ServeOptions, core: Core) -> None:
     """The ResourceQuota mirror: its own Lease, whatever the certificate mode. In audit mode it only
     deletes the ResourceQuotas it kept (audit enforces nothing)."""
-    if not getattr(args, "quota_mirror", True):
+    if not options.quota_mirror:
         return
     if core.api is None:
         log.info("no API server (--snapshot): namespace quotas are not mirrored into ResourceQuotas")
@@ -411,8 +410,8 @@ def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:
 
     if core.config.mode == "audit":
         log.info("audit mode: the ResourceQuotas mirrored in enforce mode are deleted, none is written")
-    mirror = QuotaMirror(core.api, core.view, core.config, _namespace(args), _identity(),
-                         MirrorSettings(lease_name=args.quota_lease, owner=getattr(args, "owner", None)))
+    mirror = QuotaMirror(core.api, core.view, core.config, options.home, _identity(),
+                         MirrorSettings(lease_name=options.quota_lease, owner=options.owner))
     if core.dra.claims_from_templates:  # elsewhere `dra` namespaces stay on the device plugin (view.dra.templates_kept)
         from gpu_placement.controllers.templates import TemplateKeeper
 
@@ -421,7 +420,7 @@ def _start_quota_mirror(args: argparse.Namespace, core: Core) -> None:
     core.stoppers.append(mirror.stop)
 
 
-def _start_dra_taints(args: argparse.Namespace, core: Core) -> None:
+def _start_dra_taints(options: ServeOptions, core: Core) -> None:
     """DeviceTaintRules for unverified nodes' DRA devices: its own Lease, in the webhook replicas."""
     if core.api is None or not core.dra.served:
         return  # no API server, or no resource.k8s.io: nothing to taint (the log said which at start)
@@ -430,27 +429,26 @@ def _start_dra_taints(args: argparse.Namespace, core: Core) -> None:
         return
     from gpu_placement.controllers.dra_taints import TaintController, TaintSettings
 
-    controller = TaintController(core.api, core.view, core.config, _namespace(args), _identity(),
-                                 TaintSettings(lease_name=getattr(args, "dra_lease", "gpu-placement-dra"),
-                                               owner=getattr(args, "owner", None)))
+    controller = TaintController(core.api, core.view, core.config, options.home, _identity(),
+                                 TaintSettings(lease_name=options.dra_lease, owner=options.owner))
     controller.start()
     core.stoppers.append(controller.stop)
 
 
-def _start_outcome_counter(args: argparse.Namespace, core: Core) -> None:
+def _start_outcome_counter(options: ServeOptions, core: Core) -> None:
     """Launch outcomes and node lifecycle times, counted by the holder of its Lease (webhook replicas)."""
     if core.api is None or core.outcomes is None:
         log.info("no API server (--snapshot): launch outcomes are not counted (the Lease keeps what is counted)")
         return
     from gpu_placement.outcomes.counter import CounterSettings, OutcomeCounter
 
-    counter = OutcomeCounter(core.api, core.outcomes, _namespace(args), _identity(),
-                             CounterSettings(lease_name=getattr(args, "outcomes_lease", "gpu-placement-outcomes")))
+    counter = OutcomeCounter(core.api, core.outcomes, options.home, _identity(),
+                             CounterSettings(lease_name=options.outcomes_lease))
     counter.start()
     core.stoppers.append(counter.stop)
 
 
-def _start_settled_drivers(args: argparse.Namespace, core: Core) -> None:
+def _start_settled_drivers(options: ServeOptions, core: Core) -> None:
     """Each node's settled driver on its Node (gpu-placement.io/settled-driver), written by the holder of
     its Lease: a driver pod of that version is a reinstall and does not soak (docs/rollouts.md)."""
     if core.api is None:
@@ -459,24 +457,24 @@ def _start_settled_drivers(args: argparse.Namespace, core: Core) -> None:
         return
     from gpu_placement.controllers.settled_drivers import SettledDrivers, SettledSettings
 
-    recorder = SettledDrivers(core.api, core.placement.rollout, _namespace(args), _identity(),
-                              SettledSettings(lease_name=getattr(args, "drivers_lease", "gpu-placement-drivers")))
+    recorder = SettledDrivers(core.api, core.placement.rollout, options.home, _identity(),
+                              SettledSettings(lease_name=options.drivers_lease))
     recorder.start()
     core.stoppers.append(recorder.stop)
 
 
-def _start_events(args: argparse.Namespace, core: Core) -> Any:
+def _start_events(options: ServeOptions, core: Core) -> Any:
     """Kubernetes Events (gpu_placement/controllers/events.py) from the webhook replicas: Node and Namespace ones by the
     holder of --events-lease, a pod's admission warnings by the replica that admitted it. Returns the
     webhook's hook for those warnings (None: no API server, or --no-events)."""
-    if core.api is None or not getattr(args, "events", True):
+    if core.api is None or not options.events:
         return None
     from gpu_placement.controllers.events import EventWriter, PodWarnings, watch_namespaces, watch_nodes
     from gpu_placement.kube.lease import Lease
     from gpu_placement.report.namespaces import policy_problems
 
     identity = _identity()
-    lease = Lease(core.api, _namespace(args), getattr(args, "events_lease", "gpu-placement-events"), identity, 30)
+    lease = Lease(core.api, options.home, options.events_lease, identity, 30)
     writer = EventWriter(core.api, identity, lease)
     writer.start()
     core.stoppers.append(writer.stop)
@@ -485,18 +483,14 @@ def _start_events(args: argparse.Namespace, core: Core) -> Any:
     return PodWarnings(core.view, writer).admitted
 
 
-def _start_registration(args: argparse.Namespace, core: Core, spec: Any, server: Any, ca_file: Path) -> None:
+def _start_registration(options: ServeOptions, core: Core, spec: Any, server: Any, ca_file: Path) -> None:
     """Write the webhooks into their (empty) configurations once this replica answers."""
     from webhook.registration import WebhookRegistration
 
-    registration = WebhookRegistration(core.api, args.webhook_configuration, _namespace(args), args.service, spec,
+    registration = WebhookRegistration(core.api, options.webhook_configuration, options.home, options.service, spec,
                                        lambda: bool(server.started) and core.readiness()[0], ca_file, _identity())
     registration.start()
     core.stoppers.append(registration.stop)
-
-
-def _namespace(args: argparse.Namespace) -> str:
-    return str(args.namespace or os.environ.get("POD_NAMESPACE") or "gpu-placement")
 
 
 def _identity() -> str:

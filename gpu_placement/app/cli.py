@@ -18,13 +18,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpu_placement.app.cli_input import UsageError
+from gpu_placement.app.serve_options import DEFAULT_NAMESPACE, ServeOptions
 from gpu_placement.base.config import Config, ConfigError, load_config
+from gpu_placement.base.errors import UsageError
+from gpu_placement.base.timestamps import format_duration, parse_duration, parse_time
 from gpu_placement.view.snapshot import SnapshotError
 
-__all__ = ["UsageError", "build_parser", "deployed_config", "main"]
+__all__ = ["build_parser", "deployed_config", "main"]
 
-
+_SERVE = ServeOptions()  # serve's flags take their defaults from here
+Commands = Any  # argparse's _SubParsersAction, which it does not export: each command's parser is added to it
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -50,28 +53,28 @@ def _resources(text: str) -> tuple[str, ...]:
     return names
 
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def _duration(text: str) -> float:
     """A positive duration in seconds from "90s", "10m", "1h30m", "365d"."""
-    parts = re.findall(r"(\d+)([smhd])", text)
-    if not parts or "".join(n + u for n, u in parts) != text or not any(int(n) for n, _ in parts):
+    try:
+        seconds = parse_duration(text, "smhd")
+    except ValueError:
+        seconds = 0.0
+    if not seconds:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive duration such as 90s, 10m, 1h30m or 365d")
-    return float(sum(int(n) * _UNITS[u] for n, u in parts))
-
-
-_WINDOW_UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    return seconds
 
 
 def _window(text: str) -> float:
     """`report --since`: whole minutes, from "30m", "12h", "7d", "2w", "1d12h" (the figures are read at minute
     marks, as the idle gauge's record is sampled)."""
-    parts = re.findall(r"(\d+)([mhdw])", text)
-    if not parts or "".join(n + u for n, u in parts) != text or not any(int(n) for n, _ in parts):
+    try:
+        seconds = parse_duration(text, "mhdw")
+    except ValueError:
+        seconds = 0.0
+    if not seconds:
         raise argparse.ArgumentTypeError(f"{text!r} is not a window of whole minutes such as 30m, 12h, 7d, 2w or "
                                          "1d12h (units m, h, d, w)")
-    return float(sum(int(n) * _WINDOW_UNITS[u] for n, u in parts))
+    return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,100 +82,129 @@ def build_parser() -> argparse.ArgumentParser:
                                      "run the NVIDIA GPU Operator: scheduler extender and admission webhook.")
     parser.add_argument("--version", action="version", version=f"gpu-placement {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_serve_parser, _demo_parser, _explain_parser, _nodes_parser, _namespaces_parser, _rollout_parser,
+                _survey_parser, _migrate_parser, _report_parser, _replay_parser, _certs_parser):
+        add(commands)  # each sets func: what runs the command
+    return parser
 
+
+def _serve_parser(commands: Commands) -> None:
     serve = commands.add_parser("serve", help="run the extender and/or the webhook")
+    serve.set_defaults(func=_serve)
     source = serve.add_mutually_exclusive_group()
     source.add_argument("--snapshot", metavar="PATH", help="cluster view from a file or folder of Kubernetes "
                         "JSON/YAML (reloaded when it changes) instead of an API server")
     source.add_argument("--kubeconfig", metavar="PATH", help="API server from this kubeconfig "
                         "(default: in-cluster config)")
     serve.add_argument("--config", metavar="FILE", help="configuration file (YAML)")
-    serve.add_argument("--components", type=_components, default=("extender", "webhook"),
+    serve.add_argument("--components", type=_components, default=_SERVE.components,
                        help="what to serve: extender,webhook (default both)")
-    serve.add_argument("--extender-listen", type=_listen, default=("127.0.0.1", 8888), metavar="HOST:PORT",
-                       help="extender address (default 127.0.0.1:8888; plain HTTP unless a TLS pair is given)")
+    _serve_extender_arguments(serve)
+    _serve_webhook_arguments(serve)
+    _serve_certificate_arguments(serve)
+    _serve_lease_arguments(serve)
+    serve.add_argument("--log-level", default=_SERVE.log_level, choices=["debug", "info", "warning", "error"],
+                       help="least severe log lines written (default %(default)s)")
+
+
+def _serve_extender_arguments(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument("--extender-listen", type=_listen, default=_SERVE.extender_listen, metavar="HOST:PORT",
+                       help=f"extender address (default {_address(_SERVE.extender_listen)}; plain HTTP unless a TLS "
+                       "pair is given)")
     serve.add_argument("--extender-tls-cert", metavar="FILE", help="extender serving certificate (PEM, reloaded when "
                        "it changes): with --extender-tls-key the extender speaks HTTPS")
     serve.add_argument("--extender-tls-key", metavar="FILE", help="the key of --extender-tls-cert")
-    serve.add_argument("--extender-max-body-bytes", type=int, default=64 * 2**20, metavar="N",
-                       help="largest extender request accepted (default 64 MiB); larger ones get 413")
+    serve.add_argument("--extender-max-body-bytes", type=int, default=_SERVE.extender_max_body_bytes, metavar="N",
+                       help=f"largest extender request accepted (default {_SERVE.extender_max_body_bytes // 2**20} "
+                       "MiB); larger ones get 413")
     serve.add_argument("--health-listen", type=_listen, metavar="HOST:PORT",
                        help="also serve only GET /healthz and /readyz there, plain HTTP (for kubelet's HTTP probes "
                        "when the extender listens on loopback)")
     serve.add_argument("--managed-resources", type=_resources, metavar="R1,R2,...",
                        help="the managedResources of kube-scheduler's extender configuration: warn (log and "
                        "metric) about GPU resources nodes offer beyond them, which bypass the extender")
-    serve.add_argument("--webhook-listen", type=_listen, default=("0.0.0.0", 8443), metavar="HOST:PORT",
-                       help="webhook address (default 0.0.0.0:8443, always TLS)")
+
+
+def _serve_webhook_arguments(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument("--webhook-listen", type=_listen, default=_SERVE.webhook_listen, metavar="HOST:PORT",
+                       help=f"webhook address (default {_address(_SERVE.webhook_listen)}, always TLS)")
     serve.add_argument("--tls-cert", metavar="FILE", help="webhook serving certificate (reloaded when it changes)")
     serve.add_argument("--tls-key", metavar="FILE", help="webhook serving key")
     serve.add_argument("--self-signed", metavar="DIR", help="create a CA and serving certificate in DIR "
                        "(writes ca.crt) and serve with them")
-    serve.add_argument("--manage-certs", action="store_true", help="keep the CA and serving certificate in a "
-                       "Secret, patch the caBundle of the webhook configurations and rotate before expiry")
-    serve.add_argument("--cert-secret", metavar="NAME", default="gpu-placement-webhook-tls",
-                       help="--manage-certs: the Secret (in --namespace) that keeps the CA and serving certificate "
-                       "(default gpu-placement-webhook-tls)")
-    serve.add_argument("--service", metavar="NAME", default="gpu-placement-webhook",
-                       help="webhook Service name (certificate SANs)")
+    serve.add_argument("--service", metavar="NAME", default=_SERVE.service,
+                       help="webhook Service name (certificate SANs; default %(default)s)")
     serve.add_argument("--namespace", metavar="NS", help="namespace of the Service and Secret "
-                       "(default: $POD_NAMESPACE, else gpu-placement)")
-    serve.add_argument("--webhook-configuration", metavar="NAME", default="gpu-placement",
-                       help="name of the Mutating- and ValidatingWebhookConfiguration to patch")
+                       f"(default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})")
+    serve.add_argument("--webhook-configuration", metavar="NAME", default=_SERVE.webhook_configuration,
+                       help="name of the Mutating- and ValidatingWebhookConfiguration to patch (default %(default)s)")
     serve.add_argument("--webhooks-file", metavar="FILE",
                        help="the webhooks ({mutating: [...], validating: [...]}) to write into the (empty) "
                        "--webhook-configuration once this replica is ready and its --service has a ready "
                        "endpoint; nothing is sent to the webhook before")
-    serve.add_argument("--cert-dir", metavar="DIR", default="/tmp/gpu-placement-certs",
-                       help="where --manage-certs writes the serving pair (default /tmp/gpu-placement-certs)")
-    serve.add_argument("--ca-lifetime", type=_duration, default=3650 * 86400.0, metavar="DURATION",
-                       help="--manage-certs: lifetime of each CA it makes (default 3650d; units s, m, h, d)")
-    serve.add_argument("--renew-ca-before", type=_duration, default=365 * 86400.0, metavar="DURATION",
-                       help="--manage-certs: start a CA rotation this long before the CA ends (default 365d)")
-    serve.add_argument("--serving-cert-lifetime", type=_duration, default=365 * 86400.0, metavar="DURATION",
-                       help="--manage-certs: serving certificate lifetime, cut to its CA's end (default 365d)")
-    serve.add_argument("--renew-serving-before", type=_duration, default=30 * 86400.0, metavar="DURATION",
-                       help="--manage-certs: reissue the serving certificate this long before it ends (default 30d)")
-    serve.add_argument("--ca-overlap", type=_duration, default=600.0, metavar="DURATION",
-                       help="--manage-certs: time between the steps of a CA rotation, for every API server to "
-                       "reload the caBundle (default 10m)")
-    serve.add_argument("--cert-check-interval", type=_duration, default=60.0, metavar="DURATION",
-                       help="--manage-certs: how often the certificates are checked (default 60s)")
-    serve.add_argument("--quota-mirror", action=argparse.BooleanOptionalAction, default=True,
+
+
+def _serve_certificate_arguments(serve: argparse.ArgumentParser) -> None:
+    """--manage-certs and its durations (webhook/rotation.py RotationSettings)."""
+    serve.add_argument("--manage-certs", action="store_true", help="keep the CA and serving certificate in a "
+                       "Secret, patch the caBundle of the webhook configurations and rotate before expiry")
+    serve.add_argument("--cert-secret", metavar="NAME", default=_SERVE.cert_secret,
+                       help="--manage-certs: the Secret (in --namespace) that keeps the CA and serving certificate "
+                       "(default %(default)s)")
+    serve.add_argument("--cert-dir", metavar="DIR", default=_SERVE.cert_dir,
+                       help="where --manage-certs writes the serving pair (default %(default)s)")
+    for flag, field, what in (
+            ("--ca-lifetime", "ca_lifetime", "lifetime of each CA it makes"),
+            ("--renew-ca-before", "renew_ca_before", "start a CA rotation this long before the CA ends"),
+            ("--serving-cert-lifetime", "serving_cert_lifetime", "serving certificate lifetime, cut to its CA's end"),
+            ("--renew-serving-before", "renew_serving_before",
+             "reissue the serving certificate this long before it ends"),
+            ("--ca-overlap", "ca_overlap", "time between the steps of a CA rotation, for every API server to "
+             "reload the caBundle"),
+            ("--cert-check-interval", "cert_check_interval", "how often the certificates are checked")):
+        serve.add_argument(flag, type=_duration, default=getattr(_SERVE, field), metavar="DURATION",
+                           help=f"--manage-certs: {what} (default {format_duration(getattr(_SERVE, field))}; "
+                           "units s, m, h, d)")
+
+
+def _serve_lease_arguments(serve: argparse.ArgumentParser) -> None:
+    """What webhook replicas run beside their server, each under its Lease in --namespace."""
+    serve.add_argument("--quota-mirror", action=argparse.BooleanOptionalAction, default=_SERVE.quota_mirror,
                        help="keep a ResourceQuota in each namespace with gpu-placement.io/quota, so the API server "
                        "enforces it; in audit mode, delete the ones kept before (default on; off with --snapshot)")
-    serve.add_argument("--quota-lease", metavar="NAME", default="gpu-placement-quota-mirror",
-                       help="Lease (in --namespace) that elects the one replica writing ResourceQuotas")
     serve.add_argument("--owner", metavar="NAME",
                        help="owner of every object the service writes (mirrored ResourceQuotas, DRA DeviceTaintRules): "
                        "this ValidatingWebhookConfiguration, so they go with it (helm uninstall); default: none "
                        "(a quota's own Namespace)")
-    serve.add_argument("--dra-lease", metavar="NAME", default="gpu-placement-dra",
-                       help="Lease (in --namespace) that elects the one webhook replica writing DeviceTaintRules "
-                       "for unverified nodes' DRA devices (config dra.taints)")
-    serve.add_argument("--events", action=argparse.BooleanOptionalAction, default=True,
+    serve.add_argument("--events", action=argparse.BooleanOptionalAction, default=_SERVE.events,
                        help="write Kubernetes Events (webhook replicas, with an API server): on a Node when "
                        "gpu-placement's verdict for it changes, on a Namespace whose gpu-placement settings do "
                        "nothing, on a pod admitted with warnings (docs/operations.md, Events)")
-    serve.add_argument("--events-lease", metavar="NAME", default="gpu-placement-events",
-                       help="Lease (in --namespace) that elects the one webhook replica writing Node and Namespace "
-                       "Events")
-    serve.add_argument("--outcomes-lease", metavar="NAME", default="gpu-placement-outcomes",
-                       help="Lease (in --namespace) that elects the one webhook replica counting launch outcomes and "
-                       "node lifecycle times; its annotation keeps how far it has counted (docs/outcomes.md)")
-    serve.add_argument("--drivers-lease", metavar="NAME", default="gpu-placement-drivers",
-                       help="Lease (in --namespace) that elects the one webhook replica writing each node's "
-                       "gpu-placement.io/settled-driver annotation (docs/rollouts.md)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                       help="least severe log lines written (default info)")
+    for flag, field, elects in (
+            ("--quota-lease", "quota_lease", "the one replica writing ResourceQuotas"),
+            ("--dra-lease", "dra_lease", "the one webhook replica writing DeviceTaintRules for unverified nodes' "
+             "DRA devices (config dra.taints)"),
+            ("--events-lease", "events_lease", "the one webhook replica writing Node and Namespace Events"),
+            ("--outcomes-lease", "outcomes_lease", "the one webhook replica counting launch outcomes and node "
+             "lifecycle times; its annotation keeps how far it has counted (docs/outcomes.md)"),
+            ("--drivers-lease", "drivers_lease", "the one webhook replica writing each node's "
+             "gpu-placement.io/settled-driver annotation (docs/rollouts.md)")):
+        serve.add_argument(flag, metavar="NAME", default=getattr(_SERVE, field),
+                           help=f"Lease (in --namespace; default %(default)s) that elects {elects}")
 
+
+def _demo_parser(commands: Commands) -> None:
     demo = commands.add_parser("demo", help="run the embedded demo cluster end to end and print what happened")
+    demo.set_defaults(func=_demo)
     demo.add_argument("--config", metavar="FILE", help="configuration file (default: the demo's own)")
     demo.add_argument("--write-snapshot", metavar="FILE", help="only write the demo cluster as a kubectl-style "
                       "List (JSON) to FILE, for `nodes` and `explain`")
 
+
+def _explain_parser(commands: Commands) -> None:
     explain = commands.add_parser("explain", help="what the webhook would change, and every node's verdict",
                                   epilog=_explain_epilog())
+    explain.set_defaults(func=_explain)
     explain.add_argument("pod_file", metavar="FILE|-|KIND/NAME", help="a Pod, or any workload with a pod template "
                          "(Deployment, StatefulSet, DaemonSet, Job, CronJob, PyTorchJob, ...), as JSON or YAML, "
                          "multi-document YAML or a List; - reads it from standard input; or KIND/NAME of one in the "
@@ -188,19 +220,25 @@ def build_parser() -> argparse.ArgumentParser:
                          help="json: every node, the webhook's patch and the exit status, for scripts")
     _config_argument(explain)
 
+
+def _nodes_parser(commands: Commands) -> None:
     nodes = commands.add_parser("nodes", help="one line per node: what GPU pods get there, product, GPUs used and "
                                 "free, driver, CUDA, memory")
+    nodes.set_defaults(func=_nodes)
     _cluster_arguments(nodes)
     _config_argument(nodes)
     nodes.add_argument("-o", "--output", choices=["text", "wide", "json"], default="text",
                        help="wide adds driver, CUDA and GPU memory; json, everything for scripts")
 
+
+def _namespaces_parser(commands: Commands) -> None:
     namespaces = commands.add_parser("namespaces", help="one line per namespace with gpu-placement.io/* "
                                      "annotations or labels: opted in or not, policy, quota used and limit, enforced "
                                      "or not, and what is wrong; exit status 1 when a namespace listed has a problem",
                                      epilog="exit status: 0 no namespace listed has a problem; 1 some do (the "
                                      "PROBLEMS column, problems in -o json), as survey exits 1 on findings; 2 bad "
                                      "usage or input")
+    namespaces.set_defaults(func=_namespaces)
     _cluster_arguments(namespaces)
     _config_argument(namespaces)
     namespaces.add_argument("-A", "--all", action="store_true", dest="show_all",
@@ -208,8 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
     namespaces.add_argument("-o", "--output", choices=["text", "json"], default="text",
                             help="json: every namespace's selection, policy, quota and problems, for scripts")
 
+
+def _rollout_parser(commands: Commands) -> None:
     rollout = commands.add_parser("rollout", help="driver versions and their nodes (done, pending, upgrading, "
                                   "soaking, failed), soak left, XID rate and failed GPU pods per version, next wave")
+    rollout.set_defaults(func=_rollout)
     _cluster_arguments(rollout)
     rollout.add_argument("--prometheus", metavar="URL", help="Prometheus to read DCGM XID events from (default: "
                          "the config's telemetry.url)")
@@ -217,16 +258,22 @@ def build_parser() -> argparse.ArgumentParser:
                          help="json: every version, its nodes and the next wave, for scripts")
     _config_argument(rollout)
 
+
+def _survey_parser(commands: Commands) -> None:
     survey = commands.add_parser("survey", help="inventory of the GPU fleet per pool and product, and findings with "
                                  "stable codes and fixes (docs/survey.md); exit status 1 when there are findings")
+    survey.set_defaults(func=_survey)
     _cluster_arguments(survey)
     survey.add_argument("-o", "--output", choices=["text", "markdown", "json", "html"], default="text",
                         help="html: one self-contained page drawing the fleet by pool and state")
     _config_argument(survey)
 
+
+def _migrate_parser(commands: Commands) -> None:
     migrate = commands.add_parser("migrate", help="move one node from hand-installed drivers or hand-set labels to "
                                   "the GPU Operator: the steps, which are done, what the next waits for; --apply runs "
                                   "them (docs/survey.md)")
+    migrate.set_defaults(func=_migrate)
     migrate.add_argument("node", metavar="NODE", help="the node to move, by name")
     _cluster_arguments(migrate)
     action = migrate.add_mutually_exclusive_group()
@@ -236,32 +283,43 @@ def build_parser() -> argparse.ArgumentParser:
                         "records it: the labels it removed, the cordon, a device plugin DaemonSet's affinity; each "
                         "only where it still holds what the migration wrote")
     migrate.add_argument("--backup-dir", metavar="DIR", default="gpu-placement-migrate",
-                         help="where the way back of each node is saved, NODE.json (default ./gpu-placement-migrate)")
-    migrate.add_argument("--timeout", type=_duration, default=600.0, metavar="DURATION",
-                         help="--apply: how long to wait for pods to go, the operator and the validator (default 10m); "
-                         "the kubectl commands of the plan wait as long")
+                         help="where the way back of each node is saved, NODE.json (default ./%(default)s)")
+    timeout = 600.0
+    migrate.add_argument("--timeout", type=_duration, default=timeout, metavar="DURATION",
+                         help=f"--apply: how long to wait for pods to go, the operator and the validator (default "
+                         f"{format_duration(timeout)}); the kubectl commands of the plan wait as long")
     migrate.add_argument("-o", "--output", choices=["text", "json"], default="text",
                          help="json: the steps, their state and commands, for scripts")
     _config_argument(migrate)
+
+
+def _report_parser(commands: Commands) -> None:
     report = commands.add_parser("report", help="the before/after table from Prometheus: launch success and its "
                                  "causes, node preparation and recovery, exclusion latency, GPU pods that waited, "
                                  "GPU-hours idle while pods waited (docs/outcomes.md)",
                                  epilog="exit status: 0 every window has data; 2 bad usage, or Prometheus cannot be "
                                  "read; 3 a window has no data (gpu-placement not scraped then, or the chart's "
                                  "recording rules not loaded): no figures for it, and the series it lacks are named")
+    report.set_defaults(func=_report)
     report.add_argument("--prometheus", metavar="URL", help="Prometheus that scrapes gpu-placement and holds the "
                         "chart's recording rules (default: the config's telemetry.url)")
-    report.add_argument("--since", type=_window, default=7 * 86400.0, metavar="WINDOW",
+    since = 7 * 86400.0
+    report.add_argument("--since", type=_window, default=since, metavar="WINDOW",
                         help="the window's length in whole minutes: units m, h, d, w, e.g. 30m, 12h, 7d, 2w, 1d12h "
-                        "(default 7d)")
-    report.add_argument("--until", metavar="TIME", help="the window's end, RFC 3339 or YYYY-MM-DD (default now)")
+                        f"(default {format_duration(since)})")
+    report.add_argument("--until", metavar="TIME", help="the window's end, RFC 3339 with its zone "
+                        "(2026-03-02T10:00:00Z) or YYYY-MM-DD, midnight UTC (default now)")
     report.add_argument("--compare", metavar="FROM..TO", help="before and after: the --since window ending at FROM "
                         "and the one ending at TO (each RFC 3339, YYYY-MM-DD or now)")
     report.add_argument("-o", "--output", choices=["text", "markdown", "json"], default="text",
                         help="json adds the PromQL behind each figure")
     report.add_argument("--config", metavar="FILE", help="configuration file (for telemetry.url)")
+
+
+def _replay_parser(commands: Commands) -> None:
     replay = commands.add_parser("replay", help="replay a trace (Alibaba openb CSVs) through the real filter, scores "
                                  "and bind bookkeeping, no cluster: the GPUs each scoring strategy allocates")
+    replay.set_defaults(func=_replay)
     replay.add_argument("--nodes", metavar="NODES", required=True, help="the trace's node CSV (sn, cpu_milli, "
                         "memory_mib, gpu, model), or a `kubectl get nodes -o json` file or folder")
     replay.add_argument("--pods", metavar="PODS", required=True, help="the trace's task CSV (name, cpu_milli, "
@@ -269,36 +327,43 @@ def build_parser() -> argparse.ArgumentParser:
                         "(DaemonSet, static and finished pods do not arrive)")
     replay.add_argument("--arrivals", type=_arrivals, default=1.3, metavar="RATIO|as-is",
                         help="tasks arrive until they ask this many times the cluster's GPUs, listed tasks left "
-                        "out or copies of them added at random as the ATC'23 simulator does (default 1.3); "
+                        "out or copies of them added at random as the ATC'23 simulator does (default %(default)s); "
                         "as-is: each listed task once")
     replay.add_argument("--seed", type=int, default=42, help="draws the tasks and their order as the ATC'23 "
-                        "simulator does with the same seed (default 42)")
+                        "simulator does with the same seed (default %(default)s)")
     replay.add_argument("--seeds", type=_positive_int, default=1, metavar="N",
-                        help="replay seeds SEED..SEED+N-1 and report means and spread (default 1)")
-    replay.add_argument("--scoring", type=_strategies, default=("binpack", "fragmentation"), metavar="a,b,c",
-                        help="scoring strategies, side by side: binpack, spread, fragmentation (default "
-                        "binpack,fragmentation)")
+                        help="replay seeds SEED..SEED+N-1 and report means and spread (default %(default)s)")
+    scoring = ("binpack", "fragmentation")
+    replay.add_argument("--scoring", type=_strategies, default=scoring, metavar="a,b,c",
+                        help=f"scoring strategies, side by side: binpack, spread, fragmentation (default "
+                        f"{','.join(scoring)})")
     replay.add_argument("--mode", choices=["dra", "device-plugin"], default="dra",
                         help="dra: GPUs as DRA devices with consumable capacity, the allocator picks the device; "
-                        "device-plugin: exclusive or time-sliced GPUs (default dra)")
+                        "device-plugin: exclusive or time-sliced GPUs (default %(default)s)")
     replay.add_argument("--replicas", type=_positive_int, default=2, help="device-plugin: replicas of a "
-                        "time-sliced GPU; tasks asking at most 1/REPLICAS of a GPU take one (default 2)")
+                        "time-sliced GPU; tasks asking at most 1/REPLICAS of a GPU take one (default %(default)s)")
     replay.add_argument("--extender-weight", type=_positive_int, default=5, dest="weight",
-                        help="kube-scheduler's weight of the extender's scores (the chart's default: 5)")
+                        help="kube-scheduler's weight of the extender's scores (the chart's default: %(default)s)")
     replay.add_argument("-o", "--output", choices=["text", "json"], default="text",
                         help="json: every figure of every strategy and seed, for scripts")
     replay.add_argument("--config", metavar="FILE", help="configuration file to judge with (scoring.strategy "
                         "is replaced by each strategy replayed)")
 
+
+def _certs_parser(commands: Commands) -> None:
     certs = commands.add_parser("certs", help="write a CA and serving certificate; print the base64 caBundle",
                                 description="Write a new CA and a serving certificate for the webhook's Service into "
                                 "DIR, and print the CA as the base64 caBundle of the webhook configurations.")
+    certs.set_defaults(func=_certs)
     certs.add_argument("--out", metavar="DIR", required=True, help="folder to write ca.crt, tls.crt and tls.key "
                        "(0600) into; made if missing; the CA's key is not kept")
     certs.add_argument("--service", metavar="NAME", required=True, help="the webhook's Service: the certificate "
                        "names NAME, NAME.NS, NAME.NS.svc and NAME.NS.svc.cluster.local")
     certs.add_argument("--namespace", metavar="NS", required=True, help="the namespace of that Service")
-    return parser
+
+
+def _address(listen: tuple[str, int]) -> str:
+    return f"{listen[0]}:{listen[1]}"
 
 
 def _cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -338,50 +403,39 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        if args.command == "serve":
-            from gpu_placement.app.assembly import serve
-
-            return serve(args)
-        if args.command == "demo":
-            from gpu_placement.app.demo import run_demo, write_snapshot
-
-            if args.write_snapshot:
-                return _write_snapshot(args.write_snapshot, write_snapshot)
-            return run_demo(_config(args.config) if args.config else None)
-        if args.command == "explain":
-            return _explain(args)
-        if args.command == "nodes":
-            return _nodes(args)
-        if args.command == "namespaces":
-            from gpu_placement.report.namespaces import run_namespaces
-
-            return run_namespaces(args, _cluster)
-        if args.command == "rollout":
-            return _rollout(args)
-        if args.command == "survey":
-            return _survey(args)
-        if args.command == "migrate":
-            return _migrate(args)
-        if args.command == "replay":
-            return _replay(args)
-        if args.command == "certs":
-            return _certs(args)
-        if args.command == "report":
-            return _report(args)
+        return int(args.func(args))
     except (UsageError, ConfigError, SnapshotError, *_extra_errors()) as exc:
         print(f"gpu-placement {args.command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    raise AssertionError(args.command)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gpu_placement.app.assembly import serve
+
+    return serve(ServeOptions.from_args(args))
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gpu_placement.app.demo import run_demo, write_snapshot
+
+    if args.write_snapshot:
+        return _write_snapshot(args.write_snapshot, write_snapshot)
+    return run_demo(_config(args.config) if args.config else None)
+
+
+def _namespaces(args: argparse.Namespace) -> int:
+    from gpu_placement.report.namespaces import run_namespaces
+
+    return run_namespaces(args, _cluster)
 
 
 def _extra_errors() -> tuple[type[Exception], ...]:
     """Errors of modules loaded on demand that also mean "bad usage or input"."""
-    from gpu_placement.app.assembly import UsageError as ServeUsageError
     from gpu_placement.replay.trace import TraceError
 
-    extra: list[type[Exception]] = [ServeUsageError, TraceError]
+    extra: list[type[Exception]] = [TraceError]
     try:
         from gpu_placement.kube.api import KubeConfigError
         from gpu_placement.view.fetch import FetchError
@@ -475,18 +529,23 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _moment(text: str) -> float:
-    """now, YYYY-MM-DD (midnight UTC) or RFC 3339, as Unix seconds."""
+    """now, YYYY-MM-DD (midnight UTC) or RFC 3339 (a time with its zone), as Unix seconds."""
     from datetime import UTC, datetime
 
     if text == "now":
         from gpu_placement.outcomes.report import now
 
         return now()
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise UsageError(f"{text!r} is not a time: now, YYYY-MM-DD or RFC 3339 (2026-03-02T10:00:00Z)") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        try:
+            return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            pass
+    moment = parse_time(text)
+    if moment is None:
+        raise UsageError(f"{text!r} is not a time: now, YYYY-MM-DD or RFC 3339 with its zone (2026-03-02T10:00:00Z, "
+                         "2026-03-02T11:00:00+01:00)")
+    return moment
 
 
 def _since(seconds: float) -> str:

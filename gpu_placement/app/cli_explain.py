@@ -18,7 +18,8 @@ from typing import Any
 
 import orjson
 
-from gpu_placement.app.cli_input import UsageError, read_objects, split_kind_name, templates_in
+from gpu_placement.app.cli_input import read_objects, split_kind_name, templates_in
+from gpu_placement.base.errors import UsageError
 from gpu_placement.facts.workloads import PodTemplate, WorkloadError, pods_of
 
 __all__ = ["EXIT_CODES", "EXIT_DENIED", "EXIT_NO_NODE", "EXIT_OK", "EXIT_UNVERIFIED", "run_explain"]

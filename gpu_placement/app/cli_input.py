@@ -18,21 +18,18 @@ from typing import Any
 import orjson
 import yaml
 
+from gpu_placement.base.errors import UsageError
 from gpu_placement.base.text import shown
 from gpu_placement.facts.workloads import PodTemplate, WorkloadError, pods_of
 from gpu_placement.web.shape import ShapeError, check_pod, check_pod_scheduling
 
-__all__ = ["STDIN", "UsageError", "check_template", "read_objects", "split_kind_name", "templates_in"]
+__all__ = ["STDIN", "check_template", "read_objects", "split_kind_name", "templates_in"]
 
 STDIN = "-"
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _MAX_INPUT = 64 * 2**20  # a pod file is kilobytes; `helm template` of a big chart a few megabytes
 # Objects a multi-document file may hold beside workloads: read for what they say, never explained.
 _CONTEXT_KINDS = frozenset({"Namespace"})
-
-
-class UsageError(Exception):
-    """Bad usage or bad input: printed as one line, exit status 2."""
 
 
 def read_objects(path: str) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from gpu_placement.app.cli_input import UsageError
+from gpu_placement.base.errors import UsageError
 
 __all__ = ["Kind", "find_in_cluster", "find_in_objects", "resolve_builtin"]
 

@@ -140,6 +140,9 @@ class Config:
             name.startswith(IMPLICIT_CLASS_PREFIX) and name[len(IMPLICIT_CLASS_PREFIX):] in self.dra.device_classes)
 
 
+_DEFAULTS = Config()
+
+
 def load_config(path: str | Path | None) -> Config:
     if path is None:
         return Config()
@@ -156,6 +159,9 @@ def load_config(path: str | Path | None) -> Config:
 
 
 def parse_config(data: Any) -> Config:
+    """The configuration a mapping (the YAML file) asks for; every key it leaves out keeps the default of
+    `Config` and its sections, the one place each default is written (so `parse_config({}) == Config()`)."""
+    d = _DEFAULTS
     top = _Section(data, "")
     validator = _Section(top.take("validator", dict, {}), "validator.")
     scoring = _Section(top.take("scoring", dict, {}), "scoring.")
@@ -164,54 +170,56 @@ def parse_config(data: Any) -> Config:
     dra = _Section(top.take("dra", dict, {}), "dra.")
     rollout = _Section(top.take("rollout", dict, {}), "rollout.")
     config = Config(
-        scheduler_name=_name(top.take("schedulerName", str, "gpu-placement"), "schedulerName"),
-        gpu_resources=tuple(top.take_list("gpuResources", str, [GPU_RESOURCE])),
-        shared_resource=_name(top.take("sharedResource", str, "nvidia.com/gpu.shared"), "sharedResource"),
+        scheduler_name=_name(top.take("schedulerName", str, d.scheduler_name), "schedulerName"),
+        gpu_resources=tuple(top.take_list("gpuResources", str, list(d.gpu_resources))),
+        shared_resource=_name(top.take("sharedResource", str, d.shared_resource), "sharedResource"),
         gpu_tolerations=tuple(_toleration(t, f"gpuTolerations[{i}]") for i, t in
-                              enumerate(top.take_list("gpuTolerations", dict, list(_DEFAULT_TOLERATIONS)))),
+                              enumerate(top.take_list("gpuTolerations", dict, list(d.gpu_tolerations)))),
         pools=_pools(top.take("pools", dict, {})),
-        default_namespace_policy=top.take_choice("defaultNamespacePolicy", ("allow", "deny"), "allow"),
-        mode=top.take_choice("mode", ("enforce", "audit"), "enforce"),
-        namespace_selection=top.take_choice("namespaceSelection", ("optIn", "optOut"), "optOut"),
-        exempt_namespaces=frozenset(top.take_list("exemptNamespaces", str, ["kube-system", "gpu-operator"])),
-        protect_gpu_nodes=top.take("protectGpuNodes", bool, True),
+        default_namespace_policy=top.take_choice("defaultNamespacePolicy", ("allow", "deny"),
+                                                 d.default_namespace_policy),
+        mode=top.take_choice("mode", ("enforce", "audit"), d.mode),
+        namespace_selection=top.take_choice("namespaceSelection", ("optIn", "optOut"), d.namespace_selection),
+        exempt_namespaces=frozenset(top.take_list("exemptNamespaces", str, sorted(d.exempt_namespaces))),
+        protect_gpu_nodes=top.take("protectGpuNodes", bool, d.protect_gpu_nodes),
         validator=Validator(
-            namespace=_name(validator.take("namespace", str, "gpu-operator"), "validator.namespace"),
-            selector=_selector(validator.take("selector", str, "app=nvidia-operator-validator"), "validator.selector"),
-            required=validator.take("required", bool, True),
+            namespace=_name(validator.take("namespace", str, d.validator.namespace), "validator.namespace"),
+            selector=_selector(validator.take("selector", str, d.validator.selector.text), "validator.selector"),
+            required=validator.take("required", bool, d.validator.required),
         ),
         scoring=Scoring(
-            strategy=scoring.take_choice("strategy", ("binpack", "spread", "fragmentation"), "binpack"),
-            upgrade_required=weights.take_weight("upgradeRequired", 3),
-            unhealthy_devices=weights.take_weight("unhealthyDevices", 2),
-            xid_errors=weights.take_weight("xidErrors", 3),
+            strategy=scoring.take_choice("strategy", ("binpack", "spread", "fragmentation"), d.scoring.strategy),
+            upgrade_required=weights.take_weight("upgradeRequired", d.scoring.upgrade_required),
+            unhealthy_devices=weights.take_weight("unhealthyDevices", d.scoring.unhealthy_devices),
+            xid_errors=weights.take_weight("xidErrors", d.scoring.xid_errors),
         ),
         telemetry=Telemetry(
-            url=telemetry.take("url", str, None),
-            refresh_seconds=telemetry.take_seconds("refreshSeconds", 15.0),
-            stale_seconds=telemetry.take_seconds("staleSeconds", 60.0),
-            xid_window_seconds=telemetry.take_seconds("xidWindowSeconds", 600.0),
+            url=telemetry.take("url", str, d.telemetry.url),
+            refresh_seconds=telemetry.take_seconds("refreshSeconds", d.telemetry.refresh_seconds),
+            stale_seconds=telemetry.take_seconds("staleSeconds", d.telemetry.stale_seconds),
+            xid_window_seconds=telemetry.take_seconds("xidWindowSeconds", d.telemetry.xid_window_seconds),
         ),
-        reservation_ttl_seconds=top.take_seconds("reservationTTLSeconds", 60.0),
+        reservation_ttl_seconds=top.take_seconds("reservationTTLSeconds", d.reservation_ttl_seconds),
         dra=Dra(
-            driver=_name(dra.take("driver", str, "gpu.nvidia.com"), "dra.driver"),
+            driver=_name(dra.take("driver", str, d.dra.driver), "dra.driver"),
             device_classes=tuple(_name(c, "dra.deviceClasses[]") for c in
-                                 dra.take_list("deviceClasses", str, ["gpu.nvidia.com", "mig.nvidia.com"])),
-            taint_effect=dra.take_choice("taintEffect", ("NoSchedule", "None", "NoExecute"), "NoSchedule"),
-            taints=dra.take("taints", bool, True),
-            allocation=dra.take_choice("allocation", ("device-plugin", "dra"), "device-plugin"),
-            gpu_class=_name(dra.take("gpuClass", str, "gpu.nvidia.com"), "dra.gpuClass"),
-            mig_class=_name(dra.take("migClass", str, "mig.nvidia.com"), "dra.migClass"),
-            shared_strategy=dra.take_choice("sharedStrategy", ("TimeSlicing", "MPS", "None"), "TimeSlicing"),
+                                 dra.take_list("deviceClasses", str, list(d.dra.device_classes))),
+            taint_effect=dra.take_choice("taintEffect", ("NoSchedule", "None", "NoExecute"), d.dra.taint_effect),
+            taints=dra.take("taints", bool, d.dra.taints),
+            allocation=dra.take_choice("allocation", ("device-plugin", "dra"), d.dra.allocation),
+            gpu_class=_name(dra.take("gpuClass", str, d.dra.gpu_class), "dra.gpuClass"),
+            mig_class=_name(dra.take("migClass", str, d.dra.mig_class), "dra.migClass"),
+            shared_strategy=dra.take_choice("sharedStrategy", ("TimeSlicing", "MPS", "None"), d.dra.shared_strategy),
             time_slicing_interval=dra.take_choice("timeSlicingInterval", ("Default", "Short", "Medium", "Long"),
-                                                  "Default"),
-            mps_active_thread_percentage=_percent(dra.take("mpsActiveThreadPercentage", int, None)),
+                                                  d.dra.time_slicing_interval),
+            mps_active_thread_percentage=_percent(dra.take("mpsActiveThreadPercentage", int,
+                                                           d.dra.mps_active_thread_percentage)),
         ),
         ngc_releases=_ngc_releases(top.take_list("ngcReleases", dict, [])),
         rollout=Rollout(
-            soak_minutes=rollout.take_minutes("soakMinutes", 60.0),
-            soak=rollout.take_choice("soak", ("prefer", "strict"), "prefer"),
-            driver_selector=_selector(rollout.take("driverSelector", str, "app.kubernetes.io/component=nvidia-driver"),
+            soak_minutes=rollout.take_minutes("soakMinutes", d.rollout.soak_minutes),
+            soak=rollout.take_choice("soak", ("prefer", "strict"), d.rollout.soak),
+            driver_selector=_selector(rollout.take("driverSelector", str, d.rollout.driver_selector.text),
                                       "rollout.driverSelector"),
         ),
     )

@@ -12,12 +12,13 @@ GpuIdleFragmented: they read recording rules over hours; the demo prints the out
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from gpu_placement.base.timestamps import parse_duration  # values.yaml's Prometheus durations: "15m", "500ms"
 
 __all__ = ["DEFAULTS", "Firing", "Thresholds", "evaluate"]
 
@@ -41,8 +42,6 @@ class Thresholds:
 DEFAULTS = Thresholds()
 _NODE_ALERTS = {"NotValidated": "GpuNodeNotValidated", "DriverUpgrade": "GpuNodeDriverUpgradeStuck",
                 "MIGReconfiguring": "GpuNodeMIGReconfiguringStuck"}
-_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,7 +70,7 @@ def evaluate(exposition: str, thresholds: Thresholds = DEFAULTS, now: float | No
         reason = labels["reason"]
         waited = now - since
         pods = int(waiting.get(reason, 0))
-        after = "" if waited > _seconds(thresholds.pods_waiting_for) else thresholds.pods_waiting_for
+        after = "" if waited > parse_duration(thresholds.pods_waiting_for) else thresholds.pods_waiting_for
         firing.append(Firing("GpuPodsWaiting", reason, f"{pods} pod{'s' if pods != 1 else ''} rejected on every node",
                              after))
     limits = {(labels["namespace"], labels["resource"]): value
@@ -92,10 +91,10 @@ def evaluate(exposition: str, thresholds: Thresholds = DEFAULTS, now: float | No
             firing.append(Firing("GpuPlacementSourceDown", "source", "the API server (or snapshot) is not answering",
                                  "5m"))
     for _, value in series("gpu_placement_cache_age_seconds"):
-        if value > _seconds(thresholds.view_stale_after):
+        if value > parse_duration(thresholds.view_stale_after):
             firing.append(Firing("GpuPlacementViewStale", "view", f"nothing heard for {value:.0f} s", "5m"))
     for _, value in series("gpu_placement_telemetry_last_success_timestamp_seconds"):
-        if value > 0 and now - value > _seconds(thresholds.telemetry_stale_after):
+        if value > 0 and now - value > parse_duration(thresholds.telemetry_stale_after):
             firing.append(Firing("GpuPlacementTelemetryStale", "telemetry", f"last reading {now - value:.0f} s ago",
                                  "5m"))
     for labels, expiry in series("gpu_placement_certificate_expiry_timestamp_seconds"):
@@ -111,7 +110,3 @@ def _samples(exposition: str) -> Iterable[Sample]:
             for sample in family.samples:
                 yield sample.name, sample.labels, sample.value
 
-
-def _seconds(duration: str) -> float:
-    """A Prometheus duration as values.yaml writes them ("15m", "1h30m", "500ms")."""
-    return sum(int(number) * _SECONDS[unit] for number, unit in _DURATION.findall(duration))

@@ -22,6 +22,7 @@ from gpu_placement.base.text import json_type, quoted, shown
 
 __all__ = [
     "ECHO_DEPTH",
+    "EXTENDER_MAX_BODY",
     "LABEL_LIMIT",
     "NAME_LIMIT",
     "UID_LIMIT",
@@ -45,6 +46,9 @@ NAME_LIMIT = 253  # a DNS subdomain: pod and node names (k8s.io/apimachinery val
 LABEL_LIMIT = 63  # a DNS label: namespaces and container names
 UID_LIMIT = 128  # UIDs are 36-character UUIDs; room for anything a test or a proxy writes
 ECHO_DEPTH = 254  # orjson refuses to encode deeper, so deeper is never echoed back
+# The largest extender request read by default (serve --extender-max-body-bytes): ExtenderArgs in the Nodes
+# form (extenders that are not nodeCacheCapable) carries every Node object asked about.
+EXTENDER_MAX_BODY = 64 * 2**20
 # A namespace name as the API server allows it: a DNS-1123 label (apimachinery v0.37.2
 # pkg/api/validation/generic.go: ValidateNamespaceName = NameIsDNSLabel; pkg/util/validation/validation.go:
 # IsDNS1123Label, dns1123LabelFmt, at most DNS1123LabelMaxLength = 63).
