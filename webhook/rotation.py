@@ -28,8 +28,9 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
+from gpu_placement.base.timestamps import parse_datetime
 from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiError, get_or_none, write
-from gpu_placement.kube.lease import Lease, parse_time
+from gpu_placement.kube.lease import Lease
 from gpu_placement.web.certs import cert_not_after, make_ca, make_serving_cert
 
 __all__ = ["CertPaths", "CertificateManager", "RotationSettings"]
@@ -158,7 +159,8 @@ class CertificateManager:
     def _rotate(self, m: _Material, now: datetime) -> _Material:
         s = self.settings
         overlap = timedelta(seconds=s.overlap_seconds)
-        staged, promoted = parse_time(m.annotations.get(_STAGED_AT)), parse_time(m.annotations.get(_PROMOTED_AT))
+        staged = parse_datetime(m.annotations.get(_STAGED_AT))
+        promoted = parse_datetime(m.annotations.get(_PROMOTED_AT))
         if m.next_ca_cert is not None and m.next_ca_key is not None and staged and now - staged >= overlap:
             m.ca_cert, m.ca_key, m.next_ca_cert, m.next_ca_key = m.next_ca_cert, m.next_ca_key, None, None
             m.cert, m.key = self._issue(m.ca_cert, m.ca_key)

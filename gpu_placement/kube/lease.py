@@ -12,9 +12,10 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
+from gpu_placement.base.timestamps import parse_datetime
 from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiConflict, ApiError, drain, get, get_or_none, request, write
 
-__all__ = ["Lease", "parse_time"]
+__all__ = ["Lease"]
 
 
 
@@ -49,7 +50,7 @@ class Lease:
                     "spec": {**spec, "acquireTime": stamp}}
             return write(self.api, "POST", self._path, body=body, timeout=OBJECT_TIMEOUT, settled=ApiConflict)
         held = lease.get("spec") or {}
-        renewed = parse_time(held.get("renewTime"))
+        renewed = parse_datetime(held.get("renewTime"))
         expired = renewed is None or now - renewed > timedelta(seconds=held.get("leaseDurationSeconds") or 0)
         if held.get("holderIdentity") not in (None, "", self.identity) and not expired:
             return False
@@ -72,12 +73,3 @@ class Lease:
         lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1}
         drain(request(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=OBJECT_TIMEOUT))
 
-
-def parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
