@@ -32,7 +32,11 @@ def test_the_plan_is_the_seeds_and_keeps_its_counts() -> None:
     plan = make_plan(45)
     assert plan == make_plan(45)
     assert plan != make_plan(46)
-    assert (len(plan.nodes), plan.pods, plan.seconds) == (1000, 2000, 480.0)
+    assert (len(plan.nodes), plan.seconds) == (1000, 480.0)
+    residents = [j for j in plan.jobs if j.name.startswith("resident")]
+    assert plan.pods - plan.residents == 2000 and plan.residents == len(residents)
+    assert 0.6 <= sum(j.gpus for j in residents) / 8000 < 0.61  # the fleet 60 % busy with them
+    assert all(j.arrival <= 60 and j.runtime > plan.seconds for j in residents)
     kinds = Counter(f.kind for f in plan.faults)
     assert kinds[KERNEL] == kinds[NOT_READY] == 6 and kinds[UPGRADE] == 16
     assert plan.silent == sum(kinds[k] for k in SILENT) == 6
@@ -40,6 +44,7 @@ def test_the_plan_is_the_seeds_and_keeps_its_counts() -> None:
     assert all(0.1 * plan.seconds <= f.start < f.end <= plan.seconds - 15 for f in plan.faults)
     assert {f.wave for f in plan.faults if f.kind == UPGRADE} == {1, 2}
     assert all(0 <= j.arrival <= plan.seconds - 30 and j.gpus in (1, 2, 4, 8) for j in plan.jobs)
+    assert len({j.name for j in plan.jobs}) == len(plan.jobs)
     assert [j.arrival for j in plan.jobs] == sorted(j.arrival for j in plan.jobs)
 
 

@@ -17,6 +17,7 @@ import argparse
 import base64
 import contextlib
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -134,6 +135,8 @@ def report(env: E2E, prometheus: Prometheus, ended: float) -> float | None:
     total = launches_exported(env)
     wait_for(f"Prometheus recording the {total:.0f} launches counted", lambda: prometheus.value(
         "sum(gpu_placement:gpu_pod_starts:total)") == total, timeout=120, interval=2.0)
+    # The report's window ends on a whole minute (Window.ending): the next one, once it has passed.
+    time.sleep(math.ceil(time.time() / 60) * 60 + 1 - time.time())
     run = subprocess.run([GPU_PLACEMENT, "report", "--prometheus", prometheus.url, "--since", "120m", "-o", "json"],
                          capture_output=True, text=True, timeout=120, check=False)
     if run.returncode != 0:
@@ -172,8 +175,8 @@ def run_one(plan: Plan, mode: str, keep: bool) -> tuple[Run, float | None, list[
                     env.scheduler.stop("kube-scheduler")
                 plane.procs["kube-scheduler"].stop()
 
-            say(f"{mode}: churn for {plan.seconds / 60:.1f} minutes: {len(plan.jobs)} Jobs, {plan.pods} GPU pods, "
-                f"{len(plan.faults)} faults")
+            say(f"{mode}: churn for {plan.seconds / 60:.1f} minutes: {len(plan.jobs)} Jobs, {plan.pods} GPU pods "
+                f"({plan.residents} of them resident), {len(plan.faults)} faults")
             churn.run(stop_schedulers)
             ended = time.time()
             truth = churn.ledger.run()

@@ -93,7 +93,8 @@ class Kwok:
             "options": {"manageNodesWithAnnotationSelector": "kwok.x-k8s.io/node=fake", "enableCRDs": ["Stage"],
                         "nodeLeaseDurationSeconds": 160, "nodeLeaseParallelism": 4, "podPlayStageParallelism": 8,
                         "nodePlayStageParallelism": 4}}))
-        self.proc = Proc("kwok", [str(self.binary), f"--config={config}", f"--kubeconfig={kubeconfig}"],
+        # --v=WARN: at INFO it logs every patch and lease, a line for each of tens of writes a second.
+        self.proc = Proc("kwok", [str(self.binary), f"--config={config}", f"--kubeconfig={kubeconfig}", "--v=WARN"],
                          work / "kwok.log").start()
         self.plane.procs["kwok"] = self.proc  # its liveness is checked with the control plane's
 

@@ -44,6 +44,9 @@ UPGRADE_SECONDS = UPGRADE_STEPS[-1][0]
 GPU_SIZES = ((1, 30), (2, 20), (4, 25), (8, 25))
 COMPLETIONS = ((1, 70), (2, 20), (4, 10))
 RUNTIME = (90.0, 300.0)  # seconds a healthy GPU pod runs before it succeeds
+GPUS_PER_NODE = 8  # the fleet's nodes: the GPU Operator's labels of an 8-GPU H100 node
+RESIDENT_SIZES = ((2, 50), (4, 50))
+RESIDENT_ARRIVALS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +89,12 @@ class Plan:
 
     @property
     def pods(self) -> int:
-        """GPU pods of work the Jobs ask for (retries come on top)."""
+        """GPU pods of work the Jobs ask for (retries come on top), the resident ones included."""
         return sum(job.completions for job in self.jobs)
+
+    @property
+    def residents(self) -> int:
+        return sum(1 for job in self.jobs if job.name.startswith("resident"))
 
     @property
     def silent(self) -> int:
@@ -98,11 +105,14 @@ def _weighted(rng: random.Random, table: tuple[tuple[int, int], ...]) -> int:
     return rng.choices([v for v, _ in table], weights=[w for _, w in table])[0]
 
 
-def make_plan(seed: int = 45, nodes: int = 1000, minutes: float = 8.0, pods: int = 2000, kernel: int = 6,
-              not_ready: int = 6, silent: int = 6, waves: int = 2, wave_size: int = 8) -> Plan:
+def make_plan(seed: int = 45, nodes: int = 1000, minutes: float = 8.0, pods: int = 2000, fill: float = 0.6,
+              kernel: int = 6, not_ready: int = 6, silent: int = 6, waves: int = 2, wave_size: int = 8) -> Plan:
     """Faults on distinct nodes (one fault per node in a run, so the GPU states never overlap), each
-    healed before the run's last 15 s; Jobs whose completions add up to `pods`, arriving uniformly over
-    all but the last 30 s."""
+    healed before the run's last 15 s. Jobs: first the fleet's resident work, long training Jobs of 2 or
+    4 GPUs that fill `fill` of its GPUs within the first RESIDENT_ARRIVALS seconds and outlast the run
+    (a GPU fleet runs busy: there, a node whose pods fail at once is the emptiest node, the one a
+    spreading scheduler picks); then `pods` GPU pods of short Jobs, arriving uniformly over all but the
+    last 30 s."""
     rng = random.Random(seed)
     names = tuple(f"gpu-{i:04d}" for i in range(nodes))
     seconds = minutes * 60.0
@@ -138,6 +148,11 @@ def make_plan(seed: int = 45, nodes: int = 1000, minutes: float = 8.0, pods: int
             faults.append(Fault(UPGRADE, pool.pop(), start, start + UPGRADE_SECONDS, wave))
 
     jobs: list[JobSpec] = []
+    resident = 0
+    while resident < fill * nodes * GPUS_PER_NODE:
+        gpus = _weighted(rng, RESIDENT_SIZES)
+        jobs.append(JobSpec("resident", rng.uniform(0.0, RESIDENT_ARRIVALS), gpus, 1, seconds + 600.0))
+        resident += gpus
     total = 0
     while total < pods:
         completions = min(_weighted(rng, COMPLETIONS), pods - total)
@@ -145,7 +160,8 @@ def make_plan(seed: int = 45, nodes: int = 1000, minutes: float = 8.0, pods: int
                             round(rng.uniform(*RUNTIME), 1)))
         total += completions
     jobs.sort(key=lambda j: j.arrival)
-    named = tuple(JobSpec(f"job-{i:05d}", j.arrival, j.gpus, j.completions, j.runtime) for i, j in enumerate(jobs))
+    named = tuple(JobSpec(f"{j.name or 'job'}-{i:05d}", j.arrival, j.gpus, j.completions, j.runtime)
+                  for i, j in enumerate(jobs))
     return Plan(seed, names, seconds, tuple(sorted(faults, key=lambda f: (f.start, f.node))), named)
 
 
