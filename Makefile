@@ -14,7 +14,7 @@ PROM_TOOLS := $(BIN)/prometheus $(BIN)/promtool
 # PATH if there is one, else Debian's package (as root, as CI runs): linked into .venv/bin either way.
 CHROMIUM := $(BIN)/chromium
 
-.PHONY: demo test fuzz e2e e2e-scale soak image image-test release bench lint install clean
+.PHONY: demo test fuzz e2e e2e-scale e2e-churn soak image image-test release bench lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,16 @@ e2e-scale: $(STAMP)
 	bash tests/e2e/build_control_plane.sh
 	@$(E2E_BUILD_IMAGE)
 	$(BIN)/python -m pytest -q -s tests/e2e/test_9_scale.py
+
+# A simulated GPU fleet under churn: KWOK (built once from Go modules into ~/.cache, like the control
+# plane) plays the kubelets of 1,000 fake GPU nodes with Stages; the same seeded faults and GPU Jobs run
+# with the stock kube-scheduler, then with gpu-placement; four lines at the end (docs/performance.md,
+# "A simulated fleet under churn"). Exit status 1 when the gpu-placement run misses a goal.
+e2e-churn: $(STAMP) $(PROM_TOOLS)
+	bash tests/e2e/build_control_plane.sh
+	bash tests/e2e/churn/build_kwok.sh
+	@$(E2E_BUILD_IMAGE)
+	$(BIN)/python -m tests.e2e.churn
 
 # The image the chart deploys: gpu-placement:<version> from the Dockerfile (image/build.sh: docker, else
 # podman from Debian; a Debian base made with mmdebstrap, once, when no registry answers).
