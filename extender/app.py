@@ -37,7 +37,7 @@ from gpu_placement.web.edge import Edge, Refusal, Unavailable
 from gpu_placement.web.http import BodyTooLarge, ORJSONResponse, ops_routes
 from gpu_placement.web.shape import ShapeError
 
-__all__ = ["DEFAULT_MAX_BODY", "create_app"]
+__all__ = ["DEFAULT_MAX_BODY", "Recheck", "bind", "create_app", "filter_", "prioritize"]
 
 log = logging.getLogger("gpu_placement.extender")
 

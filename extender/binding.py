@@ -78,12 +78,13 @@ class ApiBinder:
     (gpu_placement/kube/aio.py): kube-scheduler binds asynchronously, so a burst of pods is a burst
     of binds, and each costs a coroutine, not a thread and a TLS handshake.
 
-    The default timeout keeps a failing bind inside kube-scheduler's 5 s extender `httpTimeout`, so
-    the scheduler gets our sentence rather than its own timeout."""
+    The default timeout (`BIND_TIMEOUT`) keeps a failing bind inside kube-scheduler's 5 s extender
+    `httpTimeout`, so the scheduler gets our sentence rather than its own timeout."""
 
-    def __init__(self, api_client: ApiClient, timeout: kube.Timeout = (2.0, 2.5), connections: int = 32) -> None:
+    def __init__(self, api_client: ApiClient, timeout: tuple[float, float] = kube.BIND_TIMEOUT,
+                 connections: int = 32) -> None:
         self.api = AsyncApi(api_client, connections)
-        self.timeout = timeout
+        self.timeout = kube.Timeout(*timeout)
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
         meta: dict[str, str] = {"name": name, "namespace": namespace}
@@ -98,13 +99,13 @@ class ApiBinder:
             metrics.BIND_POST_SECONDS.observe(time.perf_counter() - start)
         except aiohttp.ConnectionTimeoutError:
             raise BindError(f"binding {namespace}/{name} to {node} failed: API server did not answer within "
-                            f"{self.timeout[0]:g} s (connect timed out)") from None
+                            f"{self.timeout.connect:g} s (connect timed out)") from None
         except aiohttp.ClientConnectorError as exc:  # refused, unreachable, TLS: nothing was sent
             raise BindError(f"binding {namespace}/{name} to {node} failed: API server did not answer within "
-                            f"{self.timeout[0]:g} s ({_why(exc)})") from None
+                            f"{self.timeout.connect:g} s ({_why(exc)})") from None
         except (TimeoutError, aiohttp.ClientError) as exc:  # sent: the Binding may exist
             raise BindError(f"binding {namespace}/{name} to {node} failed: API server did not answer within "
-                            f"{self.timeout[1]:g} s ({_why(exc)})", ambiguous=True) from None
+                            f"{self.timeout.read:g} s ({_why(exc)})", ambiguous=True) from None
         if 200 <= answer.status < 300:
             return
         error = kube.error_from(answer.status, answer.reason, answer.body, answer.retry_after)
@@ -115,12 +116,12 @@ class ApiBinder:
 
 
 def _bind_refusal(error: kube.ApiError, namespace: str, name: str, node: str) -> str:
-    if error.status == 404:
+    if isinstance(error, kube.ApiNotFound):
         return f"pod {namespace}/{name} no longer exists (API server: {error.message})"
-    if error.status == 409:
+    if isinstance(error, kube.ApiConflict):
         return f"pod {namespace}/{name} cannot be bound to {node}: already bound, or replaced (UID changed): " \
                f"API server says: {error.message}"
-    if error.status == 403:
+    if isinstance(error, kube.ApiForbidden):
         return f"binding {namespace}/{name} to {node} is forbidden: grant the service account RBAC `create` on " \
                f"`pods/binding` (API group \"\"): API server says: {error.message}"
     status = f"HTTP {error.status} {error.reason}" if error.reason else f"HTTP {error.status}"

@@ -28,7 +28,7 @@ from gpu_placement.web.edge import Unavailable
 from gpu_placement.web.http import ORJSONResponse
 from gpu_placement.web.shape import ShapeError
 
-__all__ = ["encode_result", "parse_preemption_args", "preempt"]
+__all__ = ["PreemptWireError", "encode_result", "parse_preemption_args", "preempt"]
 
 log = logging.getLogger("gpu_placement.extender")
 

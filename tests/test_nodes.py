@@ -4,7 +4,7 @@ deprecated label names, derived figures, and junk values that must stay one node
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 import pytest
@@ -17,7 +17,7 @@ from gpu_placement.samples.cluster import base_labels, make_node, validator_pod
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 
-FIXTURE = Path(__file__).parent / "fixtures" / "gpu-operator-node-labels.json"
+FIXTURE = resources.files("gpu_placement").joinpath("data/gpu-operator-node-labels.json")  # samples/cluster.py's too
 
 
 def _fixture_sets() -> list[dict[str, Any]]:

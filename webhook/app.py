@@ -33,7 +33,7 @@ from webhook.admission import Admission, Decision
 from webhook.holds import HoldChecker
 from webhook.review import AdmissionRequest, ReviewError, encode_review, parse_review, status_body
 
-__all__ = ["MAX_BODY", "Webhook", "create_app"]
+__all__ = ["MAX_BODY", "Webhook", "create_app", "mutate", "validate"]
 
 log = logging.getLogger("gpu_placement.webhook")
 MAX_BODY = 3 * 2**20  # the API server caps objects at about 1.5 MiB; a review holds one, plus its metadata

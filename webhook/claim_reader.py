@@ -26,7 +26,7 @@ import orjson
 import urllib3
 
 from gpu_placement.facts.dra import Claim, claim_from_json, template_from_json
-from gpu_placement.kube.api import ApiError, api_error, request
+from gpu_placement.kube.api import REVIEW_TIMEOUT, ApiError, Timeout, get
 from gpu_placement.observe.metrics import API_OUTCOMES, CLAIM_READS, api_outcome
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.dra import PodClaims
@@ -52,7 +52,7 @@ class _Read:
 
 
 class ClaimReader:
-    def __init__(self, view: ClusterView, api: Any, version: str, timeout: tuple[float, float] = (1.0, 2.0),
+    def __init__(self, view: ClusterView, api: Any, version: str, timeout: Timeout = REVIEW_TIMEOUT,
                  fresh_seconds: float = 30.0, retry_seconds: float = 1.0, limit: int = 10_000) -> None:
         """`version`: the resource.k8s.io version the API server serves claims and templates at."""
         self.view, self.api, self.version, self.timeout = view, api, version, timeout
@@ -129,11 +129,7 @@ class ClaimReader:
         path = f"/apis/resource.k8s.io/{self.version}/namespaces/{quote(namespace, safe='')}/{plural}/" \
                f"{quote(name, safe='')}"
         try:
-            response = request(self.api, "GET", path, timeout=self.timeout)
-            if response.status >= 300:
-                raise api_error(response)
-            obj = orjson.loads(response.read())
-            response.release_conn()
+            obj = get(self.api, path, timeout=self.timeout)
             result = _Read(parse(obj), "", time.monotonic())
             CLAIM_READS.labels("ok").inc()
         except (ApiError, OSError, urllib3.exceptions.HTTPError, orjson.JSONDecodeError) as exc:
@@ -159,11 +155,11 @@ def _refs(namespace: str, spec: Mapping[str, Any]) -> list[Ref]:
     return refs
 
 
-def _reason(exc: Exception, timeout: tuple[float, float]) -> str:
+def _reason(exc: Exception, timeout: Timeout) -> str:
     if isinstance(exc, ApiError):
         return f"the API server answered {exc}"
     if isinstance(exc, urllib3.exceptions.NewConnectionError):  # a ConnectTimeoutError too: tested first
         return "the API server could not be reached (connection refused)"
     if isinstance(exc, urllib3.exceptions.TimeoutError):
-        return f"the API server did not answer within {timeout[0] + timeout[1]:g} s"
+        return f"the API server did not answer within {sum(timeout):g} s"
     return f"the API server could not be reached ({type(exc).__name__})"

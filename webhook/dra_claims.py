@@ -24,7 +24,6 @@ from gpu_placement.decide.claims import (
     ClaimPlan,
     Template,
     claim_policy,
-    devices_quota_key,
     dra_level,
     level_of,
     plan,
@@ -34,11 +33,9 @@ from gpu_placement.facts.dra import Claim
 from gpu_placement.facts.pods import GpuRequests
 from gpu_placement.facts.policy import NamespacePolicy
 from gpu_placement.facts.sharing import Sharing, standin_of
-from gpu_placement.view.dra import DraState
 from webhook.patches import Patch, claim_patch, escape
 
-__all__ = ["TEMPLATE_PENDING", "Conversion", "convert", "missing_sentence", "pod_devices",
-           "template_claims"]
+__all__ = ["TEMPLATE_PENDING", "Conversion", "convert", "missing_sentence", "template_claims"]
 
 TEMPLATE_PENDING = "TemplatePending"
 _IMPLICIT_EXTENDED = n.IMPLICIT_CLASS_PREFIX  # every DeviceClass's implicit extended resource
@@ -98,20 +95,6 @@ def missing_sentence(missing: Iterable[Template], where: str) -> str:
     return (f"{where} is in a namespace whose GPUs are claimed through DRA ({n.ANN_ALLOCATION}=dra), and the "
             f"ResourceClaimTemplate it needs is not there yet ({names}): gpu-placement creates it from the namespace's "
             "annotations within seconds of a change; create the pod again in a few seconds")
-
-
-def pod_devices(dra: DraState, namespace: str, spec: Mapping[str, Any]) -> dict[str, int]:
-    """The devices of GPU classes the claims made from the pod's templates will ask for, by quota key
-    (`<class>.deviceclass.resource.k8s.io/devices`). Claims that exist already are charged already."""
-    asks: dict[str, int] = {}
-    for entry in spec.get("resourceClaims") or ():
-        name = entry.get("resourceClaimTemplateName") if isinstance(entry, Mapping) else None
-        template = dra.templates.get(f"{namespace}/{name}") if name else None
-        for device_class, count in template.devices if template is not None else ():
-            if device_class in dra.gpu_classes:
-                key = devices_quota_key(device_class)
-                asks[key] = asks.get(key, 0) + count
-    return asks
 
 
 def template_claims(spec: Mapping[str, Any]) -> int:

@@ -13,7 +13,6 @@ the holds stay, and the namespace stays full rather than open.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 from urllib.parse import quote
 
@@ -22,8 +21,9 @@ import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.facts.pods import pod_key
-from gpu_placement.kube.api import ApiError, api_error, request
-from gpu_placement.observe.metrics import API_OUTCOMES, QUOTA_HOLD_LISTS, api_outcome
+from gpu_placement.kube.api import LIST_TIMEOUT, ApiError, api_error, request
+from gpu_placement.kube.leader import Worker, counted
+from gpu_placement.observe.metrics import API_OUTCOMES, QUOTA_HOLD_LISTS
 from webhook.quota import Reservations
 
 __all__ = ["HoldChecker"]
@@ -31,12 +31,16 @@ __all__ = ["HoldChecker"]
 log = logging.getLogger("gpu_placement.webhook.holds")
 
 _ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
-_TIMEOUT = (5.0, 30.0)
 
 
-class HoldChecker:
+class HoldChecker(Worker):
+    what = "quota holds"
+    crashed = "settling %s failed"
+    log = log
+
     def __init__(self, reservations: Reservations, api: ApiClient, interval: float = 1.0,
                  recheck: float = 5.0, page_size: int = 500, lists_per_second: float = 5.0, burst: int = 10) -> None:
+        super().__init__()
         self.reservations = reservations
         self.view = reservations.view
         self.api = api
@@ -46,27 +50,15 @@ class HoldChecker:
         self.lists = 0  # for tests and the log
         self.dropped = 0
         self._next: dict[str, float] = {}  # namespace -> earliest next list
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._last_error: str | None = None
         for outcome in API_OUTCOMES:
             QUOTA_HOLD_LISTS.labels(outcome)
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="quota-holds", daemon=True)
-        self._thread.start()
+    def step(self) -> None:
+        self.check()
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.check()
-            except Exception:  # a bug, not the network: say so, keep the thread
-                log.exception("settling quota holds failed")
+    def _pause(self) -> None:
+        self._stop.wait(self.interval)
 
     def check(self) -> int:
         """One pass; returns how many holds were dropped."""
@@ -82,9 +74,9 @@ class HoldChecker:
                 break  # the rest on a later pass, oldest-listed first as they come
             started = self.view.clock()
             try:
-                present = self._pods(ns)
+                with counted(QUOTA_HOLD_LISTS):
+                    present = self._pods(ns)
             except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-                QUOTA_HOLD_LISTS.labels(api_outcome(exc)).inc()
                 if str(exc) != self._last_error:
                     log.warning("cannot list the pods of namespace %s to settle its quota holds (%s); they stay "
                                 "held until a list succeeds", ns, exc)
@@ -92,7 +84,6 @@ class HoldChecker:
                 continue
             self._last_error = None
             self.lists += 1
-            QUOTA_HOLD_LISTS.labels("ok").inc()
             with self.view.lock:
                 gone = self.reservations.settle(ns, started, present)
             if gone:
@@ -122,7 +113,7 @@ class HoldChecker:
             if token:
                 query.append(("continue", token))
             response = request(self.api, "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods", query=query,
-                               timeout=_TIMEOUT, accept=_ACCEPT)
+                               timeout=LIST_TIMEOUT, accept=_ACCEPT)
             if response.status >= 300:
                 raise api_error(response)
             page: dict[str, Any] = orjson.loads(response.read())

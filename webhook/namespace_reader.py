@@ -29,7 +29,7 @@ import orjson
 import urllib3
 
 from gpu_placement.facts.namespaces import NamespaceRecord, namespace_from_json
-from gpu_placement.kube.api import ApiError, api_error, request
+from gpu_placement.kube.api import REVIEW_TIMEOUT, ApiError, ApiNotFound, Timeout, get
 from gpu_placement.observe.metrics import API_OUTCOMES, NAMESPACE_READS, api_outcome
 from gpu_placement.view.cluster import ClusterView
 
@@ -47,7 +47,7 @@ class _Read:
 
 
 class NamespaceReader:
-    def __init__(self, view: ClusterView, api: Any, timeout: tuple[float, float] = (1.0, 2.0),
+    def __init__(self, view: ClusterView, api: Any, timeout: Timeout = REVIEW_TIMEOUT,
                  fresh_seconds: float = 30.0, retry_seconds: float = 1.0, limit: int = 10_000,
                  missing_seconds: float = 10.0, reads_per_second: float = 10.0, burst: int = 20) -> None:
         self.view, self.api, self.timeout = view, api, timeout
@@ -126,25 +126,20 @@ class NamespaceReader:
     def _get(self, namespace: str) -> None:
         self.reads += 1
         try:
-            response = request(self.api, "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}",
-                               timeout=self.timeout)
-            if response.status >= 300:
-                raise api_error(response)
-            obj = orjson.loads(response.read())
-            response.release_conn()
+            obj = get(self.api, f"/api/v1/namespaces/{quote(namespace, safe='')}", timeout=self.timeout)
             result = _Read(namespace_from_json(obj), "", time.monotonic())
             NAMESPACE_READS.labels("ok").inc()
         except (ApiError, OSError, urllib3.exceptions.HTTPError, orjson.JSONDecodeError) as exc:
-            missing = isinstance(exc, ApiError) and exc.status == 404
+            missing = isinstance(exc, ApiNotFound)
             result = _Read(None, _reason(exc, self.timeout), time.monotonic(), missing)
             NAMESPACE_READS.labels("refused" if isinstance(exc, orjson.JSONDecodeError) else api_outcome(exc)).inc()
             log.warning("namespace %s is not in the view yet and could not be read: %s", namespace, result.error)
         self._store(namespace, result)
 
 
-def _reason(exc: Exception, timeout: tuple[float, float]) -> str:
+def _reason(exc: Exception, timeout: Timeout) -> str:
     if isinstance(exc, ApiError):
         return f"the API server answered {exc}"
     if isinstance(exc, urllib3.exceptions.TimeoutError):
-        return f"the API server did not answer within {timeout[0] + timeout[1]:g} s"
+        return f"the API server did not answer within {sum(timeout):g} s"
     return f"the API server could not be reached ({type(exc).__name__})"

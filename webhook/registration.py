@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,14 +34,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
 import urllib3
 import yaml
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.names import REGISTERED_ANNOTATION
-from gpu_placement.kube.api import ApiError, api_error, request
-from gpu_placement.kube.lease import drain
+from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiError, get, get_or_none, write
+from gpu_placement.kube.leader import Worker
 from gpu_placement.observe import metrics
 
 __all__ = ["KINDS", "REGISTERED_ANNOTATION", "RegistrationSettings", "WebhookRegistration", "WebhookSpec",
@@ -51,7 +49,6 @@ __all__ = ["KINDS", "REGISTERED_ANNOTATION", "RegistrationSettings", "WebhookReg
 log = logging.getLogger("gpu_placement.registration")
 
 KINDS = {"mutating": "mutatingwebhookconfigurations", "validating": "validatingwebhookconfigurations"}
-_TIMEOUT = (5.0, 15.0)
 WebhookSpec = dict[str, list[dict[str, Any]]]  # "mutating" | "validating" -> webhooks
 
 
@@ -81,39 +78,27 @@ def load_webhook_spec(path: str | Path) -> WebhookSpec:
     return spec
 
 
-class WebhookRegistration:
+class WebhookRegistration(Worker):
+    what = "webhook registration"
+    log = log
+
     def __init__(self, api: ApiClient, configuration: str, namespace: str, service: str, spec: WebhookSpec,
                  ready: Callable[[], bool], ca_file: Path | None, identity: str,
                  settings: RegistrationSettings | None = None) -> None:
         self.api, self.configuration, self.namespace, self.service = api, configuration, namespace, service
         self.spec, self.ready, self.ca_file, self.identity = spec, ready, ca_file, identity
         self.settings = settings or RegistrationSettings()
+        super().__init__()
         self.registered = False  # this replica has written the webhooks
         self.last_error: str | None = None
         self._endpoint_since: float | None = None
         self._waiting_for = ""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._gauge = metrics.WEBHOOKS_REGISTERED
         self._gauge.set(0)
 
     # -- running -------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="webhook-registration", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception:  # a bug, not the network: say so, keep the thread
-                log.exception("webhook registration failed")
-            self._stop.wait(self.settings.recheck_seconds if self.registered else self.settings.interval_seconds)
+    def _pause(self) -> None:
+        self._stop.wait(self.settings.recheck_seconds if self.registered else self.settings.interval_seconds)
 
     def step(self) -> None:
         """One turn: write the webhooks when due. API errors are logged once each and retried."""
@@ -152,11 +137,9 @@ class WebhookRegistration:
 
     # -- the API -------------------------------------------------------------------------------
     def _endpoint_ready(self) -> bool:
-        response = request(self.api, "GET", f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices",
-                           query=[("labelSelector", f"kubernetes.io/service-name={self.service}")], timeout=_TIMEOUT)
-        if response.status >= 300:
-            raise api_error(response)
-        slices = orjson.loads(response.read()).get("items") or []
+        slices = get(self.api, f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices",
+                     query=[("labelSelector", f"kubernetes.io/service-name={self.service}")], timeout=OBJECT_TIMEOUT
+                     ).get("items") or []
         # A missing `ready` counts as ready (discovery.k8s.io/v1 EndpointConditions).
         return any((endpoint.get("conditions") or {}).get("ready", True) is not False
                    for piece in slices for endpoint in piece.get("endpoints") or ())
@@ -164,18 +147,9 @@ class WebhookRegistration:
     def _path(self, kind: str) -> str:
         return f"/apis/admissionregistration.k8s.io/v1/{KINDS[kind]}/{self.configuration}"
 
-    def _read(self, kind: str) -> dict[str, Any] | None:
-        response = request(self.api, "GET", self._path(kind), timeout=_TIMEOUT)
-        if response.status == 404:
-            drain(response)
-            return None
-        if response.status >= 300:
-            raise api_error(response)
-        return orjson.loads(response.read())  # type: ignore[no-any-return]
-
     def _get(self, kind: str) -> list[dict[str, Any]] | None:
         """The live webhooks of one configuration; None when the configuration does not exist."""
-        current = self._read(kind)
+        current = get_or_none(self.api, self._path(kind), timeout=OBJECT_TIMEOUT)
         return None if current is None else list(current.get("webhooks") or [])
 
     def _write_all(self, why: str) -> None:
@@ -190,7 +164,7 @@ class WebhookRegistration:
                  ", ".join(written), why)
 
     def _write(self, kind: str, bundle: str | None) -> bool:
-        current = self._read(kind)
+        current = get_or_none(self.api, self._path(kind), timeout=OBJECT_TIMEOUT)
         if current is None:
             log.warning("webhook registration: %s %s does not exist (deleted by hand, or the release is being "
                         "uninstalled): nothing registered; helm upgrade puts it back", KINDS[kind], self.configuration)
@@ -212,12 +186,9 @@ class WebhookRegistration:
                         "value": stamp})
         else:
             ops.append({"op": "add", "path": "/metadata/annotations", "value": {REGISTERED_ANNOTATION: stamp}})
-        response = request(self.api, "PATCH", self._path(kind), body=ops, timeout=_TIMEOUT,
-                           content_type="application/json-patch+json")
-        if response.status >= 300:
-            raise api_error(response)  # a 409/422 from the test op: changed meanwhile, written on the next turn
-        drain(response)
-        return True
+        # A 409/422 from the test op raises: changed meanwhile, written on the next turn.
+        return write(self.api, "PATCH", self._path(kind), body=ops, timeout=OBJECT_TIMEOUT,
+                     content_type="application/json-patch+json")
 
     def _ca_bundle(self) -> str | None:
         """Base64 of the CA file beside the serving certificate, if there is one."""

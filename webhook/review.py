@@ -22,6 +22,7 @@ import orjson
 from gpu_placement.base.quantity import QuantityError, QuantityProblem, to_count
 from gpu_placement.base.text import json_type, quoted, shown
 from gpu_placement.facts.pods import MAX_GPU_COUNT, GpuRequests, effective_gpu_requests
+from gpu_placement.kube.api import Status
 from gpu_placement.web import shape
 from gpu_placement.web.shape import ShapeError
 
@@ -61,18 +62,6 @@ class GroupVersionResource(TypedDict):
     group: str
     version: str
     resource: str
-
-
-class Status(TypedDict, total=False):
-    """`meta/v1.Status`, as it appears in a response (and as our HTTP error bodies)."""
-
-    kind: str
-    apiVersion: str
-    metadata: dict[str, Any]
-    status: Literal["Success", "Failure"]
-    message: str
-    reason: str
-    code: int
 
 
 class AdmissionRequest(TypedDict):

@@ -26,17 +26,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import orjson
 from kubernetes.client import ApiClient
 
-from gpu_placement.kube.api import ApiError, api_error, request
-from gpu_placement.kube.lease import Lease, drain, parse_time
+from gpu_placement.base.timestamps import parse_datetime
+from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiError, get_or_none, write
+from gpu_placement.kube.lease import Lease
 from gpu_placement.web.certs import cert_not_after, make_ca, make_serving_cert
 
 __all__ = ["CertPaths", "CertificateManager", "RotationSettings"]
 
 log = logging.getLogger("gpu_placement.rotation")
-_TIMEOUT = (5.0, 15.0)
 _STAGED_AT = "gpu-placement.io/ca-staged-at"
 _PROMOTED_AT = "gpu-placement.io/ca-promoted-at"
 
@@ -160,7 +159,8 @@ class CertificateManager:
     def _rotate(self, m: _Material, now: datetime) -> _Material:
         s = self.settings
         overlap = timedelta(seconds=s.overlap_seconds)
-        staged, promoted = parse_time(m.annotations.get(_STAGED_AT)), parse_time(m.annotations.get(_PROMOTED_AT))
+        staged = parse_datetime(m.annotations.get(_STAGED_AT))
+        promoted = parse_datetime(m.annotations.get(_PROMOTED_AT))
         if m.next_ca_cert is not None and m.next_ca_key is not None and staged and now - staged >= overlap:
             m.ca_cert, m.ca_key, m.next_ca_cert, m.next_ca_key = m.next_ca_cert, m.next_ca_key, None, None
             m.cert, m.key = self._issue(m.ca_cert, m.ca_key)
@@ -187,14 +187,10 @@ class CertificateManager:
         return f"/api/v1/namespaces/{self.namespace}/secrets" + (f"/{name}" if name else "")
 
     def _read_secret(self) -> _Material | None:
-        response = request(self.api, "GET", self._secret_path(self.secret), timeout=_TIMEOUT)
-        if response.status == 404:
-            drain(response)
+        secret = get_or_none(self.api, self._secret_path(self.secret), timeout=OBJECT_TIMEOUT)
+        if secret is None:
             self._resource_version = None
             return None
-        if response.status >= 300:
-            raise api_error(response)
-        secret = orjson.loads(response.read())
         self._resource_version = secret["metadata"].get("resourceVersion")
         data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
         if not all(k in data for k in ("ca.crt", "ca.key", "tls.crt", "tls.key")):
@@ -219,13 +215,10 @@ class CertificateManager:
             "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
         }
         if created:
-            response = request(self.api, "POST", self._secret_path(), body=body, timeout=_TIMEOUT)
+            write(self.api, "POST", self._secret_path(), body=body, timeout=OBJECT_TIMEOUT)
         else:
             body["metadata"]["resourceVersion"] = self._resource_version  # lost update -> 409, retried next pass
-            response = request(self.api, "PUT", self._secret_path(self.secret), body=body, timeout=_TIMEOUT)
-        if response.status >= 300:
-            raise api_error(response)
-        drain(response)
+            write(self.api, "PUT", self._secret_path(self.secret), body=body, timeout=OBJECT_TIMEOUT)
 
     def _write_files(self, m: _Material) -> None:
         self.cert_dir.mkdir(parents=True, exist_ok=True)
@@ -243,23 +236,16 @@ class CertificateManager:
     def _patch_bundles(self, bundle: str) -> None:
         for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
             path = f"/apis/admissionregistration.k8s.io/v1/{kind}/{self.webhook_configuration}"
-            response = request(self.api, "GET", path, timeout=_TIMEOUT)
-            if response.status == 404:
-                drain(response)
+            found = get_or_none(self.api, path, timeout=OBJECT_TIMEOUT)
+            if found is None:
                 log.warning("%s %s not found: nothing to patch", kind, self.webhook_configuration)
                 continue
-            if response.status >= 300:
-                raise api_error(response)
-            webhooks = orjson.loads(response.read()).get("webhooks") or []
+            webhooks = found.get("webhooks") or []
             ops = [{"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
                    for i, hook in enumerate(webhooks) if (hook.get("clientConfig") or {}).get("caBundle") != bundle]
             if not ops:
                 continue
-            response = request(self.api, "PATCH", path, body=ops, timeout=_TIMEOUT,
-                               content_type="application/json-patch+json")
-            if response.status >= 300:
-                raise api_error(response)
-            drain(response)
+            write(self.api, "PATCH", path, body=ops, timeout=OBJECT_TIMEOUT, content_type="application/json-patch+json")
             log.info("patched caBundle of %s %s", kind, self.webhook_configuration)
 
     # -- the Lease -----------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from gpu_placement.controllers import events as _events  # noqa: F401 - register
 from gpu_placement.decide.placement import Placement
 from gpu_placement.decide.rollout import track_rollout
 from gpu_placement.facts.dra import DRA_KINDS
+from gpu_placement.kube.api import WatchSettings
 from gpu_placement.kube.discovery import DraApi
 from gpu_placement.observe import metrics
 from gpu_placement.observe.logs import setup_logging
@@ -309,21 +310,26 @@ def core_from_objects(config: Config, objects: list[dict[str, Any]]) -> Core:
     return core
 
 
-def discover_dra(api: Any, tries: int = 5, wait: float = 2.0) -> DraApi:
-    """resource.k8s.io as the API server serves it, asked a few times: the view cannot start without
-    the API server anyway. Not served (or never answered): DRA stays off, and the log says so."""
+def discover_dra(api: Any, tries: int = 5, settings: WatchSettings | None = None) -> DraApi:
+    """resource.k8s.io as the API server serves it, asked a few times, waiting between tries as the
+    watches do (`settings.backoff`: growing, jittered): the view cannot start without the API server
+    anyway. Not served (or never answered): DRA stays off, and the log says so."""
+    import random
+
     import urllib3
 
     from gpu_placement.kube.api import ApiError
     from gpu_placement.kube.discovery import discover
 
-    for attempt in range(tries):
+    settings = settings or WatchSettings()
+    for attempt in range(1, tries + 1):
         try:
             found = discover(api)
             break
         except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            log.warning("discovery of resource.k8s.io failed (%s); attempt %d of %d", exc, attempt + 1, tries)
-            time.sleep(wait)
+            log.warning("discovery of resource.k8s.io failed (%s); attempt %d of %d", exc, attempt, tries)
+            if attempt < tries:
+                time.sleep(settings.backoff(attempt, random.random()))
     else:
         log.error("resource.k8s.io could not be discovered: DRA objects are not read; restart to try again")
         return DraApi()

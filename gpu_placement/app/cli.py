@@ -24,7 +24,7 @@ from gpu_placement.base.errors import UsageError
 from gpu_placement.base.timestamps import format_duration, parse_duration, parse_time
 from gpu_placement.view.snapshot import SnapshotError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "deployed_config", "main"]
 
 _SERVE = ServeOptions()  # serve's flags take their defaults from here
 Commands = Any  # argparse's _SubParsersAction, which it does not export: each command's parser is added to it

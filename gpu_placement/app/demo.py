@@ -40,7 +40,7 @@ from gpu_placement.survey.report import survey_text
 from gpu_placement.survey.run import Survey, run_survey
 from gpu_placement.web.patching import apply_patch
 
-__all__ = ["DEMO_CONFIG", "demo_config_map", "run_demo", "write_snapshot"]
+__all__ = ["DEMO_CONFIG", "cluster_objects", "demo_config_map", "run_demo", "write_snapshot"]
 
 DEMO_CONFIG: dict[str, Any] = {
     "defaultNamespacePolicy": "deny",  # GPUs only for namespaces the platform team gave a quota
@@ -56,7 +56,7 @@ Post = Callable[[str, str, dict[str, Any]], tuple[int, Any]]
 
 
 @dataclass(slots=True)
-class Outcome:
+class _Outcome:
     pod: str
     story: str
     decision: str = ""  # allowed / DENIED
@@ -210,10 +210,10 @@ _POD_SPECIFIC = ("InsufficientGPUMemory", "InsufficientGPU", "DriverTooOld", "Co
                  "SharingMismatch", "UnknownDriver", "UnknownGPUMemory", "BadAnnotation")
 
 
-def _one(core: Core, post: Post, labels: dict[str, dict[str, str]], story: str, pod: dict[str, Any]) -> Outcome:
+def _one(core: Core, post: Post, labels: dict[str, dict[str, str]], story: str, pod: dict[str, Any]) -> _Outcome:
     meta = pod["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    outcome = Outcome(f"{namespace}/{name}", story)
+    outcome = _Outcome(f"{namespace}/{name}", story)
     status, review = post("webhook", "/mutate?timeout=10s", _review(pod, namespace))
     response = review.get("response", {}) if status == 200 else {}
     patch = orjson.loads(base64.b64decode(response["patch"])) if response.get("patch") else []
@@ -318,7 +318,7 @@ def _leaf(path: str) -> str:
     return path.rsplit("/", 1)[-1].replace("~1", "/").replace("~0", "~")
 
 
-def _print(outcomes: list[Outcome], out: Any) -> None:
+def _print(outcomes: list[_Outcome], out: Any) -> None:
     print("\nADMISSION (webhook: /mutate, then /validate, as the API server calls them)", file=out)
     print(table(["POD", "STORY", "DECISION", "PATCHED"],
                 [[o.pod, o.story, o.decision, o.changes] for o in outcomes]), file=out)

@@ -62,3 +62,8 @@ ANN_SETTLED_DRIVER = PREFIX + "settled-driver"
 LABEL_ENABLED = PREFIX + "enabled"
 # On the webhook configurations: "<RFC 3339 time> by <replica>" once a ready replica wrote the webhooks in.
 REGISTERED_ANNOTATION = PREFIX + "webhooks-registered"
+
+# Taint effects that keep what is tainted from use: a node from a pod that does not tolerate the taint
+# (kube-scheduler's TaintToleration), a device from such a claim (the DRA allocator's
+# taintPreventsAllocation). PreferNoSchedule only weighs on scores; None only reports.
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")

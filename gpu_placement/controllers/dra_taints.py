@@ -65,15 +65,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.config import Config
 from gpu_placement.decide.rules import DRIVER_UPGRADE, MIG_RECONFIGURING, NOT_VALIDATED, dra_readiness
-from gpu_placement.kube.api import ApiError, api_error, request
+from gpu_placement.kube.api import (
+    OBJECT_TIMEOUT,
+    ApiConflict,
+    ApiNotFound,
+    api_error,
+    get,
+    get_or_none,
+    request,
+    write,
+)
 from gpu_placement.kube.discovery import GROUP, discover
-from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted
-from gpu_placement.kube.lease import Lease, drain
+from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted, counted
+from gpu_placement.kube.lease import Lease
 from gpu_placement.kube.owner import Owner
 from gpu_placement.observe.metrics import (
     API_OUTCOMES,
@@ -85,7 +93,6 @@ from gpu_placement.observe.metrics import (
     DRA_TAINT_SUCCESS,
     DRA_TAINT_WRITES,
     DRA_TAINTED_DEVICES,
-    api_outcome,
 )
 from gpu_placement.view.cluster import ClusterView
 
@@ -116,7 +123,6 @@ XID_ERROR = "XIDError"
 # KEP-4680): tainted alone, as an XID device is, for as long as a pod reports it.
 DEVICE_UNHEALTHY = "DeviceUnhealthy"
 _SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
-_TIMEOUT = (5.0, 15.0)
 _ACTIONS = {"POST": "create", "PUT": "update", "DELETE": "delete"}
 _NAME_LIMIT = 253
 _LABEL_VALUE_LIMIT = 63
@@ -406,10 +412,8 @@ class TaintController(LeaderLoop):
     def _create(self, rule: Rule) -> None:
         try:
             created = self._write("POST", self._path(), self._body(rule, None))
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-            found = self._get(rule.name)
+        except ApiConflict:
+            found = get_or_none(self.api, self._path(rule.name), timeout=OBJECT_TIMEOUT)
             if found is not None and not _ours(found):
                 log.warning("DRA taints: a DeviceTaintRule %s exists that gpu-placement does not manage; left alone, "
                             "so node %s's devices are not tainted by gpu-placement: rename or remove it", rule.name,
@@ -426,11 +430,9 @@ class TaintController(LeaderLoop):
     def _update(self, current: dict[str, Any], rule: Rule) -> None:
         try:
             updated = self._write("PUT", self._path(rule.name), self._body(rule, current))
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
+        except ApiConflict:
             # Changed since we read it (kube-controller-manager writes its status): once more, on what it is now.
-            found = self._get(rule.name)
+            found = get_or_none(self.api, self._path(rule.name), timeout=OBJECT_TIMEOUT)
             if found is None:
                 self.owned.pop(rule.name, None)
                 self._create(rule)
@@ -450,11 +452,9 @@ class TaintController(LeaderLoop):
         # The uid alone: the resourceVersion we were answered with is stale as soon as kube-controller-manager
         # writes the rule's status (device_taint_eviction.go maybeUpdateRuleStatus), which it does for every rule.
         options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": meta.get("uid")}}
-        with self._counted("DELETE"):
-            response = request(self.api, "DELETE", self._path(name), body=options, timeout=_TIMEOUT)
-            if response.status >= 300 and response.status != 404:
-                raise api_error(response)
-            drain(response)
+        self._take_token()
+        with counted(DRA_TAINT_WRITES, "delete"):  # ApiNotFound: gone already, what was wanted
+            write(self.api, "DELETE", self._path(name), body=options, timeout=OBJECT_TIMEOUT, settled=ApiNotFound)
         self.owned.pop(name, None)
         self.writes += 1
         log.info("DRA taints: removed %s: node %s is verified again", name, rule_node(current))
@@ -470,27 +470,14 @@ class TaintController(LeaderLoop):
         return f"/apis/{GROUP}/{self.version}/devicetaintrules" + (f"/{name}" if name else "")
 
     def _relist(self) -> None:
-        response = request(self.api, "GET", self._path(), query=[("labelSelector", _SELECTOR)], timeout=_TIMEOUT)
-        if response.status >= 300:
-            raise api_error(response)
-        items = orjson.loads(response.read()).get("items") or []
-        response.release_conn()
+        items = get(self.api, self._path(), query=[("labelSelector", _SELECTOR)], timeout=OBJECT_TIMEOUT
+                    ).get("items") or []
         self.owned = {str(item["metadata"]["name"]): item for item in items if _ours(item)}
 
-    def _get(self, name: str) -> dict[str, Any] | None:
-        response = request(self.api, "GET", self._path(name), timeout=_TIMEOUT)
-        if response.status == 404:
-            drain(response)
-            return None
-        if response.status >= 300:
-            raise api_error(response)
-        found: dict[str, Any] = orjson.loads(response.read())
-        response.release_conn()
-        return found
-
     def _write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        with self._counted(method):
-            response = request(self.api, method, path, body=body, timeout=_TIMEOUT)
+        self._take_token()
+        with counted(DRA_TAINT_WRITES, _ACTIONS[method]):
+            response = request(self.api, method, path, body=body, timeout=OBJECT_TIMEOUT)
             if response.status >= 300:
                 raise api_error(response)
             written: dict[str, Any] = orjson.loads(response.read())
@@ -498,18 +485,8 @@ class TaintController(LeaderLoop):
         self.writes += 1
         return written
 
-    @contextmanager
-    def _counted(self, method: str) -> Iterator[None]:
-        """Paced (a token per write; the Lease renewed on the way), counted by how it ended."""
-        self._take_token()
-        try:
-            yield
-        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            DRA_TAINT_WRITES.labels(_ACTIONS[method], api_outcome(exc)).inc()
-            raise
-        DRA_TAINT_WRITES.labels(_ACTIONS[method], "ok").inc()
-
     def _take_token(self) -> None:
+        """Writes are paced: a token each; a long wait renews the Lease on the way."""
         while True:
             now = self.clock()
             self._tokens = min(float(self.settings.burst),

@@ -60,7 +60,6 @@ EVENTS = Counter("gpu_placement_events_total", "Kubernetes Events gpu-placement 
                  "dropped (the queue was full), standby (not the Lease holder), failed.", ["outcome"])
 FINISH_SECONDS = 6 * 60.0  # client-go tools/events finishTime: a series ends after this long without a repeat
 _BURST, _REFILL_SECONDS = 25, 300.0  # client-go tools/record EventSourceObjectSpamFilter defaults
-_TIMEOUT = (5.0, 15.0)
 _NOTE_LIMIT = 1024  # events.k8s.io/v1 validation: note is at most 1 kB
 
 
@@ -216,7 +215,7 @@ class EventWriter:
         return True
 
     def _create(self, item: EventItem, now: float) -> str | None:
-        from gpu_placement.kube.api import api_error, drain, request
+        from gpu_placement.kube.api import OBJECT_TIMEOUT, api_error, drain, request
 
         namespace = _namespace_of(item.regarding)
         self._last_ns = max(time.time_ns(), self._last_ns + 1)  # unique even for Events made in one nanosecond
@@ -228,7 +227,7 @@ class EventWriter:
                 "action": item.action[:128], "reason": item.reason[:128], "type": item.type,
                 "regarding": item.regarding.reference(), "note": _cut(item.note)}
         response = request(self.api, "POST", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", body=body,
-                           timeout=_TIMEOUT)
+                           timeout=OBJECT_TIMEOUT)
         if response.status >= 300:
             error = api_error(response)
             log.warning("Event %s/%s about %s %s not written: %s", namespace, item.reason, item.regarding.kind,
@@ -240,11 +239,11 @@ class EventWriter:
 
     def _patch_series(self, series: _Series, now: float) -> bool:
         """client-go patches the series onto the Event it first wrote; gone (404): a new one is made."""
-        from gpu_placement.kube.api import drain, request
+        from gpu_placement.kube.api import OBJECT_TIMEOUT, drain, request
 
         patch = {"series": {"count": series.count, "lastObservedTime": _micro(now)}}
         response = request(self.api, "PATCH", f"/apis/events.k8s.io/v1/namespaces/{series.namespace}/events/"
-                           f"{series.name}", body=patch, timeout=_TIMEOUT,
+                           f"{series.name}", body=patch, timeout=OBJECT_TIMEOUT,
                            content_type="application/merge-patch+json")
         drain(response)
         return response.status < 300

@@ -33,13 +33,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.base import names as n
@@ -49,9 +46,16 @@ from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.pods import PodRecord
 from gpu_placement.facts.policy import NamespacePolicy, parse_policy
 from gpu_placement.facts.resourcequotas import MIRROR_NAME
-from gpu_placement.kube.api import ApiError, api_error, request, write
-from gpu_placement.kube.leader import Failures, LeaderLoop, namespace_terminating
-from gpu_placement.kube.lease import Lease, drain
+from gpu_placement.kube.api import (
+    OBJECT_TIMEOUT,
+    ApiError,
+    ApiNotFound,
+    get,
+    get_or_none,
+    write,
+)
+from gpu_placement.kube.leader import Failures, LeaderLoop, counted, namespace_terminating
+from gpu_placement.kube.lease import Lease
 from gpu_placement.kube.owner import Owner
 from gpu_placement.observe.metrics import (
     API_OUTCOMES,
@@ -59,7 +63,6 @@ from gpu_placement.observe.metrics import (
     QUOTA_MIRROR_LEADING,
     QUOTA_MIRROR_SUCCESS,
     QUOTA_MIRROR_WRITES,
-    api_outcome,
 )
 from gpu_placement.view.cluster import ClusterView
 
@@ -69,7 +72,6 @@ log = logging.getLogger("gpu_placement.quota_mirror")
 
 MANAGED_BY = ("app.kubernetes.io/managed-by", "gpu-placement")
 _SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
-_TIMEOUT = (5.0, 15.0)
 _ACTIONS = {"POST": "create", "PUT": "update", "DELETE": "delete"}
 
 
@@ -328,53 +330,30 @@ class QuotaMirror(LeaderLoop):
         return f"/api/v1/namespaces/{namespace}/resourcequotas" + (f"/{name}" if name else "")
 
     def _get(self, namespace: str) -> dict[str, Any] | None:
-        response = request(self.api, "GET", self._path(namespace, MIRROR_NAME), timeout=_TIMEOUT)
-        if response.status == 404:
-            drain(response)
-            return None
-        if response.status >= 300:
-            raise api_error(response)
-        return orjson.loads(response.read())  # type: ignore[no-any-return]
+        return get_or_none(self.api, self._path(namespace, MIRROR_NAME), timeout=OBJECT_TIMEOUT)
 
     def _list_owned(self) -> list[dict[str, Any]]:
-        response = request(self.api, "GET", "/api/v1/resourcequotas",
-                           query=[("labelSelector", _SELECTOR), ("fieldSelector", f"metadata.name={MIRROR_NAME}")],
-                           timeout=_TIMEOUT)
-        if response.status >= 300:
-            raise api_error(response)
-        return list(orjson.loads(response.read()).get("items") or [])
+        return list(get(self.api, "/api/v1/resourcequotas", timeout=OBJECT_TIMEOUT,
+                        query=[("labelSelector", _SELECTOR), ("fieldSelector", f"metadata.name={MIRROR_NAME}")]
+                        ).get("items") or [])
 
     def _write(self, method: str, namespace: str, body: dict[str, Any]) -> None:
         path = self._path(namespace) if method == "POST" else self._path(namespace, MIRROR_NAME)
-        with _counted(method):
-            response = request(self.api, method, path, body=body, timeout=_TIMEOUT)
-            if response.status >= 300:
-                raise api_error(response)
-            drain(response)
+        with counted(QUOTA_MIRROR_WRITES, _ACTIONS[method]):
+            write(self.api, method, path, body=body, timeout=OBJECT_TIMEOUT)
         self.writes += 1
 
     def _delete(self, namespace: str, current: dict[str, Any]) -> None:
         meta = current.get("metadata") or {}
         options = {"kind": "DeleteOptions", "apiVersion": "v1",
                    "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}}
-        with _counted("DELETE"):  # 404: gone already, what was wanted
-            if not write(self.api, "DELETE", self._path(namespace, MIRROR_NAME), body=options, timeout=_TIMEOUT,
-                         settled=404):
+        with counted(QUOTA_MIRROR_WRITES, "delete"):  # ApiNotFound: gone already, what was wanted
+            if not write(self.api, "DELETE", self._path(namespace, MIRROR_NAME), body=options, timeout=OBJECT_TIMEOUT,
+                         settled=ApiNotFound):
                 return
         self.writes += 1
         log.info("quota mirror: deleted ResourceQuota %s/%s (no %s on the namespace)", namespace, MIRROR_NAME,
                  n.ANN_QUOTA)
-
-
-@contextmanager
-def _counted(method: str) -> Iterator[None]:
-    """Count one write in gpu_placement_quota_mirror_writes_total by how it ended; errors go on up."""
-    try:
-        yield
-    except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-        QUOTA_MIRROR_WRITES.labels(_ACTIONS[method], api_outcome(exc)).inc()
-        raise
-    QUOTA_MIRROR_WRITES.labels(_ACTIONS[method], "ok").inc()
 
 
 def _ours(quota: dict[str, Any]) -> bool:

@@ -26,26 +26,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.names import ANN_SETTLED_DRIVER
 from gpu_placement.decide.rollout import Rollout
-from gpu_placement.kube.api import ApiError, api_error, drain, request
-from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted
+from gpu_placement.kube.api import OBJECT_TIMEOUT, write
+from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted, counted
 from gpu_placement.kube.lease import Lease
 from gpu_placement.observe.metrics import (
     API_OUTCOMES,
     SETTLED_DRIVER_FAILING,
     SETTLED_DRIVER_LEADING,
     SETTLED_DRIVER_WRITES,
-    api_outcome,
 )
 
 __all__ = ["SettledDrivers", "SettledSettings"]
 
 log = logging.getLogger("gpu_placement.rollout")
-_TIMEOUT = (5.0, 15.0)
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,16 +98,9 @@ class SettledDrivers(LeaderLoop):
 
     def _patch(self, node: str, version: str) -> None:
         body = {"metadata": {"annotations": {ANN_SETTLED_DRIVER: version}}}
-        try:
-            response = request(self.api, "PATCH", f"/api/v1/nodes/{node}", body=body, timeout=_TIMEOUT,
-                               content_type="application/merge-patch+json")
-            if response.status >= 300:
-                raise api_error(response)
-            drain(response)
-        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            SETTLED_DRIVER_WRITES.labels(api_outcome(exc)).inc()
-            raise
-        SETTLED_DRIVER_WRITES.labels("ok").inc()
+        with counted(SETTLED_DRIVER_WRITES):
+            write(self.api, "PATCH", f"/api/v1/nodes/{node}", body=body, timeout=OBJECT_TIMEOUT,
+                  content_type="application/merge-patch+json")
         self.writes += 1
         log.info("settled drivers: node %s runs driver %s settled (%s)", node, version, ANN_SETTLED_DRIVER)
 

@@ -30,7 +30,7 @@ from kubernetes.client import ApiClient
 from gpu_placement.base.config import Config
 from gpu_placement.decide.claims import MANAGED_BY, Template, wanted_templates
 from gpu_placement.facts.policy import NamespacePolicy
-from gpu_placement.kube.api import ApiError, api_error, request, write
+from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiConflict, ApiError, ApiNotFound, api_error, request, write
 from gpu_placement.kube.leader import Failures, namespace_terminating
 from gpu_placement.view.cluster import ClusterView
 
@@ -39,7 +39,6 @@ __all__ = ["TemplateKeeper"]
 log = logging.getLogger("gpu_placement.dra_templates")
 
 _SELECTOR = f"{MANAGED_BY[0]}={MANAGED_BY[1]}"
-_TIMEOUT = (5.0, 15.0)
 
 
 class TemplateKeeper:
@@ -144,7 +143,7 @@ class TemplateKeeper:
     def _list(self, namespace: str | None) -> dict[str, dict[str, Any]]:
         """Ours in `namespace` by name (None: in every namespace, by namespace/name)."""
         response = request(self.api, "GET", self._path(namespace), query=[("labelSelector", _SELECTOR)],
-                           timeout=_TIMEOUT)
+                           timeout=OBJECT_TIMEOUT)
         if response.status >= 300:
             raise api_error(response)
         items = orjson.loads(response.read()).get("items") or []
@@ -158,7 +157,8 @@ class TemplateKeeper:
             body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Namespace",
                                                     "name": template.namespace, "uid": uid}]
         try:  # 409: made by a pass whose answer we did not see, what was wanted
-            if not write(self.api, "POST", self._path(template.namespace), body=body, timeout=_TIMEOUT, settled=409):
+            if not write(self.api, "POST", self._path(template.namespace), body=body, timeout=OBJECT_TIMEOUT,
+                         settled=ApiConflict):
                 return
         except ApiError as exc:
             if not namespace_terminating(exc):
@@ -173,7 +173,8 @@ class TemplateKeeper:
     def _delete(self, namespace: str, name: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
         options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": meta.get("uid")}}
-        if not write(self.api, "DELETE", self._path(namespace, name), body=options, timeout=_TIMEOUT, settled=404):
+        if not write(self.api, "DELETE", self._path(namespace, name), body=options, timeout=OBJECT_TIMEOUT,
+                     settled=ApiNotFound):
             return
         self.writes += 1
         log.info("dra templates: deleted ResourceClaimTemplate %s/%s (no longer the namespace's policy)",

@@ -33,12 +33,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpu_placement.base.names import BLOCKING_EFFECTS
 from gpu_placement.decide.dra_fit import consumption
 from gpu_placement.facts.dra import Ask, Device
 
 __all__ = ["Allocation", "consumption", "first_fit"]  # consumption: dra_fit.py's, the one count of capacity
 
-_BLOCKING = ("NoSchedule", "NoExecute")
 _NONE: Mapping[str, int] = {}
 
 
@@ -68,7 +68,7 @@ def first_fit(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapp
     def take(request: int, device: Device, wants: Mapping[str, int]) -> bool:
         """allocateDevice: the device for this request, if it passes; recorded in `result`."""
         kind = types.get(asks[request][0])
-        if (kind is not None and device.type != kind) or any(t.effect in _BLOCKING for t in device.taints):
+        if (kind is not None and device.type != kind) or any(t.effect in BLOCKING_EFFECTS for t in device.taints):
             return False
         if not device.shared and (held.get(device.name, 0) or taken.get(device.name)):
             return False  # deviceInUse

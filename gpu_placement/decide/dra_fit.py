@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpu_placement.base.cuda import Version, VersionError, parse_version
+from gpu_placement.base.names import BLOCKING_EFFECTS
 from gpu_placement.base.quantity import QuantityError, quantity_to_mib
 from gpu_placement.facts.dra import Alternative, Capacity, Device, Request, device_product
 
@@ -57,7 +58,6 @@ __all__ = ["DEVICE_PLUGIN", "DRA", "DraFit", "Selectors", "both_ways_on", "consu
            "extended_requests", "fit", "fit_on", "matches", "parse_selectors", "served_by", "served_on", "why_not",
            "why_not_on"]
 
-_BLOCKING = ("NoSchedule", "NoExecute")
 _NONE: Mapping[str, int] = {}
 _MIB_MILLI = 2**20 * 1000
 _PROFILE = re.compile(r"""\.profile\s*==\s*['"]([^'"]+)['"]""")
@@ -243,7 +243,7 @@ def _search(devices: Sequence[Device], held: Mapping[str, int], consumed: Mappin
     # this count says nothing, and nothing is pruned by it.)
     shares = any(d.shared for d in devices)
     free = sum(1 for d in devices if d.name not in excluded and not held.get(d.name)
-               and not any(t.effect in _BLOCKING for t in d.taints))
+               and not any(t.effect in BLOCKING_EFFECTS for t in d.taints))
     needed = [0] * (len(requests) + 1)
     for index in range(len(requests) - 1, -1, -1):
         needed[index] = needed[index + 1] + min((0 if a.admin else max(a.count, 1) for a in requests[index]),
@@ -369,7 +369,7 @@ def _usable(device: Device, held: Mapping[str, int], consumed: Mapping[str, Mapp
             excluded: AbstractSet[str], wants: Mapping[str, int], taken: AbstractSet[str],
             taking: Mapping[str, Mapping[str, int]]) -> dict[str, int] | bool:
     """What the device gives this request (its consumption), or False."""
-    if device.name in excluded or device.name in taken or any(t.effect in _BLOCKING for t in device.taints):
+    if device.name in excluded or device.name in taken or any(t.effect in BLOCKING_EFFECTS for t in device.taints):
         return False
     if not device.shared and held.get(device.name):
         return False  # deviceInUse
@@ -390,7 +390,7 @@ def why_not(devices: Sequence[Device], held: Mapping[str, int], consumed: Mappin
     for device in devices:
         why = matches(device, alternative, types.get(alternative.device_class))
         if why is None:
-            blocking = [t for t in device.taints if t.effect in _BLOCKING]
+            blocking = [t for t in device.taints if t.effect in BLOCKING_EFFECTS]
             if device.name in excluded:
                 why = "kept out by gpu-placement (XID error or reported unhealthy)"
             elif blocking:

@@ -72,16 +72,10 @@ from gpu_placement.view.dra import DraState
 
 __all__ = ["ClaimCharge", "by_kind", "claim_charge", "claim_hard", "claim_names", "claim_usage", "is_standin_key",
            "level_quota", "mapped", "mirror_hard", "monitor_devices", "monitor_room", "plain_charge", "pod_standins",
-           "raised_names", "requests_hard", "resource_usage"]
+           "raised_names", "resource_usage"]
 
 _REQUESTS = "requests."
 _DEVICES = devices_quota_key("")  # the suffix
-
-
-def requests_hard(quota: Mapping[str, int]) -> dict[str, str]:
-    """`requests.<resource>` for each resource of the annotation: the only form quota takes for
-    extended resources."""
-    return {f"{_REQUESTS}{resource}": str(count) for resource, count in sorted(quota.items())}
 
 
 def mirror_hard(quota: Mapping[str, int], config: Config, dra: bool, classes: Mapping[str, DeviceClass],
@@ -117,7 +111,7 @@ def level_quota(quota: Mapping[str, int], config: Config,
 
 
 def claim_hard(quota: Mapping[str, int], config: Config, classes: Mapping[str, DeviceClass]) -> dict[str, str]:
-    """What the mirror writes for a `dra` namespace beyond `requests_hard`: the stand-ins per level, the
+    """What the mirror writes for a `dra` namespace beyond `requests.<resource>`: the stand-ins per level, the
     devices per class, and the names of a class that names an extendedResourceName (`requests.X` and
     `requests.deviceclass.resource.kubernetes.io/<class>`, where listed) raised to the class's devices:
     the API server charges every claim of the class to both. `classes`: the view's DeviceClasses (hold

@@ -14,7 +14,7 @@ from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
 from gpu_placement.facts.namespaces import NamespaceRecord
 
-__all__ = ["acts_in", "quota_enforced", "selection_state"]
+__all__ = ["quota_enforced", "selection_state"]
 
 
 def selection_state(name: str, labels: Mapping[str, str], config: Config) -> str:
@@ -24,11 +24,6 @@ def selection_state(name: str, labels: Mapping[str, str], config: Config) -> str
     if config.selects(labels):
         return "opted-in"
     return "not-opted-in" if config.namespace_selection == "optIn" else "opted-out"
-
-
-def acts_in(record: NamespaceRecord, config: Config) -> bool:
-    """The webhook sees this namespace's pods."""
-    return selection_state(record.name, record.labels, config) == "opted-in"
 
 
 def quota_enforced(record: NamespaceRecord, config: Config) -> tuple[bool, str]:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gpu_placement.base.names import BLOCKING_EFFECTS
 from gpu_placement.decide.allocator import consumption, first_fit
 from gpu_placement.decide.requirements import Requirements
 from gpu_placement.facts.dra import Ask, Capacity, Device
@@ -65,7 +66,6 @@ _REREAD_DRIFT = 0.10  # total variation between learned and used shares that mak
 _CHECK_EVERY = 256  # pods seen between drift checks
 _SEEN_KEPT = 100_000  # UIDs remembered (about 10 MB), so a retried pod counts once
 _MEMO_LIMIT = 200_000
-_BLOCKING = ("NoSchedule", "NoExecute")
 _INF = 1 << 62
 
 
@@ -390,7 +390,8 @@ class Fragmentation:
         return self._intern((facts.product, tuple(units), uses)), devices
 
     def _use(self, device: Device, held: int, consumed: Mapping[str, int] | None) -> _DeviceUse:
-        profile = (device.type, device.shared, any(t.effect in _BLOCKING for t in device.taints), device.capacity)
+        blocked = any(t.effect in BLOCKING_EFFECTS for t in device.taints)
+        profile = (device.type, device.shared, blocked, device.capacity)
         number = self._profiles.get(profile)
         if number is None:
             number = self._profiles[profile] = len(self._profile_of)

@@ -32,6 +32,7 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
+from gpu_placement.base.names import BLOCKING_EFFECTS
 from gpu_placement.base.quantity import QuantityError, parse_quantity
 
 __all__ = ["Filtered", "KubeNode", "KubeNodes", "Verdict", "affinity_matches", "fit_error", "pod_requests", "tolerates",
@@ -43,7 +44,6 @@ UNTOLERATED = "node(s) had untolerated taint(s)"
 AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 TOO_MANY_PODS = "Too many pods"
 UNSCHEDULABLE_TAINT = "node.kubernetes.io/unschedulable"
-_DO_NOT_SCHEDULE = ("NoSchedule", "NoExecute")
 _PODS, _CPU, _MEMORY, _EPHEMERAL = "pods", "cpu", "memory", "ephemeral-storage"
 _POD_LEVEL = (_CPU, _MEMORY)  # and hugepages-*: what pod-level requests may set
 _TERMINAL = ("Succeeded", "Failed")  # kube-scheduler's pod informer leaves these out
@@ -139,7 +139,7 @@ class KubeNodes:
                                           for t in tolerations):
             return Verdict("NodeUnschedulable", (UNSCHEDULABLE,), "spec.unschedulable: cordoned")
         for taint in node.taints:
-            if taint.get("effect") in _DO_NOT_SCHEDULE and not any(_tolerates(t, taint) for t in tolerations):
+            if taint.get("effect") in BLOCKING_EFFECTS and not any(_tolerates(t, taint) for t in tolerations):
                 value = f"={taint['value']}" if taint.get("value") else ""
                 return Verdict("TaintToleration", (UNTOLERATED,), f"{taint.get('key')}{value}:{taint.get('effect')}")
         if not _affinity_matches(spec, node):

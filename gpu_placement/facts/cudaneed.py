@@ -30,10 +30,10 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from gpu_placement.base.cuda import NgcTable, Version, VersionError, driver_table, ngc_table, parse_version
+from gpu_placement.base.cuda import NgcTable, Version, VersionError, ngc_table, parse_version
 from gpu_placement.base.cuda import format_version as v
 
-__all__ = ["CudaNeed", "Factor", "Forward", "Unlisted", "brand_of", "container_need", "is_data_center", "ngc_cuda",
+__all__ = ["CudaNeed", "Factor", "Forward", "Unlisted", "brand_of", "container_need", "is_data_center",
            "ngc_releases", "ngc_unlisted", "parse_require_cuda", "term_holds", "why_no_cuda"]
 
 Factor = tuple[str, str, str]  # (property, operator, value) as written: ("driver", ">=", "535")
@@ -211,16 +211,6 @@ def _forward_data() -> tuple[frozenset[str], dict[str, Forward]]:
 def _branches(drivers: list[str]) -> Forward:
     """["470.57", "535"] -> ((470, (470, 57)), (535, (535,))): each branch with its lowest driver."""
     return tuple((parse_version(d)[0], parse_version(d)) for d in drivers)
-
-
-def ngc_cuda(release: str, ngc: NgcTable | None = None) -> Version | None:
-    """CUDA of an NGC framework release (`24.05` -> 12.4.1), None when the table does not list it."""
-    row = (ngc or ngc_table()).releases.get(release)
-    return row.cuda if row is not None else None
-
-
-def compat_floor(major: int) -> Version | None:
-    return driver_table().compat_floor.get(major)
 
 
 def ngc_releases(ngc: NgcTable | None = None) -> tuple[str, str]:

@@ -78,7 +78,7 @@ class Taint:
     @property
     def blocks(self) -> bool:
         """Whether the allocator refuses the device to a claim that does not tolerate it."""
-        return self.effect in ("NoSchedule", "NoExecute")
+        return self.effect in n.BLOCKING_EFFECTS
 
     def text(self) -> str:
         return f"{self.key}{'=' + self.value if self.value else ''}:{self.effect}"

@@ -39,11 +39,6 @@ class QuotaStatus:
     # last change older than the settle time and every one since (`observed`)
     changes: Mapping[str, tuple[tuple[float, int | None], ...]] = field(default_factory=dict, compare=False)
 
-    def enforces(self, resource: str) -> int | None:
-        """The most of `resource` the API server lets the namespace's pods request together, or None
-        when it does not enforce one (not in status.hard, or not counted yet)."""
-        return self.enforced(f"requests.{resource}")
-
     def enforced(self, key: str) -> int | None:
         """The figure the API server enforces for a ResourceQuota key (`requests.nvidia.com/gpu`,
         `gpu.nvidia.com.deviceclass.resource.k8s.io/devices`), or None when it enforces none yet."""

@@ -60,6 +60,7 @@ class AsyncApi:
     async def post(self, path: str, body: bytes, timeout: Timeout) -> Answer:
         """POST a JSON body; the answer read in full, whatever its status."""
         session = self._session or self._open()
+        connect, read = timeout
         headers = {"Accept": "application/json", "Content-Type": "application/json", "User-Agent": self._user_agent}
         # The client's own auth step: a token read again when the in-cluster file or an exec plugin
         # rotates it; a client certificate is in the TLS context instead.
@@ -69,7 +70,7 @@ class AsyncApi:
             extra["server_hostname"] = self._server_hostname
         async with session.post(self.base + path, data=body, headers=headers, proxy=self._proxy,
                                 proxy_headers=self._proxy_headers,
-                                timeout=aiohttp.ClientTimeout(total=None, connect=timeout[0], sock_read=timeout[1]),
+                                timeout=aiohttp.ClientTimeout(total=None, connect=connect, sock_read=read),
                                 **extra) as response:
             raw = await response.read()
             return Answer(response.status, response.reason, raw, response.headers.get("Retry-After"))

@@ -9,10 +9,18 @@ Errors, what to catch:
 
     KubeConfigError     the kubeconfig or in-cluster config cannot be loaded (at start)
     ApiError            the API server answered with a non-2xx status; `.status`, `.reason`,
-                        `.message` and `.causes` (each cause's reason) from its `Status` body,
-                        `.retry_after` seconds or None
+     |                  `.message` and `.causes` (each cause's reason) from its `Status` body,
+     |                  `.retry_after` seconds or None
+     +-- ApiForbidden   403: RBAC, or an admission plugin's refusal (NamespaceTerminating)
+     +-- ApiNotFound    404: no such object, or a resource the server does not serve
+     +-- ApiConflict    409: AlreadyExists to a create, Conflict to a stale update
+     +-- ApiGone        410: a resourceVersion or continue token too old to resume from
     urllib3.exceptions.HTTPError
                         no answer: connection refused, connect or read timeout, stream cut
+
+A status with a class is one some caller settles by catching it (kopf's `APINotFoundError`, ...);
+the others (401, 422, 429, 5xx) stay a plain ApiError, read by `.status` where a set of them counts
+alike (the watch's backoff, the leader loops' server-wide failures).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict
 
 import orjson
 import urllib3
@@ -30,21 +38,52 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-__all__ = ["ApiError", "KubeConfigError", "Status", "WatchSettings", "api_error", "error_from", "load_api_client",
-           "request"]
+__all__ = ["BIND_TIMEOUT", "COMMAND_TIMEOUT", "LIST_TIMEOUT", "OBJECT_TIMEOUT", "REVIEW_TIMEOUT", "ApiConflict",
+           "ApiError", "ApiForbidden", "ApiGone", "ApiNotFound", "KubeConfigError", "Status", "Timeout",
+           "WatchSettings", "api_error", "drain", "error_from", "get", "get_or_none", "load_api_client", "request",
+           "write"]
 
 log = logging.getLogger("gpu_placement.kube")
 
 Query = Sequence[tuple[str, str | int | bool]]
-Timeout = tuple[float, float]  # (connect, read) seconds, as urllib3 takes them
+
+
+class Timeout(NamedTuple):
+    """How long one API call may wait, in seconds (httpx's `Timeout`): `connect` for the TCP and TLS
+    handshake, `read` for each silence while the answer comes. A (connect, read) pair, as urllib3 takes it."""
+
+    connect: float
+    read: float
+
+
+# Every API call outside list+watch (whose timing is WatchSettings') waits by one of these, named for the
+# kind of wait, so that each budget and its reason is written once.
+
+# One object read or written off the request path (controllers, Leases, discovery, certificates): the API
+# server answers in milliseconds; 15 s of silence is an API server in trouble, and the loop tries again.
+OBJECT_TIMEOUT = Timeout(connect=5.0, read=15.0)
+# A page of a list in a background loop (a namespace's pods for the quota holds) or a report's list: a
+# page of many objects takes the API server longer to produce than one object.
+LIST_TIMEOUT = Timeout(connect=5.0, read=30.0)
+# A command's reads (explain, nodes, survey, migrate): whole kinds of a large cluster, a person waiting;
+# as long as a list page of the watch (WatchSettings.read_timeout).
+COMMAND_TIMEOUT = Timeout(connect=5.0, read=60.0)
+# A GET on the admission path (a namespace or claim the view lacks yet): the API server's call to the
+# webhook waits meanwhile, at most its timeoutSeconds (5 s in the chart), so the answer must come first.
+REVIEW_TIMEOUT = Timeout(connect=1.0, read=2.0)
+# The extender's Binding POST: inside kube-scheduler's 5 s extender httpTimeout, so that the scheduler
+# gets our sentence rather than its own timeout.
+BIND_TIMEOUT = Timeout(connect=2.0, read=2.5)
 
 
 class Status(TypedDict, total=False):
-    """`meta/v1` Status: what the API server sends with an error, and in watch ERROR events."""
+    """`meta/v1` Status: what the API server sends with an error and in watch ERROR events, and what the
+    webhook answers a request it cannot read with (webhook/review.py `status_body`)."""
 
     kind: str
     apiVersion: str
-    status: str
+    metadata: dict[str, Any]
+    status: Literal["Success", "Failure"]
     message: str
     reason: str  # NotFound, AlreadyExists, Conflict, Forbidden, Expired, Gone, TooManyRequests, ...
     details: dict[str, Any]
@@ -68,7 +107,32 @@ class ApiError(Exception):
         self.causes = causes  # details.causes[].reason: NamespaceTerminating, FieldValueInvalid, ...
 
     def __repr__(self) -> str:
-        return f"ApiError(status={self.status}, reason={self.reason!r}, message={self.message!r})"
+        return f"{type(self).__name__}(status={self.status}, reason={self.reason!r}, message={self.message!r})"
+
+    @staticmethod
+    def of(status: int, reason: str, message: str, retry_after: float | None = None,
+           causes: tuple[str, ...] = ()) -> ApiError:
+        """The error of this status: its own class where it has one (ApiNotFound for 404, ...)."""
+        return _BY_STATUS.get(status, ApiError)(status, reason, message, retry_after, causes)
+
+
+class ApiForbidden(ApiError):
+    """403 Forbidden: RBAC refused the call, or an admission plugin did (NamespaceTerminating)."""
+
+
+class ApiNotFound(ApiError):
+    """404 Not Found: no such object (or namespace), or a resource the API server does not serve."""
+
+
+class ApiConflict(ApiError):
+    """409 Conflict: AlreadyExists to a create, or an update or delete whose precondition is stale."""
+
+
+class ApiGone(ApiError):
+    """410 Gone: a resourceVersion or continue token the API server no longer keeps (list again)."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {403: ApiForbidden, 404: ApiNotFound, 409: ApiConflict, 410: ApiGone}
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,11 +174,11 @@ class WatchSettings:
 
     @property
     def list_timeout(self) -> Timeout:
-        return (self.connect_timeout, self.read_timeout)
+        return Timeout(self.connect_timeout, self.read_timeout)
 
     @property
     def watch_timeout(self) -> Timeout:
-        return (self.connect_timeout, self.client_timeout)
+        return Timeout(self.connect_timeout, self.client_timeout)
 
     def backoff(self, failures: int, rand: float) -> float:
         """The wait before attempt `failures + 1`; `rand` in [0, 1) gives the jitter."""
@@ -179,15 +243,39 @@ def drain(response: Any) -> None:
     response.release_conn()
 
 
-def write(api: ApiClient, method: str, path: str, *, body: Any, timeout: Timeout, settled: int) -> bool:
-    """One write whose answer is only its status: True when it was made; False when the API server
-    answered `settled`, which says what was wanted is there already (409 to a POST: it exists; 404
-    to a DELETE: it is gone). Any other error raises ApiError."""
-    response = request(api, method, path, body=body, timeout=timeout)
-    if response.status >= 300 and response.status != settled:
+def get(api: ApiClient, path: str, *, query: Query = (), timeout: Timeout) -> Any:
+    """One GET, its JSON body parsed; a non-2xx answer raises its ApiError (see `api_error`)."""
+    response = request(api, "GET", path, query=query, timeout=timeout)
+    if response.status >= 300:
         raise api_error(response)
-    drain(response)
-    return response.status < 300
+    try:
+        return orjson.loads(response.read())
+    finally:
+        response.release_conn()
+
+
+def get_or_none(api: ApiClient, path: str, *, timeout: Timeout) -> dict[str, Any] | None:
+    """One object, or None when the API server has no such object (404)."""
+    try:
+        found: dict[str, Any] = get(api, path, timeout=timeout)
+    except ApiNotFound:
+        return None
+    return found
+
+
+def write(api: ApiClient, method: str, path: str, *, body: Any, timeout: Timeout,
+          settled: type[ApiError] | None = None, content_type: str = "application/json") -> bool:
+    """One write whose answer is only its status: True when it was made; False when the API server
+    answered `settled`, which says what was wanted is there already (ApiConflict to a POST: it exists;
+    ApiNotFound to a DELETE: it is gone). Any other error raises. `content_type` as for `request`."""
+    response = request(api, method, path, body=body, timeout=timeout, content_type=content_type)
+    if response.status < 300:
+        drain(response)
+        return True
+    error = api_error(response)
+    if settled is not None and isinstance(error, settled):
+        return False
+    raise error
 
 
 def api_error(response: urllib3.BaseHTTPResponse) -> ApiError:
@@ -212,10 +300,10 @@ def error_from(status_code: int, http_reason: str | None, raw: bytes, retry_afte
     message = status.get("message") or raw[:200].decode("utf-8", "replace").strip() or (http_reason or "")
     details = status.get("details")
     causes = details.get("causes") if isinstance(details, dict) else None
-    return ApiError(status_code, str(status.get("reason") or http_reason or ""), str(message),
-                    _retry_after(retry_after),
-                    tuple(str(c.get("reason") or "") for c in causes if isinstance(c, dict))
-                    if isinstance(causes, list) else ())
+    return ApiError.of(status_code, str(status.get("reason") or http_reason or ""), str(message),
+                       _retry_after(retry_after),
+                       tuple(str(c.get("reason") or "") for c in causes if isinstance(c, dict))
+                       if isinstance(causes, list) else ())
 
 
 def _retry_after(value: str | None) -> float | None:

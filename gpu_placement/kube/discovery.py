@@ -12,17 +12,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import orjson
 from kubernetes.client import ApiClient
 
 from gpu_placement.facts.dra import DRA_KINDS
-from gpu_placement.kube.api import api_error, request
+from gpu_placement.kube.api import OBJECT_TIMEOUT, get, get_or_none
 
 __all__ = ["GROUP", "DraApi", "discover"]
 
 log = logging.getLogger("gpu_placement.dra")
 GROUP = "resource.k8s.io"
-_TIMEOUT = (5.0, 15.0)
 _VIEW_VERSIONS = ("v1", "v1beta2", "v1beta1")  # the view's four kinds, newest first
 _TAINT_VERSIONS = ("v1", "v1beta2", "v1alpha3")  # DeviceTaintRule, newest first
 
@@ -50,25 +48,15 @@ class DraApi:
 
 def discover(api: ApiClient) -> DraApi:
     """Raises ApiError or urllib3's HTTPError when the API server cannot say (the caller retries)."""
-    response = request(api, "GET", f"/apis/{GROUP}", timeout=_TIMEOUT)
-    if response.status == 404:
-        response.read()
-        response.release_conn()
+    group = get_or_none(api, f"/apis/{GROUP}", timeout=OBJECT_TIMEOUT)
+    if group is None:
         return DraApi()
-    if response.status >= 300:
-        raise api_error(response)
-    group = orjson.loads(response.read())
-    response.release_conn()
     offered = {v.get("version") for v in group.get("versions") or () if isinstance(v, dict)}
     resources: dict[str, set[str]] = {}
     for version in dict.fromkeys((*_VIEW_VERSIONS, *_TAINT_VERSIONS)):
         if version not in offered:
             continue
-        listing = request(api, "GET", f"/apis/{GROUP}/{version}", timeout=_TIMEOUT)
-        if listing.status >= 300:
-            raise api_error(listing)
-        body = orjson.loads(listing.read())
-        listing.release_conn()
+        body = get(api, f"/apis/{GROUP}/{version}", timeout=OBJECT_TIMEOUT)
         resources[version] = {r.get("name") for r in body.get("resources") or () if isinstance(r, dict)}
     view = next((v for v in _VIEW_VERSIONS if set(DRA_KINDS) <= resources.get(v, set())), None)
     taints = next((v for v in _TAINT_VERSIONS if "devicetaintrules" in resources.get(v, set())), None)

@@ -1,8 +1,10 @@
 """A worker that acts only while it holds its Lease: the ResourceQuota mirror and the DRA taint controller.
 
-One daemon thread takes or renews the Lease every `renew_seconds` (sooner when woken by an event), then
-calls `step()`. A bug in a pass is logged and the thread goes on; on stop the Lease is handed over at
-once rather than after its duration, so a rolling update does not leave the work undone that long.
+One daemon thread (a `Worker`, as the webhook's registration and quota holds are) takes or renews the
+Lease every `renew_seconds` (sooner when woken by an event), then calls `step()`. A bug in a pass is
+logged and the thread goes on; on stop the Lease is handed over at once rather than after its
+duration, so a rolling update does not leave the work undone that long. `counted` counts each write
+by how it ended.
 
 Each object a pass writes is its own unit of work (`Failures.unit`): an answer about that object
 (RBAC, validation, a conflict, an admission refusal) is logged once per distinct error, counted, kept
@@ -19,12 +21,14 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import urllib3
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
-from gpu_placement.kube.api import ApiError
+from gpu_placement.kube.api import ApiError, ApiForbidden
 from gpu_placement.kube.lease import Lease
+from gpu_placement.observe.metrics import api_outcome
 
-__all__ = ["Failures", "LeaderLoop", "PassInterrupted", "about_the_object", "namespace_terminating"]
+__all__ = ["Failures", "LeaderLoop", "PassInterrupted", "Worker", "about_the_object", "counted",
+           "namespace_terminating"]
 
 _SERVER_WIDE = frozenset({429, 503, 504})  # the API server overloaded or unavailable: not the object's fault
 
@@ -45,8 +49,20 @@ def namespace_terminating(exc: BaseException) -> bool:
     pkg/admission/plugin/namespace/lifecycle/admission.go: 403 Forbidden with the `NamespaceTerminating`
     cause, "unable to create new content in namespace X because it is being terminated"): nothing is
     wanted there any more, so the create is settled, not failed."""
-    return isinstance(exc, ApiError) and exc.status == 403 and (
+    return isinstance(exc, ApiForbidden) and (
         "NamespaceTerminating" in exc.causes or "because it is being terminated" in exc.message)
+
+
+@contextmanager
+def counted(counter: Counter, *labels: str) -> Iterator[None]:
+    """Count one API call in `counter`, `labels` first and how it ended last (`api_outcome`: ok, conflict,
+    not_found, refused, timeout, unreachable); the error goes on up."""
+    try:
+        yield
+    except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+        counter.labels(*labels, api_outcome(exc)).inc()
+        raise
+    counter.labels(*labels, "ok").inc()
 
 
 class Failures:
@@ -94,12 +110,53 @@ class Failures:
             self.gauge.set(len(self.errors))
 
 
-class LeaderLoop:
-    what = "leader loop"  # the log's name for the worker, e.g. "quota mirror"
+class Worker:
+    """A daemon thread that runs `step()`, then `_pause()`, until `stop()`. What a step expects to fail
+    (the API server's answers, the network) it handles itself; anything else is a bug: logged with its
+    traceback (`crashed`), and the thread goes on. `_stop` ends it; `_wake` cuts a pause short."""
+
+    what = "worker"  # the log's name for it, and its thread's: "quota mirror" runs as thread quota-mirror
+    crashed = "%s failed"  # the log line of a step that raised, `what` in it
     log = logging.getLogger("gpu_placement")
+
+    def __init__(self) -> None:
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def _pause(self) -> None:
+        """Wait for the next step (`_stop` set ends the wait)."""
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.what.lower().replace(" ", "-"), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception:  # a bug, not the network: say so, keep the thread
+                self.log.exception(self.crashed, self.what)
+            self._pause()
+
+
+class LeaderLoop(Worker):
+    what = "leader loop"  # the log's name for the worker, e.g. "quota mirror"
+    crashed = "%s pass failed"
 
     def __init__(self, lease: Lease, leading_gauge: Gauge, renew_seconds: float, clock: Callable[[], float],
                  settle_seconds: float = 0.0) -> None:
+        super().__init__()
         self.lease = lease
         self.clock = clock
         self._leading_gauge = leading_gauge
@@ -108,9 +165,6 @@ class LeaderLoop:
         self.leading = False
         self._renewed = float("-inf")
         self._lead_lock = threading.RLock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.last_error: str | None = None  # what ended the last turn, or a failing object's error
         self._next_resync = 0.0  # when the next full pass is due (the loop's clock); 0: the next turn
 
@@ -155,15 +209,8 @@ class LeaderLoop:
         """A turn on which another replica leads."""
 
     # -- running -------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=self.what.lower().replace(" ", "-"), daemon=True)
-        self._thread.start()
-
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        super().stop()
         if self.leading:
             self.leading = False
             try:
@@ -171,16 +218,11 @@ class LeaderLoop:
             except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
                 self.log.info("%s: could not release the lease (%s); it runs out by itself", self.what, exc)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception:  # a bug, not the network: say so, keep the thread
-                self.log.exception("%s pass failed", self.what)
-            self._wake.wait(self._renew_seconds)
-            self._wake.clear()
-            if self._settle_seconds:
-                self._stop.wait(self._settle_seconds)
+    def _pause(self) -> None:
+        self._wake.wait(self._renew_seconds)
+        self._wake.clear()
+        if self._settle_seconds:
+            self._stop.wait(self._settle_seconds)
 
     def _still_leading(self) -> None:
         """Between two objects of a pass: renew the Lease when due, as between turns, so that a pass

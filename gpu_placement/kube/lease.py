@@ -10,14 +10,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import orjson
 from kubernetes.client import ApiClient
 
-from gpu_placement.kube.api import ApiError, api_error, drain, request
+from gpu_placement.base.timestamps import parse_datetime
+from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiConflict, ApiError, drain, get, get_or_none, request, write
 
-__all__ = ["Lease", "drain", "parse_time"]
+__all__ = ["Lease"]
 
-_TIMEOUT = (5.0, 15.0)
 
 
 class Lease:
@@ -34,63 +33,43 @@ class Lease:
         a race, which is False. A Lease in a namespace that does not exist is NamespaceLifecycle's 404
         `namespaces "X" not found` (k8s.io/apiserver pkg/admission/plugin/namespace/lifecycle), and RBAC's
         is a 403: both raise, with the Lease named, so the loop says why it never leads."""
+        try:
+            return self._acquire()
+        except ApiError as exc:  # the same error, the Lease named in its message
+            raise ApiError.of(exc.status, exc.reason, f"Lease {self.namespace}/{self.name}: {exc.message}",
+                              exc.retry_after, exc.causes) from None
+
+    def _acquire(self) -> bool:
         now = self.clock()
         stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.duration_seconds, "renewTime": stamp}
-        response = request(self.api, "GET", f"{self._path}/{self.name}", timeout=_TIMEOUT)
-        if response.status == 404:
-            drain(response)
+        lease = get_or_none(self.api, f"{self._path}/{self.name}", timeout=OBJECT_TIMEOUT)
+        if lease is None:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": {**spec, "acquireTime": stamp}}
-            return self._written(request(self.api, "POST", self._path, body=body, timeout=_TIMEOUT))
-        if response.status >= 300:
-            raise self._refused(response)
-        lease: dict[str, Any] = orjson.loads(response.read())
+            return write(self.api, "POST", self._path, body=body, timeout=OBJECT_TIMEOUT, settled=ApiConflict)
         held = lease.get("spec") or {}
-        renewed = parse_time(held.get("renewTime"))
+        renewed = parse_datetime(held.get("renewTime"))
         expired = renewed is None or now - renewed > timedelta(seconds=held.get("leaseDurationSeconds") or 0)
         if held.get("holderIdentity") not in (None, "", self.identity) and not expired:
             return False
         lease["spec"] = {**held, **spec}
         if held.get("holderIdentity") != self.identity:
             lease["spec"]["acquireTime"] = stamp
-        return self._written(request(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=_TIMEOUT))
-
-    def _written(self, response: Any) -> bool:
-        """A create or update of the Lease: True when made; False on 409 (another replica created it
-        first, or renewed or took it in between); any other refusal raises."""
-        if response.status == 409 or response.status < 300:
-            drain(response)
-            return bool(response.status < 300)
-        raise self._refused(response)
-
-    def _refused(self, response: Any) -> ApiError:
-        error = api_error(response)
-        return ApiError(error.status, error.reason, f"Lease {self.namespace}/{self.name}: {error.message}",
-                        error.retry_after, error.causes)
+        return write(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=OBJECT_TIMEOUT,
+                     settled=ApiConflict)
 
     def release(self) -> None:
         """Give the Lease up (on a clean stop), so another replica takes it at its next try instead of
         after `duration_seconds`: what client-go's ReleaseOnCancel does. Best effort."""
-        response = request(self.api, "GET", f"{self._path}/{self.name}", timeout=_TIMEOUT)
-        if response.status >= 300:
-            drain(response)
+        try:
+            lease: dict[str, Any] = get(self.api, f"{self._path}/{self.name}", timeout=OBJECT_TIMEOUT)
+        except ApiError:
             return
-        lease: dict[str, Any] = orjson.loads(response.read())
-        response.release_conn()
         spec = lease.get("spec") or {}
         if spec.get("holderIdentity") != self.identity:
             return
         lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1}
-        drain(request(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=_TIMEOUT))
+        drain(request(self.api, "PUT", f"{self._path}/{self.name}", body=lease, timeout=OBJECT_TIMEOUT))
 
-
-def parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

@@ -13,16 +13,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from kubernetes.client import ApiClient
 
-from gpu_placement.kube.api import api_error, request
-from gpu_placement.kube.lease import drain
+from gpu_placement.kube.api import OBJECT_TIMEOUT, get_or_none
 
 __all__ = ["Owner"]
 
 log = logging.getLogger("gpu_placement.owner")
-_TIMEOUT = (5.0, 15.0)
 
 
 @dataclass(slots=True)
@@ -36,18 +33,15 @@ class Owner:
         """Read the owner; True when its reference changed (then everything is due again)."""
         before = self.ref
         path = f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{self.name}"
-        response = request(api, "GET", path, timeout=_TIMEOUT)
-        if response.status == 404:
-            drain(response)
+        found = get_or_none(api, path, timeout=OBJECT_TIMEOUT)
+        if found is None:
             self.ref = None
             if not self._missing:
                 log.warning("%s: ValidatingWebhookConfiguration %s does not exist (the release is being uninstalled, "
                             "or it was deleted by hand): nothing is written until it is back", self.writer, self.name)
             self._missing = True
             return self.ref != before
-        if response.status >= 300:
-            raise api_error(response)
-        meta = orjson.loads(response.read()).get("metadata") or {}
+        meta = found.get("metadata") or {}
         self._missing = False
         self.ref = None if meta.get("deletionTimestamp") else {
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",

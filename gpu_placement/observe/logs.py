@@ -8,7 +8,7 @@ import time
 
 import orjson
 
-__all__ = ["setup_logging"]
+__all__ = ["JsonFormatter", "setup_logging"]
 
 
 class JsonFormatter(logging.Formatter):

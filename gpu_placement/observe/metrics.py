@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, His
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE_LATEST", "LatestFamilies", "api_outcome", "exposition", "last_heard",
+__all__ = ["CONTENT_TYPE_LATEST", "LatestFamilies", "api_outcome", "exposition", "heard_from_source", "last_heard",
            "seconds_since_heard"]
 
 

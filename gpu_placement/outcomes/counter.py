@@ -40,8 +40,8 @@ import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.timestamps import parse_time
-from gpu_placement.kube.api import ApiError, api_error, drain, request
-from gpu_placement.kube.leader import LeaderLoop
+from gpu_placement.kube.api import OBJECT_TIMEOUT, ApiConflict, ApiError, get, write
+from gpu_placement.kube.leader import LeaderLoop, counted
 from gpu_placement.kube.lease import Lease
 from gpu_placement.observe.metrics import (
     API_OUTCOMES,
@@ -50,7 +50,6 @@ from gpu_placement.observe.metrics import (
     OUTCOMES_LEADING,
     OUTCOMES_STATE_BYTES,
     OUTCOMES_WRITES,
-    api_outcome,
 )
 from gpu_placement.outcomes.record import Outcomes, Turn
 from gpu_placement.outcomes.store import LIMIT, pack, unpack
@@ -63,7 +62,6 @@ log = logging.getLogger("gpu_placement.outcomes.record")
 WATERMARK_ANNOTATION = "gpu-placement.io/outcomes-counted-until"
 STATE_ANNOTATION = "gpu-placement.io/outcomes-state"  # the totals and deferred launches (store.py)
 TOTALS_ANNOTATION = "gpu-placement.io/outcomes-totals"  # before the state: plain JSON, read until the first write
-_TIMEOUT = (5.0, 15.0)
 
 
 @dataclass(slots=True, frozen=True)
@@ -192,13 +190,7 @@ class OutcomeCounter(LeaderLoop):
         self.last_error = None
 
     def _read(self) -> dict[str, Any]:
-        response = request(self.api, "GET", self._path, timeout=_TIMEOUT)
-        if response.status >= 300:
-            raise api_error(response)
-        try:
-            lease: dict[str, Any] = orjson.loads(response.read())
-        finally:
-            response.release_conn()
+        lease: dict[str, Any] = get(self.api, self._path, timeout=OBJECT_TIMEOUT)
         return lease
 
     def _write(self, lease: dict[str, Any], watermark: float, state: str) -> bool:
@@ -208,16 +200,11 @@ class OutcomeCounter(LeaderLoop):
         kept = {k: v for k, v in (meta.get("annotations") or {}).items() if k != TOTALS_ANNOTATION}
         meta["annotations"] = {**kept, WATERMARK_ANNOTATION: format_watermark(watermark), STATE_ANNOTATION: state}
         try:
-            response = request(self.api, "PUT", self._path, body=lease, timeout=_TIMEOUT)
-            if response.status >= 300 and response.status != 409:
-                raise api_error(response)
-        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
-            OUTCOMES_WRITES.labels(self.settings.lease_name, api_outcome(exc)).inc()
-            raise
-        drain(response)
-        written = response.status != 409  # 409: another replica wrote the Lease since it was read
-        OUTCOMES_WRITES.labels(self.settings.lease_name, "ok" if written else "conflict").inc()
-        return written
+            with counted(OUTCOMES_WRITES, self.settings.lease_name):
+                write(self.api, "PUT", self._path, body=lease, timeout=OBJECT_TIMEOUT)
+        except ApiConflict:  # another replica wrote the Lease since it was read (counted as a conflict)
+            return False
+        return True
 
 
 def _watermark(lease: dict[str, Any]) -> float | None:

@@ -33,8 +33,8 @@ import orjson
 
 from gpu_placement.facts.launch import NODE_CAUSES, NOT_STARTED, POD_CAUSES
 
-__all__ = ["Counters", "Coverage", "Missing", "Prometheus", "ReportError", "Span", "Window", "compute", "no_data",
-           "quantile", "render"]
+__all__ = ["Counters", "Coverage", "Missing", "Prometheus", "ReportError", "Source", "Span", "Window", "compute",
+           "gauge_hours", "no_data", "now", "quantile", "render", "window_sum"]
 
 HOUR = 3600.0
 STARTS = "gpu_placement:gpu_pod_starts:total"

@@ -111,7 +111,7 @@ class TaskPod:
         return (self.cpu_milli, self.memory_mib, self.extended, self.asks, self.gpu)
 
 
-def product_of(model: str) -> str:
+def _product_of(model: str) -> str:
     known = MODELS.get(model)
     return known[0] if known else model
 
@@ -161,9 +161,10 @@ def _shared_counts(rows: Sequence[ReplayNode], tasks: Iterable[Task], replicas: 
     return {model: max(1, round(count * held["replica"] / total)) for model, count in by_model.items()}
 
 
-def nodes_from_rows(rows: Sequence[NodeRow]) -> list[ReplayNode]:
-    return [ReplayNode(r.name, r.cpu_milli, r.memory_mib, int(POD_LIMIT), r.gpus, product_of(r.model) if r.gpus else "",
-                       obj={"labels": _gpu_labels(product_of(r.model), r.gpus, r.model) if r.gpus else {}})
+def _nodes_from_rows(rows: Sequence[NodeRow]) -> list[ReplayNode]:
+    return [ReplayNode(r.name, r.cpu_milli, r.memory_mib, int(POD_LIMIT), r.gpus,
+                       _product_of(r.model) if r.gpus else "",
+                       obj={"labels": _gpu_labels(_product_of(r.model), r.gpus, r.model) if r.gpus else {}})
             for r in rows]
 
 
@@ -305,7 +306,7 @@ def task_pod(task: Task, cluster: Cluster, index: int) -> TaskPod:
     limits: dict[str, str] = {}
     annotations: dict[str, str] = {}
     if task.models:
-        annotations[n.ANN_PRODUCTS] = ",".join(product_of(m) for m in task.models)
+        annotations[n.ANN_PRODUCTS] = ",".join(_product_of(m) for m in task.models)
     spec: dict[str, Any] = {"schedulerName": "gpu-placement", "restartPolicy": "Never"}
     extended: tuple[tuple[str, int], ...] = ()
     asks: tuple[tuple[str, int, tuple[tuple[str, int], ...]], ...] = ()
@@ -367,7 +368,7 @@ def read_node_source(path: str | Path) -> list[ReplayNode]:
 
     source = Path(path)
     if source.is_file() and source.suffix.lower() == ".csv":
-        return nodes_from_rows(read_nodes_csv(source))
+        return _nodes_from_rows(read_nodes_csv(source))
     try:
         return nodes_from_objects(read_objects(source), str(source))
     except SnapshotError as exc:

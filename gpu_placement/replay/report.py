@@ -20,7 +20,7 @@ from gpu_placement.replay.pods import read_pod_source
 from gpu_placement.replay.simulate import Point, Run, replay
 from gpu_placement.replay.trace import MILLI, arrivals
 
-__all__ = ["STRATEGIES", "ReplayOptions", "Replays", "render_json", "render_text", "run_replays"]
+__all__ = ["STRATEGIES", "ReplayOptions", "Replays", "render_json", "render_text", "run_replays", "stderr_if_terminal"]
 
 STRATEGIES = ("binpack", "spread", "fragmentation")
 

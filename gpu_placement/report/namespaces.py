@@ -21,15 +21,7 @@ from gpu_placement.decide.enforcement import quota_enforced, selection_state
 from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.report.tables import table
 
-__all__ = ["PROBLEMS", "PROBLEM_KINDS", "namespace_record", "policy_problems", "run_namespaces"]
-
-# The `problem` label of gpu_placement_namespace_policy_problems, and what each counts.
-PROBLEM_KINDS = {
-    "unread_annotation": "gpu-placement.io/* annotations nothing reads (a misspelt key)",
-    "bad_value": "annotations whose value does not parse",
-    "not_opted_in": "namespaces with a GPU policy that the webhook never sees (not opted in, or opted out)",
-    "label_value": "a gpu-placement.io/enabled label other than true or false",
-}
+__all__ = ["PROBLEMS", "namespace_record", "policy_problems", "run_namespaces"]
 
 PROBLEMS = 1  # the exit status when a namespace listed has a problem
 HEADER = ["NAMESPACE", "SELECTION", "POLICY", "QUOTA used/limit", "ENFORCED", "PROBLEMS"]
@@ -97,8 +89,10 @@ def _enforced(row: dict[str, Any]) -> str:
 
 
 def policy_problems(record: NamespaceRecord, config: Config) -> dict[str, list[str]]:
-    """The namespace's problems by kind (PROBLEM_KINDS), each a list of sentences; empty when none. Cheap
-    enough for every namespace change (the metric and the Namespace Events follow it)."""
+    """The namespace's problems by kind, each a list of sentences; empty when none. The kinds are the
+    `problem` label of gpu_placement_namespace_policy_problems (unread_annotation, bad_value, not_opted_in,
+    label_value: docs/operations.md says what each counts). Cheap enough for every namespace change (the
+    metric and the Namespace Events follow it)."""
     from gpu_placement.facts.annotation_keys import unread_namespace_keys
     from gpu_placement.facts.namespaces import label_problem
     from gpu_placement.facts.policy import parse_policy

@@ -164,21 +164,16 @@ def fetch_policy(access: Any) -> tuple[ClusterPolicy | None, str]:
     from gpu_placement.kube import api as kube
 
     try:
-        response = kube.request(access.api, "GET", CLUSTER_POLICIES, timeout=(5.0, 30.0))
-        if response.status == 200:
-            try:
-                items = orjson.loads(response.read()).get("items") or []
-            finally:
-                response.release_conn()
-            return (items[0], "") if items else (None, "no ClusterPolicy in the cluster")
-        error = kube.api_error(response)
+        items = kube.get(access.api, CLUSTER_POLICIES, timeout=kube.LIST_TIMEOUT).get("items") or []
     except urllib3.exceptions.HTTPError as exc:
         return None, f"GET {CLUSTER_POLICIES}: the API server did not answer ({' '.join(str(exc).split())[:120]})"
-    if error.status == 404:
+    except kube.ApiNotFound:
         return None, "no ClusterPolicy CRD (nvidia.com/v1): is the GPU Operator installed?"
-    if error.status == 403:
+    except kube.ApiForbidden:
         return None, "not allowed to read clusterpolicies.nvidia.com (kubectl auth can-i list clusterpolicies)"
-    return None, f"GET {CLUSTER_POLICIES}: {error}"
+    except kube.ApiError as error:
+        return None, f"GET {CLUSTER_POLICIES}: {error}"
+    return (items[0], "") if items else (None, "no ClusterPolicy in the cluster")
 
 
 

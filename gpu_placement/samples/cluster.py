@@ -15,9 +15,9 @@ from typing import Any
 
 from gpu_placement.base.timestamps import format_time
 
-__all__ = ["BASES", "HAND_INSTALLED", "HAND_LABELLED", "NEW_DRIVER", "OLD_DRIVER", "cluster_policy", "demo_objects",
-           "demo_pods", "device_plugin_daemonset", "driver_labels", "driver_pod", "make_node", "make_pod", "namespace",
-           "survey_objects", "validator_pod", "wave_objects", "with_label_writers"]
+__all__ = ["BASES", "HAND_INSTALLED", "HAND_LABELLED", "NEW_DRIVER", "OLD_DRIVER", "base_labels", "cluster_policy",
+           "demo_objects", "demo_pods", "device_plugin_daemonset", "driver_labels", "driver_pod", "make_node",
+           "make_pod", "namespace", "survey_objects", "validator_pod", "wave_objects", "with_label_writers"]
 
 Obj = dict[str, Any]
 

@@ -44,7 +44,6 @@ CODES = (UNMANAGED_NODE, HAND_SET_LABELS, GPUS_NOT_PUBLISHED, DRIVER_SKEW, DRIVE
 
 RESTART_WINDOW_SECONDS = 86400.0  # a restart older than a day is history, not a node that keeps failing
 _CONDITION_TAINTS = "node.kubernetes.io/"  # not-ready, unreachable, unschedulable, pressure: the node's state
-_BLOCKING = ("NoSchedule", "NoExecute")
 _SHOWN = 8  # names listed in a sentence before "and N more"
 
 
@@ -353,7 +352,7 @@ def _recent_restarts(pod: Mapping[str, Any], now: float) -> str:
 
 # -- taints and selection --------------------------------------------------------------------------
 def _blocking_taints(kube: KubeNode) -> list[Mapping[str, Any]]:
-    return [t for t in kube.taints if t.get("effect") in _BLOCKING and not str(t.get("key", "")).startswith(
+    return [t for t in kube.taints if t.get("effect") in n.BLOCKING_EFFECTS and not str(t.get("key", "")).startswith(
         _CONDITION_TAINTS)]
 
 

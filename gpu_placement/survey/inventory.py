@@ -162,7 +162,7 @@ def survey_nodes(view: ClusterView, config: Config, node_objects: Mapping[str, M
                     state, why = "BadLabel", "; ".join(sorted(facts.problems.values()))
             writers = label_writers(obj)
             found.append(NodeSurvey(
-                name=name, pool=pool_of(facts, labels), product=facts.product or "unknown", gpus=_gpus(facts),
+                name=name, pool=_pool_of(facts, labels), product=facts.product or "unknown", gpus=_gpus(facts),
                 driver=format_version(facts.driver) if facts.driver else None,
                 max_cuda=format_version(facts.max_cuda) if facts.max_cuda else None,
                 mig=_mig(facts), sharing=_sharing(facts), allocation=_allocation(facts),
@@ -204,7 +204,7 @@ def _positive(value: Any) -> bool:
         return False
 
 
-def pool_of(facts: NodeFacts, labels: Mapping[str, str]) -> str:
+def _pool_of(facts: NodeFacts, labels: Mapping[str, str]) -> str:
     if facts.pool:
         return facts.pool
     return next((str(labels[key]) for key in CLOUD_POOL_LABELS if labels.get(key)), NO_POOL)

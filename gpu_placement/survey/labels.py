@@ -38,9 +38,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AUTOMATED", "NFD_LABELS_ANNOTATION", "REGISTRATION", "LabelWriters", "is_stack_label", "label_writers"]
+__all__ = ["AUTOMATED", "REGISTRATION", "LabelWriters", "is_stack_label", "label_writers"]
 
-NFD_LABELS_ANNOTATION = "nfd.node.kubernetes.io/feature-labels"
 AUTOMATED: dict[str, str] = {
     "nfd-master": "NFD (GPU Feature Discovery's labels go through nfd-master)",
     "nfd-worker": "NFD worker (NFD before v0.14)",

@@ -19,7 +19,6 @@ from gpu_placement.view.fetch import ClusterAccess, FetchError
 
 __all__ = ["SURVEY_KINDS", "ApiAnswer", "call", "list_all", "survey_extras"]
 
-_TIMEOUT = (5.0, 60.0)
 # What the survey reads besides fetch_objects: kind, path.
 SURVEY_KINDS = (("ResourceQuota", "/api/v1/resourcequotas"), ("Deployment", "/apis/apps/v1/deployments"),
                 ("StatefulSet", "/apis/apps/v1/statefulsets"), ("DaemonSet", "/apis/apps/v1/daemonsets"),
@@ -52,7 +51,7 @@ def call(access: ClusterAccess, method: str, path: str, *, query: Sequence[tuple
          content_type: str = "application/json") -> ApiAnswer:
     """One request; raises FetchError only when the API server did not answer."""
     try:
-        response = kube.request(access.api, method, path, query=list(query), body=body, timeout=_TIMEOUT,
+        response = kube.request(access.api, method, path, query=list(query), body=body, timeout=kube.COMMAND_TIMEOUT,
                                 content_type=content_type)
         try:
             raw = response.read()

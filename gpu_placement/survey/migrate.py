@@ -43,8 +43,9 @@ from gpu_placement.survey.inventory import NFD_NVIDIA_PCI, OPERANDS_LABEL, gpu_s
 from gpu_placement.survey.labels import label_writers
 from gpu_placement.survey.wayback import COMPLETE, UNDONE, VERSION, MigrateError, Record, inferred
 
-__all__ = ["DEVICE_PLUGIN_LABEL", "MigrateError", "NodeState", "NotMigratable", "Step", "backup_patch",
-           "excludes_operator_nodes", "plan", "preconditions", "refusal", "with_exclusion"]
+__all__ = ["DEVICE_PLUGIN_LABEL", "MigrateError", "NodeState", "NotMigratable", "Step", "backup_patch", "eviction",
+           "excludes_operator_nodes", "needed", "node_path", "plan", "preconditions", "refusal", "remove_labels_patch",
+           "template_affinity", "wait_until", "with_exclusion"]
 
 DONE, NEXT, WAITING, BLOCKED, PENDING, MANUAL = "done", "next", "waiting", "blocked", "pending", "manual"
 _MIRROR = "kubernetes.io/config.mirror"

@@ -55,7 +55,7 @@ from gpu_placement.survey.wayback import (
 )
 from gpu_placement.view.fetch import ClusterAccess, FetchError
 
-__all__ = ["FAILED", "apply", "read_live", "read_snapshot", "render_plan", "undo"]
+__all__ = ["FAILED", "apply", "backup_file", "read_live", "read_snapshot", "render_plan", "undo"]
 
 FAILED = 3
 FIELD_MANAGER = "gpu-placement-migrate"  # what the node's managedFields name for our writes

@@ -117,7 +117,6 @@ class ClusterView:
         # kind -> resourceVersion of the newest event or list the live source applied: how far behind
         # kube-scheduler's informers the view may be (extender/settle.py). Empty for a snapshot.
         self.versions: dict[str, str] = {}
-        self.last_change = 0.0
         self._node_pods: dict[str, set[str]] = {}
         self._charges: dict[str, _Charge] = {}
         self._frozen: dict[str, Frozen] = {}  # pod key -> its memory ask as first seen bound
@@ -632,7 +631,6 @@ class ClusterView:
 
     def _touch(self) -> None:
         self.generation += 1
-        self.last_change = time.time()
 
 
 def _unit_sizes(facts: NodeFacts) -> tuple[object, ...]:

@@ -137,10 +137,6 @@ class DraState:
         `memory`): `shared` templates then ask a share of it (gpu_placement/decide/claims.py)."""
         return bool(self._sharing_nodes)  # kept by `_reindex`: /mutate asks it for every pod
 
-    def class_of(self, resource: str) -> str | None:
-        """The configured GPU class kube-scheduler allocates for an extended resource, if any."""
-        return self.extended.get(resource)
-
     def nodes(self) -> list[str]:
         return sorted(self._devices)
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import orjson
 import urllib3
 from kubernetes import config as kube_config
 from kubernetes.client import ApiClient
@@ -18,9 +17,8 @@ from gpu_placement.facts.dra import DRA_BY_KIND
 from gpu_placement.kube import api as kube
 from gpu_placement.kube.discovery import discover
 
-__all__ = ["ClusterAccess", "FetchError", "connect", "fetch_labelled", "fetch_objects", "fetch_pod", "get_object"]
+__all__ = ["ClusterAccess", "FetchError", "connect", "fetch_labelled", "fetch_objects", "get_object"]
 
-_TIMEOUT = (5.0, 60.0)
 _LISTS = (("Namespace", "/api/v1/namespaces"), ("Node", "/api/v1/nodes"), ("Pod", "/api/v1/pods"))
 
 
@@ -89,7 +87,7 @@ def _pod_namespace() -> str:
         return "default"
 
 
-def unreachable(access: ClusterAccess, exc: BaseException) -> str | None:
+def _unreachable(access: ClusterAccess, exc: BaseException) -> str | None:
     """`cannot reach https://HOST:PORT (context x): connection refused` when the API server could not be
     connected to at all (refused, timed out, a name that does not resolve); None for other failures."""
     reason = getattr(exc, "reason", None) or exc  # urllib3's MaxRetryError carries the connection error
@@ -113,13 +111,13 @@ def fetch_objects(access: ClusterAccess, namespace: str | None = None, page_size
     own = namespace or access.namespace
     try:
         dra = discover(access.api)
-    except kube.ApiError as exc:
-        if exc.status != 403:
-            raise FetchError(f"discovery of resource.k8s.io (context {access.context}): {exc}") from None
+    except kube.ApiForbidden as exc:
         dra = None
         access.unseen.append(f"resource.k8s.io discovery ({exc.message}): DRA devices and claims are left out")
+    except kube.ApiError as exc:
+        raise FetchError(f"discovery of resource.k8s.io (context {access.context}): {exc}") from None
     except urllib3.exceptions.HTTPError as exc:
-        raise FetchError(unreachable(access, exc) or f"discovery of resource.k8s.io (context {access.context}): "
+        raise FetchError(_unreachable(access, exc) or f"discovery of resource.k8s.io (context {access.context}): "
                                                      f"{exc}") from None
     if dra is not None and dra.served:  # DRA: the devices per node and the claims, as the service's view reads them
         lists += [(kind, dra.path(plural)) for kind, plural in DRA_BY_KIND.items()]
@@ -193,26 +191,14 @@ def fetch_labelled(access: ClusterAccess, path: str, selector: str, kind: str) -
     return [{**item, "kind": kind} for item in items if isinstance(item, dict)]
 
 
-def fetch_pod(access: ClusterAccess, namespace: str, name: str) -> dict[str, Any]:
-    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
-    pod = _get(access, path, [], missing=f"pod {namespace}/{name} not found (context {access.context})")
-    pod.setdefault("kind", "Pod")
-    return pod
-
-
 def _get(access: ClusterAccess, path: str, query: list[tuple[str, str | int | bool]],
          missing: str | None = None) -> dict[str, Any]:
     try:
-        response = kube.request(access.api, "GET", path, query=query, timeout=_TIMEOUT)
-        if response.status == 200:
-            try:
-                return dict(orjson.loads(response.read()))
-            finally:
-                response.release_conn()
-        error = kube.api_error(response)
+        return dict(kube.get(access.api, path, query=query, timeout=kube.COMMAND_TIMEOUT))
     except urllib3.exceptions.HTTPError as exc:
-        raise FetchError(unreachable(access, exc) or f"GET {path} (context {access.context}): the API server did "
+        raise FetchError(_unreachable(access, exc) or f"GET {path} (context {access.context}): the API server did "
                          f"not answer: {' '.join(str(exc).split())[:200]}") from None
-    if error.status == 404 and missing:
-        raise FetchError(missing, 404)
-    raise FetchError(f"GET {path} (context {access.context}): {error}", error.status)
+    except kube.ApiError as error:
+        if missing and isinstance(error, kube.ApiNotFound):
+            raise FetchError(missing, 404) from None
+        raise FetchError(f"GET {path} (context {access.context}): {error}", error.status) from None

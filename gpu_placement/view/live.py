@@ -33,7 +33,7 @@ import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.facts.resourcequotas import MIRROR_NAME
-from gpu_placement.kube.api import ApiError, Status, WatchSettings, api_error, request
+from gpu_placement.kube.api import ApiError, ApiForbidden, ApiGone, Status, WatchSettings, api_error, request
 from gpu_placement.observe import metrics
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import KINDS, Ingest
@@ -456,11 +456,11 @@ def _chunks(response: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
 
 def _status_error(status: Status) -> ApiError:
     code = int(status.get("code") or 500)
-    return ApiError(code, str(status.get("reason") or ""), str(status.get("message") or "watch ERROR event"))
+    return ApiError.of(code, str(status.get("reason") or ""), str(status.get("message") or "watch ERROR event"))
 
 
 def _classify(error: ApiError, listing: bool) -> _Restart:
-    if error.status == 410 or error.reason in ("Expired", "Gone"):
+    if isinstance(error, ApiGone) or error.reason in ("Expired", "Gone"):
         what = "continue token" if listing else "resourceVersion"
         return _Restart("gone", f"{what} expired (410 {error.reason or 'Gone'}: {error.message})", relist=True)
     if error.status == 429:
@@ -472,7 +472,7 @@ def _classify(error: ApiError, listing: bool) -> _Restart:
         hint = (" (RBAC: the service needs list and watch on namespaces, nodes and pods; the extender on "
                 "policy's poddisruptionbudgets; the webhook's quota mirror on the resourcequotas named "
                 f"{MIRROR_NAME}; both on resource.k8s.io's resourceslices, deviceclasses, resourceclaims and "
-                "resourceclaimtemplates where DRA is served)" if error.status == 403 else "")
+                "resourceclaimtemplates where DRA is served)" if isinstance(error, ApiForbidden) else "")
         return _Restart("refused", f"{error}{hint}", failed=True)
     return _Restart("refused", str(error), failed=True, relist=True)
 

@@ -60,11 +60,11 @@ def load_snapshot(path: str | Path, needs: str = "Node") -> list[dict[str, Any]]
     given as `--snapshot` would otherwise be judged as a cluster without a node (`0/0 nodes are
     available`), and the answer would look like one about the cluster."""
     objects = read_objects(path)
-    require(objects, path, needs)
+    _require(objects, path, needs)
     return objects
 
 
-def require(objects: list[dict[str, Any]], path: str | Path, needs: str = "Node") -> None:
+def _require(objects: list[dict[str, Any]], path: str | Path, needs: str = "Node") -> None:
     """SnapshotError unless `objects` hold a `needs` (Node; Namespace for `namespaces`)."""
     if any(o.get("kind") == needs for o in objects):
         return
@@ -130,7 +130,7 @@ class SnapshotSource:
         by_kind: dict[str, list[dict[str, Any]]] = {kind: [] for kind in (*FILE_KINDS, *DRA_KINDS)}
         objects = read_objects(self.path)
         if self.needs_nodes:
-            require(objects, self.path)
+            _require(objects, self.path)
         for obj in objects:
             kind = Ingest.kind_of(obj)
             if kind is not None:
