@@ -44,11 +44,24 @@ view it waited for is the view every later pod is judged on. So two kinds of ret
   answered from a view still at that generation (a pod update that changes no GPU figure, or an event
   of a kind the view does not watch, leaves the generation as it was).
 
-Every wait is drawn from a budget, SETTLE_SHARE of wall time with SETTLE_BURST saved up; a `retried`
-wait never takes the last SETTLE_SECONDS of it, kept for a `lagging` pod (the view is provably behind
-on those, and their waits end as soon as it has caught up). On a busy cluster, where rounds of retries
-follow each other, the waits stop at a small share of the scheduler's time; a pod answered from a
-lagging view then, is moved again by the next event, which on such a cluster is near.
+Every wait is drawn from a budget, SETTLE_SHARE of wall time with SETTLE_BURST saved up, in an order
+of who may take its last part (the `keep` of `Budget.take`):
+
+- a `lagging` pod may take all of it: the view is provably behind, and the wait ends once it has
+  caught up;
+- a `retried` pod leaves one whole wait (SETTLE_SECONDS) for a `lagging` one;
+- a pod of the backlog, answered the same way BACKLOG_ANSWERS times in a row, waits only from a full
+  budget (`backlog` in the skipped counter otherwise). A round begins at every event, and one that
+  changed nothing the view holds (a bound pod's status, a pod without GPUs) costs its first wait
+  SETTLE_SECONDS: on `make e2e` such rounds came twice a second, five times what the budget refills,
+  so the pods earlier scenarios left waiting kept it empty, and the next pod that raced a deletion or
+  a validator's Ready was answered without its wait, then parked with nothing to move it again
+  (scenario 6, not bound in 15 s). The backlog's waits now never take the budget below SETTLE_BURST -
+  SETTLE_SECONDS (three whole waits stay for answers that are new, less an overrun); on a quiet
+  cluster the budget is full, and a pod of the backlog waits as any other.
+
+gpu_placement_filter_settle_denied_total counts the waits the budget refused to a pod that is not of
+the backlog: the ones whose absence may park a pod that raced the watch.
 """
 
 from __future__ import annotations
@@ -75,8 +88,8 @@ from gpu_placement.decide.rules import (
 from gpu_placement.observe import metrics
 from gpu_placement.view.cluster import ClusterView
 
-__all__ = ["COVERED", "LAGGING", "RETRIED", "SETTLE_BURST", "SETTLE_SECONDS", "SETTLE_SHARE", "STANDING",
-           "STANDING_CODES", "Budget", "Settle", "newer", "standing"]
+__all__ = ["BACKLOG", "BACKLOG_ANSWERS", "COVERED", "LAGGING", "RETRIED", "SETTLE_BURST", "SETTLE_SECONDS",
+           "SETTLE_SHARE", "STANDING", "STANDING_CODES", "Budget", "Settle", "newer", "standing"]
 
 log = logging.getLogger("gpu_placement.extender")
 
@@ -87,7 +100,10 @@ SETTLE_SECONDS = 0.05
 SETTLE_SHARE = 0.02  # of wall time that waits may take, on average
 SETTLE_BURST = 0.2  # seconds of waiting saved up (four whole waits) for a quiet cluster's rare races
 LAGGING, RETRIED = "lagging", "retried"  # why a /filter waits
-STANDING, COVERED = "standing", "covered"  # why one that could have waited did not (the module's text)
+STANDING, COVERED, BACKLOG = "standing", "covered", "backlog"  # why one that could have waited did not
+# A pod answered the same way this many times in a row (its first attempt, the retry its own PodScheduled
+# write causes, then one per cluster event) is part of the backlog: it waits only from a full budget.
+BACKLOG_ANSWERS = 8
 # Rejections for what a node is. InsufficientGPUMemory is one only where preemption could not help (the
 # ask is more than a device has, or than MPS lets a client use): `standing` asks that no node was
 # rejected as resolvable (FailedNodes: memory or devices in use). Codes not listed may wait.
@@ -145,6 +161,7 @@ class _Rejected:
     uid: str
     version: str
     answer: tuple[int, int, int, int]  # lengths and hashes of FailedNodes and FailedAndUnresolvableNodes
+    times: int = 1  # answers in a row that were this one (any version of the pod)
 
 
 class Settle:
@@ -162,8 +179,8 @@ class Settle:
         self._waited = {(why, outcome): metrics.FILTER_SETTLE_SECONDS.labels(why, outcome)
                         for why in (LAGGING, RETRIED) for outcome in ("changed", "unchanged")}
         self._denied = {why: metrics.FILTER_SETTLE_DENIED.labels(why) for why in (LAGGING, RETRIED)}
-        self._skipped = {(why, cause): metrics.FILTER_SETTLE_SKIPPED.labels(why, cause)
-                         for why, cause in ((LAGGING, STANDING), (RETRIED, STANDING), (RETRIED, COVERED))}
+        self._skipped = {(why, cause): metrics.FILTER_SETTLE_SKIPPED.labels(why, cause) for why, cause in
+                         ((LAGGING, STANDING), (RETRIED, STANDING), (RETRIED, COVERED), (RETRIED, BACKLOG))}
 
     def why(self, key: str, uid: str, version: str, result: FilterResult) -> str | None:
         """Why this answer, which passes no node, should wait for the view (LAGGING, RETRIED), or None."""
@@ -190,9 +207,16 @@ class Settle:
 
     async def wait(self, key: str, why: str, version: str) -> bool:
         """Wait (within the budget) for the view: True when it changed and the pod must be judged again."""
-        if not self.budget.take(self.seconds, keep=self.seconds if why == RETRIED else 0.0):
-            self._denied[why].inc()
-            log.debug("filter pod=%s answered without waiting for the view (%s): the settle budget is spent", key, why)
+        last = self._rejected.get(key)
+        backlog = why == RETRIED and last is not None and last.times >= BACKLOG_ANSWERS
+        keep = self.budget.burst - self.seconds if backlog else self.seconds if why == RETRIED else 0.0
+        if not self.budget.take(self.seconds, keep=keep):
+            if backlog:
+                self._skipped[RETRIED, BACKLOG].inc()
+            else:
+                self._denied[why].inc()
+            log.debug("filter pod=%s answered without waiting for the view (%s): the settle budget is %s", key, why,
+                      "not full (a pod of the backlog)" if backlog else "spent")
             return False
         generation, start = self.view.generation, time.perf_counter()
         try:
@@ -215,7 +239,9 @@ class Settle:
         if result.passed:
             self.forget(key)
             return
-        self._rejected[key] = _Rejected(uid, version, _answer(result))
+        answer, last = _answer(result), self._rejected.get(key)
+        times = last.times + 1 if last is not None and last.uid == uid and last.answer == answer else 1
+        self._rejected[key] = _Rejected(uid, version, answer, times)
         self._rejected.move_to_end(key)
         if len(self._rejected) > _REMEMBERED:
             self._rejected.popitem(last=False)
