@@ -63,6 +63,12 @@ FILTER_SETTLE_SECONDS = Histogram("gpu_placement_filter_settle_seconds",
                                   buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25))
 FILTER_SETTLE_DENIED = Counter("gpu_placement_filter_settle_denied",
                                "Waits for the view that /filter did not make: the settle budget was spent.", ["why"])
+# Retries that could have waited and did not need to (extender/settle.py): `standing`, rejected on every node
+# for what the node is; `covered`, a wait at the view's generation already found nothing in this round;
+# `backlog`, a pod answered the same way many times, which waits only from a full budget.
+FILTER_SETTLE_SKIPPED = Counter("gpu_placement_filter_settle_skipped",
+                                "Waits for the view that /filter did not need to make, by why it would have "
+                                "waited and why it did not (standing, covered, backlog).", ["why", "cause"])
 BINDINGS = Counter("gpu_placement_bindings", "Bind calls, by result.", ["result"])
 BIND_POST_SECONDS = Histogram("gpu_placement_bind_post_seconds",
                               "The Binding POST of a /bind as the extender sees it: from sending to the answer read.",
