@@ -97,7 +97,7 @@ def main() -> int:
             for seed in range(args.seed, args.seed + args.seeds):
                 for strategy in strategies:
                     reference = strategy in references.REFERENCES
-                    label = strategy if reference or not args.label else args.label
+                    label = args.label if args.label and strategy == "fragmentation" else strategy
                     mode = "paper" if reference else args.mode
                     if any(r["family"] == name and r["label"] == label and r["seed"] == seed and r["mode"] == mode
                            for r in rows):
