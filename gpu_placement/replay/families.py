@@ -3,9 +3,9 @@ made from the default trace by its simulator's workload knobs, each varying one 
 1,213 nodes. Alibaba publishes them beside the default list (alibaba/clusterdata,
 `cluster-trace-gpu-v2023/csv`); data/openb holds them byte for byte (data/openb/README.md).
 
-- `default`: the production trace as submitted (GPU-sharing tasks 44 % of the GPU tasks, tasks asking
-  several whole GPUs 7 % of the GPU milli asked, no GPU-type constraint);
-- `gpushareNN`: the GPU tasks resampled so that NN % of them ask part of one GPU (20 to 100);
+- `default`: the production trace as submitted (tasks sharing a GPU ask 28.5 % of the GPU milli asked,
+  tasks asking several whole GPUs 7.3 %, no GPU-type constraint);
+- `gpushareNN`: the GPU tasks resampled so that tasks sharing a GPU ask NN % of the GPU milli (20 to 100);
 - `multigpuNN`: tasks asking several GPUs resampled to ask NN % of the GPU milli asked (20 to 50);
 - `gpuspecNN`: NN % of the GPU tasks accept only the GPU models they ran on (10 to 33).
 """
@@ -39,7 +39,7 @@ def _family(name: str, varies: str) -> Family:
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     _family("default", "the production trace"),
     *(_family(f"multigpu{n}", f"multi-GPU tasks ask {n} % of the GPUs asked") for n in (20, 30, 40, 50)),
-    *(_family(f"gpushare{n}", f"{n} % of the GPU tasks share a GPU") for n in (20, 40, 60, 80, 100)),
+    *(_family(f"gpushare{n}", f"GPU-sharing tasks ask {n} % of the GPUs asked") for n in (20, 40, 60, 80, 100)),
     *(_family(f"gpuspec{n}", f"{n} % of the GPU tasks accept only some GPU models") for n in (10, 20, 25, 33)),
 )}
 

@@ -34,8 +34,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gpu_placement.replay.simulate import Placed, Run, points
 from gpu_placement.replay.gorand import GoRand
+from gpu_placement.replay.simulate import Placed, Run, points
 from gpu_placement.replay.trace import MILLI, NodeRow, Task, arrivals
 
 __all__ = ["REFERENCES", "best_fit_score", "fgd_score", "frag_amount", "reference_replay", "simulator_arrivals",
