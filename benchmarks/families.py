@@ -83,6 +83,7 @@ def main() -> int:
     parser.add_argument("--label", default="", help="name of the fragmentation result (default: the strategy)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--table", action="store_true", help="print the table from --out, run nothing")
+    parser.add_argument("--columns", default="", help="results to show, in order (default: every one in --out)")
     args = parser.parse_args()
     families = args.families.split(",")
     strategies = args.strategies.split(",")
@@ -107,12 +108,13 @@ def main() -> int:
                     with out.open("ab") as sink:
                         sink.write(orjson.dumps(row) + b"\n")
                     print(orjson.dumps(row).decode(), file=sys.stderr, flush=True)
-    labels = list(dict.fromkeys(r["label"] for r in rows))
+    labels = args.columns.split(",") if args.columns else list(dict.fromkeys(r["label"] for r in rows))
     for mode in dict.fromkeys(r["mode"] for r in rows if r["mode"] != "paper"):
         shown = [r for r in rows if r["mode"] in (mode, "paper") and r["seed"] in
                  range(args.seed, args.seed + args.seeds)]
         print(f"\nallocated at 130 % arrived, {mode} mode (references: the paper's simulator model)")
-        print(table(shown, [f for f in families if any(r["family"] == f for r in shown)], labels))
+        print(table(shown, [f for f in families if any(r["family"] == f and r["mode"] == mode for r in shown)],
+                    labels))
     return 0
 
 
