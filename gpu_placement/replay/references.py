@@ -53,7 +53,7 @@ Kind = tuple[int, int, int, tuple[str, ...]]
 Typical = tuple[tuple[Kind, float], ...]
 
 
-def kind_of(task: Task) -> Kind:
+def _kind_of(task: Task) -> Kind:
     return (task.cpu_milli, task.milli, task.gpus, task.models)
 
 
@@ -61,7 +61,7 @@ def typical_pods(tasks: Sequence[Task], popularity: float = POPULARITY) -> Typic
     """`GetTypicalPods` (isInvolvedCpuPods, step 1): the kinds by count, most first, until they hold
     `popularity` of the tasks, their frequencies renormalised to 1. Equal counts: by kind (the
     simulator's order there is Go's map order)."""
-    counts = Counter(kind_of(t) for t in tasks)
+    counts = Counter(_kind_of(t) for t in tasks)
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
     total, kept, cumulative = len(tasks), [], 0
     for kind, count in ranked:
@@ -195,7 +195,7 @@ class _Simulator:
         return _sigmoid_score(before, self.frag(node.row.model, cpu_after, tuple(after_left))), given
 
     def candidates(self, task: Task) -> dict[int, tuple[int, tuple[int, ...]]]:
-        key = (kind_of(task), task.memory_mib)
+        key = (_kind_of(task), task.memory_mib)
         shape = self.shapes.get(key)
         if shape is None:
             shape = self.shapes[key] = _Shape(seen=len(self.log))
