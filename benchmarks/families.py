@@ -43,15 +43,16 @@ def run_one(data: Path, name: str, strategy: str, mode: str, seed: int) -> dict[
     nodes = read_node_source(data / NODES_CSV)
     capacity = sum(n.gpus for n in nodes) * MILLI
     started = time.monotonic()
-    if strategy in references.REFERENCES:
+    policy, _, placing = strategy.partition("+")  # best-fit+kube: CPU-only tasks by kube-scheduler's defaults
+    if policy in references.REFERENCES:
         rows = read_nodes_csv(data / NODES_CSV)
         order, ranks = references.simulator_arrivals(rows, tasks, 1.3, seed)
-        run = references.reference_replay(rows, tasks, order, strategy, ranks, seed)
+        run = references.reference_replay(rows, tasks, order, policy, ranks, seed, cpu_only_kube=placing == "kube")
     else:
         order = arrivals(tasks, capacity, 1.3, seed)
         run = replay(nodes, tasks, order, mode, strategy, seed)
     top = max(p.arrived_pct for p in run.points)
-    return {"family": name, "strategy": strategy, "mode": mode if strategy not in references.REFERENCES else "paper",
+    return {"family": name, "strategy": strategy, "mode": "paper" if policy in references.REFERENCES else mode,
             "seed": seed, "at130": _at(run, top), "at100": _at(run, 100), "top": top, "failed": len(run.failed),
             "seconds": round(time.monotonic() - started, 1)}
 
@@ -97,7 +98,7 @@ def main() -> int:
         for name in families:
             for seed in range(args.seed, args.seed + args.seeds):
                 for strategy in strategies:
-                    reference = strategy in references.REFERENCES
+                    reference = strategy.partition("+")[0] in references.REFERENCES
                     label = args.label if args.label and strategy == "fragmentation" else strategy
                     mode = "paper" if reference else args.mode
                     if any(r["family"] == name and r["label"] == label and r["seed"] == seed and r["mode"] == mode

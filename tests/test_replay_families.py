@@ -112,3 +112,14 @@ def test_simulator_arrivals_rank_every_node_once() -> None:
     order, ranks = simulator_arrivals(rows, [_task(1000, 500, name=f"t{i}") for i in range(4)], 1.0, 42)
     assert sorted(ranks.values()) == list(range(5))
     assert sum(t.total_milli for t in order) <= 10 * MILLI and len(order) >= 4
+
+
+def test_cpu_only_tasks_placed_as_kube_scheduler_does_go_to_the_emptiest_node() -> None:
+    """`cpu_only_kube`: the references with CPU-only tasks where the replay puts them (LeastAllocated), for
+    the comparison in the replay's own model; the simulator's Best-fit packs them instead."""
+    rows = [NodeRow("busy", 64000, 65536, 2, "V100"), NodeRow("idle", 64000, 65536, 2, "V100")]
+    tasks = [_task(48000, 1000, name="gpu"), _task(4000, 0, name="cpu")]
+    ranks = {"busy": 0, "idle": 1}
+    assert [p.node for p in reference_replay(rows, tasks, tasks, "best-fit", ranks).placements] == ["busy", "busy"]
+    kube = reference_replay(rows, tasks, tasks, "best-fit", ranks, cpu_only_kube=True)
+    assert [p.node for p in kube.placements] == ["busy", "idle"]

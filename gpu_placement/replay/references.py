@@ -140,9 +140,10 @@ class _Shape:
 
 
 class _Simulator:
-    def __init__(self, rows: Sequence[NodeRow], policy: str, typical: Typical) -> None:
+    def __init__(self, rows: Sequence[NodeRow], policy: str, typical: Typical, cpu_only_kube: bool = False) -> None:
         self.nodes = [_Node(r, r.cpu_milli, r.memory_mib, SIMULATOR_PODS, [MILLI] * r.gpus) for r in rows]
         self.policy = policy
+        self.cpu_only_kube = cpu_only_kube
         self.typical = typical
         self.curves: dict[tuple[str, tuple[int, ...]], _Curve] = {}
         self.shapes: dict[tuple[Kind, int], _Shape] = {}
@@ -160,6 +161,8 @@ class _Simulator:
         if node.pods_left < 1 or node.cpu_left < task.cpu_milli or node.memory_left < task.memory_mib:
             return None
         left = node.gpu_left
+        if not task.gpus and self.cpu_only_kube:
+            return _kube_score(node, task), ()
         if task.gpus:
             if not node.row.gpus or not _accessible(node.row.model, task.models):
                 return None
@@ -232,14 +235,32 @@ def simulator_arrivals(rows: Sequence[NodeRow], tasks: Sequence[Task], ratio: fl
     return order, {name: perm[i] for i, name in enumerate(by_name)}
 
 
+def _kube_score(node: _Node, task: Task) -> int:
+    """kube-scheduler's default scores for a CPU-only task, as the replay places those (replay/scheduler.py):
+    NodeResourcesFit LeastAllocated over CPU and memory plus BalancedAllocation."""
+    row = node.row
+    cpu = (row.cpu_milli - node.cpu_left + task.cpu_milli, row.cpu_milli)
+    memory = (row.memory_mib - node.memory_left + task.memory_mib, row.memory_mib)
+    least = sum((total - used) * MAX_NODE_SCORE // total for used, total in (cpu, memory)) // 2
+
+    def balanced(extra_cpu: int, extra_memory: int) -> int:
+        fractions = [min(1.0, (cpu[0] - extra_cpu) / cpu[1]), min(1.0, (memory[0] - extra_memory) / memory[1])]
+        return int((1 - abs(fractions[0] - fractions[1]) / 2) * MAX_NODE_SCORE)
+
+    with_pod, without = balanced(0, 0), balanced(task.cpu_milli, task.memory_mib)
+    return least + MAX_NODE_SCORE // 2 + (MAX_NODE_SCORE // 2 + with_pod - without) // 2
+
+
 def reference_replay(rows: Sequence[NodeRow], tasks: Sequence[Task], order: Sequence[Task], policy: str,
-                     ranks: dict[str, int], seed: int = 0, progress: Callable[[int, int], None] | None = None) -> Run:
+                     ranks: dict[str, int], seed: int = 0, progress: Callable[[int, int], None] | None = None,
+                     cpu_only_kube: bool = False) -> Run:
     """Place `order` with `policy` (best-fit or fgd) as the paper's simulator does; typical pods from `tasks`
     (the listed tasks, before copies, as the simulator's `SetTypicalPods`); equal scores go to the node of
-    lowest rank (`simulator_arrivals`)."""
+    lowest rank (`simulator_arrivals`). `cpu_only_kube`: CPU-only tasks placed by kube-scheduler's default
+    scores instead, as the replay places them (where a cluster with gpu-placement puts them)."""
     if policy not in REFERENCES:
         raise ValueError(f"{policy!r}: the references are {', '.join(REFERENCES)}")
-    sim = _Simulator(rows, policy, typical_pods(tasks) if policy == "fgd" else ())
+    sim = _Simulator(rows, policy, typical_pods(tasks) if policy == "fgd" else (), cpu_only_kube)
     rank = [ranks[r.name] for r in rows]
     gpus = sum(r.gpus for r in rows)
     listed = set(tasks)
