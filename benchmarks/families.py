@@ -3,15 +3,16 @@ allocated at 130 % arrived, beside the ATC'23 paper's Best-fit and FGD run on th
 (gpu_placement/replay/references.py), family by family: docs/replay.md's family tables.
 
     nice -n 10 .venv/bin/python benchmarks/families.py [--families default,multigpu50] \
-        [--strategies fragmentation,binpack,best-fit,fgd] [--mode dra|device-plugin] [--seed 42] [--seeds 1] \
-        [--out /tmp/families.jsonl] [--label NAME] [--set SPREAD_SHARE=0]
+        [--strategies fragmentation,binpack,best-fit,fgd,best-fit+kube,fgd+kube] [--mode dra|device-plugin] \
+        [--seed 42] [--seeds 1] [--out /tmp/families.jsonl] [--label NAME] [--set SPREAD_SHARE=0] [--columns A,B]
 
 Each (family, strategy, seed) run appends one JSON line to `--out` as it ends (so a long table can be
 stopped and resumed: runs already in the file are skipped), then the table is printed from the file:
 per family and strategy the mean over the seeds found of the allocation at 130 % and at 100 % arrived.
 `--table` prints it from the file without running. `--set NAME=VALUE` overrides a constant of
 gpu_placement/decide/fragmentation.py for the run (for trying a change; `--label` names the result).
-The references run in the paper's simulator model (fractional GPUs), whatever `--mode` says.
+The references run in the paper's simulator model (fractional GPUs), whatever `--mode` says; `best-fit+kube`
+and `fgd+kube` with the CPU-only tasks placed by kube-scheduler's default scores, as the replay places them.
 CPU-heavy: one strategy on one family is a minute to a few; run it under `nice`.
 """
 
