@@ -76,11 +76,13 @@ class FilterResult:
 
     @property
     def failed(self) -> dict[str, str]:
-        return orjson.loads(self.failed_json)
+        failed: dict[str, str] = orjson.loads(self.failed_json)
+        return failed
 
     @property
     def unresolvable(self) -> dict[str, str]:
-        return orjson.loads(self.unresolvable_json)
+        unresolvable: dict[str, str] = orjson.loads(self.unresolvable_json)
+        return unresolvable
 
 
 @dataclass(slots=True, frozen=True)
@@ -659,7 +661,7 @@ def _hashable(value: object) -> Hashable:
         return tuple(sorted(value.items()))
     if isinstance(value, (list, set, frozenset)):
         return tuple(sorted(value))
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _decision_key(req: Requirements) -> Requirements:
