@@ -31,7 +31,7 @@ from typing import Any
 
 from gpu_placement.decide.placement import Placement
 from gpu_placement.decide.requirements import Requirements
-from gpu_placement.decide.rules import INSUFFICIENT_GPU, NO_NEED, Ask, Need, Rejection, unknown_node
+from gpu_placement.decide.rules import INSUFFICIENT_GPU, NO_NEED, Need, NeedItem, Rejection, unknown_node
 from gpu_placement.facts.budgets import Budget, violations
 from gpu_placement.facts.pods import PodRecord, pod_priority
 
@@ -146,7 +146,7 @@ def _as_victim(pod: PodRecord) -> tuple[str, str, dict[str, str]]:
     return pod.namespace, pod.name, dict(pod.labels)
 
 
-def _freed(charge_of: Callable[[str], tuple[Ask, ...]], keys: Iterable[str]) -> dict[str, tuple[int, int]]:
+def _freed(charge_of: Callable[[str], tuple[NeedItem, ...]], keys: Iterable[str]) -> dict[str, tuple[int, int]]:
     """(units, MiB) per resource that the pods `keys` hold on their node, as the view charged them."""
     freed: dict[str, tuple[int, int]] = {}
     for key in keys:
@@ -188,7 +188,7 @@ def _more_victims(placement: Placement, node: str, need: Need, priority: int, fr
     return [entry[4] for entry in sorted(taken, key=lambda e: (-e[1], e[3]))]
 
 
-def _add(total: dict[str, tuple[int, int]], items: Iterable[Ask], sign: int) -> None:
+def _add(total: dict[str, tuple[int, int]], items: Iterable[NeedItem], sign: int) -> None:
     for resource, units, mib in items:
         had_units, had_mib = total.get(resource, (0, 0))
         total[resource] = (had_units + sign * units, had_mib + sign * (mib or 0))

@@ -28,8 +28,8 @@ __all__ = [
     "HELD_FOR_NOMINATED",
     "NO_NEED",
     "RESOLVABLE",
-    "Ask",
     "Need",
+    "NeedItem",
     "Rejection",
     "broken_ask",
     "check_node",
@@ -86,7 +86,7 @@ class Rejection:
 
 # One resource a pod takes: (resource, units, MiB or None when memory is unknown). The view charges a bound
 # pod the same triples (ClusterView.charge_of), so preemption adds and takes them away alike.
-Ask = tuple[str, int, int | None]
+NeedItem = tuple[str, int, int | None]
 
 
 @final
@@ -95,7 +95,7 @@ class Need:
     """What a passing node must still have free for the pod. Made once per node class and kind of pod
     (placement caches the verdicts), never per request."""
 
-    asks: tuple[Ask, ...] = ()
+    asks: tuple[NeedItem, ...] = ()
     dra: bool = False  # one ask is DRA_DEVICES: fitted against the node's devices (decide/dra_fit.py)
 
 
@@ -448,7 +448,7 @@ def _label_problems(node: NodeFacts, req: Requirements) -> Rejection | None:
 
 
 def _device_fit(node: NodeFacts, req: Requirements) -> Rejection | Need:
-    need: list[Ask] = []
+    need: list[NeedItem] = []
     for resource, count in req.gpus:
         device = node.device_memory(resource)
         if req.memory_mib is not None:
