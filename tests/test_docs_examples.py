@@ -1,7 +1,7 @@
 """The docs' example sessions are what the commands print today: each `$ gpu-placement ...` transcript is
 run for real in an empty folder (the demo snapshot it writes, the files the doc shows beside it) and its
 output compared line by line, so an example cannot go stale. Only what carries the clock is left out of
-the comparison: explain's `judged at:` line."""
+the comparison: explain's `judged at:` line and a soaking node's SOAK LEFT."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 GPU_PLACEMENT = str(Path(sys.executable).parent / "gpu-placement")
 # What moves with the wall clock, kept as a placeholder on both sides.
-CLOCK = ((re.compile(r"^judged at: .*$", re.MULTILINE), "judged at: <the clock>"),)
+CLOCK = ((re.compile(r"^judged at: .*$", re.MULTILINE), "judged at: <the clock>"),
+         (re.compile(r"(  soaking +)\d+m "), r"\1<left> "))
 
 
 def _section(markdown: str, title: str) -> str:
@@ -49,7 +50,7 @@ def _masked(text: str) -> str:
     return text
 
 
-EXAMPLES = [("docs/explain.md", "## Reading `explain`")]
+EXAMPLES = [("docs/explain.md", "## Reading `explain`"), ("docs/rollouts.md", "## `gpu-placement rollout`")]
 
 
 @pytest.mark.timeout(120)
