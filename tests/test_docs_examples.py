@@ -5,11 +5,13 @@ the comparison: explain's `judged at:` line and a soaking node's SOAK LEFT."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,20 @@ def test_the_docs_example_session_is_todays_output(doc: str, title: str, tmp_pat
         assert result.returncode == 0, result.stdout
         assert _masked(shown).splitlines() == _masked(result.stdout).splitlines(), f"{doc}: $ {' '.join(words)}"
 
+
+def test_the_outcomes_doc_shows_the_demos_table_with_its_dates_relative() -> None:
+    """`make demo`'s outcome table counts yesterday's history, so its dates move every day: the doc shows
+    them as placeholders and the figures as the demo prints them."""
+    from gpu_placement.outcomes.demo import table
+
+    text = (ROOT / "docs" / "outcomes.md").read_text()
+    [shown] = [body for _, body in _blocks(text) if body.startswith("GPU cluster outcomes, ")]
+    midnight = math.floor(time.time() / 86400) * 86400  # as gpu_placement/app/demo.py: yesterday from midnight UTC
+    printed = table(midnight - 86400)
+    dates = {time.strftime("%Y-%m-%d", time.gmtime(midnight - 2 * 86400)): "DAY-2",
+             time.strftime("%Y-%m-%d", time.gmtime(midnight)): "DAY"}
+    title, _, rest = printed.partition("\n")
+    for date, placeholder in dates.items():
+        title = title.replace(date, placeholder)
+    assert shown.splitlines() == [title, *rest.splitlines()]
+    assert not re.search(r"\b20\d\d-\d\d-\d\d \d\d:\d\d UTC to", shown)
