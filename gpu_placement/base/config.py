@@ -52,6 +52,11 @@ class Validator:
 @dataclass(slots=True, frozen=True)
 class Scoring:
     strategy: str = "binpack"
+    # /filter answers the best tier only: the passing nodes tied at the best score, at most this many
+    # (drawn at random among equals), so kube-scheduler scores a handful or none (docs/performance.md,
+    # "One call per pod"). 0: every passing node, as a scheduler configuration that calls /prioritize
+    # wants; the default of a bare `serve`, while the chart, which drops /prioritize, sets 1.
+    tier_size: int = 0
     upgrade_required: int = 3
     unhealthy_devices: int = 2
     xid_errors: int = 3
@@ -189,6 +194,7 @@ def parse_config(data: Any) -> Config:
         ),
         scoring=Scoring(
             strategy=scoring.take_choice("strategy", ("binpack", "spread", "fragmentation"), d.scoring.strategy),
+            tier_size=scoring.take_count("tierSize", d.scoring.tier_size),
             upgrade_required=weights.take_weight("upgradeRequired", d.scoring.upgrade_required),
             unhealthy_devices=weights.take_weight("unhealthyDevices", d.scoring.unhealthy_devices),
             xid_errors=weights.take_weight("xidErrors", d.scoring.xid_errors),
@@ -271,6 +277,12 @@ class _Section:
         if isinstance(value, bool) or value < 0:
             raise ConfigError(f"{self.prefix}{key} must be a number of minutes, 0 or more, got {value!r}")
         return float(value)
+
+    def take_count(self, key: str, default: int) -> int:
+        value = self.take(key, int, default)
+        if value < 0:
+            raise ConfigError(f"{self.prefix}{key} must be an integer, 0 or more, got {value!r}")
+        return value
 
     def take_weight(self, key: str, default: int) -> int:
         value = self.take(key, int, default)
