@@ -118,6 +118,10 @@ class Config:
     namespace_selection: str = "optOut"
     exempt_namespaces: frozenset[str] = frozenset({"kube-system", "gpu-operator"})
     protect_gpu_nodes: bool = True
+    # Label the nodes every GPU pod is refused on (gpu-placement.io/refused, by the webhook's leader) and keep
+    # the GPU pods the webhook shapes off them by a required node affinity: kube-scheduler then drops them
+    # before its sample (docs/performance.md, "Nodes refused before kube-scheduler's sample"). The chart sets true.
+    refused_node_label: bool = False
     validator: Validator = field(default_factory=Validator)
     scoring: Scoring = field(default_factory=Scoring)
     telemetry: Telemetry = field(default_factory=Telemetry)
@@ -187,6 +191,7 @@ def parse_config(data: Any) -> Config:
         namespace_selection=top.take_choice("namespaceSelection", ("optIn", "optOut"), d.namespace_selection),
         exempt_namespaces=frozenset(top.take_list("exemptNamespaces", str, sorted(d.exempt_namespaces))),
         protect_gpu_nodes=top.take("protectGpuNodes", bool, d.protect_gpu_nodes),
+        refused_node_label=top.take("refusedNodeLabel", bool, d.refused_node_label),
         validator=Validator(
             namespace=_name(validator.take("namespace", str, d.validator.namespace), "validator.namespace"),
             selector=_selector(validator.take("selector", str, d.validator.selector.text), "validator.selector"),

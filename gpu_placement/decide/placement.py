@@ -670,9 +670,10 @@ def _dra(need: Need) -> bool:
 
 
 # Per node, or read by scores only: no part of a node's class (its static verdicts).
-# settled_driver counts through the node's soak state, which is part of the class on its own.
+# settled_driver counts through the node's soak state, which is part of the class on its own; `refused` is
+# the label the verdicts themselves are written to, never read by them.
 _FACT_FIELDS = tuple(f.name for f in fields(NodeFacts)
-                     if f.name not in ("name", "created", "cpu_milli", "settled_driver"))
+                     if f.name not in ("name", "created", "cpu_milli", "settled_driver", "refused"))
 
 
 def _facts_key(facts: NodeFacts) -> Hashable:
