@@ -102,7 +102,7 @@ CASES = [
         "scheduler": {"extender": {"managedResourcesOnly": True}},
     }, release="gpu", namespace="platform-gpu"),
     Case("exposed-single", {
-        "scheduler": {"replicas": 1, "image": {"tag": "v1.31.4"},
+        "scheduler": {"replicas": 1, "image": {"tag": "v1.31.4"}, "percentageOfNodesToScore": 0,
                       "extender": {"listenHost": "0.0.0.0", "port": 9999, "weight": 2, "httpTimeout": "3s",
                                    "bindAll": True}},
         "webhook": {"replicas": 1, "port": 9443},
@@ -432,7 +432,8 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
     assert extender["httpTimeout"] == v["scheduler"]["extender"]["httpTimeout"]
     managed = [r["name"] for r in extender["managedResources"]]
     # kube-scheduler filters every node before the extender sees them (the default samples big clusters)
-    assert sched["percentageOfNodesToScore"] == 100
+    percentage = v["scheduler"]["percentageOfNodesToScore"]
+    assert sched.get("percentageOfNodesToScore") == (percentage or None)
     from gpu_placement.app.cli import build_parser
 
     args = build_parser().parse_args(rendered.container("extender")["args"])
