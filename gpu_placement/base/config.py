@@ -120,7 +120,7 @@ class Config:
     protect_gpu_nodes: bool = True
     # Label the nodes every GPU pod is refused on (gpu-placement.io/refused, by the webhook's leader) and keep
     # the GPU pods the webhook shapes off them by a required node affinity: kube-scheduler then drops them
-    # before its sample (docs/performance.md, "Nodes refused before kube-scheduler's sample"). The chart sets true.
+    # before its sample (docs/performance.md, "Nodes refused before kube-scheduler's sample").
     refused_node_label: bool = False
     validator: Validator = field(default_factory=Validator)
     scoring: Scoring = field(default_factory=Scoring)
