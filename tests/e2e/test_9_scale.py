@@ -93,7 +93,7 @@ def test_thousand_nodes_two_thousand_pods(e2e: E2E, scale_nodes: list[str]) -> N
         used[p["spec"]["nodeName"]] += int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
     assert set(used) <= set(names)
     assert max(used.values()) <= GPUS_PER_NODE, used.most_common(3)
-    for verb in ("filter", "prioritize"):  # as the real kube-scheduler called it: names in its order
+    for verb in ("filter",):  # as the real kube-scheduler called it: names in its order (no /prioritize: issue 44)
         count, mean, p50, p99 = e2e.extender_seconds(verb)
         print(f"scale: extender /{verb}: {count} requests, mean {mean * 1000:.2f} ms, p50 {p50 * 1000:.2f} ms, "
               f"p99 {p99 * 1000:.2f} ms (from its histogram)")
