@@ -153,7 +153,7 @@ def test_a_pod_without_gpus_passes_every_node(served: Served) -> None:
 
 
 def test_tier_size_is_a_count() -> None:
-    assert parse_config({}).scoring.tier_size == 0  # a bare `serve`: every passing node (the chart sets 1)
+    assert parse_config({}).scoring.tier_size == 0  # a bare `serve`: every passing node (the chart sets 8)
     assert parse_config({"scoring": {"tierSize": 8}}).scoring.tier_size == 8
     for bad in (-1, True, "8", 1.5):
         with pytest.raises(ConfigError, match=r"scoring\.tierSize"):

@@ -344,7 +344,7 @@ def _replay_parser(commands: Commands) -> None:
                         "device-plugin: exclusive or time-sliced GPUs (default %(default)s)")
     replay.add_argument("--replicas", type=_positive_int, default=2, help="device-plugin: replicas of a "
                         "time-sliced GPU; tasks asking at most 1/REPLICAS of a GPU take one (default %(default)s)")
-    replay.add_argument("--tier-size", type=_count, default=1, metavar="K",
+    replay.add_argument("--tier-size", type=_count, default=8, metavar="K",
                         help="/filter answers the best tier, at most K nodes; kube-scheduler's plugins choose within "
                         "it (the chart's config.scoring.tierSize: %(default)s); 0: every passing node, and "
                         "/prioritize's scores at --extender-weight")

@@ -55,7 +55,7 @@ class Scoring:
     # /filter answers the best tier only: the passing nodes tied at the best score, at most this many
     # (drawn at random among equals), so kube-scheduler scores a handful or none (docs/performance.md,
     # "One call per pod"). 0: every passing node, as a scheduler configuration that calls /prioritize
-    # wants; the default of a bare `serve`, while the chart, which drops /prioritize, sets 1.
+    # wants; the default of a bare `serve`, while the chart, which drops /prioritize, sets 8.
     tier_size: int = 0
     upgrade_required: int = 3
     unhealthy_devices: int = 2

@@ -36,7 +36,7 @@ class ReplayOptions:
     seeds: int = 1
     weight: int = 5
     replicas: int = 2
-    tier_size: int = 1  # /filter's best tier (the chart's config.scoring.tierSize); 0: /prioritize at `weight`
+    tier_size: int = 8  # /filter's best tier (the chart's config.scoring.tierSize); 0: /prioritize at `weight`
 
 
 @dataclass(slots=True)

@@ -142,10 +142,10 @@ def _bind(view: ClusterView, placement: Placement, binder: SnapshotBinder, req: 
 
 def replay(nodes: Sequence[ReplayNode], tasks: Sequence[Task], order: Sequence[Task], mode: str, strategy: str,
            seed: int, weight: int = 5, replicas: int = 2, config: Config | None = None,
-           progress: Progress | None = None, tier_size: int = 1) -> Run:
+           progress: Progress | None = None, tier_size: int = 8) -> Run:
     """Replay `order` (tasks as they arrive; `tasks`: the trace, to size the cluster's time-sliced pool
     and claim templates) on a fresh cluster of `nodes` with scoring `strategy` and /filter's best tier of
-    `tier_size` (the chart's 1; 0: every passing node, and /prioritize at `weight`)."""
+    `tier_size` (the chart's 8; 0: every passing node, and /prioritize at `weight`)."""
     base = config or Config()
     config = replace(base, scoring=replace(base.scoring or Scoring(), strategy=strategy, tier_size=tier_size))
     cluster = build_cluster(copy.deepcopy(list(nodes)), tasks, mode, replicas)
