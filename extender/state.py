@@ -83,7 +83,6 @@ class Extender:
         if len(self.recent) > _RECENT_PODS:
             self.recent.popitem(last=False)
 
-
     def hold(self, pod: dict[str, Any], req: Requirements, node: str) -> None:
         """Hold the pod's GPUs on the one node /filter answered: kube-scheduler binds it there (its binding
         cycle runs behind the next pods' scheduling), and until the watch shows the pod bound the view
