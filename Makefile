@@ -51,6 +51,7 @@ demo: $(STAMP)
 test: $(STAMP) $(PROM_TOOLS) $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # The property-based hostile-input suite at length: FUZZ_EXAMPLES requests per POST endpoint, a fresh
@@ -128,6 +129,7 @@ soak: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/extender_bench.py
