@@ -285,7 +285,7 @@ class _Section:
         return float(value)
 
     def take_count(self, key: str, default: int) -> int:
-        value = self.take(key, int, default)
+        value: int = self.take(key, int, default)
         if value < 0:
             raise ConfigError(f"{self.prefix}{key} must be an integer, 0 or more, got {value!r}")
         return value
