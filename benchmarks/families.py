@@ -4,7 +4,8 @@ allocated at 130 % arrived, beside the ATC'23 paper's Best-fit and FGD run on th
 
     nice -n 10 .venv/bin/python benchmarks/families.py [--families default,multigpu50] \
         [--strategies fragmentation,binpack,best-fit,fgd,best-fit+kube,fgd+kube] [--mode dra|device-plugin] \
-        [--seed 42] [--seeds 1] [--out /tmp/families.jsonl] [--label NAME] [--set SPREAD_SHARE=0] [--columns A,B]
+        [--seed 42] [--seeds 1] [--tier-size 8] [--out /tmp/families.jsonl] [--label NAME] \
+        [--set SPREAD_SHARE=0] [--columns A,B]
 
 Each (family, strategy, seed) run appends one JSON line to `--out` as it ends (so a long table can be
 stopped and resumed: runs already in the file are skipped), then the table is printed from the file:
@@ -39,7 +40,7 @@ def _at(run: Run, pct: int) -> float | None:
     return next((p.allocated_pct for p in run.points if p.arrived_pct == pct), None)
 
 
-def run_one(data: Path, name: str, strategy: str, mode: str, seed: int) -> dict[str, object]:
+def run_one(data: Path, name: str, strategy: str, mode: str, seed: int, tier_size: int = 8) -> dict[str, object]:
     tasks = load(name, data)
     nodes = read_node_source(data / NODES_CSV)
     capacity = sum(n.gpus for n in nodes) * MILLI
@@ -51,11 +52,11 @@ def run_one(data: Path, name: str, strategy: str, mode: str, seed: int) -> dict[
         run = references.reference_replay(rows, tasks, order, policy, ranks, seed, cpu_only_kube=placing == "kube")
     else:
         order = arrivals(tasks, capacity, 1.3, seed)
-        run = replay(nodes, tasks, order, mode, strategy, seed)
+        run = replay(nodes, tasks, order, mode, strategy, seed, tier_size=tier_size)
     top = max(p.arrived_pct for p in run.points)
     return {"family": name, "strategy": strategy, "mode": "paper" if policy in references.REFERENCES else mode,
             "seed": seed, "at130": _at(run, top), "at100": _at(run, 100), "top": top, "failed": len(run.failed),
-            "seconds": round(time.monotonic() - started, 1)}
+            "tier": tier_size, "seconds": round(time.monotonic() - started, 1)}
 
 
 def table(rows: list[dict[str, object]], families: list[str], labels: list[str]) -> str:
@@ -79,6 +80,8 @@ def main() -> int:
     parser.add_argument("--strategies", default="fragmentation,binpack,best-fit,fgd")
     parser.add_argument("--mode", default="dra", choices=("dra", "device-plugin"))
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--tier-size", type=int, default=8, help="/filter's best tier (the chart's 8; 0: every "
+                        "passing node and /prioritize, the replay before the tier)")
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--data", default=str(ROOT / "data" / "openb"))
     parser.add_argument("--out", default="/tmp/families.jsonl")
@@ -105,7 +108,7 @@ def main() -> int:
                     if any(r["family"] == name and r["label"] == label and r["seed"] == seed and r["mode"] == mode
                            for r in rows):
                         continue
-                    row = {"label": label, **run_one(Path(args.data), name, strategy, args.mode, seed)}
+                    row = {"label": label, **run_one(Path(args.data), name, strategy, args.mode, seed, args.tier_size)}
                     rows.append(row)
                     with out.open("ab") as sink:
                         sink.write(orjson.dumps(row) + b"\n")
