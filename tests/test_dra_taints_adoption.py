@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Callable
 
 from gpu_placement.base.config import parse_config
-from tests.test_dra_taints import QUICK, Replica, replicas, rules, taint  # noqa: F401  (replicas: the fixture)
+from tests.support.dra_taints import QUICK, Replica, replicas, rules, taint  # noqa: F401  (replicas: the fixture)
 
 OWNED = dataclasses.replace(QUICK, owner="gpu-placement")
 

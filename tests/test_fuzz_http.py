@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 
 from gpu_placement.samples.cluster import demo_objects, make_pod
 from tests.hostile import deep, held_by_the_service, paths
-from tests.test_dra_quota_holds import quota_namespace
-from tests.test_extender_http import DEMO_NODES, Extender, api_node, api_pod
-from tests.test_webhook_helpers import NAMESPACES, Webhook, review, user_pod
+from tests.support.dra import quota_namespace
+from tests.support.extender import DEMO_NODES, Extender, api_node, api_pod
+from tests.support.webhook import NAMESPACES, Webhook, review, user_pod
 
 FUZZ_EXAMPLES = int(os.environ.get("GPU_PLACEMENT_FUZZ_EXAMPLES") or 0)
 SETTINGS = settings(

@@ -22,25 +22,12 @@ from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
+from tests.support.live import FAST
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
 GPU = "nvidia.com/gpu"
-FAST = WatchSettings(connect_timeout=1.0, read_timeout=2.0, server_timeout=30, client_timeout=35.0,
-                     backoff_initial=0.05, backoff_max=0.3, page_size=3)
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll every 10 ms until `condition()` is truthy; fail the test after `timeout` seconds. The
-    default is long for a CI machine under load: a poll ends as soon as the condition holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 def gauge(metric: Any, *labels: str) -> float:

@@ -37,9 +37,8 @@ from gpu_placement.samples.history import Truth, day
 from tests.fakeapi import FakeApiServer
 from tests.outcome_replay import Clock, exposition
 from tests.prometheus import PrometheusServer, openmetrics, tool
-from tests.test_alerts import rule_groups
-from tests.test_dashboard import VARIABLES, dashboard
-from tests.test_outcome_leader import Cluster
+from tests.support.chart import VARIABLES, dashboard, rule_groups
+from tests.support.outcomes import Cluster
 
 pytestmark = pytest.mark.timeout(600)
 

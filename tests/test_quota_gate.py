@@ -30,9 +30,9 @@ from gpu_placement.web.certs import CertBundle
 from gpu_placement.web.serving import ServerThread
 from gpu_placement.web.tls import ReloadingTLS, make_server
 from tests.fakeapi import FakeApiServer
-from tests.test_dra_quota_devices import dra_namespace
-from tests.test_live import wait_for
-from tests.test_webhook_helpers import Webhook, review, trusting, user_pod
+from tests.support.dra import dra_namespace
+from tests.support.waiting import wait_for
+from tests.support.webhook import Webhook, review, trusting, user_pod
 from webhook.app import create_app
 
 pytestmark = pytest.mark.timeout(60)

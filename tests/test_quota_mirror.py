@@ -13,19 +13,14 @@ import pytest
 
 from gpu_placement.base.config import Config
 from gpu_placement.controllers.quota_mirror import MirrorSettings, QuotaMirror
-from gpu_placement.kube.api import WatchSettings
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from tests.fakeapi import ApiStatusError, FakeApiServer
-from tests.test_live import wait_for
+from tests.support.quota import FAST, FAST_WATCH, QUOTA, mirrored
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
-
-QUOTA = "gpu-placement.io/quota"
-FAST_WATCH = WatchSettings(connect_timeout=1.0, read_timeout=2.0, server_timeout=30, client_timeout=35.0,
-                           backoff_initial=0.05, backoff_max=0.3)
-FAST = MirrorSettings(lease_name="quota-lock", lease_seconds=1, renew_seconds=0.05, resync_seconds=3600)
 
 
 class Replica:
@@ -69,11 +64,6 @@ def replicas(fake_api: FakeApiServer) -> Iterator[Callable[..., Replica]]:
 def namespace(fake: FakeApiServer, name: str, quota: str | None) -> dict[str, Any]:
     annotations = {QUOTA: quota} if quota is not None else {}
     return fake.add({"kind": "Namespace", "metadata": {"name": name, "annotations": annotations}})
-
-
-def mirrored(fake: FakeApiServer, ns: str) -> dict[str, str] | None:
-    quota = fake.get("ResourceQuota", "gpu-placement", ns)
-    return None if quota is None else quota["spec"]["hard"]
 
 
 def test_a_quota_annotation_becomes_a_resourcequota_owned_by_the_namespace(fake_api: FakeApiServer,

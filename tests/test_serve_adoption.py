@@ -15,7 +15,7 @@ import yaml
 
 from gpu_placement.app.demo import write_snapshot
 from tests.fakeapi import FakeApiServer
-from tests.test_serve import SCRIPT, free_port, stop, wait_ready
+from tests.support.serve import SCRIPT, free_port, stop, wait_ready
 
 pytestmark = pytest.mark.timeout(60)
 

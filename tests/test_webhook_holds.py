@@ -27,8 +27,8 @@ from gpu_placement.web.certs import CertBundle
 from gpu_placement.web.serving import ServerThread
 from gpu_placement.web.tls import ReloadingTLS, make_server
 from tests.fakeapi import FakeApiServer
-from tests.test_live import wait_for
-from tests.test_webhook_helpers import Webhook, trusting, user_pod
+from tests.support.waiting import wait_for
+from tests.support.webhook import Webhook, trusting, user_pod
 from webhook.app import create_app
 from webhook.quota import MAX_HOLDS
 
