@@ -316,7 +316,11 @@ def test_a_silent_watch_is_noticed_within_two_bookmark_intervals(live: Callable[
                              client_timeout=2 * interval, backoff_initial=0.05, backoff_max=0.3)
     h = live(settings)
     restarts = gauge(metrics.WATCH_RESTARTS, "pods", "stalled")
-    time.sleep(interval * 2.5)  # healthy and quiet: bookmarks keep the stream alive
+    bookmarks = gauge(metrics.WATCH_EVENTS, "pods", "BOOKMARK")
+    # Healthy and quiet: bookmarks keep the stream alive. Three more, one an interval: more than the two
+    # intervals of silence that would have ended it.
+    wait_for(lambda: gauge(metrics.WATCH_EVENTS, "pods", "BOOKMARK") >= bookmarks + 3, 6 * interval,
+             "three bookmarks on the quiet stream")
     assert gauge(metrics.WATCH_RESTARTS, "pods", "stalled") == restarts
     fake_api.clear_log()
     assert fake_api.stall_watches("pods") == 1
