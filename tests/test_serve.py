@@ -8,7 +8,6 @@ import json
 import signal
 import ssl
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from gpu_placement.app.assembly import TRIM_THRESHOLD
 from gpu_placement.app.demo import write_snapshot
 from gpu_placement.samples.cluster import make_pod
 from tests.support.serve import SCRIPT, free_port, stop, wait_ready
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
@@ -77,12 +77,8 @@ def test_serve_reloads_the_snapshot_when_it_changes(served: dict[str, object]) -
         if item["kind"] == "Node" and item["metadata"]["name"] == "h100-single":
             item["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-state"] = "pod-restart-required"
     snapshot.write_text(json.dumps(cluster))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        failed = httpx.post(f"{extender}/filter", json=args).json()["FailedAndUnresolvableNodes"]
-        if failed:
-            break
-        time.sleep(0.2)
+    failed = wait_for(lambda: httpx.post(f"{extender}/filter", json=args).json()["FailedAndUnresolvableNodes"], 30,
+                      "the snapshot's change reloaded", interval=0.2)
     assert failed["h100-single"].startswith("DriverUpgrade: the node is in a driver upgrade")
 
 
@@ -121,7 +117,6 @@ def test_serve_against_an_api_server_manages_its_webhook_certificate(fake_api: o
         assert api.get("Secret", SECRET, NS) is not None
         # The webhook replica counts launch outcomes: it holds the outcomes Lease and starts the watermark.
         from gpu_placement.outcomes.counter import STATE_ANNOTATION, WATERMARK_ANNOTATION
-        from tests.support.waiting import wait_for
 
         annotations = wait_for(lambda: ((api.get("Lease", "gpu-placement-outcomes", NS) or {}).get("metadata") or {})
                                .get("annotations"), what="the outcomes Lease's watermark")
