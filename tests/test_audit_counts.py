@@ -18,7 +18,7 @@ from tests.fakeapi import FakeApiServer
 from tests.support.serve import NS, SCRIPT, free_port, stop, wait_ready
 from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # slow: the watermark passes the launch ~30 s in
 
 
 def _at(moment: float) -> str:

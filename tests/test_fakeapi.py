@@ -802,6 +802,7 @@ def test_a_hand_written_list_watch_loop_survives_cuts_outages_and_compaction(fak
     assert not thread.is_alive()
 
 
+@pytest.mark.slow  # 20,000 pods listed twice
 def test_listing_many_pods_in_pages_is_quick(fake_api: FakeApiServer, core: client.CoreV1Api):
     fake_api.load((pod(f"p{i:05d}", f"ns{i % 20}", f"n{i % 500}") for i in range(20_000)), copy=False)
     # The floor, from the same run: the 20,000 pods in one answer. Paging is quick when its 40 pages

@@ -46,7 +46,7 @@ SETTINGS = settings(
                            HealthCheck.filter_too_much])
 # A hang guard, not a speed check: /filter's 30 examples took 4.3 s alone and 72.6 s once on this
 # 2-core machine under other CPU-bound work (tracemalloc traces every allocation of the run).
-pytestmark = pytest.mark.timeout(0 if FUZZ_EXAMPLES else 300)
+pytestmark = [pytest.mark.timeout(0 if FUZZ_EXAMPLES else 300), pytest.mark.slow]  # slow: tracemalloc over every run
 
 # What the service's own code may keep across a run: its caches are bounded in count and (since
 # issue 14) in entry size. 150 pods with a 1 MiB annotation used to hold 2.7 GiB.

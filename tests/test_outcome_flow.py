@@ -20,7 +20,7 @@ from tests.fakeapi import FakeApiServer
 from tests.outcome_replay import START, Clock, ViewReplica, apply, exposition, figures, held, truth_histograms
 from tests.support.outcomes import SETTINGS, Cluster
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # slow: stories replayed through replicas that crash
 
 M = 60.0
 TURN = SETTINGS.renew_seconds

@@ -16,7 +16,7 @@ from tests.fakeapi import FakeApiServer
 from tests.outcome_replay import START, Clock, truth_histograms
 from tests.support.outcomes import SETTINGS, Cluster
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # slow: a day replayed through replicas that crash
 
 
 @pytest.fixture

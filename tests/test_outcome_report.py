@@ -40,7 +40,7 @@ from tests.prometheus import PrometheusServer, openmetrics, tool
 from tests.support.chart import VARIABLES, dashboard, rule_groups
 from tests.support.outcomes import Cluster
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # slow: a simulated day, then a Prometheus backfill
 
 HOUR = 3600.0
 # The day ends an hour before now (backfilled blocks stay in the past); the window holds all of it.
