@@ -9,6 +9,7 @@ import pytest
 
 from gpu_placement.web.certs import CertBundle
 from tests.fakeapi import FakeApiServer
+from tests.support.dra_taints import replicas  # noqa: F401  (the fixture of test_dra_taints*.py)
 from tests.support.webhook import TEST_CONFIG, Webhook, certificates, serving
 
 # ---- fake Kubernetes API server (tests/fakeapi.py) -------------------------------------------------
