@@ -116,6 +116,7 @@ def test_a_daemonset_keeps_its_scheduler(snapshot: Path, tmp_path: Path,
     assert "one such pod per node" in answer["workload"]
 
 
+# -- pods that went around gpu-placement -------------------------------------------------------------
 def test_a_pod_created_while_the_webhook_was_down() -> None:
     [unadmitted, scheduler] = bypass_reasons(_created(GPU_POD, "2026-02-01T00:00:00Z"), Config(), True, HOOK)
     assert unadmitted == (

@@ -44,6 +44,7 @@ GOLDEN_BINDING_RESULT = '{"Error":"myerror"}'
 GOLDEN_HOST_PRIORITY = '{"Host":"myhost","Score":1}'
 
 
+# -- servers -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module", autouse=True)
 def _no_leftover_server_threads() -> Iterator[None]:
     yield
@@ -341,6 +342,7 @@ def test_bind_malformed(fresh: Extender) -> None:
     assert fresh.core.view.pods["team-a/queued"].node is None  # nothing was bound
 
 
+# -- the upstream wire goldens -----------------------------------------------------------------
 def test_golden_extender_args_both_forms(demo: Extender) -> None:
     response = demo.post("filter", GOLDEN_EXTENDER_ARGS.encode())
     assert response.status_code == 200

@@ -9,7 +9,6 @@ import orjson
 from gpu_placement.decide.bypass import Webhook
 from gpu_placement.samples.cluster import make_pod
 
-# -- pods that went around gpu-placement -------------------------------------------------------------
 GPU_POD = make_pod("research", "p", gpus={"nvidia.com/gpu": 1})
 HOOK = Webhook("gpu-placement", "2026-01-10T00:00:00Z", "Ignore")
 

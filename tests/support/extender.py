@@ -19,7 +19,6 @@ GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
 
 
-# -- servers -----------------------------------------------------------------------------------
 class Extender:
     def __init__(self, objects: list[dict[str, Any]], config: Config | None = None, max_body: int | None = None,
                  ready: Callable[[], tuple[bool, str]] | None = None) -> None:
@@ -117,7 +116,6 @@ def api_node(obj: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-# -- the upstream wire goldens -----------------------------------------------------------------
 def _shape(value: Any) -> Any:
     """Keys and JSON types, recursively through objects: what a Go decoder of these structs relies on."""
     if isinstance(value, dict):
