@@ -51,12 +51,14 @@ demo: $(STAMP)
 test: $(STAMP) $(PROM_TOOLS) $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # For iterating: the same without the tests marked `slow` (pyproject.toml), which `make test` and CI run.
 test-quick: $(STAMP) $(PROM_TOOLS) $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # The property-based hostile-input suite at length: FUZZ_EXAMPLES requests per POST endpoint, a fresh
@@ -133,6 +135,7 @@ soak: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/extender_bench.py

@@ -238,7 +238,8 @@ def _recheck_and_reserve(ex: Extender, key: str, uid: str, node: str) -> Recheck
     return _RESERVED
 
 
-_NOT_DECIDED = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}}
+_NOT_DECIDED: ExtenderFilterResult = {"Nodes": None, "NodeNames": None, "FailedNodes": {},
+                                      "FailedAndUnresolvableNodes": {}}
 _NODE_LIST_DEPTH = 3  # answer, NodeList, items: the levels above a node echoed back
 
 

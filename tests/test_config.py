@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gpu_placement.base.config import Config, parse_config
+import pytest
+
+from gpu_placement.base.config import Config, ConfigError, parse_config
 
 
 def test_an_empty_file_is_the_dataclass_defaults() -> None:
@@ -15,3 +17,11 @@ def test_every_section_left_empty_is_its_defaults_too() -> None:
     sections = {"validator": {}, "scoring": {"weights": {}}, "telemetry": {}, "dra": {}, "rollout": {}}
     assert parse_config(sections) == Config()
 
+
+
+@pytest.mark.parametrize(("section", "key"), [("telemetry", "refreshSeconds"), ("rollout", "soakMinutes")])
+def test_a_duration_that_is_no_number_is_refused_in_a_sentence(section: str, key: str) -> None:
+    """Durations take an int or a float: the sentence says "a number" (it once read a name off the tuple
+    of both, and the user got an AttributeError)."""
+    with pytest.raises(ConfigError, match=rf"^{section}\.{key} must be a number, got string 'soon'$"):
+        parse_config({section: {key: "soon"}})

@@ -106,8 +106,8 @@ def serve(options: ServeOptions) -> int:
 
             UnmanagedResources(core.view, options.managed_resources)
         if "extender" in options.components:
-            tls = (ReloadingTLS(options.extender_tls_cert, options.extender_tls_key) if options.extender_tls_cert
-                   else None)
+            tls = (ReloadingTLS(options.extender_tls_cert, options.extender_tls_key)
+                   if options.extender_tls_cert and options.extender_tls_key else None)  # both or neither (above)
             host, port = options.extender_listen
             servers.append(make_server(core.extender_app(options.extender_max_body_bytes), host, port, tls=tls))
             _track_expiry("extender", tls)
@@ -157,7 +157,7 @@ def _kinds(options: ServeOptions, config: Any) -> tuple[str, ...]:
     and the mirrored ResourceQuotas where the webhook's quota mirror runs."""
     from gpu_placement.view.ingest import KINDS
 
-    extra = ("poddisruptionbudgets",) if "extender" in options.components else ()
+    extra: tuple[str, ...] = ("poddisruptionbudgets",) if "extender" in options.components else ()
     if "webhook" in options.components and options.quota_mirror and config.mode != "audit":
         extra += ("resourcequotas",)
     return (*KINDS, *extra)
@@ -412,10 +412,11 @@ def _start_quota_mirror(options: ServeOptions, core: Core) -> None:
         log.info("audit mode: the ResourceQuotas mirrored in enforce mode are deleted, none is written")
     mirror = QuotaMirror(core.api, core.view, core.config, options.home, _identity(),
                          MirrorSettings(lease_name=options.quota_lease, owner=options.owner))
-    if core.dra.claims_from_templates:  # elsewhere `dra` namespaces stay on the device plugin (view.dra.templates_kept)
-        from gpu_placement.controllers.templates import TemplateKeeper
+    version = core.dra.version  # served whenever claims_from_templates
+    if core.dra.claims_from_templates and version is not None:  # elsewhere `dra` namespaces stay on the device
+        from gpu_placement.controllers.templates import TemplateKeeper  # plugin (view.dra.templates_kept)
 
-        mirror.templates = TemplateKeeper(core.api, core.view, core.config, core.dra.version)
+        mirror.templates = TemplateKeeper(core.api, core.view, core.config, version)
     mirror.start()
     core.stoppers.append(mirror.stop)
 

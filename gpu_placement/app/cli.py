@@ -404,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
-    except (UsageError, ConfigError, SnapshotError, *_extra_errors()) as exc:
+    except _usage_errors() as exc:  # looked up only when something went wrong: the imports wait till then
         print(f"gpu-placement {args.command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -431,11 +431,11 @@ def _namespaces(args: argparse.Namespace) -> int:
     return run_namespaces(args, _cluster)
 
 
-def _extra_errors() -> tuple[type[Exception], ...]:
-    """Errors of modules loaded on demand that also mean "bad usage or input"."""
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """The errors that mean "bad usage or input", with those of modules loaded on demand."""
     from gpu_placement.replay.trace import TraceError
 
-    extra: list[type[Exception]] = [TraceError]
+    extra: list[type[Exception]] = [UsageError, ConfigError, SnapshotError, TraceError]
     try:
         from gpu_placement.kube.api import KubeConfigError
         from gpu_placement.view.fetch import FetchError
@@ -597,9 +597,9 @@ def _migrate(args: argparse.Namespace) -> int:
         access, objects = connect(args.kubeconfig, args.context), []
     config = deployed_config(args, access, objects).config
     try:
-        if args.apply:
+        if args.apply and access is not None:  # --snapshot refused them above
             return apply(access, args.node, config, directory, args.timeout, sys.stdout)
-        if args.undo:
+        if args.undo and access is not None:
             return undo_node(access, args.node, directory, sys.stdout)
         state = read_snapshot(objects, args.node, config, path, timeout=args.timeout) if access is None else \
             read_live(access, args.node, config, path, args.timeout)

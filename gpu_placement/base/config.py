@@ -238,42 +238,43 @@ class _Section:
             raise ConfigError(f"{prefix.rstrip('.') or 'the top level'} must be a mapping, got {_kind(data)}")
         self.data, self.prefix, self.seen = data, prefix, set[str]()
 
-    def take(self, key: str, kind: type, default: Any) -> Any:
+    def take(self, key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        """The value under `key` (or `default`), checked to be a `kind`: typed where the caller keeps it."""
         self.seen.add(key)
         value = self.data.get(key, default)
         if value is None and default is None:
             return None
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ConfigError(f"{self.prefix}{key} must be a {kind.__name__}, got {_kind(value)} {value!r}")
+            raise ConfigError(f"{self.prefix}{key} must be a {_names(kind)}, got {_kind(value)} {value!r}")
         return value
 
     def take_list(self, key: str, item: type, default: list[Any]) -> list[Any]:
-        values = self.take(key, list, default)
+        values: list[Any] = self.take(key, list, default)
         for index, value in enumerate(values):
             if not isinstance(value, item):
                 raise ConfigError(f"{self.prefix}{key}[{index}] must be a {item.__name__}, got {value!r}")
         return values
 
     def take_choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
-        value = self.take(key, str, default)
+        value: str = self.take(key, str, default)
         if value not in choices:
             raise ConfigError(f"{self.prefix}{key} must be one of {', '.join(choices)}, got {value!r}")
         return value
 
     def take_seconds(self, key: str, default: float) -> float:
-        value = self.take(key, (int, float), default)  # type: ignore[arg-type]
+        value: float = self.take(key, (int, float), default)
         if isinstance(value, bool) or value <= 0:
             raise ConfigError(f"{self.prefix}{key} must be a positive number of seconds, got {value!r}")
         return float(value)
 
     def take_minutes(self, key: str, default: float) -> float:
-        value = self.take(key, (int, float), default)  # type: ignore[arg-type]
+        value: float = self.take(key, (int, float), default)
         if isinstance(value, bool) or value < 0:
             raise ConfigError(f"{self.prefix}{key} must be a number of minutes, 0 or more, got {value!r}")
         return float(value)
 
     def take_weight(self, key: str, default: int) -> int:
-        value = self.take(key, int, default)
+        value: int = self.take(key, int, default)
         if not 0 <= value <= 10:
             raise ConfigError(f"{self.prefix}{key} must be an integer from 0 to 10, got {value!r}")
         return value
@@ -284,6 +285,11 @@ class _Section:
             raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''} "
                               f"{', '.join(self.prefix + k for k in unknown)}; known: "
                               f"{', '.join(self.prefix + k for k in sorted(self.seen))}")
+
+
+def _names(kind: type | tuple[type, ...]) -> str:
+    """What `take` asked for, in words: (int, float) is a number (its __name__ was read off the tuple)."""
+    return kind.__name__ if isinstance(kind, type) else "number"
 
 
 def _kind(value: Any) -> str:

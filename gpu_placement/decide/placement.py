@@ -50,7 +50,7 @@ MAX_SCORE = 10
 # counted below): a pod whose ask is broken gets no kind, and an answer naming nodes the view lacks is
 # not kept (both quote or echo request text; a stream of them filled memory, issue 36).
 _CACHE_BYTES = 128 * 2**20
-_PER_NODE_BYTES = 320  # table slots, score piece, Need tuple, last answer: a kind's cost per node besides its fragments
+_PER_NODE_BYTES = 320  # table slots, score piece, Need, last answer: a kind's cost per node besides its fragments
 # Its tables and record whatever the cluster's size: tracemalloc, 16 nodes: 14 KB a kind in all, of which the
 # per-node part and fragments are 6.4 KB. Without it, on a small cluster 128 MiB by estimate was 300 MiB.
 _PER_KIND_BYTES = 8 * 1024
@@ -76,11 +76,13 @@ class FilterResult:
 
     @property
     def failed(self) -> dict[str, str]:
-        return orjson.loads(self.failed_json)
+        failed: dict[str, str] = orjson.loads(self.failed_json)
+        return failed
 
     @property
     def unresolvable(self) -> dict[str, str]:
-        return orjson.loads(self.unresolvable_json)
+        unresolvable: dict[str, str] = orjson.loads(self.unresolvable_json)
+        return unresolvable
 
 
 @dataclass(slots=True, frozen=True)
@@ -239,13 +241,13 @@ class Placement:
                 if name in verdicts.passing:
                     return None
                 entry = verdicts.entries.get(name)
-                if entry is not None and entry.__class__ is not Rejection and _dra(entry):  # type: ignore[arg-type]
+                if type(entry) is Need and entry.dra:
                     # kube-scheduler allocated the pod's devices before it asked to bind (PreBind): by now the
                     # view may count them as taken by the pod itself. Only the device-plugin part is rechecked.
-                    return self._shortfall(name, entry)  # type: ignore[arg-type]
+                    return self._shortfall(name, entry)
                 return verdicts.messages.get(name, unknown_node())
             entry = check_node(facts, view.validator_state(name), key, self.config, self.rollout.soak(name))
-            return entry.message if entry.__class__ is Rejection else self._shortfall(name, entry)  # type: ignore
+            return entry.message if type(entry) is Rejection else self._shortfall(name, entry)
 
     def scores(self, req: Requirements, names: Sequence[str]) -> list[tuple[str, int]]:
         if not req.wants_gpu or req.error is not None:  # a broken ask passes no node: 0 everywhere
@@ -365,17 +367,17 @@ class Placement:
             if entry is None:
                 entry = by_class[node_class] = check_node(facts, view.validator_state(name), req, config, soak(name))
             entries[name] = entry
-            if entry.__class__ is not Rejection:  # a fresh kind has nothing to clear: _place without it
-                shortfall, resolvable, dra = self._fit(name, entry, req)  # type: ignore[arg-type]
+            if type(entry) is not Rejection:  # a fresh kind has nothing to clear: _place without it
+                shortfall, freeable, dra = self._fit(name, entry, req)  # not `resolvable`: the set below
                 if shortfall is None:
-                    scores[name] = score = self._score(name, entry, req, dra)  # type: ignore[arg-type]
+                    scores[name] = score = self._score(name, entry, req, dra)
                     score_json[name] = b'{"Host":%b,"Score":%d}' % (dumps(name), score)
                     passing.add(name)
                 else:
                     _set_score(verdicts, name, 0)
-                    _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, resolvable)
+                    _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, freeable)
                 continue
-            message = entry.message  # type: ignore[union-attr]
+            message = entry.message
             encoded = messages_json.get(message)
             if encoded is None:
                 encoded = messages_json[message] = b":" + dumps(message)
@@ -384,8 +386,8 @@ class Placement:
             score_json[name] = b'{"Host":%b,"Score":0}' % name_json
             messages[name] = message
             fragments[name] = name_json + encoded
-            codes[name] = entry.code  # type: ignore[union-attr]
-            if entry.resolvable:  # type: ignore[union-attr]
+            codes[name] = entry.code
+            if entry.resolvable:
                 resolvable.add(name)
 
     def _rescore(self, verdicts: _Verdicts) -> None:
@@ -395,8 +397,8 @@ class Placement:
         verdicts.scored = self.fragmentation.version
         for name in verdicts.passing:
             entry = verdicts.entries.get(name)
-            if entry is not None and entry.__class__ is not Rejection:
-                _set_score(verdicts, name, self._score(name, entry, verdicts.req))  # type: ignore[arg-type]
+            if type(entry) is Need:
+                _set_score(verdicts, name, self._score(name, entry, verdicts.req))
 
     def _node_changed(self, name: str | None) -> None:
         if name is None:
@@ -440,8 +442,8 @@ class Placement:
             self._redo(verdicts, name)
         for name in free - static:
             entry = verdicts.entries.get(name)
-            if entry is not None and entry.__class__ is not Rejection:
-                self._place(verdicts, name, entry)  # type: ignore[arg-type]
+            if type(entry) is Need:
+                self._place(verdicts, name, entry)
 
     def _node_class(self, name: str, facts: NodeFacts) -> int:
         """What the static verdict of a node depends on besides the pod: its facts but its name, and
@@ -471,11 +473,11 @@ class Placement:
             entry = verdicts.by_class[node_class] = check_node(facts, self.view.validator_state(name), verdicts.req,
                                                                self.config, self.rollout.soak(name))
         verdicts.entries[name] = entry
-        if entry.__class__ is Rejection:
+        if type(entry) is Rejection:
             _set_score(verdicts, name, 0)
-            _set_failure(verdicts, name, entry.code, entry.message, entry.resolvable)  # type: ignore[union-attr]
+            _set_failure(verdicts, name, entry.code, entry.message, entry.resolvable)
         else:
-            self._place(verdicts, name, entry)  # type: ignore[arg-type]
+            self._place(verdicts, name, entry)
 
     def _place(self, verdicts: _Verdicts, name: str, need: Need) -> None:
         shortfall, resolvable, dra = self._fit(name, need, verdicts.req)
@@ -492,7 +494,7 @@ class Placement:
     def _fit(self, name: str, need: Need, req: Requirements) -> tuple[str | None, bool, DraFit | None]:
         """(why the pod does not fit what is free now, whether preemption could help, its DRA fit)."""
         shortfall = self._shortfall(name, need)
-        if shortfall is not None or not _dra(need):
+        if shortfall is not None or not need.dra:
             return shortfall, True, None
         dra = self.dra_fit(name, req)
         if dra is None:
@@ -517,7 +519,7 @@ class Placement:
     def _shortfall(self, name: str, need: Need, freed: Freed = _NOTHING_FREED) -> str | None:
         """Why `need` does not fit what is free on the node (plus what `freed` would give back), or None."""
         view = self.view
-        for resource, units, mib in need:
+        for resource, units, mib in need.asks:
             if resource == DRA_DEVICES:  # the allocator's: `_fit` counts it against the node's devices
                 continue
             freed_units, freed_mib = freed.get(resource, (0, 0))
@@ -554,7 +556,7 @@ class Placement:
             return max(0, min(top, score))
         fills = []
         tier = (0, 1)  # (the alternative the allocator would take, how many a request lists)
-        for resource, units, mib in need:
+        for resource, units, mib in need.asks:
             if resource == DRA_DEVICES:  # the node's devices of the classes asked, in use once the pod is there
                 if dra is not None:
                     fills.append(dra.fill)
@@ -604,7 +606,7 @@ class Placement:
 
     def _detail(self, name: str, entry: Rejection | Need | None, canary: bool = False,
                 req: Requirements | None = None) -> str:
-        if entry is None or entry.__class__ is Rejection:
+        if type(entry) is not Need:
             return ""
         soak = self.rollout.soak(name)
         parts = []
@@ -621,7 +623,7 @@ class Placement:
                                  "allocatable lacks it)")
                 else:
                     parts.append(f"{resource} from the device plugin")
-        for resource, units, mib in entry:  # type: ignore[union-attr]
+        for resource, units, mib in entry.asks:
             if resource == DRA_DEVICES:
                 parts.append(f"{len(self.view.dra.used_on(name))} of {self.view.nodes[name].dra_devices} "
                              f"{self.config.dra.driver} devices held by claims (DRA allocates)")
@@ -644,10 +646,6 @@ class Placement:
         return "; ".join(parts)
 
 
-def _dra(need: Need) -> bool:
-    return any(resource == DRA_DEVICES for resource, _, _ in need)
-
-
 # Per node, or read by scores only: no part of a node's class (its static verdicts).
 # settled_driver counts through the node's soak state, which is part of the class on its own.
 _FACT_FIELDS = tuple(f.name for f in fields(NodeFacts)
@@ -663,7 +661,7 @@ def _hashable(value: object) -> Hashable:
         return tuple(sorted(value.items()))
     if isinstance(value, (list, set, frozenset)):
         return tuple(sorted(value))
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _decision_key(req: Requirements) -> Requirements:

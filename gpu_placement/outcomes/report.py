@@ -336,7 +336,7 @@ def quantile(q: float, buckets: Mapping[float, float]) -> float:
     if len(ordered) < 2 or not math.isinf(ordered[-1][0]):
         return math.nan
     bounds = [b for b, _ in ordered]
-    counts = []
+    counts: list[float] = []
     for _, count in ordered:  # ensureMonotonic
         counts.append(max(count, counts[-1]) if counts else count)
     observations = counts[-1]

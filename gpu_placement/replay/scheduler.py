@@ -29,6 +29,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gpu_placement.decide.allocator import Allocation, first_fit
 from gpu_placement.replay.cluster import DRA, GPU_CLASS, ReplayNode, TaskPod
@@ -118,8 +119,8 @@ class KubeScheduler:
     def allocate(self, name: str, pod: TaskPod) -> list[Allocation] | None:
         """The devices the DRA allocator gives the pod's claim on the node (None: it does not fit)."""
         node = self.nodes[name]
-        given = node.given.get(pod.asks, False)
-        if given is False:
+        given: list[Allocation] | Literal[False] | None = node.given.get(pod.asks, False)
+        if given is False:  # not asked yet (None: it does not fit)
             given = node.given[pod.asks] = first_fit(node.spec.devices, node.held, node.consumed, pod.asks, _TYPES)
         return given
 
