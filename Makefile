@@ -80,8 +80,9 @@ e2e: $(STAMP)
 	$(BIN)/python -m pytest -q tests/e2e --ignore=tests/e2e/test_9_scale.py --ignore=tests/e2e/test_soak.py \
 	  --ignore=tests/e2e/test_image_containers.py
 
-# 1,000 nodes: what gpu-placement costs kube-scheduler and the API server, side by side with a stock
-# profile and a do-nothing webhook (tests/e2e/overhead.py), then 2,000 GPU pods through the whole path;
+# 1,000 nodes: what gpu-placement costs kube-scheduler and the API server, side by side with
+# kube-scheduler's default configuration, the chart's without the extender, and a do-nothing webhook
+# (tests/e2e/overhead.py), then 2,000 GPU pods through the whole path;
 # prints the ratios and pods/s (about 10 minutes here).
 e2e-scale: $(STAMP)
 	bash tests/e2e/build_control_plane.sh

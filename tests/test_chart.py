@@ -228,6 +228,7 @@ def test_rendered_config_parses_with_the_service(rendered: Rendered) -> None:
     assert config.exempt_namespaces == {*v["exemptNamespaces"], rendered.case.namespace}
     assert config.mode == v["config"]["mode"]
     assert config.scoring.strategy == v["config"]["scoring"]["strategy"]
+    assert config.scoring.tier_size == v["config"]["scoring"]["tierSize"]
     assert set(config.pools) == set(v["config"]["pools"])
     assert [row.release for row in config.ngc_releases] == [row["release"] for row in v["config"]["ngcReleases"]]
     for mig in v["migResources"]:
@@ -296,8 +297,11 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
         assert entry["urlPrefix"] == extender["urlPrefix"] and entry["ignorable"] is False
     verbs = {key: value for key, value in extender.items() if key.endswith("Verb")}
     bind_all = v["scheduler"]["extender"]["bindAll"] or v["scheduler"]["extender"]["managedResourcesOnly"]
-    assert verbs == {"filterVerb": "filter", "prioritizeVerb": "prioritize", "preemptVerb": "preempt",
-                     **({"bindVerb": "bind"} if bind_all else {})}
+    # /filter answers the best tier (config.scoring.tierSize): kube-scheduler's own plugins choose within it,
+    # and /prioritize is asked only when the tier is off (0: every passing node answered).
+    tiered = v["config"]["scoring"]["tierSize"] > 0
+    assert verbs == {"filterVerb": "filter", "preemptVerb": "preempt", **({"bindVerb": "bind"} if bind_all else {}),
+                     **({} if tiered else {"prioritizeVerb": "prioritize"})}
     # Otherwise a second entry, bind only, for the pods that ask for GPU shares (their memory is the
     # extender's alone to account); kube-scheduler's own binder binds the rest.
     assert binder == ([] if bind_all else [{
@@ -307,11 +311,12 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
     assert extender["nodeCacheCapable"] is True
     assert extender["enableHTTPS"] is False
     assert extender["ignorable"] is False
-    assert extender["weight"] == v["scheduler"]["extender"]["weight"]
+    assert extender.get("weight") == (None if tiered else v["scheduler"]["extender"]["weight"])
     assert extender["httpTimeout"] == v["scheduler"]["extender"]["httpTimeout"]
     managed = [r["name"] for r in extender["managedResources"]]
     # kube-scheduler filters every node before the extender sees them (the default samples big clusters)
-    assert sched["percentageOfNodesToScore"] == 100
+    percentage = v["scheduler"]["percentageOfNodesToScore"]
+    assert sched.get("percentageOfNodesToScore") == (percentage or None)
     from gpu_placement.app.cli import build_parser
 
     args = build_parser().parse_args(rendered.container("extender")["args"])

@@ -124,6 +124,7 @@ def serve(options: ServeOptions) -> int:
             _start_dra_taints(options, core)
             _start_outcome_counter(options, core)
             _start_settled_drivers(options, core)
+            _start_refused_nodes(options, core)
             log.info("webhook listening on https://%s:%d", host, port)
         if options.health_listen:
             host, port = options.health_listen
@@ -462,6 +463,22 @@ def _start_settled_drivers(options: ServeOptions, core: Core) -> None:
                               SettledSettings(lease_name=options.drivers_lease))
     recorder.start()
     core.stoppers.append(recorder.stop)
+
+
+def _start_refused_nodes(options: ServeOptions, core: Core) -> None:
+    """gpu-placement.io/refused on the nodes every GPU pod is refused on, written by the holder of its Lease
+    (config refusedNodeLabel: the webhook keeps the GPU pods it routes off them; docs/performance.md)."""
+    if not core.config.refused_node_label:
+        return
+    if core.api is None:
+        log.info("no API server (--snapshot): no node is labelled gpu-placement.io/refused")
+        return
+    from gpu_placement.controllers.refused_nodes import RefusedNodes, RefusedSettings
+
+    writer = RefusedNodes(core.api, core.view, core.config, options.home, _identity(),
+                          RefusedSettings(lease_name=options.refused_lease))
+    writer.start()
+    core.stoppers.append(writer.stop)
 
 
 def _start_events(options: ServeOptions, core: Core) -> Any:

@@ -188,7 +188,9 @@ def _serve_lease_arguments(serve: argparse.ArgumentParser) -> None:
             ("--outcomes-lease", "outcomes_lease", "the one webhook replica counting launch outcomes and node "
              "lifecycle times; its annotation keeps how far it has counted (docs/outcomes.md)"),
             ("--drivers-lease", "drivers_lease", "the one webhook replica writing each node's "
-             "gpu-placement.io/settled-driver annotation (docs/rollouts.md)")):
+             "gpu-placement.io/settled-driver annotation (docs/rollouts.md)"),
+            ("--refused-lease", "refused_lease", "the one webhook replica writing the gpu-placement.io/refused label "
+             "of the nodes every GPU pod is refused on (config refusedNodeLabel; docs/performance.md)")):
         serve.add_argument(flag, metavar="NAME", default=getattr(_SERVE, field),
                            help=f"Lease (in --namespace; default %(default)s) that elects {elects}")
 
@@ -342,8 +344,13 @@ def _replay_parser(commands: Commands) -> None:
                         "device-plugin: exclusive or time-sliced GPUs (default %(default)s)")
     replay.add_argument("--replicas", type=_positive_int, default=2, help="device-plugin: replicas of a "
                         "time-sliced GPU; tasks asking at most 1/REPLICAS of a GPU take one (default %(default)s)")
+    replay.add_argument("--tier-size", type=_count, default=8, metavar="K",
+                        help="/filter answers the best tier, at most K nodes; kube-scheduler's plugins choose within "
+                        "it (the chart's config.scoring.tierSize: %(default)s); 0: every passing node, and "
+                        "/prioritize's scores at --extender-weight")
     replay.add_argument("--extender-weight", type=_positive_int, default=5, dest="weight",
-                        help="kube-scheduler's weight of the extender's scores (the chart's default: %(default)s)")
+                        help="with --tier-size 0: kube-scheduler's weight of the extender's scores (the chart's "
+                        "scheduler.extender.weight: %(default)s)")
     replay.add_argument("-o", "--output", choices=["text", "json"], default="text",
                         help="json: every figure of every strategy and seed, for scripts")
     replay.add_argument("--config", metavar="FILE", help="configuration file to judge with (scoring.strategy "
@@ -471,6 +478,12 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, 0 or more")
+    return int(text)
+
+
 def _strategies(text: str) -> tuple[str, ...]:
     from gpu_placement.replay.report import STRATEGIES
 
@@ -486,7 +499,7 @@ def _replay(args: argparse.Namespace) -> int:
     from gpu_placement.replay.report import ReplayOptions, render_json, render_text, run_replays, stderr_if_terminal
 
     options = ReplayOptions(args.nodes, args.pods, args.scoring, args.mode, args.arrivals, args.seed, args.seeds,
-                            args.weight, args.replicas)
+                            args.weight, args.replicas, args.tier_size)
     config = _config(args.config) if args.config else None
     replays = run_replays(options, config, stderr_if_terminal())
     if args.output == "json":

@@ -52,6 +52,11 @@ class Validator:
 @dataclass(slots=True, frozen=True)
 class Scoring:
     strategy: str = "binpack"
+    # /filter answers the best tier only: the passing nodes tied at the best score, at most this many
+    # (drawn at random among equals), so kube-scheduler scores a handful or none (docs/performance.md,
+    # "One call per pod"). 0: every passing node, as a scheduler configuration that calls /prioritize
+    # wants; the default of a bare `serve`, while the chart, which drops /prioritize, sets 8.
+    tier_size: int = 0
     upgrade_required: int = 3
     unhealthy_devices: int = 2
     xid_errors: int = 3
@@ -113,6 +118,10 @@ class Config:
     namespace_selection: str = "optOut"
     exempt_namespaces: frozenset[str] = frozenset({"kube-system", "gpu-operator"})
     protect_gpu_nodes: bool = True
+    # Label the nodes every GPU pod is refused on (gpu-placement.io/refused, by the webhook's leader) and keep
+    # the GPU pods the webhook shapes off them by a required node affinity: kube-scheduler then drops them
+    # before its sample (docs/performance.md, "Nodes refused before kube-scheduler's sample").
+    refused_node_label: bool = False
     validator: Validator = field(default_factory=Validator)
     scoring: Scoring = field(default_factory=Scoring)
     telemetry: Telemetry = field(default_factory=Telemetry)
@@ -182,6 +191,7 @@ def parse_config(data: Any) -> Config:
         namespace_selection=top.take_choice("namespaceSelection", ("optIn", "optOut"), d.namespace_selection),
         exempt_namespaces=frozenset(top.take_list("exemptNamespaces", str, sorted(d.exempt_namespaces))),
         protect_gpu_nodes=top.take("protectGpuNodes", bool, d.protect_gpu_nodes),
+        refused_node_label=top.take("refusedNodeLabel", bool, d.refused_node_label),
         validator=Validator(
             namespace=_name(validator.take("namespace", str, d.validator.namespace), "validator.namespace"),
             selector=_selector(validator.take("selector", str, d.validator.selector.text), "validator.selector"),
@@ -189,6 +199,7 @@ def parse_config(data: Any) -> Config:
         ),
         scoring=Scoring(
             strategy=scoring.take_choice("strategy", ("binpack", "spread", "fragmentation"), d.scoring.strategy),
+            tier_size=scoring.take_count("tierSize", d.scoring.tier_size),
             upgrade_required=weights.take_weight("upgradeRequired", d.scoring.upgrade_required),
             unhealthy_devices=weights.take_weight("unhealthyDevices", d.scoring.unhealthy_devices),
             xid_errors=weights.take_weight("xidErrors", d.scoring.xid_errors),
@@ -272,6 +283,12 @@ class _Section:
         if isinstance(value, bool) or value < 0:
             raise ConfigError(f"{self.prefix}{key} must be a number of minutes, 0 or more, got {value!r}")
         return float(value)
+
+    def take_count(self, key: str, default: int) -> int:
+        value: int = self.take(key, int, default)
+        if value < 0:
+            raise ConfigError(f"{self.prefix}{key} must be an integer, 0 or more, got {value!r}")
+        return value
 
     def take_weight(self, key: str, default: int) -> int:
         value: int = self.take(key, int, default)

@@ -58,6 +58,10 @@ ANN_ALLOCATION = PREFIX + "allocation"  # namespace: device-plugin | dra
 # Node annotation the rollout leader writes: the driver version the node last ran settled (past its soak,
 # or excused from it). A driver pod of that version is a reinstall, not a change (docs/rollouts.md).
 ANN_SETTLED_DRIVER = PREFIX + "settled-driver"
+# Node label the refused-nodes leader writes (gpu_placement/controllers/refused_nodes.py): the code of the
+# node-level reason gpu-placement refuses every GPU pod there for (NotValidated, DriverUpgrade, ...); GPU pods
+# the webhook shapes require it absent (webhook/shaping.py), so kube-scheduler leaves those nodes out itself.
+LABEL_REFUSED = PREFIX + "refused"
 # Namespace label: "true" opts a namespace in (namespaceSelection optIn), "false" out (optOut).
 LABEL_ENABLED = PREFIX + "enabled"
 # On the webhook configurations: "<RFC 3339 time> by <replica>" once a ready replica wrote the webhooks in.

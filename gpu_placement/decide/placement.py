@@ -7,6 +7,7 @@ changed and we redo that node only, so a request costs set operations over the n
 
 from __future__ import annotations
 
+import random
 import sys
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -139,9 +140,11 @@ class _Answer:
 
 
 class Placement:
-    def __init__(self, view: ClusterView, config: Config, rollout: Rollout | None = None) -> None:
+    def __init__(self, view: ClusterView, config: Config, rollout: Rollout | None = None,
+                 seed: int | None = None) -> None:
         self.view = view
         self.config = config
+        self.random = random.Random(seed)  # draws the best tier's sample (`tier`): equal nodes share the pods
         self.rollout = rollout if rollout is not None else Rollout(view, config)
         self._cache: OrderedDict[Requirements, _Verdicts] = OrderedDict()  # keyed on decision inputs only
         self._cache_bytes = 0
@@ -257,6 +260,24 @@ class Placement:
         with self.view.lock:
             scores = self._verdicts(req).scores
             return [(name, scores.get(name, 0)) for name in names]
+
+    def tier(self, req: Requirements, passed: Sequence[str], size: int | None = None) -> list[str]:
+        """The best tier of `passed` (names `filter` passed): the nodes tied at this kind's highest score,
+        at most `size` (default `scoring.tierSize`) drawn at random, so that a burst on equal nodes spreads
+        over them. `size` 0, a pod with no GPU, or one node: `passed` as it is. The order of `passed` is
+        kept before the draw, so a caller that sorts it gets a draw its seed repeats."""
+        size = self.config.scoring.tier_size if size is None else size
+        if size <= 0 or len(passed) <= 1 or not req.wants_gpu or req.error is not None:
+            return list(passed)
+        with self.view.lock:
+            scores = self._verdicts(req).scores
+            try:  # in C: one lookup per name, then the names at the best score
+                values = itemgetter(*passed)(scores)
+            except KeyError:  # passed by a caller that asked about a node the view lacks: it scores 0
+                values = tuple(scores.get(name, 0) for name in passed)
+        best = max(values)
+        tied = list(compress(passed, map(best.__eq__, values)))
+        return tied if len(tied) <= size else self.random.sample(tied, size)
 
     def scores_json(self, req: Requirements, names: Sequence[str]) -> bytes:
         """`[{"Host": name, "Score": n}, ...]` for /prioritize, joined from per-node pieces: each node's
@@ -647,9 +668,10 @@ class Placement:
 
 
 # Per node, or read by scores only: no part of a node's class (its static verdicts).
-# settled_driver counts through the node's soak state, which is part of the class on its own.
+# settled_driver counts through the node's soak state, which is part of the class on its own; `refused` is
+# the label the verdicts themselves are written to, never read by them.
 _FACT_FIELDS = tuple(f.name for f in fields(NodeFacts)
-                     if f.name not in ("name", "created", "cpu_milli", "settled_driver"))
+                     if f.name not in ("name", "created", "cpu_milli", "settled_driver", "refused"))
 
 
 def _facts_key(facts: NodeFacts) -> Hashable:

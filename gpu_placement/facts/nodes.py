@@ -60,6 +60,7 @@ class NodeFacts:
     # gpu-placement.io/settled-driver: the driver version the node last ran settled (facts/soak.py); a value
     # that is not a version reads as none (the rollout leader writes it again).
     settled_driver: Version | None = None
+    refused: str | None = None  # gpu-placement.io/refused as the node carries it (controllers/refused_nodes.py)
 
     def unit_memory(self, resource: str) -> int | None:
         """MiB that one unit of `resource` stands for on this node (a whole GPU, a share, a MIG slice)."""
@@ -133,6 +134,7 @@ def node_from_json(obj: Mapping[str, Any], pool_of: Callable[[Mapping[str, str]]
         ready_since=_ready_since(status),
         cpu_milli=_cpu_milli((status.get("allocatable") or {}).get("cpu")),
         settled_driver=_settled((meta.get("annotations") or {}).get(n.ANN_SETTLED_DRIVER)),
+        refused=labels.get(n.LABEL_REFUSED) or None,
     )
 
 

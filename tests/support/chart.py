@@ -78,12 +78,12 @@ CASES = [
         "scheduler": {"extender": {"managedResourcesOnly": True}},
     }, release="gpu", namespace="platform-gpu"),
     Case("exposed-single", {
-        "scheduler": {"replicas": 1, "image": {"tag": "v1.31.4"},
+        "scheduler": {"replicas": 1, "image": {"tag": "v1.31.4"}, "percentageOfNodesToScore": 0,
                       "extender": {"listenHost": "0.0.0.0", "port": 9999, "weight": 2, "httpTimeout": "3s",
                                    "bindAll": True}},
         "webhook": {"replicas": 1, "port": 9443},
         "serviceMonitor": {"enabled": True},
-        "config": {"protectGpuNodes": False},
+        "config": {"protectGpuNodes": False, "scoring": {"tierSize": 0}},  # every passing node: /prioritize
         "logLevel": "debug",
     }),
 ]
