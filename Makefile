@@ -14,7 +14,7 @@ PROM_TOOLS := $(BIN)/prometheus $(BIN)/promtool
 # PATH if there is one, else Debian's package (as root, as CI runs): linked into .venv/bin either way.
 CHROMIUM := $(BIN)/chromium
 
-.PHONY: demo test fuzz e2e e2e-scale e2e-churn soak image image-test release bench lint install clean
+.PHONY: demo test test-quick fuzz e2e e2e-scale e2e-churn soak image image-test release bench lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,13 @@ test: $(STAMP) $(PROM_TOOLS) $(CHROMIUM)
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+# For iterating: the same without the tests marked `slow` (pyproject.toml), which `make test` and CI run.
+test-quick: $(STAMP) $(PROM_TOOLS) $(CHROMIUM)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # The property-based hostile-input suite at length: FUZZ_EXAMPLES requests per POST endpoint, a fresh
 # random seed each run, statuses printed. `make test` runs the same suite with 30 fixed examples.

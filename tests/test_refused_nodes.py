@@ -20,7 +20,8 @@ from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from gpu_placement.web.patching import apply_patch
 from tests.fakeapi import FakeApiServer
-from tests.test_live import FAST, wait_for
+from tests.support.live import FAST
+from tests.support.waiting import wait_for
 from webhook.patches import gpu_patch
 
 pytestmark = pytest.mark.timeout(60)

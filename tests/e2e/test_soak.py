@@ -38,7 +38,7 @@ import pytest
 
 from tests.e2e.cluster import retrying_503
 from tests.e2e.conftest import E2E, gpu_pod_manifest
-from tests.test_webhook_helpers import patch_of, review, user_pod
+from tests.support.webhook import patch_of, review, user_pod
 
 SOAK_S = float(os.environ.get("SOAK_S", "600"))
 RATE = float(os.environ.get("SOAK_RATE", "25"))
