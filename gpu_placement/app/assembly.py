@@ -36,6 +36,7 @@ from gpu_placement.app.serve_options import ServeOptions
 from gpu_placement.base.config import Config, load_config
 from gpu_placement.base.errors import UsageError
 from gpu_placement.controllers import events as _events  # noqa: F401 - registers gpu_placement_events_total on /metrics
+from gpu_placement.decide.fences import track_fences
 from gpu_placement.decide.placement import Placement
 from gpu_placement.decide.rollout import track_rollout
 from gpu_placement.facts.dra import DRA_KINDS
@@ -370,6 +371,7 @@ def _placement(view: ClusterView, config: Config) -> Placement:
     """Placement, with its driver rollout's figures on /metrics."""
     placement = Placement(view, config)
     track_rollout(placement.rollout)
+    track_fences(placement.fences)
     return placement
 
 

@@ -58,6 +58,9 @@ ANN_ALLOCATION = PREFIX + "allocation"  # namespace: device-plugin | dra
 # Node annotation the rollout leader writes: the driver version the node last ran settled (past its soak,
 # or excused from it). A driver pod of that version is a reinstall, not a change (docs/rollouts.md).
 ANN_SETTLED_DRIVER = PREFIX + "settled-driver"
+# Node annotation the fence leader writes: the node's launch fences per GPU resource, with when each began
+# and what lifted the last (JSON; gpu_placement/facts/fence.py, docs/rules.md LaunchFailures).
+ANN_LAUNCH_FENCE = PREFIX + "launch-fence"
 # Namespace label: "true" opts a namespace in (namespaceSelection optIn), "false" out (optOut).
 LABEL_ENABLED = PREFIX + "enabled"
 # On the webhook configurations: "<RFC 3339 time> by <replica>" once a ready replica wrote the webhooks in.
