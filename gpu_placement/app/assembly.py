@@ -125,6 +125,7 @@ def serve(options: ServeOptions) -> int:
             _start_dra_taints(options, core)
             _start_outcome_counter(options, core)
             _start_settled_drivers(options, core)
+            _start_launch_fences(options, core)
             log.info("webhook listening on https://%s:%d", host, port)
         if options.health_listen:
             host, port = options.health_listen
@@ -465,13 +466,26 @@ def _start_settled_drivers(options: ServeOptions, core: Core) -> None:
     core.stoppers.append(recorder.stop)
 
 
+def _start_launch_fences(options: ServeOptions, core: Core) -> None:
+    """Each node's launch fences on its Node (gpu-placement.io/launch-fence), written by the holder of its
+    Lease: a fence outlives the failed pods that showed it (docs/rules.md, LaunchFailures)."""
+    if core.api is None or not core.config.launch_fence.enabled:
+        return  # --snapshot: a fence lives on its failed pods only
+    from gpu_placement.controllers.launch_fences import FenceSettings, LaunchFenceWriter
+
+    writer = LaunchFenceWriter(core.api, core.placement.fences, options.home, _identity(),
+                               FenceSettings(lease_name=options.fences_lease))
+    writer.start()
+    core.stoppers.append(writer.stop)
+
+
 def _start_events(options: ServeOptions, core: Core) -> Any:
     """Kubernetes Events (gpu_placement/controllers/events.py) from the webhook replicas: Node and Namespace ones by the
     holder of --events-lease, a pod's admission warnings by the replica that admitted it. Returns the
     webhook's hook for those warnings (None: no API server, or --no-events)."""
     if core.api is None or not options.events:
         return None
-    from gpu_placement.controllers.events import EventWriter, PodWarnings, watch_namespaces, watch_nodes
+    from gpu_placement.controllers.events import EventWriter, PodWarnings, watch_fences, watch_namespaces, watch_nodes
     from gpu_placement.kube.lease import Lease
     from gpu_placement.report.namespaces import policy_problems
 
@@ -481,6 +495,7 @@ def _start_events(options: ServeOptions, core: Core) -> Any:
     writer.start()
     core.stoppers.append(writer.stop)
     watch_nodes(core.view, core.config, writer)
+    watch_fences(core.placement.fences, writer)
     watch_namespaces(core.view, writer, lambda record: policy_problems(record, core.config))
     return PodWarnings(core.view, writer).admitted
 

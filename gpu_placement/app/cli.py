@@ -188,7 +188,9 @@ def _serve_lease_arguments(serve: argparse.ArgumentParser) -> None:
             ("--outcomes-lease", "outcomes_lease", "the one webhook replica counting launch outcomes and node "
              "lifecycle times; its annotation keeps how far it has counted (docs/outcomes.md)"),
             ("--drivers-lease", "drivers_lease", "the one webhook replica writing each node's "
-             "gpu-placement.io/settled-driver annotation (docs/rollouts.md)")):
+             "gpu-placement.io/settled-driver annotation (docs/rollouts.md)"),
+            ("--fences-lease", "fences_lease", "the one webhook replica writing each node's "
+             "gpu-placement.io/launch-fence annotation (docs/rules.md, LaunchFailures)")):
         serve.add_argument(flag, metavar="NAME", default=getattr(_SERVE, field),
                            help=f"Lease (in --namespace; default %(default)s) that elects {elects}")
 
