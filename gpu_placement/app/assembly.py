@@ -433,7 +433,8 @@ def _start_dra_taints(options: ServeOptions, core: Core) -> None:
     from gpu_placement.controllers.dra_taints import TaintController, TaintSettings
 
     controller = TaintController(core.api, core.view, core.config, options.home, _identity(),
-                                 TaintSettings(lease_name=options.dra_lease, owner=options.owner))
+                                 TaintSettings(lease_name=options.dra_lease, owner=options.owner),
+                                 fences=core.placement.fences)
     controller.start()
     core.stoppers.append(controller.stop)
 

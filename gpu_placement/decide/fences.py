@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from gpu_placement.base.config import Config
-from gpu_placement.decide.rules import launch_failures
+from gpu_placement.decide.rules import DRA_DEVICES, launch_failures
 from gpu_placement.facts.fence import (
     FENCE_CAUSES,
     NO_FENCES,
@@ -38,6 +38,7 @@ from gpu_placement.view.cluster import ClusterView
 
 __all__ = ["Fences", "track_fences"]
 
+_Key = tuple[tuple[str, str, tuple[str, ...]], ...]  # closed fences: (resource, reason, DRA devices named)
 # (node, the fence begun or lifted, None or what lifted it): a fence's start or end, for Events
 Watcher = Callable[[str, Fence, str | None], None]
 
@@ -55,7 +56,7 @@ class Fences:
         self._failing: dict[str, str] = {}
         self._failures: Counter[str] = Counter()
         self._due: list[tuple[float, str]] = []
-        self._keys: dict[str, tuple[tuple[str, str], ...]] = {}  # node -> its closed fences as placement last heard
+        self._keys: dict[str, _Key] = {}  # node -> its closed fences as placement last heard
         self._listeners: list[Callable[[str], None]] = []
         self._watchers: list[Watcher] = []
         for event in ("fenced", "lifted"):
@@ -176,9 +177,11 @@ class Fences:
                         else "driver"
                     operators.append((role, pod.operator))
                 launch = pod.launch
-                if launch is not None and pod.gpus and launch.anchor is not None:
-                    launches.append(Launched(launch.anchor, launch.state, launch.cause,
-                                             tuple(resource for resource, _ in pod.gpus), pod.key))
+                if launch is not None and launch.anchor is not None:
+                    # a claim pod gpu-placement routed (no GPU resource): its DRA devices, named if it says which
+                    resources = tuple(resource for resource, _ in pod.gpus) or (DRA_DEVICES,)
+                    devices = tuple(self.view.devices_reported(pod)) if pod.unhealthy and not pod.gpus else ()
+                    launches.append(Launched(launch.anchor, launch.state, launch.cause, resources, pod.key, devices))
             new = node_fences(facts, launches, operators, self.settings)
         if new.fences or new.lifted or new.clears:
             self.states[name] = new
@@ -194,6 +197,13 @@ class Fences:
             self._keys[name] = key
         else:
             self._keys.pop(name, None)
+        fenced = {device: launch_failures(fence).message for fence in new.closed(now)
+                  if fence.resource == DRA_DEVICES for device in fence.devices}
+        if fenced != self.view.fenced_devices.get(name, {}):
+            if fenced:
+                self.view.fenced_devices[name] = fenced
+            else:
+                self.view.fenced_devices.pop(name, None)
         if not notify:
             return
         if changed:
@@ -232,12 +242,12 @@ class Fences:
 
 
 def _counts(pod: PodRecord) -> bool:
-    return bool(pod.gpus and pod.launch is not None) or pod.operator is not None
+    return pod.launch is not None or pod.operator is not None
 
 
-def _key(state: NodeFences, now: float) -> tuple[tuple[str, str], ...]:
-    """What placement's verdicts depend on: the closed fences and their reasons."""
-    return tuple((fence.resource, launch_failures(fence).message) for fence in state.closed(now))
+def _key(state: NodeFences, now: float) -> _Key:
+    """What placement's verdicts depend on: the closed fences, their reasons and the DRA devices they name."""
+    return tuple((fence.resource, launch_failures(fence).message, fence.devices) for fence in state.closed(now))
 
 
 _exported = LatestFamilies()

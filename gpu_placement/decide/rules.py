@@ -128,7 +128,8 @@ def _check_dra(node: NodeFacts, validator: ValidatorState, req: Requirements, pl
     always."""
     plugin_part = plugin.gpus and (_readiness(node, validator, plugin, config) or launch_fenced(plugin, fences)
                                    or _sharing_fit(node, plugin, config))
-    rejection = (dra_readiness(node, validator, config) or plugin_part or _soaking(node, soak, req, config)
+    rejection = (dra_readiness(node, validator, config) or plugin_part or launch_fenced(req, fences, dra=True)
+                 or _soaking(node, soak, req, config)
                  or _image_cuda_fit(node, req) or _compatibility(node, req) or _label_problems(node, req))
     if rejection:
         return rejection
@@ -194,12 +195,15 @@ def _gpu_stack(node: NodeFacts, validator: ValidatorState, config: Config) -> Re
     return None
 
 
-def launch_fenced(req: Requirements, fences: tuple[Fence, ...]) -> Rejection | None:
+def launch_fenced(req: Requirements, fences: tuple[Fence, ...], dra: bool = False) -> Rejection | None:
     """LaunchFailures: GPU pods of a resource the pod asks failed to start on the node for the node's
     reasons, in a row (the rule: gpu_placement/facts/fence.py). The sentence names the cause, how many and
-    since when: the time is the node's own, so fenced nodes do not share one string (they are few)."""
+    since when: the time is the node's own, so fenced nodes do not share one string (they are few).
+    `dra`: the pod takes devices through DRA: claim pods' fence (DRA_DEVICES) refuses the node when the
+    failures did not name their devices; naming them, it keeps only those out (decide/dra_fit.py)."""
     for fence in fences:
-        if any(resource == fence.resource for resource, _ in req.gpus):
+        if any(resource == fence.resource for resource, _ in req.gpus) or (
+                dra and fence.resource == DRA_DEVICES and not fence.devices):
             return launch_failures(fence)
     return None
 
@@ -207,7 +211,8 @@ def launch_fenced(req: Requirements, fences: tuple[Fence, ...]) -> Rejection | N
 def launch_failures(fence: Fence) -> Rejection:
     """A fence's reason: the cause, the count, since when, what lifts it and when its probe opens."""
     cause = f"{fence.cause}: {DESCRIPTIONS.get(fence.cause, fence.cause)}"
-    return _reject(LAUNCH_FAILURES, f"{fence.count} {fence.resource} pods in a row failed to start on the node for "
+    pods = "GPU pods with DRA claims" if fence.resource == DRA_DEVICES else f"{fence.resource} pods"
+    return _reject(LAUNCH_FAILURES, f"{fence.count} {pods} in a row failed to start on the node for "
                                     f"the node's reasons ({cause}) since {stamp(fence.since)}; lifts when the GPU "
                                     "Operator revalidates the node, its device plugin or driver restarts, the node "
                                     f"reboots, or a probe pod starts (one goes through from {stamp(fence.probe_at)})")

@@ -80,6 +80,7 @@ class Launched:
     cause: str
     resources: tuple[str, ...]
     key: str = ""  # namespace/name: orders launches reported in the same second
+    devices: tuple[str, ...] = ()  # DRA devices its kubelet reported Unhealthy (allocatedResourcesStatus)
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,6 +92,7 @@ class Entry:
     since: float = 0.0
     last: float = 0.0
     clear: float | None = None
+    devices: tuple[str, ...] = ()  # DRA: the devices the failures named; () the node's
 
     @property
     def fenced(self) -> bool:
@@ -126,7 +128,9 @@ def parse_note(text: str | None) -> FenceNote:
         count = raw.get("count")
         since, last, clear = parse_time(raw.get("since")), parse_time(raw.get("last")), parse_time(raw.get("clear"))
         if isinstance(count, int) and count > 0 and since is not None and raw.get("cause") in FENCE_CAUSES:
-            resources.append((str(name), Entry(str(raw["cause"]), count, since, last or since, clear)))
+            devices = raw.get("devices")
+            named = tuple(sorted(str(d) for d in devices)) if isinstance(devices, list) else ()
+            resources.append((str(name), Entry(str(raw["cause"]), count, since, last or since, clear, named)))
         elif clear is not None:
             resources.append((str(name), Entry(clear=clear)))
     return FenceNote(str(data.get("bootID") or ""), tuple(resources))
@@ -139,6 +143,8 @@ def encode_note(note: FenceNote) -> str:
         if entry.fenced:
             fields = {"cause": entry.cause, "count": entry.count, "since": stamp(entry.since),
                       "last": stamp(entry.last)}
+            if entry.devices:
+                fields["devices"] = list(entry.devices)
         if entry.clear is not None:
             fields["clear"] = stamp(entry.clear)
         resources[name] = fields
@@ -156,6 +162,7 @@ class Fence:
     last: float  # the newest
     probe_at: float  # when one pod may go through
     probing: bool = False
+    devices: tuple[str, ...] = ()  # DRA: the devices every failure of the run named Unhealthy; () the node's
 
     def open(self, now: float) -> bool:
         """The probe: one pod may go to the node now."""
@@ -233,7 +240,7 @@ def node_fences(facts: NodeFacts, launches: Iterable[Launched], operators: Itera
         failed_probes = max(0, fence.count - settings.threshold)
         backoff = min(settings.probe_minutes * 2 ** min(failed_probes, 30), settings.probe_max_minutes) * 60
         fences.append(Fence(resource, fence.cause, fence.count, fence.since, fence.last, fence.last + backoff,
-                            probing))
+                            probing, fence.devices))
     return NodeFences(tuple(fences), tuple(lifted), tuple(clears))
 
 
@@ -262,11 +269,14 @@ class _Run:
     count: int
     since: float
     last: float
+    devices: tuple[str, ...] = ()
 
 
 def _run(launches: list[Launched]) -> _Run | None:
     """The node-cause failures in a row at the end of the launches (ordered by time), if any."""
     count, since, last, cause = 0, 0.0, 0.0, ""
+    named: set[str] = set()
+    every = True  # every failure of the run named its devices
     for launch in reversed(launches):
         if launch.state == STARTED:
             break
@@ -276,16 +286,19 @@ def _run(launches: list[Launched]) -> _Run | None:
             last, cause = launch.at, launch.cause
         count += 1
         since = launch.at
-    return _Run(cause, count, since, last) if count else None
+        named.update(launch.devices)
+        every = every and bool(launch.devices)
+    return _Run(cause, count, since, last, tuple(sorted(named)) if every else ()) if count else None
 
 
 def _merge(kept: Entry | None, live: _Run | None) -> _Run | None:
     if kept is None:
         return live
     if live is None:
-        return _Run(kept.cause, kept.count, kept.since, kept.last)
+        return _Run(kept.cause, kept.count, kept.since, kept.last, kept.devices)
+    devices = tuple(sorted({*kept.devices, *live.devices})) if kept.devices and live.devices else ()
     return _Run(live.cause if live.last >= kept.last else kept.cause, max(kept.count, live.count),
-                min(kept.since, live.since), max(kept.last, live.last))
+                min(kept.since, live.since), max(kept.last, live.last), devices)
 
 
 def desired_note(facts: NodeFacts, state: NodeFences) -> FenceNote | None:
@@ -298,7 +311,8 @@ def desired_note(facts: NodeFacts, state: NodeFences) -> FenceNote | None:
         entries[resource] = Entry(clear=clear)
     for fence in state.fences:
         old = entries.get(resource := fence.resource)
-        entries[resource] = Entry(fence.cause, fence.count, fence.since, fence.last, old.clear if old else None)
+        entries[resource] = Entry(fence.cause, fence.count, fence.since, fence.last, old.clear if old else None,
+                                  fence.devices)
     wanted = FenceNote(facts.boot_id if (state.fences or state.clears) else note.boot_id,
                        tuple(sorted(entries.items())))
     return None if wanted == note else wanted
