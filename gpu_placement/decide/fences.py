@@ -209,7 +209,8 @@ class Fences:
         if changed:
             for listener in self._listeners:
                 listener(name)
-        self._announce(name, old, new)
+        if facts is not None:  # a node deleted lifts nothing: it is gone
+            self._announce(name, old, new)
 
     def _announce(self, name: str, old: NodeFences, new: NodeFences) -> None:
         before = {fence.resource: fence for fence in old.fences}
