@@ -169,7 +169,6 @@ class Fence:
         return now >= self.probe_at and not self.probing
 
 
-
 @dataclass(slots=True, frozen=True)
 class Lift:
     """A fence that evidence lifted: which resource, by what and when (for the Event and the metric)."""
@@ -186,9 +185,6 @@ class NodeFences:
     fences: tuple[Fence, ...] = ()
     lifted: tuple[Lift, ...] = ()
     clears: tuple[tuple[str, float], ...] = ()  # per resource that had a fence: the evidence that lifts it
-
-    def fence(self, resource: str) -> Fence | None:
-        return next((fence for fence in self.fences if fence.resource == resource), None)
 
     def closed(self, now: float) -> tuple[Fence, ...]:
         """The fences that refuse pods now (the probe not open)."""
