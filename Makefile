@@ -14,7 +14,7 @@ PROM_TOOLS := $(BIN)/prometheus $(BIN)/promtool
 # PATH if there is one, else Debian's package (as root, as CI runs): linked into .venv/bin either way.
 CHROMIUM := $(BIN)/chromium
 
-.PHONY: demo test fuzz e2e e2e-scale e2e-churn soak image image-test release bench lint install clean
+.PHONY: demo test test-quick fuzz e2e e2e-scale e2e-churn soak image image-test release bench lint install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +51,15 @@ demo: $(STAMP)
 test: $(STAMP) $(PROM_TOOLS) $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+# For iterating: the same without the tests marked `slow` (pyproject.toml), which `make test` and CI run.
+test-quick: $(STAMP) $(PROM_TOOLS) $(CHROMIUM)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # The property-based hostile-input suite at length: FUZZ_EXAMPLES requests per POST endpoint, a fresh
 # random seed each run, statuses printed. `make test` runs the same suite with 30 fixed examples.
@@ -72,8 +80,9 @@ e2e: $(STAMP)
 	$(BIN)/python -m pytest -q tests/e2e --ignore=tests/e2e/test_9_scale.py --ignore=tests/e2e/test_soak.py \
 	  --ignore=tests/e2e/test_image_containers.py
 
-# 1,000 nodes: what gpu-placement costs kube-scheduler and the API server, side by side with a stock
-# profile and a do-nothing webhook (tests/e2e/overhead.py), then 2,000 GPU pods through the whole path;
+# 1,000 nodes: what gpu-placement costs kube-scheduler and the API server, side by side with
+# kube-scheduler's default configuration, the chart's without the extender, and a do-nothing webhook
+# (tests/e2e/overhead.py), then 2,000 GPU pods through the whole path;
 # prints the ratios and pods/s (about 10 minutes here).
 e2e-scale: $(STAMP)
 	bash tests/e2e/build_control_plane.sh
@@ -127,6 +136,7 @@ soak: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/extender_bench.py

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu_placement.samples.cluster import demo_objects, make_pod  # noqa: E402
+from tests.support.webhook import NAMESPACES  # noqa: E402
 from tests.test_fuzz_http import (  # noqa: E402
     _extender_bases,
     _webhook_bases,
@@ -47,7 +48,6 @@ from tests.test_fuzz_http import (  # noqa: E402
     check_webhook,
     hostile,
 )
-from tests.test_webhook_helpers import NAMESPACES  # noqa: E402
 
 SAMPLE = 2000
 

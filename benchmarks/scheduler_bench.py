@@ -5,16 +5,20 @@ built once by tests/e2e/build_control_plane.sh) with the chart installed and its
 makes --nodes verified 8-GPU nodes kept alive without kubelets, then prints two tables from one run
 (tests/e2e/overhead.py says exactly what each measures):
 
-- scheduling: the same one-GPU pods, created before each scheduler starts, scheduled in alternating
-  batches by a stock kube-scheduler profile and by the gpu-placement profile: pods/s, kube-scheduler's
-  own cycle latency (mean, p50, p99), their ratio and difference, the CPU each process spent per pod,
-  and /bind in the extender next to the Binding POST in the API server;
+- scheduling: the same one-GPU pods, created before each scheduler starts, scheduled in rotating
+  batches by kube-scheduler's default profile and configuration (stock: the adaptive
+  percentageOfNodesToScore, issue 44's baseline), by the chart's configuration without the extender
+  (stock-chart, the same-configuration line) and by the gpu-placement profile: pods/s, kube-scheduler's
+  own cycle latency (mean, p50, p99), the ratios, the CPU each process spent per pod,
+  scheduler_batch_attempts_total (no profile batches: stock's PodTopologySpread System defaulting is
+  pinned), and /bind in the extender next to the Binding POST in the API server;
 - admission (unless --no-admission): the same creates with no webhook, a do-nothing webhook on the
   same stack, and gpu-placement's: creates/s and create latency p50/p99.
 
     .venv/bin/python benchmarks/scheduler_bench.py [--nodes 1000] [--rounds 3] [--pods 300]
         [--qps 1000] [--default-qps-rounds 0] [--creates 300] [--no-admission] [--lease-renew-seconds S]
-        [--profiles DIR] [--strategy fragmentation|binpack|spread]
+        [--profiles DIR] [--strategy fragmentation|binpack|spread] [--tier-size K]
+        [--percentage P]
 
 Both schedulers' clients run at --qps (burst twice that), far above what either sends here, so
 neither is held by its rate limiter (the table prints its waits); --default-qps-rounds adds a line at
@@ -36,6 +40,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -65,17 +70,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-admission", action="store_true", help="skip the admission side by side")
     parser.add_argument("--strategy", choices=("fragmentation", "binpack", "spread"), default=None,
                         help="the chart's config.scoring.strategy (default: the chart's own)")
+    parser.add_argument("--tier-size", type=int, default=None,
+                        help="the chart's config.scoring.tierSize (default: the chart's own; 0: /prioritize too)")
+    parser.add_argument("--percentage", type=int, default=None,
+                        help="the chart's scheduler.percentageOfNodesToScore (default: the chart's own; 0: adaptive)")
     parser.add_argument("--lease-renew-seconds", type=float, default=None,
                         help="how often each node's Lease is renewed (default 10 s; 60 s from 2,000 nodes)")
     args = parser.parse_args(argv)
     renew = args.lease_renew_seconds or (60.0 if args.nodes >= 2000 else 10.0)
     started = time.monotonic()
-    values = {"config": {"scoring": {"strategy": args.strategy}}} if args.strategy else None
+    scoring = {**({"strategy": args.strategy} if args.strategy else {}),
+               **({"tierSize": args.tier_size} if args.tier_size is not None else {})}
+    values: dict[str, Any] = {"config": {"scoring": scoring}} if scoring else {}
+    if args.percentage is not None:
+        values["scheduler"] = {"percentageOfNodesToScore": args.percentage}
     print(f"scheduler_bench: {args.nodes} nodes, Leases renewed every {renew:g} s, scoring strategy "
-          f"{args.strategy or 'the chart default'}; {load()}", flush=True)
+          f"{args.strategy or 'the chart default'}, tier size "
+          f"{'the chart default' if args.tier_size is None else args.tier_size}, percentageOfNodesToScore "
+          f"{'the chart default' if args.percentage is None else args.percentage}; {load()}", flush=True)
     plane = start_control_plane()
     try:
-        with chart_running(plane, lease_renew_seconds=renew, values=values) as e2e:
+        with chart_running(plane, lease_renew_seconds=renew, values=values or None) as e2e:
             t0 = time.monotonic()
             make_nodes(e2e, "bench", args.nodes, timeout=max(300, args.nodes * 0.3))
             print(f"{args.nodes} nodes made and schedulable in {time.monotonic() - t0:.0f} s; {load()}", flush=True)

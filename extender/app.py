@@ -70,6 +70,7 @@ async def filter_(request: Request) -> ORJSONResponse:
     req = ex.placement.requirements(pod)
     if req.wants_gpu and req.error is None:  # a pod no node can take is not bound; and its text is not kept
         ex.remember(pod, req)
+        ex.release_held(pod)  # its hold from an earlier cycle (a bind that failed, a retry): judged afresh
     result, encoded = _decide(ex, pod, req, names, objects)
     settle = ex.settle
     assert settle is not None
@@ -87,7 +88,9 @@ async def filter_(request: Request) -> ORJSONResponse:
         settle.answered(key, uid, version, result)
     elif result.passed:
         settle.forget(pod_key_of(pod))
-    ex.decisions.count_all(result.reasons)
+    if result.passed and req.wants_gpu and ex.placement.config.scoring.tier_size:
+        encoded = _best_tier(ex, pod, req, result, objects)
+    ex.decisions.count_all(result.reasons)  # every refused node's reason, whether the answer lists it or not
     if ex.tracker is not None and req.gpus:
         ex.tracker.filtered(pod_key_of(pod), bool(result.passed), result.reasons)
     if log.isEnabledFor(logging.DEBUG):
@@ -164,6 +167,20 @@ def _decide(ex: Extender, pod: dict[str, Any], req: Requirements, names: list[st
     return result, _encode_filter(result, objects)
 
 
+def _best_tier(ex: Extender, pod: dict[str, Any], req: Requirements, result: FilterResult,
+               objects: list[dict[str, Any]] | None) -> bytes:
+    """The answer when some node passes: the best tier only (`Placement.tier`), no failure maps. kube-scheduler
+    then scores the tier's few nodes with its own plugins, or none when one is answered (schedulePod's
+    single-feasible-node path); the nodes left out get no status, which matters only to a pod no node
+    passes, and that answer lists them all (docs/performance.md, "One call per pod"). One node answered
+    is where kube-scheduler binds it: its GPUs are held there at once, so the next pod's /filter counts
+    them before the watch shows the Binding (`Extender.hold`)."""
+    chosen = ex.placement.tier(req, result.passed)
+    if len(chosen) == 1:
+        ex.hold(pod, req, chosen[0])
+    return _encode_filter(FilterResult(chosen), objects)
+
+
 # -- /bind: the fit checked again, then the Binding ------------------------------------------------------------
 
 async def _bind(ex: Extender, namespace: str, name: str, uid: str, node: str) -> str:
@@ -238,7 +255,8 @@ def _recheck_and_reserve(ex: Extender, key: str, uid: str, node: str) -> Recheck
     return _RESERVED
 
 
-_NOT_DECIDED = {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}}
+_NOT_DECIDED: ExtenderFilterResult = {"Nodes": None, "NodeNames": None, "FailedNodes": {},
+                                      "FailedAndUnresolvableNodes": {}}
 _NODE_LIST_DEPTH = 3  # answer, NodeList, items: the levels above a node echoed back
 
 

@@ -20,6 +20,8 @@ class WireError(ValueError):
 
 
 def json_object(body: bytes, what: str) -> Any:
+    """The body's JSON object, typed by the caller as the wire type it should be (extender/wire.py): the
+    fields it reads are checked where it reads them."""
     if not body:
         raise WireError(f"empty body: expected a JSON {what}")
     try:

@@ -83,6 +83,25 @@ class Extender:
         if len(self.recent) > _RECENT_PODS:
             self.recent.popitem(last=False)
 
+    def hold(self, pod: dict[str, Any], req: Requirements, node: str) -> None:
+        """Hold the pod's GPUs on the one node /filter answered: kube-scheduler binds it there (its binding
+        cycle runs behind the next pods' scheduling), and until the watch shows the pod bound the view
+        would count those GPUs free. Released when the pod is seen bound or deleted, at its next /filter
+        (a bind that failed: kube-scheduler retries it), at /bind (which holds again after its recheck),
+        or after reservationTTLSeconds. Not for DRA asks: the allocator's devices are not units the view
+        can hold, and kube-scheduler's DynamicResources counts its in-flight claims itself."""
+        if not req.gpus or req.dra_requests or req.dra_resources:
+            return
+        meta = pod.get("metadata") or {}
+        memory = f"{req.memory_mib}Mi" if req.memory_mib is not None else None
+        self.view.reserve(pod_key_of(pod), node, req.gpus, memory, str(meta.get("uid") or ""))
+
+    def release_held(self, pod: dict[str, Any]) -> None:
+        """The pod's hold from an earlier /filter, dropped before it is judged again."""
+        key = pod_key_of(pod)
+        if key in self.view.reservations:
+            self.view.release(key, str((pod.get("metadata") or {}).get("uid") or ""))
+
 
 def extender(request: Request) -> Extender:
     """The routes' shared state, from the app that received the request."""

@@ -1,14 +1,16 @@
 """kube-scheduler extender wire types (`k8s.io/kube-scheduler/extender/v1`).
 
-The Go structs carry no JSON tags, so keys are the Go field names, capitalised.
+The Go structs carry no JSON tags, so keys are the Go field names, capitalised. /prioritize's HostPriorityList
+is joined from pre-encoded bytes (Placement.scores_json) and /bind answers one `Error` field, so neither
+answer has a type here.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypedDict
 
-__all__ = ["ExtenderArgs", "ExtenderBindingArgs", "ExtenderBindingResult", "ExtenderFilterResult",
-           "ExtenderPreemptionArgs", "ExtenderPreemptionResult", "HostPriority", "MetaPod", "MetaVictims", "Victims"]
+__all__ = ["ExtenderArgs", "ExtenderBindingArgs", "ExtenderFilterResult", "ExtenderPreemptionArgs",
+           "ExtenderPreemptionResult", "MetaPod", "MetaVictims", "Victims"]
 
 
 class ExtenderArgs(TypedDict, total=False):
@@ -25,20 +27,11 @@ class ExtenderFilterResult(TypedDict, total=False):
     Error: str
 
 
-class HostPriority(TypedDict):
-    Host: str
-    Score: int
-
-
 class ExtenderBindingArgs(TypedDict):
     PodName: str
     PodNamespace: str
     PodUID: str
     Node: str
-
-
-class ExtenderBindingResult(TypedDict):
-    Error: str
 
 
 class Victims(TypedDict):

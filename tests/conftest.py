@@ -9,7 +9,8 @@ import pytest
 
 from gpu_placement.web.certs import CertBundle
 from tests.fakeapi import FakeApiServer
-from tests.test_webhook_helpers import TEST_CONFIG, Webhook, certificates, serving
+from tests.support.dra_taints import replicas  # noqa: F401  (the fixture of test_dra_taints*.py)
+from tests.support.webhook import TEST_CONFIG, Webhook, certificates, serving
 
 # ---- fake Kubernetes API server (tests/fakeapi.py) -------------------------------------------------
 
@@ -27,7 +28,7 @@ def fake_api() -> Iterator[FakeApiServer]:
 # ---- end of fake Kubernetes API server -------------------------------------------------------------
 
 
-# ---- the webhook over real HTTPS (tests/test_webhook_helpers.py) ----------------------------------
+# ---- the webhook over real HTTPS (tests/support/webhook.py) ----------------------------------
 
 
 @pytest.fixture(scope="module")

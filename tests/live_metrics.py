@@ -20,7 +20,7 @@ from gpu_placement.app.explain import admission_review
 from gpu_placement.samples.cluster import make_pod
 from gpu_placement.web.patching import apply_patch
 from tests.prometheus import tool
-from tests.test_serve import SCRIPT, free_port, stop, wait_ready
+from tests.support.serve import SCRIPT, free_port, stop, wait_ready
 
 __all__ = ["documented", "promtool", "scrape_demo_service", "selector_problems"]
 

@@ -10,7 +10,7 @@ import yaml
 
 from gpu_placement.app.demo import run_demo
 from gpu_placement.report.alerting import DEFAULTS, Firing, evaluate
-from tests.test_alerts import alerts
+from tests.support.chart import alerts
 
 ROOT = Path(__file__).resolve().parent.parent
 NOW = 1_800_000_000.0

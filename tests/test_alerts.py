@@ -16,27 +16,7 @@ import pytest
 import yaml
 
 from tests.live_metrics import promtool, recorded, scrape_demo_service, selector_problems
-from tests.test_chart import offline
-
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "charts" / "gpu-placement"
-ENABLED = {"serviceMonitor": {"enabled": True}}
-
-
-def render(values: dict[str, Any], chart_dir: Path = CHART) -> list[dict[str, Any]]:
-    with helm_python.Chart.load(chart_dir) as chart:
-        files = chart.render(offline(values), name="gpu-placement", namespace="gpu-placement")
-    return [d for path, text in files.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
-
-
-def rule_groups(values: dict[str, Any] = ENABLED) -> list[dict[str, Any]]:
-    [rule] = [d for d in render(values) if d["kind"] == "PrometheusRule"]
-    groups: list[dict[str, Any]] = rule["spec"]["groups"]
-    return groups
-
-
-def alerts() -> dict[str, dict[str, Any]]:
-    return {r["alert"]: r for g in rule_groups() for r in g["rules"] if "alert" in r}
+from tests.support.chart import CHART, ENABLED, ROOT, alerts, offline, render, rule_groups, slugs
 
 
 @pytest.mark.parametrize(("values", "shipped"), [
@@ -104,12 +84,6 @@ def test_thresholds_follow_the_values() -> None:
 
 def alerts_of(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["alert"]: r for g in rule_groups(values) for r in g["rules"] if "alert" in r}
-
-
-def slugs(markdown: str) -> set[str]:
-    """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
-    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
-            for h in re.findall(r"^#{1,4} (.+)$", markdown, re.MULTILINE)}
 
 
 def test_every_alert_says_what_to_do_and_links_its_runbook() -> None:

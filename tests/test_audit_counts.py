@@ -15,11 +15,10 @@ import pytest
 
 from gpu_placement.samples.cluster import demo_objects, make_pod
 from tests.fakeapi import FakeApiServer
-from tests.test_live import wait_for
-from tests.test_rotation import NS
-from tests.test_serve import SCRIPT, free_port, stop, wait_ready
+from tests.support.serve import NS, SCRIPT, free_port, stop, wait_ready
+from tests.support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]  # slow: the watermark passes the launch ~30 s in
 
 
 def _at(moment: float) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -25,20 +25,12 @@ from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from gpu_placement.web.serving import ServerThread, make_server
 from tests.fakeapi import FakeApiServer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
 GPU = "nvidia.com/gpu"
 Extender = tuple[httpx.Client, ClusterView, list[str]]  # client, the live view, reservations made
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
-    return value
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 
 from extender import settle as settle_module
 from gpu_placement.samples.cluster import make_node, make_pod, validator_pod
-from tests.test_extender_http import Extender
+from tests.support.extender import Extender
 
 SHARED = "nvidia.com/gpu.shared"
 T4 = "t4-ts"

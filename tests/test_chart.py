@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,20 @@ import yaml
 
 from gpu_placement.base import names as n
 from gpu_placement.controllers.quota_mirror import MIRROR_NAME
-
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "charts" / "gpu-placement"
-NAMESPACE = "gpu-placement"
-
-Doc = dict[str, Any]
+from tests.support.chart import (
+    CASES,
+    CHART,
+    NAMESPACE,
+    ROOT,
+    Case,
+    Doc,
+    Rendered,
+    _pod_containers,
+    _render,
+    _webhooks,
+    fullname,
+    offline,
+)
 
 # Kinds whose schemas are CRDs, not core Kubernetes: skipped by name in the schema check, nothing else.
 CRD_KINDS = {
@@ -42,134 +49,10 @@ K8S_VERSIONS = (kubernetes_validate.utils.latest_version(), "1.30")
 SERVICE_IMAGE_CONTAINERS = {"extender", "webhook"}
 
 
-# Rendered without a cluster, the chart needs kube-scheduler's tag (it cannot ask the cluster's version).
-OFFLINE = {"scheduler": {"image": {"tag": "v1.31.4"}}}
-
-
-def offline(values: dict[str, Any]) -> dict[str, Any]:
-    """`values` with OFFLINE under them (theirs win)."""
-    def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-        return {**base, **{k: merged(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
-                           for k, v in over.items()}}
-    return merged(OFFLINE, values)
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    values: dict[str, Any]
-    release: str = "gpu-placement"
-    namespace: str = NAMESPACE
-
-
-CASES = [
-    Case("default", {}),
-    Case("cert-manager", {"certManager": {"enabled": True}}),
-    Case("explain-role", {"explainRole": {"create": True, "podsClusterWide": True, "subjects": [
-        {"kind": "Group", "name": "ml-developers", "apiGroup": "rbac.authorization.k8s.io"}]}}),
-    Case("audit-ignore", {"config": {"mode": "audit"},
-                          "webhook": {"mutating": {"failurePolicy": "Ignore"},
-                                      "validating": {"failurePolicy": "Ignore"}, "timeoutSeconds": 10}}),
-    Case("custom", {
-        "schedulerName": "gpu-batch",
-        "gpuResources": ["nvidia.com/gpu", "example.com/accelerator"],
-        "sharedResource": "nvidia.com/gpu.timesliced",
-        "migResources": ["nvidia.com/mig-1g.10gb", "nvidia.com/mig-3g.40gb"],
-        "extraMigResources": ["nvidia.com/mig-1g.24gb.gfx"],
-        "exemptNamespaces": ["kube-system", "gpu-operator", "monitoring"],
-        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
-        "image": {"repository": "registry.example.com/platform/gpu-placement",
-                  "digest": "sha256:" + "ab" * 32},
-        "config": {
-            "pools": {
-                "training": {"nodeSelector": {"pool": "training"},
-                             "tolerations": [{"key": "pool", "operator": "Equal", "value": "training",
-                                              "effect": "NoSchedule"}]},
-                "inference": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"}},
-            },
-            "gpuTolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
-                               {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}],
-            "defaultNamespacePolicy": "deny",
-            "scoring": {"strategy": "spread", "weights": {"upgradeRequired": 5}},
-            "telemetry": {"url": "http://prometheus-operated.monitoring:9090", "refreshSeconds": 10},
-            "validator": {"required": False},
-            "reservationTTLSeconds": 30,
-            "dra": {"taintEffect": "None", "taints": False},
-            # quoted figures survive Helm's toYaml as strings (26.10 would otherwise read back as 26.1)
-            "ngcReleases": [{"release": "26.10", "cuda": "13.3.10", "source": "a test row, not a release's notes",
-                             "forwardCompat": ["580.65"]}],
-        },
-        "scheduler": {"extender": {"managedResourcesOnly": True}},
-    }, release="gpu", namespace="platform-gpu"),
-    Case("exposed-single", {
-        "scheduler": {"replicas": 1, "image": {"tag": "v1.31.4"},
-                      "extender": {"listenHost": "0.0.0.0", "port": 9999, "weight": 2, "httpTimeout": "3s",
-                                   "bindAll": True}},
-        "webhook": {"replicas": 1, "port": 9443},
-        "serviceMonitor": {"enabled": True},
-        "config": {"protectGpuNodes": False},
-        "logLevel": "debug",
-    }),
-]
-
-
-@dataclass
-class Rendered:
-    case: Case
-    values: dict[str, Any]  # merged with the chart defaults
-    docs: list[Doc]
-
-    def all(self, kind: str) -> list[Doc]:
-        return [d for d in self.docs if d["kind"] == kind]
-
-    def one(self, kind: str, name: str | None = None) -> Doc:
-        found = [d for d in self.all(kind) if name is None or d["metadata"]["name"] == name]
-        assert len(found) == 1, f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
-        return found[0]
-
-    def deployment(self, component: str) -> Doc:
-        found = [d for d in self.all("Deployment")
-                 if d["metadata"]["labels"]["app.kubernetes.io/component"] == component]
-        assert len(found) == 1
-        return found[0]
-
-    def container(self, name: str) -> Doc:
-        found = [c for d in self.all("Deployment") for c in _pod_containers(d) if c["name"] == name]
-        assert len(found) == 1, name
-        return found[0]
-
-    def config_text(self) -> str:
-        cm = self.one("ConfigMap", f"{fullname(self.case)}-config")
-        return str(cm["data"]["config.yaml"])
-
-    def scheduler_config(self) -> Doc:
-        cm = self.one("ConfigMap", f"{fullname(self.case)}-scheduler")
-        return dict(yaml.safe_load(cm["data"]["scheduler-config.yaml"]))
-
-
-def _pod_containers(deployment: Doc) -> list[Doc]:
-    """Init containers (the extender is a native sidecar) and containers."""
-    pod = deployment["spec"]["template"]["spec"]
-    return [*pod.get("initContainers", []), *pod["containers"]]
-
-
-def fullname(case: Case) -> str:
-    return case.release if "gpu-placement" in case.release else f"{case.release}-gpu-placement"
-
-
 @pytest.fixture(scope="module")
 def chart() -> Iterator[helm_python.Chart]:
     with helm_python.Chart.load(CHART) as loaded:
         yield loaded
-
-
-def _render(chart: helm_python.Chart, case: Case) -> Rendered:
-    values = offline(case.values)
-    files = chart.render(values, name=case.release, namespace=case.namespace)
-    docs = [doc for path, text in sorted(files.items()) if path.endswith(".yaml")
-            for doc in yaml.safe_load_all(text) if doc]
-    assert any(path.endswith("templates/NOTES.txt") for path in files)
-    return Rendered(case, chart.merge_values(values), docs)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[c.name for c in CASES])
@@ -345,6 +228,7 @@ def test_rendered_config_parses_with_the_service(rendered: Rendered) -> None:
     assert config.exempt_namespaces == {*v["exemptNamespaces"], rendered.case.namespace}
     assert config.mode == v["config"]["mode"]
     assert config.scoring.strategy == v["config"]["scoring"]["strategy"]
+    assert config.scoring.tier_size == v["config"]["scoring"]["tierSize"]
     assert set(config.pools) == set(v["config"]["pools"])
     assert [row.release for row in config.ngc_releases] == [row["release"] for row in v["config"]["ngcReleases"]]
     for mig in v["migResources"]:
@@ -413,8 +297,11 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
         assert entry["urlPrefix"] == extender["urlPrefix"] and entry["ignorable"] is False
     verbs = {key: value for key, value in extender.items() if key.endswith("Verb")}
     bind_all = v["scheduler"]["extender"]["bindAll"] or v["scheduler"]["extender"]["managedResourcesOnly"]
-    assert verbs == {"filterVerb": "filter", "prioritizeVerb": "prioritize", "preemptVerb": "preempt",
-                     **({"bindVerb": "bind"} if bind_all else {})}
+    # /filter answers the best tier (config.scoring.tierSize): kube-scheduler's own plugins choose within it,
+    # and /prioritize is asked only when the tier is off (0: every passing node answered).
+    tiered = v["config"]["scoring"]["tierSize"] > 0
+    assert verbs == {"filterVerb": "filter", "preemptVerb": "preempt", **({"bindVerb": "bind"} if bind_all else {}),
+                     **({} if tiered else {"prioritizeVerb": "prioritize"})}
     # Otherwise a second entry, bind only, for the pods that ask for GPU shares (their memory is the
     # extender's alone to account); kube-scheduler's own binder binds the rest.
     assert binder == ([] if bind_all else [{
@@ -424,11 +311,12 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
     assert extender["nodeCacheCapable"] is True
     assert extender["enableHTTPS"] is False
     assert extender["ignorable"] is False
-    assert extender["weight"] == v["scheduler"]["extender"]["weight"]
+    assert extender.get("weight") == (None if tiered else v["scheduler"]["extender"]["weight"])
     assert extender["httpTimeout"] == v["scheduler"]["extender"]["httpTimeout"]
     managed = [r["name"] for r in extender["managedResources"]]
     # kube-scheduler filters every node before the extender sees them (the default samples big clusters)
-    assert sched["percentageOfNodesToScore"] == 100
+    percentage = v["scheduler"]["percentageOfNodesToScore"]
+    assert sched.get("percentageOfNodesToScore") == (percentage or None)
     from gpu_placement.app.cli import build_parser
 
     args = build_parser().parse_args(rendered.container("extender")["args"])
@@ -522,19 +410,6 @@ def test_scheduler_pdb_only_with_a_standby(rendered: Rendered) -> None:
 
 
 # ---- the webhook ----------------------------------------------------------------------------------
-
-
-def _webhooks(rendered: Rendered) -> tuple[Doc, Doc]:
-    """Both configurations as the webhook replicas arm them: the chart installs them empty and its
-    webhooks ConfigMap holds the webhooks the service writes in (webhook/registration.py)."""
-    from webhook.registration import KINDS
-
-    name = fullname(rendered.case)
-    mutating = rendered.one("MutatingWebhookConfiguration", name)
-    validating = rendered.one("ValidatingWebhookConfiguration", name)
-    spec = yaml.safe_load(rendered.one("ConfigMap", f"{name}-webhooks")["data"]["webhooks.yaml"])
-    assert set(spec) == set(KINDS)
-    return {**mutating, "webhooks": spec["mutating"]}, {**validating, "webhooks": spec["validating"]}
 
 
 def test_webhook_configurations(rendered: Rendered) -> None:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from gpu_placement.app.cli import build_parser
-from tests.test_chart import CHART, NAMESPACE, Case, Doc, Rendered, _render, _webhooks, offline
+from tests.support.chart import CHART, NAMESPACE, Case, Doc, Rendered, _render, _webhooks, offline
 
 pytestmark = pytest.mark.timeout(120)
 

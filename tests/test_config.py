@@ -26,3 +26,11 @@ def test_a_launch_fence_of_one_failure_is_refused() -> None:
         parse_config({"launchFence": {"threshold": 1}})
     fence = parse_config({"launchFence": {"threshold": 3, "probeMinutes": 5, "probeMaxMinutes": 30}}).launch_fence
     assert (fence.enabled, fence.threshold, fence.probe_minutes, fence.probe_max_minutes) == (True, 3, 5.0, 30.0)
+
+
+@pytest.mark.parametrize(("section", "key"), [("telemetry", "refreshSeconds"), ("rollout", "soakMinutes")])
+def test_a_duration_that_is_no_number_is_refused_in_a_sentence(section: str, key: str) -> None:
+    """Durations take an int or a float: the sentence says "a number" (it once read a name off the tuple
+    of both, and the user got an AttributeError)."""
+    with pytest.raises(ConfigError, match=rf"^{section}\.{key} must be a number, got string 'soon'$"):
+        parse_config({section: {key: "soon"}})

@@ -14,25 +14,13 @@ import pytest
 import yaml
 
 from tests.live_metrics import promtool, recorded, scrape_demo_service, selector_problems
-from tests.test_chart import offline
+from tests.support.chart import CHART, VARIABLES, dashboard, offline
 
-ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "charts" / "gpu-placement"
-DASHBOARD = CHART / "dashboards" / "gpu-placement.json"
 SCHEMA_VERSION = 39  # Grafana 10.4 / 11: pinned, so an import never runs a migration we did not test
-
-
-def dashboard() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(DASHBOARD.read_text())
-    return data
 
 
 def panels() -> list[dict[str, Any]]:
     return [p for p in dashboard()["panels"] if p["type"] != "row"]
-
-
-# What Grafana puts for a variable left at All (its allValue); a chosen value is a regex of the values.
-VARIABLES = {"$namespace": ".*", "$pool": ".*"}
 
 
 def expressions() -> list[tuple[str, str]]:
@@ -118,7 +106,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_every_panel_selects_series_the_service_exports(scraped: str) -> None:
     """Recording rules (`gpu_placement:...`) must be the chart's own, their expressions checked in their place."""
-    from tests.test_alerts import rule_groups
+    from tests.support.chart import rule_groups
 
     assert selector_problems(expressions(), scraped, recorded(rule_groups())) == []
 

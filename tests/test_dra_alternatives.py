@@ -17,8 +17,8 @@ from gpu_placement.facts.namespaces import namespace_from_json
 from gpu_placement.facts.policy import parse_policy
 from gpu_placement.samples.cluster import namespace, validator_pod
 from gpu_placement.samples.dra import Gpu, device_classes, resource_slice
-from tests.test_dra_extender import claim_pod, dra_node, verdicts
-from tests.test_extender_http import Extender
+from tests.support.dra import claim_pod, dra_node, verdicts
+from tests.support.extender import Extender
 from webhook.dra_validate import claim_problems
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,7 +12,7 @@ import yaml
 
 from gpu_placement.app.cli import build_parser
 from gpu_placement.base.config import parse_config
-from tests.test_chart import CASES, CHART, Rendered, _render, fullname
+from tests.support.chart import CASES, CHART, Rendered, _render, fullname
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[c.name for c in CASES])

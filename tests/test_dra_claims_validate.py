@@ -14,7 +14,7 @@ import pytest
 from gpu_placement.decide.claims import wanted_templates
 from gpu_placement.samples.cluster import namespace
 from gpu_placement.web.certs import CertBundle
-from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, serving
+from tests.support.webhook import NAMESPACES, TEST_CONFIG, Webhook, serving
 
 pytestmark = pytest.mark.timeout(30)
 Obj = dict[str, Any]

@@ -21,10 +21,9 @@ from gpu_placement.app.explain import explain_pod
 from gpu_placement.base.config import Config
 from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
 from gpu_placement.samples.dra import device_classes, resource_slice
-from tests.test_dra_extender import OLD_DRIVER, dra_node, verdicts
-from tests.test_dra_policy_webhook import set_namespaces, templates_for
-from tests.test_extender_http import Extender
-from tests.test_webhook_helpers import Webhook, user_pod
+from tests.support.dra import OLD_DRIVER, dra_node, set_namespaces, templates_for, verdicts
+from tests.support.extender import Extender
+from tests.support.webhook import Webhook, user_pod
 
 pytestmark = pytest.mark.timeout(60)
 Obj = dict[str, Any]

@@ -5,55 +5,15 @@ scoring, never unit or memory fit; facts missing from labels come from the node'
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from gpu_placement.app.explain import explain_pod
 from gpu_placement.base.config import Config, parse_config
 from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
-from gpu_placement.samples.dra import Gpu, device_classes, resource_slice
-from tests.test_extender_http import Extender
-
-Obj = dict[str, Any]
-GFD_FACTS = ("nvidia.com/cuda.driver-version.full", "nvidia.com/cuda.driver-version.major",
-             "nvidia.com/cuda.driver-version.minor", "nvidia.com/cuda.driver-version.revision",
-             "nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev",
-             "nvidia.com/cuda.runtime-version.major", "nvidia.com/cuda.runtime-version.minor",
-             "nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor", "nvidia.com/gpu.product",
-             "nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor")
-OLD_DRIVER = Gpu(driver="535.104.5", cuda="12.2.0")
-
-
-def dra_node(name: str, *, labels: dict[str, str] | None = None, bare: bool = False, **kwargs: Any) -> Obj:
-    """A GPU node whose GPUs only the DRA driver gives: no device-plugin resource; `bare`: no GFD
-    driver, CUDA or product labels either (facts come from the ResourceSlice)."""
-    return make_node(name, "h100", labels=labels, allocatable={}, drop=GFD_FACTS if bare else (), **kwargs)
-
-
-def template(ns: str, name: str, *classes: str, first_available: bool = False) -> Obj:
-    if first_available:
-        requests = [{"name": "gpu", "firstAvailable": [{"name": c.split(".")[0], "deviceClassName": c}
-                                                       for c in classes]}]
-    else:
-        requests = [{"name": f"r{i}", "exactly": {"deviceClassName": c}} for i, c in enumerate(classes)]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": ns}, "spec": {"spec": {"devices": {"requests": requests}}}}
-
-
-def claim_pod(ns: str, name: str, template_name: str | None = None, claim: str | None = None,
-              image: str = "nvcr.io/nvidia/cuda:12.2.0-runtime-ubuntu22.04", node: str | None = None,
-              annotations: dict[str, str] | None = None) -> Obj:
-    pod = make_pod(ns, name, image=image, node=node, annotations=annotations)
-    ref: Obj = {"name": "gpu"}
-    if template_name:
-        ref["resourceClaimTemplateName"] = template_name
-    if claim:
-        ref["resourceClaimName"] = claim
-    pod["spec"]["resourceClaims"] = [ref]
-    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
-    return pod
-
+from gpu_placement.samples.dra import device_classes, resource_slice
+from tests.support.dra import OLD_DRIVER, Obj, claim_pod, dra_node, template, verdicts
+from tests.support.extender import Extender
 
 NODES = {
     "dra-ok": (dra_node("dra-ok"), True, resource_slice("dra-ok", 2)),
@@ -85,13 +45,6 @@ def extender() -> Iterator[Extender]:
     server = Extender(objects())
     yield server
     server.close()
-
-
-def verdicts(answer: Obj) -> dict[str, str]:
-    out = {name: "pass" for name in answer["NodeNames"] or ()}
-    for name, reason in {**answer["FailedNodes"], **answer["FailedAndUnresolvableNodes"]}.items():
-        out[name] = reason.split(":", 1)[0]
-    return out
 
 
 @pytest.mark.parametrize("template_name", ["one-gpu", "gpu-or-mig"])

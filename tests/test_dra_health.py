@@ -20,8 +20,8 @@ from gpu_placement.facts.launch import FAILED, classify
 from gpu_placement.facts.pods import pod_from_json
 from gpu_placement.samples.cluster import namespace, validator_pod
 from gpu_placement.samples.dra import device_classes, resource_slice
-from tests.test_dra_extender import claim_pod, dra_node, template, verdicts
-from tests.test_extender_http import Extender
+from tests.support.dra import claim_pod, dra_node, template, verdicts
+from tests.support.extender import Extender
 
 pytestmark = pytest.mark.timeout(60)
 Obj = dict[str, Any]

@@ -20,8 +20,9 @@ from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import KINDS, Ingest
 from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
-from tests.test_dra_extender import claim_pod, template
-from tests.test_live import FAST, wait_for
+from tests.support.dra import claim_pod, template
+from tests.support.live import FAST
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -13,10 +13,9 @@ import pytest
 
 from gpu_placement.samples.cluster import namespace
 from gpu_placement.samples.dra import device_classes, resource_slice
-from tests.test_dra_extender import claim_pod, dra_node
-from tests.test_dra_policy_webhook import set_namespaces, templates_for
-from tests.test_extender_http import Extender
-from tests.test_webhook_helpers import Webhook
+from tests.support.dra import claim_pod, dra_node, set_namespaces, templates_for
+from tests.support.extender import Extender
+from tests.support.webhook import Webhook
 
 pytestmark = pytest.mark.timeout(30)
 Obj = dict[str, Any]
@@ -96,7 +95,7 @@ def test_the_extender_counts_no_device_a_monitor_holds() -> None:
                  {"driver": "gpu.nvidia.com", "pool": "one", "device": "gpu-0", "request": "gpus",
                   "adminAccess": True}]}}}}
     from gpu_placement.samples.cluster import validator_pod
-    from tests.test_dra_extender import template
+    from tests.support.dra import template
 
     server = Extender([namespace("ml"), *device_classes(), template("ml", "one-gpu", "gpu.nvidia.com"),
                        dra_node("one"), validator_pod("one", True), resource_slice("one", 1), claim])

@@ -11,7 +11,7 @@ from gpu_placement.facts.namespaces import namespace_from_json
 from gpu_placement.facts.policy import parse_policy
 from gpu_placement.samples.cluster import make_pod, namespace, validator_pod
 from gpu_placement.samples.dra import Gpu, device_classes, resource_slice
-from tests.test_dra_extender import dra_node
+from tests.support.dra import dra_node
 
 POLICY = {"gpu-placement.io/allocation": "dra", "gpu-placement.io/gpu-products": "NVIDIA-H100-80GB-HBM3",
           "gpu-placement.io/cuda": "12.4"}

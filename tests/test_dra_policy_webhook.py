@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from typing import Any
 
 import orjson
 import pytest
@@ -20,10 +19,10 @@ from gpu_placement.kube.discovery import DraApi
 from gpu_placement.samples.cluster import namespace
 from gpu_placement.samples.dra import device_classes
 from gpu_placement.web.certs import CertBundle
-from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, serving, user_pod
+from tests.support.dra import Obj, set_namespaces, templates_for
+from tests.support.webhook import TEST_CONFIG, Webhook, serving, user_pod
 
 pytestmark = pytest.mark.timeout(30)
-Obj = dict[str, Any]
 H100 = "NVIDIA-H100-80GB-HBM3"
 POLICY = {"gpu-placement.io/allocation": "dra", "gpu-placement.io/quota": "nvidia.com/gpu=4",
           "gpu-placement.io/pools": "training", "gpu-placement.io/gpu-products": H100,
@@ -34,18 +33,6 @@ DRA_NAMESPACES = [namespace("ai", POLICY),
                   namespace("ai-mig", {"gpu-placement.io/allocation": "dra",
                                        "gpu-placement.io/sharing": "mig-1g.10gb",
                                        "gpu-placement.io/quota": "nvidia.com/mig-1g.10gb=2"})]
-
-
-def templates_for(hook: Webhook, name: str) -> list[Obj]:
-    """What the service keeps in namespace `name` (gpu_placement/controllers/templates.py), as the API server
-    stores it."""
-    policy = hook.app.state.admission.policy(name)
-    return [t.body(hook.config.dra.driver) for t in wanted_templates(policy, set(), hook.config)]
-
-
-def set_namespaces(hook: Webhook, extra: list[Obj]) -> None:
-    with hook.view.lock:
-        hook.ingest.replace(hook.view, "namespaces", copy.deepcopy(NAMESPACES) + copy.deepcopy(extra))
 
 
 @pytest.fixture

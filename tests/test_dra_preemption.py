@@ -12,8 +12,8 @@ import pytest
 from gpu_placement.decide.preemption import NO_DRA_PREEMPTION, explain_preemption
 from gpu_placement.samples.cluster import make_pod, namespace, validator_pod
 from gpu_placement.samples.dra import device_classes, resource_slice
-from tests.test_dra_extender import claim_pod, dra_node, template
-from tests.test_extender_http import Extender
+from tests.support.dra import claim_pod, dra_node, template
+from tests.support.extender import Extender
 
 pytestmark = pytest.mark.timeout(60)
 Obj = dict[str, Any]

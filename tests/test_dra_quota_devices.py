@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,10 +16,8 @@ from gpu_placement.report.cluster_metrics import tracker_for
 from gpu_placement.samples.cluster import make_pod, namespace
 from gpu_placement.samples.dra import device_classes
 from gpu_placement.view.dra import MadeForPod
-from tests.test_dra_policy_webhook import set_namespaces, templates_for
-from tests.test_webhook_helpers import Webhook, user_pod
-
-Obj = dict[str, Any]
+from tests.support.dra import Obj, dra_namespace, set_namespaces, templates_for
+from tests.support.webhook import Webhook, user_pod
 
 
 def claim(ns: str, name: str, *requests: Obj, owner: str | None = None) -> Obj:
@@ -83,32 +79,6 @@ def without_extended_resource() -> list[Obj]:
     for found in classes:
         found["spec"].pop("extendedResourceName", None)
     return classes
-
-
-@contextlib.contextmanager
-def dra_namespace(hook: Webhook, quota: str, classes: list[Obj] | None = None, sharing: str | None = None,
-                  pods: list[Obj] = (), name: str = "team",  # type: ignore[assignment]
-                  products: str | None = "NVIDIA-H100-80GB-HBM3") -> Iterator[Webhook]:
-    """Namespace `name` on DRA with this quota, NVIDIA's classes and its templates in the view. With a
-    product list (the default) its whole-GPU pods get claims; without one, where gpu.nvidia.com serves
-    nvidia.com/gpu, they keep it (gpu_placement/decide/claims.py `keeps_resource`)."""
-    annotations = {"gpu-placement.io/allocation": "dra", "gpu-placement.io/quota": quota}
-    if products:
-        annotations["gpu-placement.io/gpu-products"] = products
-    if sharing:
-        annotations["gpu-placement.io/sharing"] = sharing
-    set_namespaces(hook, [namespace(name, annotations)])
-    with hook.view.lock:
-        hook.ingest.replace(hook.view, "deviceclasses", copy.deepcopy(device_classes() if classes is None else classes))
-        hook.ingest.replace(hook.view, "resourceclaimtemplates", templates_for(hook, name))
-        for pod in pods:
-            hook.ingest.event(hook.view, "pods", "ADDED", copy.deepcopy(pod))
-    yield hook
-    with hook.view.lock:
-        for kind in ("deviceclasses", "resourceclaimtemplates", "resourceclaims"):
-            hook.ingest.replace(hook.view, kind, [])
-        hook.view.dra.active = False
-        hook.view.listed -= {"deviceclasses", "resourceclaimtemplates", "resourceclaims"}
 
 
 def mirrored(hook: Webhook) -> dict[str, str]:

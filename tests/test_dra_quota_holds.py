@@ -8,47 +8,24 @@ view shows exists (the pod's stand-ins, its claims) refuses. Over the real HTTPS
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from gpu_placement.samples.cluster import namespace
-from gpu_placement.samples.dra import device_classes
-from tests.test_dra_policy_webhook import set_namespaces, templates_for
-from tests.test_webhook_helpers import Webhook, user_pod
+from tests.support.dra import quota_namespace, templates_for
+from tests.support.webhook import Webhook, user_pod
 
 pytestmark = pytest.mark.timeout(30)
 Obj = dict[str, Any]
 KEY = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
-# nvidia.com/gpu=3: the mirror gives the namespace 3 devices of gpu.nvidia.com. Its product list makes its pods
-# claim pods (only a claim's selector holds one device to a product: gpu_placement/decide/claims.py keeps_resource).
-TEAM = namespace("team", {"gpu-placement.io/allocation": "dra", "gpu-placement.io/quota": "nvidia.com/gpu=3",
-                          "gpu-placement.io/gpu-products": "NVIDIA-H100-80GB-HBM3"})
 
 
 @pytest.fixture
 def team(hook: Webhook) -> Iterator[Webhook]:
     with quota_namespace(hook):
         yield hook
-
-
-@contextlib.contextmanager
-def quota_namespace(hook: Webhook) -> Iterator[Webhook]:
-    """Namespace `team` (DRA, 3 devices of gpu.nvidia.com) with NVIDIA's classes and its templates in
-    the view; all gone afterwards."""
-    set_namespaces(hook, [TEAM])
-    with hook.view.lock:
-        hook.ingest.replace(hook.view, "deviceclasses", copy.deepcopy(device_classes()))
-        hook.ingest.replace(hook.view, "resourceclaimtemplates", templates_for(hook, "team"))
-    yield hook
-    with hook.view.lock:
-        for kind in ("deviceclasses", "resourceclaimtemplates", "resourceclaims"):
-            hook.ingest.replace(hook.view, kind, [])
-        hook.view.dra.active = False
-        hook.view.listed -= {"deviceclasses", "resourceclaimtemplates", "resourceclaims"}
 
 
 def converted(hook: Webhook, name: str, gpus: int) -> Obj:

@@ -13,7 +13,7 @@ from gpu_placement.app.explain import explain_pod
 from gpu_placement.base.config import Config
 from gpu_placement.report.devices import device_rows
 from gpu_placement.samples.dra import device_classes, resource_slice
-from tests.test_dra_extender import claim_pod, dra_node, template
+from tests.support.dra import claim_pod, dra_node, template
 
 XID = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}]
 

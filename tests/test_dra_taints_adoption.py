@@ -9,19 +9,19 @@ import dataclasses
 from collections.abc import Callable
 
 from gpu_placement.base.config import parse_config
-from tests.test_dra_taints import QUICK, Replica, replicas, rules, taint  # noqa: F401  (replicas: the fixture)
+from tests.support.dra_taints import QUICK, Replica, rules, taint
 
 OWNED = dataclasses.replace(QUICK, owner="gpu-placement")
 
 
-def test_audit_mode_rules_only_report(replicas: Callable[..., Replica]) -> None:  # noqa: F811
+def test_audit_mode_rules_only_report(replicas: Callable[..., Replica]) -> None:
     replica = replicas(parse_config({"mode": "audit", "dra": {"taintEffect": "NoExecute"}}))
     replica.taints.step()
     found = rules(replica.fake)
     assert found and {taint(r)[2] for r in found.values()} == {"None"}
 
 
-def test_rules_are_owned_by_the_validating_webhook_configuration(replicas: Callable[..., Replica]) -> None:  # noqa: F811
+def test_rules_are_owned_by_the_validating_webhook_configuration(replicas: Callable[..., Replica]) -> None:
     replica = replicas(settings=OWNED)
     replica.taints.step()
     assert rules(replica.fake) == {}, "no owner yet: nothing written the uninstall would miss"

@@ -19,8 +19,8 @@ from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
-from tests.test_live import wait_for
-from tests.test_quota_mirror import FAST, FAST_WATCH
+from tests.support.quota import FAST, FAST_WATCH
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 Obj = dict[str, Any]

@@ -11,14 +11,12 @@ import orjson
 import pytest
 
 from gpu_placement.samples.dra import device_classes
-from tests.test_dra_extender import claim_pod, template
-from tests.test_webhook_helpers import Webhook, user_pod
+from tests.support.dra import TEMPLATES, bare, claim_pod
+from tests.support.webhook import Webhook, user_pod
 
 pytestmark = pytest.mark.timeout(30)
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 TRAINING_TOLERATION = {"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoSchedule"}
-TEMPLATES = [template("team-a", "one-gpu", "gpu.nvidia.com"), template("team-a", "nic", "nic.example.com"),
-             template("web", "one-gpu", "gpu.nvidia.com")]
 
 
 @pytest.fixture
@@ -32,16 +30,6 @@ def dra(hook: Webhook) -> Iterator[Webhook]:
             hook.ingest.replace(hook.view, kind, [])
         hook.view.dra.active = False
         hook.view.listed -= {"deviceclasses", "resourceclaimtemplates"}
-
-
-def bare(pod: dict) -> dict:
-    """As a user writes it: no namespace, status, uid or scheduler."""
-    pod = copy.deepcopy(pod)
-    for key in ("namespace", "uid"):
-        pod["metadata"].pop(key, None)
-    pod.pop("status", None)
-    pod["spec"].pop("schedulerName", None)
-    return pod
 
 
 def test_a_claim_for_a_gpu_class_is_routed_with_the_namespace_pools(dra: Webhook) -> None:

@@ -7,8 +7,6 @@ where every replica sees the same thing."""
 from __future__ import annotations
 
 import base64
-import time
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -33,22 +31,10 @@ from gpu_placement.samples.cluster import demo_objects, make_pod, namespace, val
 from gpu_placement.web import asgi
 from gpu_placement.web.patching import apply_patch
 from tests.fakeapi import FakeApiServer
+from tests.support.events import events
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def wait_for(what: str, condition: Callable[[], Any], timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def events(fake: FakeApiServer, namespace: str | None = None) -> list[dict[str, Any]]:
-    return [e for e in fake.list("Event") if namespace is None or e["metadata"]["namespace"] == namespace]
 
 
 @pytest.fixture
@@ -73,7 +59,7 @@ def test_a_node_verdict_change_is_an_event_on_the_node(fake_api: FakeApiServer, 
         writer.drain()
         assert events(fake_api) == []  # the verdicts seen at start are not changes
         core.ingest.event(core.view, "pods", "MODIFIED", validator_pod("h100-not-validated", ready=True))
-        [usable] = wait_for("the Normal event", lambda: events(fake_api, "default"))
+        [usable] = wait_for(lambda: events(fake_api, "default"), what="the Normal event")
         assert usable["regarding"] == {"apiVersion": "v1", "kind": "Node", "name": "h100-not-validated"}
         assert (usable["type"], usable["reason"], usable["action"]) == ("Normal", "GpuNodeUsable", "Usable")
         assert usable["note"] == "gpu-placement takes GPU pods on node h100-not-validated again (it was NotValidated)"
@@ -95,7 +81,7 @@ def test_a_node_verdict_change_is_an_event_on_the_node(fake_api: FakeApiServer, 
         # Past the series' end (6 minutes quiet), a repeat is a new Event.
         clock.now += 7 * 60
         core.ingest.event(core.view, "pods", "MODIFIED", validator_pod("h100-not-validated", ready=False))
-        wait_for("a second Warning", lambda: len([e for e in events(fake_api) if e["type"] == "Warning"]) == 2)
+        wait_for(lambda: len([e for e in events(fake_api) if e["type"] == "Warning"]) == 2, what="a second Warning")
     finally:
         writer.stop()
 
@@ -137,9 +123,9 @@ def test_a_namespace_whose_settings_do_nothing(fake_api: FakeApiServer) -> None:
     try:
         watch_namespaces(core.view, writer, lambda record: policy_problems(record, core.config))
         writer.drain()
-        typo = wait_for("typo1's Events", lambda: events(fake_api, "typo1"))
-        typo = wait_for("both of typo1's Events", lambda: len(events(fake_api, "typo1")) == 2 and events(
-            fake_api, "typo1"))
+        typo = wait_for(lambda: events(fake_api, "typo1"), what="typo1's Events")
+        typo = wait_for(lambda: len(events(fake_api, "typo1")) == 2 and events(
+            fake_api, "typo1"), what="both of typo1's Events")
         by_kind = {e["action"]: e for e in typo}  # misspelt, and on a namespace nobody opted in
         assert set(by_kind) == {"unread_annotation", "not_opted_in"}
         assert by_kind["unread_annotation"]["regarding"]["kind"] == "Namespace"
@@ -179,7 +165,7 @@ def test_a_pods_admission_warnings_land_on_the_pod_once_it_exists(fake_api: Fake
         writer.drain()
         assert events(fake_api) == []  # the pod does not exist yet
         core.ingest.event(core.view, "pods", "ADDED", pod)
-        [event] = wait_for("the pod's Event", lambda: events(fake_api, "research"))
+        [event] = wait_for(lambda: events(fake_api, "research"), what="the pod's Event")
         assert event["regarding"]["kind"] == "Pod" and event["regarding"]["name"] == "train-abc12"
         assert event["reason"] == "GpuPlacementWarning" and event["type"] == "Warning"
         assert "did you mean gpu-placement.io/gpu-memory?" in event["note"]

@@ -29,7 +29,8 @@ from gpu_placement.samples.cluster import demo_objects, make_pod
 from gpu_placement.web.patching import apply_patch
 from gpu_placement.web.serving import ServerThread, make_server
 from tests.fakeapi import FakeApiServer
-from tests.test_events import events, wait_for
+from tests.support.events import events
+from tests.support.waiting import wait_for
 from webhook.app import create_app
 
 pytestmark = pytest.mark.timeout(60)
@@ -133,7 +134,7 @@ def test_a_forged_review_writes_no_event_and_a_real_pod_still_gets_its_own(clust
     assert answer["allowed"] is True and answer["warnings"]
     real = pod["metadata"]["name"]
     cluster.store(pod)
-    [event] = wait_for("the real pod's Event", lambda: cluster.events_on(real))
+    [event] = wait_for(lambda: cluster.events_on(real), what="the real pod's Event")
     assert (event["type"], event["reason"], event["regarding"]["uid"]) == (
         "Warning", "GpuPlacementWarning", pod["metadata"]["uid"])
     assert "did you mean gpu-placement.io/gpu-memory?" in event["note"]
@@ -152,7 +153,7 @@ def test_a_flood_of_forged_reviews_does_not_drop_a_real_pods_warnings(cluster: C
             for i in range(10):
                 cluster.admit(forger, user_pod(f"flood-{peer}-{i}", {"gpu-placement.io/gpumemory": "1Gi"}), stamp=True)
     cluster.store(pod)
-    [event] = wait_for("the real pod's Event", lambda: cluster.events_on("train-0"))
+    [event] = wait_for(lambda: cluster.events_on("train-0"), what="the real pod's Event")
     assert "did you mean gpu-placement.io/gpu-memory?" in event["note"]
     assert len(cluster.warnings) <= 20  # the forgers' oldest went first
 

@@ -14,7 +14,7 @@ from gpu_placement.base.config import parse_config
 from gpu_placement.decide.bypass import Webhook, bypass_reasons
 from gpu_placement.samples.cluster import demo_objects, make_pod
 from tests.fakeapi import FakeApiServer
-from tests.test_explain_workloads import GPU_POD, HOOK, _created
+from tests.support.explain import GPU_POD, HOOK, _created
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -105,7 +105,7 @@ def _explain_role(values: dict) -> list[dict]:
     import helm_python
     import yaml
 
-    from tests.test_chart import CHART, offline
+    from tests.support.chart import CHART, offline
 
     with helm_python.Chart.load(CHART) as chart:
         files = chart.render(offline(values), name="gpu-placement", namespace="gpu-placement")

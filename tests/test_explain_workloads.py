@@ -17,6 +17,7 @@ from gpu_placement.decide.bypass import Webhook, bypass_reasons
 from gpu_placement.facts.workloads import WorkloadError, pods_of
 from gpu_placement.samples.cluster import demo_objects, make_pod
 from tests.fakeapi import FakeApiServer
+from tests.support.explain import GPU_POD, HOOK, _created
 
 TEMPLATE = {"metadata": {"labels": {"app": "train"}},
             "spec": {"restartPolicy": "Never",
@@ -116,16 +117,6 @@ def test_a_daemonset_keeps_its_scheduler(snapshot: Path, tmp_path: Path,
 
 
 # -- pods that went around gpu-placement -------------------------------------------------------------
-GPU_POD = make_pod("research", "p", gpus={"nvidia.com/gpu": 1})
-HOOK = Webhook("gpu-placement", "2026-01-10T00:00:00Z", "Ignore")
-
-
-def _created(pod: dict[str, Any], at: str, **meta: Any) -> dict[str, Any]:
-    pod = orjson.loads(orjson.dumps(pod))
-    pod["metadata"] |= {"creationTimestamp": at, **meta}
-    return dict(pod)
-
-
 def test_a_pod_created_while_the_webhook_was_down() -> None:
     [unadmitted, scheduler] = bypass_reasons(_created(GPU_POD, "2026-02-01T00:00:00Z"), Config(), True, HOOK)
     assert unadmitted == (

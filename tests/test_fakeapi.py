@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpu_placement.kube.api import request as raw_request
 from tests.fakeapi import FakeApiServer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -766,13 +767,6 @@ def reflect(api: client.ApiClient, path: str, store: dict[str, str], stop: threa
             stop.wait(0.1)  # cut or refused: retry, resuming from the last version
 
 
-def wait_until(condition: Any, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-
-
 def test_a_hand_written_list_watch_loop_survives_cuts_outages_and_compaction(fake_api: FakeApiServer,
                                                                               api: client.ApiClient):
     fake_api.bookmark_interval = 0.2
@@ -782,24 +776,24 @@ def test_a_hand_written_list_watch_loop_survives_cuts_outages_and_compaction(fak
     thread = threading.Thread(target=reflect, args=(api, "/api/v1/nodes", store, stop, relists), daemon=True)
     thread.start()
     try:
-        wait_until(lambda: len(store) == 5 and fake_api.open_watches("nodes") == 1)
+        wait_for(lambda: len(store) == 5 and fake_api.open_watches("nodes") == 1)
         assert fake_api.count("list", "/api/v1/nodes") == 3  # pages of 2
         fake_api.add(node("n5"))
-        wait_until(lambda: "n5" in store)
+        wait_for(lambda: "n5" in store)
         fake_api.cut_watches()
         fake_api.delete("node", "n0")
-        wait_until(lambda: "n0" not in store)
+        wait_for(lambda: "n0" not in store)
         fake_api.down()
         fake_api.add(node("n6"))
         time.sleep(0.3)
         fake_api.up()
-        wait_until(lambda: "n6" in store)
+        wait_for(lambda: "n6" in store)
         assert len(relists) == 1  # resumed every time, never relisted
         fake_api.down()
         fake_api.delete("node", "n1")
         fake_api.compact()  # the version the loop holds is gone: it must relist
         fake_api.up()
-        wait_until(lambda: len(relists) == 2 and "n1" not in store)
+        wait_for(lambda: len(relists) == 2 and "n1" not in store)
         assert sorted(store) == ["n2", "n3", "n4", "n5", "n6"]
     finally:
         stop.set()
@@ -808,6 +802,7 @@ def test_a_hand_written_list_watch_loop_survives_cuts_outages_and_compaction(fak
     assert not thread.is_alive()
 
 
+@pytest.mark.slow  # 20,000 pods listed twice
 def test_listing_many_pods_in_pages_is_quick(fake_api: FakeApiServer, core: client.CoreV1Api):
     fake_api.load((pod(f"p{i:05d}", f"ns{i % 20}", f"n{i % 500}") for i in range(20_000)), copy=False)
     # The floor, from the same run: the 20,000 pods in one answer. Paging is quick when its 40 pages

@@ -54,7 +54,8 @@ from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from gpu_placement.web.serving import ServerThread, make_server
 from tests.fakeapi import FakeApiServer
-from tests.test_live import FAST, wait_for
+from tests.support.live import FAST
+from tests.support.waiting import wait_for
 
 Live = Callable[[list[dict[str, Any]]], "_Live"]
 

@@ -21,8 +21,7 @@ from gpu_placement.app.explain import explain_pod
 from gpu_placement.base.cuda import parse_version
 from gpu_placement.facts.cudaneed import container_need, is_data_center
 from gpu_placement.samples.cluster import make_node, make_pod
-from tests.test_extender_http import Extender, api_pod
-from tests.test_stack_rules import cluster, verdict
+from tests.support.extender import Extender, api_pod, cluster, verdict
 
 GPU = "nvidia.com/gpu"
 PYTORCH_24_06 = "nvcr.io/nvidia/pytorch:24.06-py3"  # CUDA 12.5.0

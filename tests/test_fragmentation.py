@@ -16,9 +16,9 @@ from gpu_placement.decide.placement import Placement
 from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
 from gpu_placement.view.cluster import ClusterView, Telemetry
 from gpu_placement.view.ingest import Ingest
-from tests.test_dra_extender import claim_pod
-from tests.test_rollout import NODES as WAVE_NODES
-from tests.test_rollout import SOAKING_SENTENCE, Wave
+from tests.support.dra import claim_pod
+from tests.support.rollout import NODES as WAVE_NODES
+from tests.support.rollout import SOAKING_SENTENCE, Wave
 
 GPU = "nvidia.com/gpu"
 FRAGMENTATION = Config(scoring=Scoring(strategy="fragmentation"))

@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 
 from gpu_placement.samples.cluster import demo_objects, make_pod
 from tests.hostile import deep, held_by_the_service, paths
-from tests.test_dra_quota_holds import quota_namespace
-from tests.test_extender_http import DEMO_NODES, Extender, api_node, api_pod
-from tests.test_webhook_helpers import NAMESPACES, Webhook, review, user_pod
+from tests.support.dra import quota_namespace
+from tests.support.extender import DEMO_NODES, Extender, api_node, api_pod
+from tests.support.webhook import NAMESPACES, Webhook, review, user_pod
 
 FUZZ_EXAMPLES = int(os.environ.get("GPU_PLACEMENT_FUZZ_EXAMPLES") or 0)
 SETTINGS = settings(
@@ -46,7 +46,7 @@ SETTINGS = settings(
                            HealthCheck.filter_too_much])
 # A hang guard, not a speed check: /filter's 30 examples took 4.3 s alone and 72.6 s once on this
 # 2-core machine under other CPU-bound work (tracemalloc traces every allocation of the run).
-pytestmark = pytest.mark.timeout(0 if FUZZ_EXAMPLES else 300)
+pytestmark = [pytest.mark.timeout(0 if FUZZ_EXAMPLES else 300), pytest.mark.slow]  # slow: tracemalloc over every run
 
 # What the service's own code may keep across a run: its caches are bounded in count and (since
 # issue 14) in entry size. 150 pods with a 1 MiB annotation used to hold 2.7 GiB.

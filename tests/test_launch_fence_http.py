@@ -12,8 +12,8 @@ import pytest
 
 from gpu_placement.app.cli import main
 from gpu_placement.samples.cluster import make_pod, namespace, validator_pod
-from tests.test_extender_http import Extender
-from tests.test_launch_fence import failed, node
+from tests.support.extender import Extender
+from tests.support.fence import failed, node
 
 GPU = "nvidia.com/gpu"
 FENCED = ("LaunchFailures: 2 nvidia.com/gpu pods in a row failed to start on the node for the node's reasons "

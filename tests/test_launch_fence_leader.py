@@ -22,8 +22,9 @@ from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
-from tests.test_launch_fence import failed, node, ready_validator
-from tests.test_live import FAST, wait_for
+from tests.support.fence import failed, node, ready_validator
+from tests.support.live import FAST
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 FENCE = "gpu-placement.io/launch-fence"

@@ -22,25 +22,12 @@ from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
+from tests.support.live import FAST
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
 GPU = "nvidia.com/gpu"
-FAST = WatchSettings(connect_timeout=1.0, read_timeout=2.0, server_timeout=30, client_timeout=35.0,
-                     backoff_initial=0.05, backoff_max=0.3, page_size=3)
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll every 10 ms until `condition()` is truthy; fail the test after `timeout` seconds. The
-    default is long for a CI machine under load: a poll ends as soon as the condition holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 def gauge(metric: Any, *labels: str) -> float:
@@ -329,7 +316,11 @@ def test_a_silent_watch_is_noticed_within_two_bookmark_intervals(live: Callable[
                              client_timeout=2 * interval, backoff_initial=0.05, backoff_max=0.3)
     h = live(settings)
     restarts = gauge(metrics.WATCH_RESTARTS, "pods", "stalled")
-    time.sleep(interval * 2.5)  # healthy and quiet: bookmarks keep the stream alive
+    bookmarks = gauge(metrics.WATCH_EVENTS, "pods", "BOOKMARK")
+    # Healthy and quiet: bookmarks keep the stream alive. Three more, one an interval: more than the two
+    # intervals of silence that would have ended it.
+    wait_for(lambda: gauge(metrics.WATCH_EVENTS, "pods", "BOOKMARK") >= bookmarks + 3, 6 * interval,
+             "three bookmarks on the quiet stream")
     assert gauge(metrics.WATCH_RESTARTS, "pods", "stalled") == restarts
     fake_api.clear_log()
     assert fake_api.stall_watches("pods") == 1

@@ -20,6 +20,7 @@ from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -62,10 +63,7 @@ def test_the_next_page_is_asked_for_while_this_one_is_ingested(fake_api: FakeApi
     source = LiveSource(view, ingest, fake_api.api_client(), SETTINGS)
     source.start()
     try:
-        deadline = time.monotonic() + 20
-        while not source.ready and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert source.ready
+        wait_for(lambda: source.ready, 20, "the first lists")
         assert len(view.nodes) == 6
         assert ingest.asked_when_ingesting == [2]  # page 2 was asked for before page 1 was ingested
     finally:
@@ -110,19 +108,15 @@ def test_a_list_failing_on_a_later_page_changes_nothing_and_is_tried_again(fake_
     source = LiveSource(view, FailingLater(config, fake_api), fake_api.api_client(), SETTINGS)
     source.start()
     try:
-        deadline = time.monotonic() + 20
-        while not source.ready and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert source.ready and applied == [6]  # the failed list applied nothing; the retry all of it
+        wait_for(lambda: source.ready, 20, "the first lists")
+        assert applied == [6]  # the failed list applied nothing; the retry all of it
         lists = sum(1 for r in fake_api.requests_log if r.verb == "list" and r.path == "/api/v1/nodes")
         assert lists >= 4  # at least two pages of the failed list, then the three of the retry
         def list_threads() -> list[str]:
             return [t.name for t in threading.enumerate() if t.name.startswith("list-") and t.is_alive()]
 
-        deadline = time.monotonic() + 20  # a page's thread ends just after handing its page over
-        while list_threads() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not list_threads()
+        # a page's thread ends just after handing its page over
+        wait_for(lambda: not list_threads(), 20, "the page threads to end")
     finally:
         source.stop()
         gc.unfreeze()
@@ -184,10 +178,7 @@ def test_a_first_pod_list_failing_half_way_is_put_right_by_the_next(fake_api: Fa
     source = ThirdPodPageAfterArming(view, ingest, fake_api.api_client(), SETTINGS, armed=ingest.failure_armed)
     source.start()
     try:
-        deadline = time.monotonic() + 20
-        while not source.ready and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert source.ready
+        wait_for(lambda: source.ready, 20, "the first lists")
         assert sorted(view.pods) == [f"default/p{i}" for i in range(1, 6)]  # p0, gone meanwhile, is not kept
         assert view.free_units["nvidia.com/gpu"]["gpu-1"] == 8 - 5  # and holds no GPU
     finally:

@@ -21,7 +21,7 @@ from gpu_placement.observe.metrics import NGC_UNCHECKED
 from gpu_placement.samples.cluster import driver_labels, make_node, namespace, validator_pod
 from gpu_placement.view.ingest import Ingest
 from gpu_placement.web.certs import CertBundle
-from tests.test_webhook_helpers import TEST_CONFIG, Webhook, serving, user_pod
+from tests.support.webhook import TEST_CONFIG, Webhook, serving, user_pod
 
 pytestmark = pytest.mark.timeout(30)
 NEWEST = ngc_table().newest  # 26.03 on 2026-12-07

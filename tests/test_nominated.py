@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
-from tests.test_extender_http import Extender, api_pod
+from tests.support.extender import Extender, api_pod
 
 SHARED = "nvidia.com/gpu.shared"
 T4, SPARE = "t4", "t4-spare"

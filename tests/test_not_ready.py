@@ -28,7 +28,7 @@ from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from gpu_placement.web.serving import ServerThread, make_server
 from tests.fakeapi import FakeApiServer
-from tests.test_extender_http import Extender
+from tests.support.extender import Extender
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -18,9 +18,9 @@ from gpu_placement.samples.cluster import namespace
 from gpu_placement.samples.history import H100, Change, Story, Truth
 from tests.fakeapi import FakeApiServer
 from tests.outcome_replay import START, Clock, ViewReplica, apply, exposition, figures, held, truth_histograms
-from tests.test_outcome_leader import SETTINGS, Cluster
+from tests.support.outcomes import SETTINGS, Cluster
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # slow: stories replayed through replicas that crash
 
 M = 60.0
 TURN = SETTINGS.renew_seconds

@@ -37,11 +37,10 @@ from gpu_placement.samples.history import Truth, day
 from tests.fakeapi import FakeApiServer
 from tests.outcome_replay import Clock, exposition
 from tests.prometheus import PrometheusServer, openmetrics, tool
-from tests.test_alerts import rule_groups
-from tests.test_dashboard import VARIABLES, dashboard
-from tests.test_outcome_leader import Cluster
+from tests.support.chart import VARIABLES, dashboard, rule_groups
+from tests.support.outcomes import Cluster
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # slow: a simulated day, then a Prometheus backfill
 
 HOUR = 3600.0
 # The day ends an hour before now (backfilled blocks stay in the past); the window holds all of it.

@@ -22,9 +22,9 @@ from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import KINDS, Ingest
 from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
-from tests.test_extender_http import Extender
-from tests.test_live import wait_for
-from tests.test_preempt import cluster, meta_args, preempt, uid, victim_uids
+from tests.support.extender import Extender
+from tests.support.preempt import cluster, meta_args, preempt, uid, victim_uids
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 

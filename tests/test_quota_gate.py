@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import gc
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -30,9 +29,9 @@ from gpu_placement.web.certs import CertBundle
 from gpu_placement.web.serving import ServerThread
 from gpu_placement.web.tls import ReloadingTLS, make_server
 from tests.fakeapi import FakeApiServer
-from tests.test_dra_quota_devices import dra_namespace
-from tests.test_live import wait_for
-from tests.test_webhook_helpers import Webhook, review, trusting, user_pod
+from tests.support.dra import dra_namespace
+from tests.support.waiting import wait_for
+from tests.support.webhook import Webhook, review, trusting, user_pod
 from webhook.app import create_app
 
 pytestmark = pytest.mark.timeout(60)
@@ -165,8 +164,7 @@ def test_namespaces_without_a_quota_and_other_resourcequotas_are_not_concerned(g
     gated.fake.add({"kind": "ResourceQuota", "metadata": {"name": "tenant-limits", "namespace": "fresh"},
                     "spec": {"hard": {f"requests.{GPU}": "64"}},
                     "status": {"hard": {f"requests.{GPU}": "64"}, "used": {f"requests.{GPU}": "0"}}})
-    gated.quota_status(hard=None, used=None)
-    time.sleep(0.2)
+    gated.quota_status(hard=None, used=None)  # waits until the view applied its event, which the tenant's precedes
     assert set(gated.hook.view.resourcequotas) == {"fresh"}  # watched by name: the tenant's own is not read
     assert "has not been counted" in pending(gated.create("x"))
     assert gated.create("y", ns="open")["allowed"] is True  # no quota annotation: nothing to wait for

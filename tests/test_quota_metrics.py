@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from prometheus_client import REGISTRY
 
 from gpu_placement.base.config import Config
 from gpu_placement.observe.metrics import exposition
@@ -14,6 +13,7 @@ from gpu_placement.samples.cluster import make_pod, namespace
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 from tests.fakeapi import FakeApiServer
+from tests.support.metrics import sample
 from webhook.holds import HoldChecker
 from webhook.namespace_reader import NamespaceReader
 from webhook.quota import Reservations
@@ -21,10 +21,6 @@ from webhook.quota import Reservations
 pytestmark = pytest.mark.timeout(30)
 
 GPU = (("nvidia.com/gpu", 1),)
-
-
-def sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 class Clock:

@@ -13,19 +13,14 @@ import pytest
 
 from gpu_placement.base.config import Config
 from gpu_placement.controllers.quota_mirror import MirrorSettings, QuotaMirror
-from gpu_placement.kube.api import WatchSettings
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from tests.fakeapi import ApiStatusError, FakeApiServer
-from tests.test_live import wait_for
+from tests.support.quota import FAST, FAST_WATCH, QUOTA, a_turn_ends, mirrored
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
-
-QUOTA = "gpu-placement.io/quota"
-FAST_WATCH = WatchSettings(connect_timeout=1.0, read_timeout=2.0, server_timeout=30, client_timeout=35.0,
-                           backoff_initial=0.05, backoff_max=0.3)
-FAST = MirrorSettings(lease_name="quota-lock", lease_seconds=1, renew_seconds=0.05, resync_seconds=3600)
 
 
 class Replica:
@@ -71,11 +66,6 @@ def namespace(fake: FakeApiServer, name: str, quota: str | None) -> dict[str, An
     return fake.add({"kind": "Namespace", "metadata": {"name": name, "annotations": annotations}})
 
 
-def mirrored(fake: FakeApiServer, ns: str) -> dict[str, str] | None:
-    quota = fake.get("ResourceQuota", "gpu-placement", ns)
-    return None if quota is None else quota["spec"]["hard"]
-
-
 def test_a_quota_annotation_becomes_a_resourcequota_owned_by_the_namespace(fake_api: FakeApiServer,
                                                                             replicas: Callable[..., Replica]) -> None:
     team = namespace(fake_api, "team-a", "nvidia.com/gpu=4,nvidia.com/gpu.shared=16")
@@ -113,7 +103,7 @@ def test_a_namespace_event_costs_requests_for_that_namespace_only(fake_api: Fake
     fake_api.set_annotations("Namespace", "team-07", {QUOTA: "nvidia.com/gpu=99"})
     wait_for(lambda: mirrored(fake_api, "team-07") == {"requests.nvidia.com/gpu": "99"}, what="the update")
     wait_for(lambda: replica.mirror.writes == 21, what="the write counted")
-    time.sleep(0.2)
+    wait_for(a_turn_ends(replica.mirror), what="the end of the turn that wrote it")
     quota_calls = {(r.verb, r.path) for r in fake_api.requests_log if "resourcequotas" in r.path}
     assert quota_calls == {("get", "/api/v1/namespaces/team-07/resourcequotas/gpu-placement"),
                            ("update", "/api/v1/namespaces/team-07/resourcequotas/gpu-placement")}
@@ -129,7 +119,7 @@ def test_resourcequotas_it_does_not_own_are_never_touched(fake_api: FakeApiServe
                                                                 "labels": {"app.kubernetes.io/managed-by": "x"}},
                           "spec": {"hard": {"requests.cpu": "8"}}})
     replica = replicas()
-    time.sleep(0.3)
+    wait_for(a_turn_ends(replica.mirror), what="the first pass")
     replica.mirror.resync()
     assert fake_api.get("ResourceQuota", "gpu-placement", "team-a") == theirs
     assert fake_api.get("ResourceQuota", "compute", "team-b") == other
@@ -170,7 +160,16 @@ def test_one_replica_writes_and_another_takes_over_when_it_stops(fake_api: FakeA
     first = replicas("replica-a", held)
     wait_for(lambda: mirrored(fake_api, "team-a"), what="the mirror")
     second = replicas("replica-b", held)
-    time.sleep(0.3)
+    # A standby's turn counts nothing of its own (its stamp and gauge share the leader's series): a spy on its Lease.
+    answers: list[bool] = []
+    acquire = second.mirror.lease.acquire
+
+    def answered() -> bool:
+        answers.append(answer := acquire())
+        return answer
+
+    second.mirror.lease.acquire = answered  # type: ignore[method-assign]  # a spy on this instance only
+    wait_for(lambda: answers, what="the standby's next ask for the Lease")
     assert first.mirror.leading and not second.mirror.leading
     first.stop()
     fake_api.set_annotations("Namespace", "team-a", {QUOTA: "nvidia.com/gpu=6"})

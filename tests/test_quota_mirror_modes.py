@@ -6,7 +6,6 @@ collector: the e2e suite shows the deletion itself, tests/e2e/test_0_adoption.py
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,8 +17,8 @@ from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
-from tests.test_live import wait_for
-from tests.test_quota_mirror import FAST, FAST_WATCH, QUOTA, mirrored
+from tests.support.quota import FAST, FAST_WATCH, QUOTA, a_turn_ends, mirrored
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -113,8 +112,7 @@ def test_the_quotas_are_owned_by_the_validating_webhook_configuration(fake_api: 
     """Owner: what helm uninstall deletes. Missing (being uninstalled, deleted by hand): nothing is
     written, since the garbage collector would not take it; back with a new uid: rewritten to it."""
     namespace(fake_api, "team-a", "nvidia.com/gpu=4")
-    replica(settings=OWNED)
-    time.sleep(0.3)
+    wait_for(a_turn_ends(replica(settings=OWNED).mirror), what="the first pass")
     assert mirrored(fake_api, "team-a") is None, "no owner yet: nothing written"
     vwc = fake_api.add({"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "gpu-placement"}})
 
@@ -137,8 +135,8 @@ def test_when_the_owner_comes_back_the_quotas_are_written_at_once(fake_api: Fake
     """The emergency stop (configurations deleted by hand; the garbage collector takes the quotas), then
     helm upgrade puts them back: the mirror does not wait for its next full pass."""
     namespace(fake_api, "team-a", "nvidia.com/gpu=4")
-    replica(settings=OWNED)  # resync_seconds 3600: only the owner's return can bring the quota
-    time.sleep(0.3)
+    first = replica(settings=OWNED)  # resync_seconds 3600: only the owner's return can bring the quota
+    wait_for(a_turn_ends(first.mirror), what="the first pass")
     assert mirrored(fake_api, "team-a") is None
     fake_api.add({"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "gpu-placement"}})
     wait_for(lambda: mirrored(fake_api, "team-a"), what="the quota written once the owner is back")

@@ -24,8 +24,8 @@ from gpu_placement.facts.pods import effective_gpu_requests
 from gpu_placement.facts.resourcequotas import SETTLE_SECONDS
 from gpu_placement.samples.cluster import namespace
 from gpu_placement.samples.dra import device_classes
-from tests.test_dra_policy_webhook import set_namespaces, templates_for
-from tests.test_webhook_helpers import Webhook, user_pod
+from tests.support.dra import set_namespaces, templates_for
+from tests.support.webhook import Webhook, user_pod
 
 Obj = dict[str, Any]
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpu_placement.app.cli import main
+from gpu_placement.outcomes.report import Prometheus
 from tests.prometheus import PrometheusServer, Series, openmetrics
 
 pytestmark = pytest.mark.timeout(300)
@@ -134,6 +135,44 @@ def test_a_window_the_records_cover_in_part_counts_from_where_they_begin(late_ru
     assert figures["coverage"] == {"start": _minute(T - 3 * HOUR), "end": _minute(T), "seconds": 3 * 3600,
                                    "whole_window": False}
     assert figures["launches"]["total"] == 18 and f"@ {T - 3 * HOUR:.0f}" in figures["launches"]["promql"]["success"]
+
+
+IDLE_RAW, IDLE = "gpu_placement_idle_gpus", "gpu_placement:idle_gpus:max"
+FRAGMENTED = {"resource": "nvidia.com/gpu", "reason": "fragmented"}
+GPUS = 32  # every GPU of the cluster idle while pods wait, the most the gauge can read
+
+
+@pytest.fixture(scope="module")
+def late_start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    """gpu-placement scraped every 5 s for the last 145 s before T only (a fresh install), every GPU idle."""
+    scraped = [T - 145 + 5 * i for i in range(30)]
+    series: list[Series] = [
+        ("gpu_placement_outcomes_leading", {"lease": "gpu-placement-outcomes", "pod": "gpu-placement-0"},
+         [(at, 1.0) for at in scraped]),
+        (IDLE_RAW, {**FRAGMENTED, "pod": "gpu-placement-0"}, [(at, GPUS) for at in scraped]),
+        (IDLE, FRAGMENTED, [(at, GPUS) for at in scraped]),
+    ]
+    server = PrometheusServer(Path(tmp_path_factory.mktemp("late-start")), openmetrics(series))
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize(("until", "covered", "shown"), [(T - 120, 25, "0.2"), (T, 145, "1.3")])
+def test_data_beginning_late_in_a_window_counts_only_the_covered_seconds(
+        late_start: PrometheusServer, until: float, covered: int, shown: str) -> None:
+    """Data from 25 s before a 10-minute window's end (or 2 min 25 s): the coverage starts at the first
+    sample (not the last one before the first minute mark), and the idle GPU-hours are every GPU idle for
+    the seconds covered, no more (not a whole minute for the first mark, nor the window's marks before)."""
+    status, out, _ = report("--prometheus", late_start.url, "--since", "10m", "--until", _at(until), "-o", "json")
+    assert status == 0, out
+    figures = json.loads(out)["figures"]
+    assert figures["coverage"]["seconds"] == covered and figures["coverage"]["whole_window"] is False
+    idle = figures["idle_gpu_hours"]
+    assert idle["by_reason"] == {"fragmented": round(GPUS * covered / HOUR, 2)}  # 32 GPUs for those seconds
+    [(_, hours)] = Prometheus(late_start.url).query(idle["promql"], until)
+    assert hours == pytest.approx(GPUS * covered / HOUR)  # the PromQL shown gives the figure
+    status, out, _ = report("--prometheus", late_start.url, "--since", "10m", "--until", _at(until))
+    assert f"\nGPU-hours idle while pods waited  {shown}: fragmented {shown}\n" in out, out
 
 
 def test_since_takes_whole_minutes_and_says_so(late_rules: PrometheusServer) -> None:

@@ -15,26 +15,15 @@ from cryptography.exceptions import InvalidSignature
 
 from gpu_placement.web.certs import cert_not_after, subject_alt_names
 from tests.fakeapi import FakeApiServer
+from tests.support.serve import CONFIG, NS, SECRET, SERVICE, webhook_configurations
 from webhook.rotation import CertificateManager, RotationSettings
 
-NS, SECRET, SERVICE, CONFIG = "gpu-placement", "gpu-placement-webhook-tls", "gpu-placement-webhook", "gpu-placement"
 # Certificates are issued against the wall clock; the managers' clock starts there and moves ahead.
 START = datetime.now(UTC)
 # A CA of two years renewed in its last 400 days, serving certificates of a year renewed in their
 # last 30: moving the clock 332 days ahead enters the CA's window while the serving pair is fine.
 SETTINGS = RotationSettings(ca_days=730, serving_days=365, renew_ca_before=timedelta(days=400),
                             renew_serving_before=timedelta(days=30), lease_seconds=30, overlap_seconds=600)
-
-
-def webhook_configurations(api: FakeApiServer) -> None:
-    api.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-    hook = {"admissionReviewVersions": ["v1"], "sideEffects": "None",
-            "clientConfig": {"service": {"name": SERVICE, "namespace": NS, "path": "/mutate"}}}
-    api.add({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-             "metadata": {"name": CONFIG}, "webhooks": [{**hook, "name": "mutate.gpu-placement.io"}]})
-    api.add({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-             "metadata": {"name": CONFIG}, "webhooks": [{**hook, "name": "validate.gpu-placement.io"},
-                                                        {**hook, "name": "validate2.gpu-placement.io"}]})
 
 
 def bundles(api: FakeApiServer) -> set[str]:

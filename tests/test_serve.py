@@ -6,11 +6,8 @@ from __future__ import annotations
 import base64
 import json
 import signal
-import socket
 import ssl
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,38 +17,8 @@ import pytest
 from gpu_placement.app.assembly import TRIM_THRESHOLD
 from gpu_placement.app.demo import write_snapshot
 from gpu_placement.samples.cluster import make_pod
-
-SCRIPT = str(Path(sys.executable).with_name("gpu-placement"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_ready(url: str, verify: ssl.SSLContext | bool = False, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, verify=verify, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} not ready within {timeout} s")
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    """SIGTERM, as the kubelet sends it; SIGKILL only if it does not stop."""
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
+from tests.support.serve import SCRIPT, free_port, stop, wait_ready
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
@@ -110,12 +77,8 @@ def test_serve_reloads_the_snapshot_when_it_changes(served: dict[str, object]) -
         if item["kind"] == "Node" and item["metadata"]["name"] == "h100-single":
             item["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-state"] = "pod-restart-required"
     snapshot.write_text(json.dumps(cluster))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        failed = httpx.post(f"{extender}/filter", json=args).json()["FailedAndUnresolvableNodes"]
-        if failed:
-            break
-        time.sleep(0.2)
+    failed = wait_for(lambda: httpx.post(f"{extender}/filter", json=args).json()["FailedAndUnresolvableNodes"], 30,
+                      "the snapshot's change reloaded", interval=0.2)
     assert failed["h100-single"].startswith("DriverUpgrade: the node is in a driver upgrade")
 
 
@@ -132,7 +95,7 @@ def test_serve_against_an_api_server_manages_its_webhook_certificate(fake_api: o
     """`serve --kubeconfig K --manage-certs`: lists the cluster, creates the Secret, patches both caBundles,
     and serves TLS that an API server holding that caBundle trusts."""
     from tests.fakeapi import FakeApiServer
-    from tests.test_rotation import CONFIG, NS, SECRET, SERVICE, webhook_configurations
+    from tests.support.serve import CONFIG, NS, SECRET, SERVICE, webhook_configurations
 
     api: FakeApiServer = fake_api  # type: ignore[assignment]
     webhook_configurations(api)
@@ -154,7 +117,6 @@ def test_serve_against_an_api_server_manages_its_webhook_certificate(fake_api: o
         assert api.get("Secret", SECRET, NS) is not None
         # The webhook replica counts launch outcomes: it holds the outcomes Lease and starts the watermark.
         from gpu_placement.outcomes.counter import STATE_ANNOTATION, WATERMARK_ANNOTATION
-        from tests.test_live import wait_for
 
         annotations = wait_for(lambda: ((api.get("Lease", "gpu-placement-outcomes", NS) or {}).get("metadata") or {})
                                .get("annotations"), what="the outcomes Lease's watermark")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -15,7 +14,8 @@ import yaml
 
 from gpu_placement.app.demo import write_snapshot
 from tests.fakeapi import FakeApiServer
-from tests.test_serve import SCRIPT, free_port, stop, wait_ready
+from tests.support.serve import SCRIPT, free_port, stop, wait_ready
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,19 +89,19 @@ def test_serve_writes_the_webhooks_once_ready_with_the_ca_it_serves_with(fake_ap
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_ready(f"https://127.0.0.1:{port}/readyz")
-        time.sleep(1.0)
+        # Each turn of the registration asks for the Service's endpoints first: two asks after ready, and
+        # the turn of the first is over.
+        slices = "/apis/discovery.k8s.io/v1/namespaces/gpu-placement/endpointslices"
+        asked = fake_api.count("list", slices)
+        wait_for(lambda: fake_api.count("list", slices) >= asked + 2, what="a turn of the registration after ready")
         assert "webhooks" not in (fake_api.get("ValidatingWebhookConfiguration", "gpu-placement") or {}), \
             "ready, but the Service has no ready endpoint: nothing written"
         fake_api.add({"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1", "addressType": "IPv4",
                       "metadata": {"name": "gpu-placement-webhook-x", "namespace": "gpu-placement",
                                    "labels": {"kubernetes.io/service-name": "gpu-placement-webhook"}},
                       "endpoints": [{"addresses": ["10.0.0.7"], "conditions": {"ready": True}}]})
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            validating = fake_api.get("ValidatingWebhookConfiguration", "gpu-placement") or {}
-            if validating.get("webhooks"):
-                break
-            time.sleep(0.2)
+        wait_for(lambda: (fake_api.get("ValidatingWebhookConfiguration", "gpu-placement") or {}).get("webhooks"), 30,
+                 "the webhooks written", interval=0.2)
         secret = fake_api.get("Secret", "gpu-placement-webhook-tls", "gpu-placement")
         assert secret is not None
         trusted = base64.b64decode(secret["data"]["ca-bundle.crt"])

@@ -6,7 +6,6 @@ import asyncio
 import copy
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from gpu_placement.samples.cluster import make_node, make_pod, namespace, valida
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.snapshot import SnapshotError, SnapshotSource, read_objects
+from tests.support.waiting import wait_for
 
 GPU = "nvidia.com/gpu"
 H100 = 81559
@@ -201,10 +201,7 @@ def test_poll_thread_reloads_and_stops(tmp_path: Path) -> None:
     snap.source.start(interval=0.01)
     try:
         _write(snap.path, orjson.dumps(kubectl_list([*_objects(), make_node("gpu-3", "h100")])))
-        deadline = time.monotonic() + 15
-        while "gpu-3" not in snap.view.nodes and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert "gpu-3" in snap.view.nodes
+        wait_for(lambda: "gpu-3" in snap.view.nodes, 15, "the new node reloaded from the snapshot")
     finally:
         snap.source.stop()
     assert "snapshot-reload" not in [thread.name for thread in threading.enumerate()]

@@ -27,7 +27,8 @@ from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 from gpu_placement.view.live import LiveSource
 from tests.fakeapi import FakeApiServer
-from tests.test_live import FAST, wait_for
+from tests.support.live import FAST
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 DAY = 86400.0
@@ -166,6 +167,13 @@ def reinstall(fake: FakeApiServer, node: str, version: str) -> None:
     fake.add(driver_pod(node, version, now - 30, created=now - 200), keep_created=True)
 
 
+def _ready_lately(replica: Replica, node: str) -> bool:
+    """The node's driver pod in the replica's view turned Ready in the last minute. Read once: between
+    the old pod's delete and the new one's add the view has no driver pod for the node."""
+    driver = replica.rollout._driver(node)
+    return driver is not None and driver.ready_since is not None and driver.ready_since > time.time() - 60
+
+
 def test_the_leader_records_settled_drivers_and_a_reinstall_does_not_soak(
         cluster: tuple[FakeApiServer, Callable[[str], Replica], list[float]]) -> None:
     fake, replica, _ = cluster
@@ -175,8 +183,7 @@ def test_the_leader_records_settled_drivers_and_a_reinstall_does_not_soak(
     assert metrics.SETTLED_DRIVER_LEADING.labels("drivers-lock")._value.get() == 1
 
     reinstall(fake, "n1", OLD[0])  # same driver, new pod
-    wait_for(lambda: first.states()["n1"] == DONE and first.rollout._driver("n1").ready_since is not None
-             and first.rollout._driver("n1").ready_since > time.time() - 60, what="the new driver pod in the view")
+    wait_for(lambda: first.states()["n1"] == DONE and _ready_lately(first, "n1"), what="the new driver pod in the view")
     assert first.refused() == {}  # strict soak, ordinary pod: both nodes take it
 
     # A replica started now (a restart, or a standby) reads the same objects and decides the same.
@@ -208,7 +215,7 @@ def test_a_version_change_still_soaks_everywhere_and_settles_after_its_soak(
     assert settled(fake, "n2") == "580.126.09"
     wait_for(lambda: second.view.nodes["n2"].settled_driver == (580, 126, 9), what="the annotation in the view")
     reinstall(fake, "n2", NEW[0])  # and a reinstall of the new driver is no change either
-    wait_for(lambda: second.rollout._driver("n2").ready_since > time.time() - 60, what="the new pod")
+    wait_for(lambda: _ready_lately(second, "n2"), what="the new pod")
     assert second.states()["n2"] == DONE
 
 

@@ -11,33 +11,13 @@ from typing import Any
 import pytest
 
 from gpu_placement.app.explain import explain_pod
-from gpu_placement.samples.cluster import make_node, make_pod, namespace, validator_pod
+from gpu_placement.samples.cluster import make_node, make_pod, namespace
 from gpu_placement.view.ingest import Ingest
-from tests.test_extender_http import Extender, api_pod
+from tests.support.extender import Extender, api_pod, cluster, verdict
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"
 APP_IMAGE = "registry.example.com/inference/chat:1.4"  # says nothing about CUDA
-
-
-def cluster(*nodes: dict[str, Any], extra: tuple[dict[str, Any], ...] = ()) -> list[dict[str, Any]]:
-    """Nodes with Ready validators, an exclusive namespace and a shared one."""
-    objects: list[dict[str, Any]] = [
-        namespace("train"),  # no sharing annotation: exclusive, the default
-        namespace("serve", {"gpu-placement.io/sharing": "shared"}),
-    ]
-    for node in nodes:
-        objects += [node, validator_pod(node["metadata"]["name"])]
-    return [*objects, *extra]
-
-
-def verdict(answer: dict[str, Any], node: str) -> str:
-    """"pass", or which map the node failed in and why."""
-    if node in (answer["NodeNames"] or []):
-        return "pass"
-    if node in answer["FailedNodes"]:
-        return "resolvable " + answer["FailedNodes"][node]
-    return "unresolvable " + answer["FailedAndUnresolvableNodes"][node]
 
 
 # -- 1. MPS caps every client at device memory / replicas ------------------------------------------

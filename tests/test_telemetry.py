@@ -22,7 +22,7 @@ from gpu_placement.base.config import Config, Telemetry
 from gpu_placement.samples.cluster import make_node, namespace, validator_pod
 from gpu_placement.view.telemetry import TelemetrySource, fb_free_query, readings_from, xid_query
 from tests.prometheus import PrometheusServer, Series, openmetrics
-from tests.test_extender_http import Extender, api_pod
+from tests.support.extender import Extender, api_pod
 
 GPU = "nvidia.com/gpu"
 SHARED = "nvidia.com/gpu.shared"

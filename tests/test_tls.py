@@ -9,9 +9,8 @@ import os
 import socket
 import ssl
 import threading
-import time
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from starlette.routing import Route
 from gpu_placement.web.certs import CertBundle, CertificateError, cert_not_after, write_bundle
 from gpu_placement.web.serving import ServerThread
 from gpu_placement.web.tls import ReloadingTLS, make_server
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -70,14 +70,6 @@ def served_der(port: int) -> bytes:
 
 def der_of(bundle: CertBundle) -> bytes:
     return ssl.PEM_cert_to_DER_cert(bundle.cert.read_text())
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout} s: {condition}")
-        time.sleep(0.01)
 
 
 def replace_pair(live: CertBundle, new: CertBundle) -> None:
@@ -202,7 +194,7 @@ def test_replaced_certificate_served_without_restart(tmp_path: Path, live: CertB
         new_trust, new_der = trusting(new), der_of(new)
         replace_pair(live, new)
 
-        wait_until(lambda: served_der(server.port) == new_der)
+        wait_for(lambda: served_der(server.port) == new_der)
         for host in NAMES:  # with SNI (a name) and without (an IP address)
             with handshake(server.port, new_trust, host=host) as conn:
                 assert conn.getpeercert(binary_form=True) == new_der
@@ -223,7 +215,7 @@ def test_bad_replacement_keeps_the_old_certificate(tmp_path: Path, live: CertBun
     old_der, old_not_after = der_of(live), tls.not_after
 
     live.cert.write_bytes(b"-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
-    wait_until(lambda: tls.last_error is not None)
+    wait_for(lambda: tls.last_error is not None)
     assert str(live.cert) in (tls.last_error or "")
     assert served_der(server.port) == old_der
     with handshake(server.port, trusting(live)):
@@ -234,11 +226,11 @@ def test_bad_replacement_keeps_the_old_certificate(tmp_path: Path, live: CertBun
     other = write_bundle(tmp_path / "other", "hook", "gpu", NAMES)
     os.replace(other.key, live.key)  # a key that belongs to a certificate we do not have
     live.cert.write_text(ssl.DER_cert_to_PEM_cert(old_der))
-    wait_until(lambda: "does not match" in (tls.last_error or ""))
+    wait_for(lambda: "does not match" in (tls.last_error or ""))
     assert served_der(server.port) == old_der
 
     os.replace(other.cert, live.cert)  # the pair is whole again
-    wait_until(lambda: tls.last_error is None)
+    wait_for(lambda: tls.last_error is None)
     assert served_der(server.port) == der_of(live) != old_der
     assert tls.reloads == 1
 

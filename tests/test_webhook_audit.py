@@ -10,7 +10,7 @@ import pytest
 
 from gpu_placement.observe import metrics
 from gpu_placement.samples.dra import device_classes
-from tests.test_webhook_helpers import Webhook, user_pod
+from tests.support.webhook import Webhook, user_pod
 from webhook.admission import AUDIT, AUDIT_OVER_QUOTA
 from webhook.audit import KEEP_OFF, would_do
 
@@ -78,7 +78,7 @@ def test_validate_judges_the_pod_as_mutate_would_have_shaped_it(hook: Webhook, a
 
 def test_a_dra_pod_is_not_routed_either(hook: Webhook, audit: Webhook) -> None:
     """A pod whose ResourceClaims ask for a GPU class: audit mode tells the routing enforce mode does."""
-    from tests.test_dra_webhook import TEMPLATES, bare, claim_pod
+    from tests.support.dra import TEMPLATES, bare, claim_pod
 
     pod = bare(claim_pod("team-a", "train", "one-gpu"))
     for served in (hook, audit):

@@ -25,9 +25,8 @@ from gpu_placement.web.certs import CertBundle
 from gpu_placement.web.serving import ServerThread
 from gpu_placement.web.tls import ReloadingTLS, make_server
 from tests.fakeapi import FakeApiServer
-from tests.test_dra_extender import claim_pod, template
-from tests.test_dra_webhook import bare
-from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, review, trusting
+from tests.support.dra import bare, claim_pod, template
+from tests.support.webhook import NAMESPACES, TEST_CONFIG, Webhook, review, trusting
 from webhook.app import create_app
 
 pytestmark = pytest.mark.timeout(60)

@@ -18,7 +18,7 @@ import pytest
 
 from gpu_placement.base.config import parse_config
 from gpu_placement.kube.api import WatchSettings
-from gpu_placement.observe.metrics import QUOTA_HOLD_SETTLEMENTS
+from gpu_placement.observe.metrics import API_OUTCOMES, QUOTA_HOLD_SETTLEMENTS
 from gpu_placement.samples.cluster import namespace
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
@@ -27,8 +27,9 @@ from gpu_placement.web.certs import CertBundle
 from gpu_placement.web.serving import ServerThread
 from gpu_placement.web.tls import ReloadingTLS, make_server
 from tests.fakeapi import FakeApiServer
-from tests.test_live import wait_for
-from tests.test_webhook_helpers import Webhook, trusting, user_pod
+from tests.support.metrics import sample
+from tests.support.waiting import wait_for
+from tests.support.webhook import Webhook, trusting, user_pod
 from webhook.app import create_app
 from webhook.quota import MAX_HOLDS
 
@@ -90,6 +91,12 @@ def live(fake_api: FakeApiServer, bundle: CertBundle) -> Iterator[Live]:
         gc.unfreeze()
 
 
+def unreachable_lists() -> float:
+    """The lists of a namespace's pods the holds tried and could not make (QUOTA_HOLD_LISTS, by outcome)."""
+    return sum(sample("gpu_placement_quota_hold_lists_total", outcome=outcome) for outcome in API_OUTCOMES
+               if outcome != "ok")
+
+
 def test_a_stalled_pod_watch_keeps_the_holds_and_every_later_pod_is_told(live: Live) -> None:
     # The fake API server has no quota admission: the ResourceQuota the mirror keeps is what refuses the
     # extra pods in a cluster (e2e: test_13_quota_from_the_first_second). Here the holds are what is told.
@@ -119,7 +126,8 @@ def test_a_hold_whose_pod_never_came_goes_only_after_a_list_without_it(live: Liv
     ok, verdict = live.create(user_pod("solo", "next", gpus={GPU: 1}), "solo", store=False)  # the API server's
     assert ok and "1 more admitted moments ago" in verdict["warnings"][0]  # quota refused it after us
     live.fake.down()  # no list can be made: time alone does not end the holds
-    time.sleep(TTL * 3)
+    failed = unreachable_lists()
+    wait_for(lambda: unreachable_lists() > failed, what="a list tried once the holds' time is up")
     with live.hook.view.lock:
         assert live.reservations.pending("solo") == {GPU: 2}
     live.fake.up()

@@ -20,7 +20,7 @@ import pytest
 
 from gpu_placement.web.certs import CertBundle
 from tests.hostile import deep, paths
-from tests.test_webhook_helpers import Webhook, certificates, patch_of, review, user_pod
+from tests.support.webhook import Webhook, certificates, patch_of, review, user_pod
 from webhook.app import MAX_BODY
 
 pytestmark = pytest.mark.timeout(30)

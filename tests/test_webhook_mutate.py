@@ -11,16 +11,7 @@ import pytest
 
 from gpu_placement.samples.cluster import namespace
 from gpu_placement.web.certs import CertBundle
-from tests.test_webhook_helpers import (
-    TEST_CONFIG,
-    Webhook,
-    as_v1pod,
-    find,
-    patch_of,
-    review,
-    serving,
-    user_pod,
-)
+from tests.support.webhook import TEST_CONFIG, Webhook, as_v1pod, find, patch_of, review, serving, user_pod
 from webhook.patches import escape
 
 pytestmark = pytest.mark.timeout(30)

@@ -22,8 +22,8 @@ from gpu_placement.web.certs import CertBundle
 from gpu_placement.web.serving import ServerThread
 from gpu_placement.web.tls import ReloadingTLS, make_server
 from tests.fakeapi import FakeApiServer
-from tests.test_quota_metrics import sample
-from tests.test_webhook_helpers import NAMESPACES, TEST_CONFIG, Webhook, find, review, trusting, user_pod
+from tests.support.metrics import sample
+from tests.support.webhook import NAMESPACES, TEST_CONFIG, Webhook, find, review, trusting, user_pod
 from webhook.app import create_app
 from webhook.namespace_reader import NamespaceReader
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_placement.samples.cluster import make_pod
-from tests.test_webhook_helpers import Webhook, user_pod
-from tests.test_webhook_validate import denial
+from tests.support.webhook import Webhook, denial, user_pod
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -18,7 +18,7 @@ from gpu_placement.facts.policy import (
     pod_annotation_problems,
 )
 from gpu_placement.samples.cluster import namespace
-from tests.test_webhook_helpers import TEST_CONFIG, Webhook, user_pod
+from tests.support.webhook import TEST_CONFIG, Webhook, user_pod
 
 pytestmark = pytest.mark.timeout(30)
 

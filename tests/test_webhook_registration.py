@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.fakeapi import FakeApiServer
-from tests.test_chart import CHART, offline
+from tests.support.chart import CHART, offline
 from webhook.registration import (
     REGISTERED_ANNOTATION,
     RegistrationSettings,

@@ -11,7 +11,7 @@ import pytest
 
 from gpu_placement.observe import metrics
 from gpu_placement.web.certs import CertBundle
-from tests.test_webhook_helpers import TEST_CONFIG, Webhook, serving, user_pod
+from tests.support.webhook import TEST_CONFIG, Webhook, serving, user_pod
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,16 +10,9 @@ import pytest
 
 from gpu_placement.samples.cluster import make_pod
 from gpu_placement.web.certs import CertBundle
-from tests.test_webhook_helpers import TEST_CONFIG, Webhook, review, serving, user_pod
+from tests.support.webhook import TEST_CONFIG, Webhook, denial, review, serving, user_pod
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def denial(verdict: dict) -> str:
-    assert verdict["allowed"] is False, verdict
-    status = verdict["status"]
-    assert status["code"] == 403 and status["reason"] == "Forbidden" and status["status"] == "Failure"
-    return status["message"]
 
 
 # -- access and quota ----------------------------------------------------------------------------------

@@ -77,6 +77,7 @@ from webhook.review import (
     AdmissionRequest,
     AdmissionResponse,
     BadPod,
+    GroupVersionResource,
     Subject,
     allowed,
     bad_update,
@@ -172,7 +173,7 @@ class Admission:
         namespace = request.get("namespace") or ""
         if self.reader is None or not self.reader.wanted(namespace) or namespace in self.config.exempt_namespaces:
             return None
-        resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
+        resource: GroupVersionResource = request.get("resource") or {}
         if request.get("operation", "CREATE") != "CREATE" or request.get("subResource") or (
                 resource.get("resource", "pods") != "pods"):
             return None
@@ -183,7 +184,7 @@ class Admission:
         them from the API server before /mutate routes the pod. Empty in the common case."""
         if self.claim_reader is None or request.get("operation", "CREATE") != "CREATE" or request.get("subResource"):
             return []
-        resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
+        resource: GroupVersionResource = request.get("resource") or {}
         namespace = request.get("namespace") or ""
         pod: Any = request.get("object")
         spec = pod.get("spec") if isinstance(pod, dict) else None
@@ -326,7 +327,7 @@ class Admission:
 
     # -- /validate ---------------------------------------------------------------------------------
     def validate(self, request: AdmissionRequest) -> Decision:
-        resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
+        resource: GroupVersionResource = request.get("resource") or {}
         if resource.get("group") == "resource.k8s.io" and resource.get("resource") in CLAIM_KINDS:
             return self._claim_object(request, resource["resource"])
         if request.get("operation") == "UPDATE":
@@ -337,7 +338,7 @@ class Admission:
         """A pod UPDATE (the chart sends only those that change a gpu-placement.io/* annotation): those
         annotations were decided at admission and charge the pod (gpu-memory, sharing, admitted)."""
         uid, namespace, name = request["uid"], request.get("namespace", ""), request.get("name", "")
-        resource: dict[str, Any] = request.get("resource") or {}  # type: ignore[assignment]
+        resource: GroupVersionResource = request.get("resource") or {}
         # pods/status keeps metadata changes (kube-apiserver's podStatusStrategy resets only the spec,
         # ownerReferences and deletionTimestamp), so it is guarded too; other subresources reset them.
         if resource.get("resource", "pods") != "pods" or resource.get("group") or (
@@ -345,7 +346,8 @@ class Admission:
             return Decision(allowed(uid), NOT_A_POD, namespace, name)
         if namespace in self.config.exempt_namespaces:
             return Decision(allowed(uid), EXEMPT, namespace, name)
-        new, old = request.get("object"), request.get("oldObject")
+        new: Any = request.get("object")  # as sent: bad_update says whether both are pods
+        old: Any = request.get("oldObject")
         problem = bad_update(new, old)
         if problem is not None:
             return Decision(denied(uid, problem, 400, "BadRequest"), BAD_POD, namespace, name, [problem])

@@ -126,11 +126,11 @@ async def _handle(request: Request, state: Webhook, verb: str,
     admission = state.admission
     reads: list[Awaitable[None]] = []
     namespace = admission.namespace_to_read(review)
-    if namespace is not None:  # the view has not seen it yet: one GET, off the event loop
-        reads.append(admission.reader.read(namespace))  # type: ignore[union-attr]
+    if namespace is not None and admission.reader is not None:  # the view has not seen it yet: one GET, off the loop
+        reads.append(admission.reader.read(namespace))
     claims = admission.claims_to_read(review) if verb == "mutate" else []
-    if claims:  # the claims or templates it names, likewise (webhook/claim_reader.py), at the same time
-        reads.append(admission.claim_reader.read(claims))  # type: ignore[union-attr]
+    if claims and admission.claim_reader is not None:  # the claims or templates it names (claim_reader.py), too
+        reads.append(admission.claim_reader.read(claims))
     if reads:
         await asyncio.gather(*reads)
     try:

@@ -29,7 +29,8 @@ def would_do(ops: Patch, pools: Sequence[str] = ()) -> str:
     affinity = keep_off = False
     removed: set[str] = set()
     for op in ops:
-        path, value = op["path"], op.get("value")
+        path = op["path"]
+        value: Any = op.get("value")  # JSON, shaped as the path says
         if path == "/spec/schedulerName":
             scheduler = value
         elif path == "/spec/nodeSelector":

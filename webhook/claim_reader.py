@@ -19,6 +19,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -84,7 +85,7 @@ class ClaimReader:
             if pending is None:
                 pending = asyncio.ensure_future(asyncio.to_thread(self._get, ref))
                 self._inflight[ref] = pending
-                pending.add_done_callback(lambda _, ref=ref: self._inflight.pop(ref, None))  # type: ignore[misc]
+                pending.add_done_callback(partial(self._done, ref))
             waits.append(asyncio.shield(pending))
         await asyncio.gather(*waits)
 
@@ -121,6 +122,9 @@ class ClaimReader:
             return f"{what}, which is not in gpu-placement's view yet and could not be read from the API server " \
                    f"({got.error})"
         return got.record
+
+    def _done(self, ref: Ref, _: asyncio.Future[None]) -> None:
+        self._inflight.pop(ref, None)
 
     def _get(self, ref: Ref) -> None:
         field, namespace, name = ref

@@ -34,6 +34,9 @@ _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 _DEFAULT_SCHEDULER = "default-scheduler"
 GPU_PRESENT_TRUE = {n.GPU_PRESENT: "true"}
 _KEEP_OFF_GPU: Expression = {"key": n.GPU_PRESENT, "operator": "NotIn", "values": ["true"]}
+# Off the nodes gpu-placement refuses every GPU pod for (controllers/refused_nodes.py): kube-scheduler's
+# NodeAffinity drops them before its sample of nodes is counted (config refusedNodeLabel).
+_NOT_REFUSED: Expression = {"key": n.LABEL_REFUSED, "operator": "DoesNotExist"}
 
 
 def escape(token: str) -> str:
@@ -87,7 +90,8 @@ def claim_patch(pod: Mapping[str, Any], classes: Sequence[str], pools: Sequence[
 
 def _route(spec: Mapping[str, Any], pools: Sequence[Pool], config: Config, keep_scheduler: bool,
            selector: Mapping[str, str], ops: Patch) -> str:
-    """Tolerations, node selection (`selector` plus the pools') and scheduler; returns the scheduler."""
+    """Tolerations, node selection (`selector` plus the pools', and with `refusedNodeLabel`, for a pod gpu-placement
+    schedules, not a refused node) and scheduler; returns the scheduler."""
     wanted = [*config.gpu_tolerations, *(t for pool in pools for t in pool.tolerations)]
     _add_tolerations(spec, wanted, ops)
     selector = dict(selector)
@@ -95,18 +99,22 @@ def _route(spec: Mapping[str, Any], pools: Sequence[Pool], config: Config, keep_
         selector.update(pools[0].node_selector)
     if selector:
         _set_node_selector(spec, selector, ops)
-    if len(pools) > 1 and all(pool.node_selector for pool in pools):
-        # A pool without a nodeSelector admits every node, so then the choice constrains nothing.
-        choices = [[{"key": key, "operator": "In", "values": [value]}
-                    for key, value in sorted(pool.node_selector.items())] for pool in pools]
-        _require(spec, choices, ops)
     scheduler = spec.get("schedulerName") or ""
     if keep_scheduler:
-        return scheduler or _DEFAULT_SCHEDULER
-    if scheduler in ("", _DEFAULT_SCHEDULER):
+        scheduler = scheduler or _DEFAULT_SCHEDULER
+    elif scheduler in ("", _DEFAULT_SCHEDULER):
         ops.append({"op": "replace" if "schedulerName" in spec else "add", "path": "/spec/schedulerName",
                     "value": config.scheduler_name})
-        return config.scheduler_name
+        scheduler = config.scheduler_name
+    # Only a pod the extender judges: another scheduler never refused those nodes (a DaemonSet's pods included).
+    refused = [_NOT_REFUSED] if config.refused_node_label and scheduler == config.scheduler_name else []
+    if len(pools) > 1 and all(pool.node_selector for pool in pools):
+        # A pool without a nodeSelector admits every node, so then the choice constrains nothing.
+        choices = [[*({"key": key, "operator": "In", "values": [value]}
+                      for key, value in sorted(pool.node_selector.items())), *refused] for pool in pools]
+        _require(spec, choices, ops)
+    elif refused:
+        _require(spec, [refused], ops)  # into every term the pod has: (T1 or .. or Tn) and not refused
     return scheduler
 
 

@@ -294,7 +294,7 @@ def name_advice(quota: Mapping[str, int], asks: GpuRequests, config: Config, dra
         if other is None or other not in quota:
             continue
         fix = f"ask for {other} instead (the same devices of DeviceClass {device_class})"
-        if not unheld_names("", {**quota, resource: figures[other]}, [(resource, 1)], config, dra, classes):
+        if not unheld_names("", {**quota, resource: figures[other]}, ((resource, 1),), config, dra, classes):
             fix += (f", or add {resource}={figures[other]} to {n.ANN_QUOTA} on the namespace (the two names share one "
                     "count: listed both, the lower figure binds both)")
         advice[resource] = fix

@@ -15,7 +15,7 @@ import base64
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import orjson
 
@@ -52,13 +52,15 @@ _POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?|[a-z0-9][-a-z0-9.]
 API_VERSION = "admission.k8s.io/v1"
 
 
-class GroupVersionKind(TypedDict):
+# The parts are optional here: parse_review checks each as an optional string (a review from the API server
+# has them all).
+class GroupVersionKind(TypedDict, total=False):
     group: str
     version: str
     kind: str
 
 
-class GroupVersionResource(TypedDict):
+class GroupVersionResource(TypedDict, total=False):
     group: str
     version: str
     resource: str
@@ -137,7 +139,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
         _check_request(request)
     except ShapeError as exc:
         raise ReviewError(str(exc)) from None
-    return request  # type: ignore[return-value]
+    return cast(AdmissionRequest, request)  # the fields the webhook reads, checked just above
 
 
 def _check_request(request: Mapping[str, Any]) -> None:
@@ -203,9 +205,9 @@ def subject_of(request: AdmissionRequest, is_gpu_resource: Callable[[str], bool]
         gpus = effective_gpu_requests(obj["spec"], is_gpu_resource)
     except QuantityError as exc:  # check_pod vetted every GPU quantity; kept as a backstop
         raise BadPod(f"request.object asks for a GPU resource in a form that is not a quantity: {exc}") from None
-    for resource, count in gpus:
+    for asked, count in gpus:
         if count > MAX_GPU_COUNT:  # each container within the bound, the pod's total not
-            raise BadPod(f"request.object asks for {resource} in total: {_too_many(count)}")
+            raise BadPod(f"request.object asks for {asked} in total: {_too_many(count)}")
     meta = obj.get("metadata") or {}
     namespace = request.get("namespace") or meta.get("namespace") or "default"
     if not request.get("namespace"):  # the object's own: checked as request.namespace is (parse_review)

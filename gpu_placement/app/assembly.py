@@ -107,8 +107,8 @@ def serve(options: ServeOptions) -> int:
 
             UnmanagedResources(core.view, options.managed_resources)
         if "extender" in options.components:
-            tls = (ReloadingTLS(options.extender_tls_cert, options.extender_tls_key) if options.extender_tls_cert
-                   else None)
+            tls = (ReloadingTLS(options.extender_tls_cert, options.extender_tls_key)
+                   if options.extender_tls_cert and options.extender_tls_key else None)  # both or neither (above)
             host, port = options.extender_listen
             servers.append(make_server(core.extender_app(options.extender_max_body_bytes), host, port, tls=tls))
             _track_expiry("extender", tls)
@@ -126,6 +126,7 @@ def serve(options: ServeOptions) -> int:
             _start_outcome_counter(options, core)
             _start_settled_drivers(options, core)
             _start_launch_fences(options, core)
+            _start_refused_nodes(options, core)
             log.info("webhook listening on https://%s:%d", host, port)
         if options.health_listen:
             host, port = options.health_listen
@@ -159,7 +160,7 @@ def _kinds(options: ServeOptions, config: Any) -> tuple[str, ...]:
     and the mirrored ResourceQuotas where the webhook's quota mirror runs."""
     from gpu_placement.view.ingest import KINDS
 
-    extra = ("poddisruptionbudgets",) if "extender" in options.components else ()
+    extra: tuple[str, ...] = ("poddisruptionbudgets",) if "extender" in options.components else ()
     if "webhook" in options.components and options.quota_mirror and config.mode != "audit":
         extra += ("resourcequotas",)
     return (*KINDS, *extra)
@@ -415,10 +416,11 @@ def _start_quota_mirror(options: ServeOptions, core: Core) -> None:
         log.info("audit mode: the ResourceQuotas mirrored in enforce mode are deleted, none is written")
     mirror = QuotaMirror(core.api, core.view, core.config, options.home, _identity(),
                          MirrorSettings(lease_name=options.quota_lease, owner=options.owner))
-    if core.dra.claims_from_templates:  # elsewhere `dra` namespaces stay on the device plugin (view.dra.templates_kept)
-        from gpu_placement.controllers.templates import TemplateKeeper
+    version = core.dra.version  # served whenever claims_from_templates
+    if core.dra.claims_from_templates and version is not None:  # elsewhere `dra` namespaces stay on the device
+        from gpu_placement.controllers.templates import TemplateKeeper  # plugin (view.dra.templates_kept)
 
-        mirror.templates = TemplateKeeper(core.api, core.view, core.config, core.dra.version)
+        mirror.templates = TemplateKeeper(core.api, core.view, core.config, version)
     mirror.start()
     core.stoppers.append(mirror.stop)
 
@@ -476,6 +478,22 @@ def _start_launch_fences(options: ServeOptions, core: Core) -> None:
 
     writer = LaunchFenceWriter(core.api, core.placement.fences, options.home, _identity(),
                                FenceSettings(lease_name=options.fences_lease))
+    writer.start()
+    core.stoppers.append(writer.stop)
+
+
+def _start_refused_nodes(options: ServeOptions, core: Core) -> None:
+    """gpu-placement.io/refused on the nodes every GPU pod is refused on, written by the holder of its Lease
+    (config refusedNodeLabel: the webhook keeps the GPU pods it routes off them; docs/performance.md)."""
+    if not core.config.refused_node_label:
+        return
+    if core.api is None:
+        log.info("no API server (--snapshot): no node is labelled gpu-placement.io/refused")
+        return
+    from gpu_placement.controllers.refused_nodes import RefusedNodes, RefusedSettings
+
+    writer = RefusedNodes(core.api, core.view, core.config, options.home, _identity(),
+                          RefusedSettings(lease_name=options.refused_lease))
     writer.start()
     core.stoppers.append(writer.stop)
 

@@ -190,7 +190,9 @@ def _serve_lease_arguments(serve: argparse.ArgumentParser) -> None:
             ("--drivers-lease", "drivers_lease", "the one webhook replica writing each node's "
              "gpu-placement.io/settled-driver annotation (docs/rollouts.md)"),
             ("--fences-lease", "fences_lease", "the one webhook replica writing each node's "
-             "gpu-placement.io/launch-fence annotation (docs/rules.md, LaunchFailures)")):
+             "gpu-placement.io/launch-fence annotation (docs/rules.md, LaunchFailures)"),
+            ("--refused-lease", "refused_lease", "the one webhook replica writing the gpu-placement.io/refused label "
+             "of the nodes every GPU pod is refused on (config refusedNodeLabel; docs/performance.md)")):
         serve.add_argument(flag, metavar="NAME", default=getattr(_SERVE, field),
                            help=f"Lease (in --namespace; default %(default)s) that elects {elects}")
 
@@ -344,8 +346,13 @@ def _replay_parser(commands: Commands) -> None:
                         "device-plugin: exclusive or time-sliced GPUs (default %(default)s)")
     replay.add_argument("--replicas", type=_positive_int, default=2, help="device-plugin: replicas of a "
                         "time-sliced GPU; tasks asking at most 1/REPLICAS of a GPU take one (default %(default)s)")
+    replay.add_argument("--tier-size", type=_count, default=8, metavar="K",
+                        help="/filter answers the best tier, at most K nodes; kube-scheduler's plugins choose within "
+                        "it (the chart's config.scoring.tierSize: %(default)s); 0: every passing node, and "
+                        "/prioritize's scores at --extender-weight")
     replay.add_argument("--extender-weight", type=_positive_int, default=5, dest="weight",
-                        help="kube-scheduler's weight of the extender's scores (the chart's default: %(default)s)")
+                        help="with --tier-size 0: kube-scheduler's weight of the extender's scores (the chart's "
+                        "scheduler.extender.weight: %(default)s)")
     replay.add_argument("-o", "--output", choices=["text", "json"], default="text",
                         help="json: every figure of every strategy and seed, for scripts")
     replay.add_argument("--config", metavar="FILE", help="configuration file to judge with (scoring.strategy "
@@ -406,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args))
-    except (UsageError, ConfigError, SnapshotError, *_extra_errors()) as exc:
+    except _usage_errors() as exc:  # looked up only when something went wrong: the imports wait till then
         print(f"gpu-placement {args.command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -433,11 +440,11 @@ def _namespaces(args: argparse.Namespace) -> int:
     return run_namespaces(args, _cluster)
 
 
-def _extra_errors() -> tuple[type[Exception], ...]:
-    """Errors of modules loaded on demand that also mean "bad usage or input"."""
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """The errors that mean "bad usage or input", with those of modules loaded on demand."""
     from gpu_placement.replay.trace import TraceError
 
-    extra: list[type[Exception]] = [TraceError]
+    extra: list[type[Exception]] = [UsageError, ConfigError, SnapshotError, TraceError]
     try:
         from gpu_placement.kube.api import KubeConfigError
         from gpu_placement.view.fetch import FetchError
@@ -473,6 +480,12 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number, 0 or more")
+    return int(text)
+
+
 def _strategies(text: str) -> tuple[str, ...]:
     from gpu_placement.replay.report import STRATEGIES
 
@@ -488,7 +501,7 @@ def _replay(args: argparse.Namespace) -> int:
     from gpu_placement.replay.report import ReplayOptions, render_json, render_text, run_replays, stderr_if_terminal
 
     options = ReplayOptions(args.nodes, args.pods, args.scoring, args.mode, args.arrivals, args.seed, args.seeds,
-                            args.weight, args.replicas)
+                            args.weight, args.replicas, args.tier_size)
     config = _config(args.config) if args.config else None
     replays = run_replays(options, config, stderr_if_terminal())
     if args.output == "json":
@@ -599,9 +612,9 @@ def _migrate(args: argparse.Namespace) -> int:
         access, objects = connect(args.kubeconfig, args.context), []
     config = deployed_config(args, access, objects).config
     try:
-        if args.apply:
+        if args.apply and access is not None:  # --snapshot refused them above
             return apply(access, args.node, config, directory, args.timeout, sys.stdout)
-        if args.undo:
+        if args.undo and access is not None:
             return undo_node(access, args.node, directory, sys.stdout)
         state = read_snapshot(objects, args.node, config, path, timeout=args.timeout) if access is None else \
             read_live(access, args.node, config, path, args.timeout)

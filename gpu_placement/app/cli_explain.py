@@ -217,7 +217,7 @@ def _find(args: argparse.Namespace, access: Any, objects: list[dict[str, Any]], 
     if access is None:
         from gpu_placement.view.snapshot import read_objects as snapshot_objects
 
-        if resolve_builtin(kind) is not None and resolve_builtin(kind).kind == "Pod":  # type: ignore[union-attr]
+        if (builtin := resolve_builtin(kind)) is not None and builtin.kind == "Pod":
             pods = [o for o in objects if o.get("kind") == "Pod"]
             try:
                 return find_in_objects(pods, kind, name, namespace, args.snapshot)

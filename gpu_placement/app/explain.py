@@ -339,9 +339,10 @@ def _policy_claims(core: Core, namespace: str, pod: dict[str, Any], nodes: list[
     if policy.mode(core.config) != "dra" or not policy.shapes_ok:
         return []
     templates = {t.name: t for t in wanted_templates(policy, profiles, core.config, shares)}
-    claims = [(str(entry.get("name")), templates[entry.get("resourceClaimTemplateName")])
+    claims = [(str(entry.get("name")), templates[template])
               for entry in (pod.get("spec") or {}).get("resourceClaims") or ()
-              if isinstance(entry, dict) and entry.get("resourceClaimTemplateName") in templates]
+              if isinstance(entry, dict) and isinstance(template := entry.get("resourceClaimTemplateName"), str)
+              and template in templates]
     if not claims:
         return []
     lines = ["", f"claims from namespace {namespace}'s templates (gpu-placement.io/allocation=dra):"]

@@ -65,6 +65,7 @@ class ServeOptions:
     outcomes_lease: str = "gpu-placement-outcomes"
     drivers_lease: str = "gpu-placement-drivers"
     fences_lease: str = "gpu-placement-launch-fences"
+    refused_lease: str = "gpu-placement-refused"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeOptions:

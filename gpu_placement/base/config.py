@@ -52,6 +52,11 @@ class Validator:
 @dataclass(slots=True, frozen=True)
 class Scoring:
     strategy: str = "binpack"
+    # /filter answers the best tier only: the passing nodes tied at the best score, at most this many
+    # (drawn at random among equals), so kube-scheduler scores a handful or none (docs/performance.md,
+    # "One call per pod"). 0: every passing node, as a scheduler configuration that calls /prioritize
+    # wants; the default of a bare `serve`, while the chart, which drops /prioritize, sets 8.
+    tier_size: int = 0
     upgrade_required: int = 3
     unhealthy_devices: int = 2
     xid_errors: int = 3
@@ -129,6 +134,10 @@ class Config:
     namespace_selection: str = "optOut"
     exempt_namespaces: frozenset[str] = frozenset({"kube-system", "gpu-operator"})
     protect_gpu_nodes: bool = True
+    # Label the nodes every GPU pod is refused on (gpu-placement.io/refused, by the webhook's leader) and keep
+    # the GPU pods the webhook shapes off them by a required node affinity: kube-scheduler then drops them
+    # before its sample (docs/performance.md, "Nodes refused before kube-scheduler's sample").
+    refused_node_label: bool = False
     validator: Validator = field(default_factory=Validator)
     scoring: Scoring = field(default_factory=Scoring)
     telemetry: Telemetry = field(default_factory=Telemetry)
@@ -200,6 +209,7 @@ def parse_config(data: Any) -> Config:
         namespace_selection=top.take_choice("namespaceSelection", ("optIn", "optOut"), d.namespace_selection),
         exempt_namespaces=frozenset(top.take_list("exemptNamespaces", str, sorted(d.exempt_namespaces))),
         protect_gpu_nodes=top.take("protectGpuNodes", bool, d.protect_gpu_nodes),
+        refused_node_label=top.take("refusedNodeLabel", bool, d.refused_node_label),
         validator=Validator(
             namespace=_name(validator.take("namespace", str, d.validator.namespace), "validator.namespace"),
             selector=_selector(validator.take("selector", str, d.validator.selector.text), "validator.selector"),
@@ -207,6 +217,7 @@ def parse_config(data: Any) -> Config:
         ),
         scoring=Scoring(
             strategy=scoring.take_choice("strategy", ("binpack", "spread", "fragmentation"), d.scoring.strategy),
+            tier_size=scoring.take_count("tierSize", d.scoring.tier_size),
             upgrade_required=weights.take_weight("upgradeRequired", d.scoring.upgrade_required),
             unhealthy_devices=weights.take_weight("unhealthyDevices", d.scoring.unhealthy_devices),
             xid_errors=weights.take_weight("xidErrors", d.scoring.xid_errors),
@@ -264,42 +275,49 @@ class _Section:
             raise ConfigError(f"{prefix.rstrip('.') or 'the top level'} must be a mapping, got {_kind(data)}")
         self.data, self.prefix, self.seen = data, prefix, set[str]()
 
-    def take(self, key: str, kind: type, default: Any) -> Any:
+    def take(self, key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        """The value under `key` (or `default`), checked to be a `kind`: typed where the caller keeps it."""
         self.seen.add(key)
         value = self.data.get(key, default)
         if value is None and default is None:
             return None
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ConfigError(f"{self.prefix}{key} must be a {kind.__name__}, got {_kind(value)} {value!r}")
+            raise ConfigError(f"{self.prefix}{key} must be a {_names(kind)}, got {_kind(value)} {value!r}")
         return value
 
     def take_list(self, key: str, item: type, default: list[Any]) -> list[Any]:
-        values = self.take(key, list, default)
+        values: list[Any] = self.take(key, list, default)
         for index, value in enumerate(values):
             if not isinstance(value, item):
                 raise ConfigError(f"{self.prefix}{key}[{index}] must be a {item.__name__}, got {value!r}")
         return values
 
     def take_choice(self, key: str, choices: tuple[str, ...], default: str) -> str:
-        value = self.take(key, str, default)
+        value: str = self.take(key, str, default)
         if value not in choices:
             raise ConfigError(f"{self.prefix}{key} must be one of {', '.join(choices)}, got {value!r}")
         return value
 
     def take_seconds(self, key: str, default: float) -> float:
-        value = self.take(key, (int, float), default)  # type: ignore[arg-type]
+        value: float = self.take(key, (int, float), default)
         if isinstance(value, bool) or value <= 0:
             raise ConfigError(f"{self.prefix}{key} must be a positive number of seconds, got {value!r}")
         return float(value)
 
     def take_minutes(self, key: str, default: float) -> float:
-        value = self.take(key, (int, float), default)  # type: ignore[arg-type]
+        value: float = self.take(key, (int, float), default)
         if isinstance(value, bool) or value < 0:
             raise ConfigError(f"{self.prefix}{key} must be a number of minutes, 0 or more, got {value!r}")
         return float(value)
 
+    def take_count(self, key: str, default: int) -> int:
+        value: int = self.take(key, int, default)
+        if value < 0:
+            raise ConfigError(f"{self.prefix}{key} must be an integer, 0 or more, got {value!r}")
+        return value
+
     def take_weight(self, key: str, default: int) -> int:
-        value = self.take(key, int, default)
+        value: int = self.take(key, int, default)
         if not 0 <= value <= 10:
             raise ConfigError(f"{self.prefix}{key} must be an integer from 0 to 10, got {value!r}")
         return value
@@ -310,6 +328,11 @@ class _Section:
             raise ConfigError(f"unknown key{'s' if len(unknown) > 1 else ''} "
                               f"{', '.join(self.prefix + k for k in unknown)}; known: "
                               f"{', '.join(self.prefix + k for k in sorted(self.seen))}")
+
+
+def _names(kind: type | tuple[type, ...]) -> str:
+    """What `take` asked for, in words: (int, float) is a number (its __name__ was read off the tuple)."""
+    return kind.__name__ if isinstance(kind, type) else "number"
 
 
 def _kind(value: Any) -> str:

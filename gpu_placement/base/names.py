@@ -61,6 +61,10 @@ ANN_SETTLED_DRIVER = PREFIX + "settled-driver"
 # Node annotation the fence leader writes: the node's launch fences per GPU resource, with when each began
 # and what lifted the last (JSON; gpu_placement/facts/fence.py, docs/rules.md LaunchFailures).
 ANN_LAUNCH_FENCE = PREFIX + "launch-fence"
+# Node label the refused-nodes leader writes (gpu_placement/controllers/refused_nodes.py): the code of the
+# node-level reason gpu-placement refuses every GPU pod there for (NotValidated, DriverUpgrade, ...); GPU pods
+# the webhook shapes require it absent (webhook/shaping.py), so kube-scheduler leaves those nodes out itself.
+LABEL_REFUSED = PREFIX + "refused"
 # Namespace label: "true" opts a namespace in (namespaceSelection optIn), "false" out (optOut).
 LABEL_ENABLED = PREFIX + "enabled"
 # On the webhook configurations: "<RFC 3339 time> by <replica>" once a ready replica wrote the webhooks in.

@@ -17,8 +17,8 @@ from gpu_placement.base.text import first_non_ascii, quoted, shown
 __all__ = ["QuantityError", "QuantityProblem", "check_quantity", "cpu_to_milli", "parse_quantity", "quantity_to_int",
            "quantity_to_mib", "to_count", "to_mib"]
 
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1,
+_BINARY: dict[str, int] = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL: dict[str, Fraction | int] = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1,
             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 # ASCII digits only (Kubernetes rejects "４"), a bounded length and exponent: the text is untrusted and
 # `Fraction(10) ** 999999999` would stall whoever parses it.
@@ -76,27 +76,28 @@ class QuantityProblem(ValueError):
     """The message is a phrase that fits after `value: `."""
 
 
-def check_quantity(value: object) -> None:
+def check_quantity(value: object) -> str | int | float:
+    """`value`, when it is a quantity as written; else QuantityProblem says why."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise QuantityProblem(f"{value!r} is not a quantity")
     if isinstance(value, int | float):
         if not -(10**24) < value < 10**24:
             raise QuantityProblem(f"{value!r} is out of range")
-        return
+        return value
     odd = first_non_ascii(value)
     if odd:
         raise QuantityProblem(f"{quoted(value)} is not a quantity: it contains {odd}; use ASCII digits")
     if not _GRAMMAR.fullmatch(value):
         raise QuantityProblem(f"{quoted(value)} is not a quantity")
+    return value
 
 
 def to_count(value: object) -> int:
     """A whole, non-negative number of devices."""
     if type(value) is str and len(value) <= 24 and value.isascii() and value.isdigit():
         return int(value)  # what nearly every pod writes ("1", "8"): no need for the full parser
-    check_quantity(value)
     try:
-        amount = parse_quantity(value)  # type: ignore[arg-type]
+        amount = parse_quantity(check_quantity(value))
     except QuantityError as exc:
         raise QuantityProblem(str(exc)) from None
     if amount < 0:
@@ -107,9 +108,8 @@ def to_count(value: object) -> int:
 
 
 def to_mib(value: object) -> int:
-    check_quantity(value)
     try:
-        return quantity_to_mib(value)  # type: ignore[arg-type]
+        return quantity_to_mib(check_quantity(value))
     except QuantityError as exc:
         raise QuantityProblem(str(exc)) from None
 

@@ -381,10 +381,10 @@ class TaintController(LeaderLoop):
                     else:
                         self._update(current, rule)
         for name, current in list(self.owned.items()):
-            node = rule_node(current)
-            if name not in wanted and (nodes is None or node in names):
+            on = rule_node(current)
+            if name not in wanted and (nodes is None or on in names):
                 tried.add(name)
-                with self._unit(name, node or ""):
+                with self._unit(name, on or ""):
                     self._delete(current)
         # A failing rule of these nodes that is no longer to be written (its node verified since): forgotten.
         self.failures.forget(name for name in list(self.failures.errors)

@@ -40,6 +40,7 @@ from gpu_placement.facts.dra import Ask, Device
 __all__ = ["Allocation", "consumption", "first_fit"]  # consumption: dra_fit.py's, the one count of capacity
 
 _NONE: Mapping[str, int] = {}
+_NO_TYPES: Mapping[str, str | None] = {}
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,7 +57,7 @@ def _fits(device: Device, amounts: Mapping[str, int], used: Mapping[str, int], t
 
 
 def first_fit(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[str, Mapping[str, int]],
-              asks: Sequence[Ask], types: Mapping[str, str | None] = _NONE) -> list[Allocation] | None:
+              asks: Sequence[Ask], types: Mapping[str, str | None] = _NO_TYPES) -> list[Allocation] | None:
     """The devices the allocator gives a claim with these `asks` on a node whose devices, in allocation
     order, are `devices`; `held`: device -> allocated claims holding it; `consumed`: device -> capacity ->
     milli-units allocated claims consume; `types`: class -> the device type it selects. None: the claim

@@ -150,7 +150,7 @@ def _violates(amount: int, capacity: Capacity) -> bool:
     if capacity.minimum is not None:
         if capacity.maximum is not None and amount > capacity.maximum:
             return True
-        return bool(capacity.step) and (amount - capacity.minimum) % capacity.step != 0  # type: ignore[operator]
+        return capacity.step is not None and capacity.step != 0 and (amount - capacity.minimum) % capacity.step != 0
     if capacity.valid_values:
         return amount not in capacity.valid_values
     return False
@@ -408,7 +408,7 @@ def _fill(devices: Sequence[Device], held: Mapping[str, int], consumed: Mapping[
           taken: AbstractSet[str], taking: Mapping[str, Mapping[str, int]], classes: AbstractSet[str],
           types: Mapping[str, str | None]) -> float:
     kinds = {types.get(c) for c in classes}
-    total = used = 0
+    total, used = 0, 0.0  # used: a shared device counts by the share in use
     for device in devices:
         if None not in kinds and device.type not in kinds:
             continue

@@ -220,7 +220,7 @@ class Fences:
                 LAUNCH_FENCE_CHANGES.labels("fenced").inc()
                 for watcher in self._watchers:
                     watcher(name, fence, None)
-        lifts = {lift.resource: lift.by for lift in new.lifted}
+        lifts = {**dict(new.evidence), **{lift.resource: lift.by for lift in new.lifted}}
         for resource, fence in before.items():
             if resource not in after:
                 LAUNCH_FENCE_CHANGES.labels("lifted").inc()

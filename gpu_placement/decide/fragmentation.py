@@ -41,12 +41,13 @@ import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from gpu_placement.base.names import BLOCKING_EFFECTS
 from gpu_placement.decide.allocator import consumption, first_fit
 from gpu_placement.decide.requirements import Requirements
 from gpu_placement.facts.dra import Ask, Capacity, Device
+from gpu_placement.facts.nodes import NodeFacts
 from gpu_placement.facts.pods import PodRecord
 
 if TYPE_CHECKING:
@@ -330,8 +331,8 @@ class Fragmentation:
         device_type, shared, blocked, capacities = self._profile_of[number]
         if blocked or held or (kind_type is not None and device_type != kind_type):
             return False
-        amounts = self._amounts.get((number, wanted), False)
-        if amounts is False:
+        amounts: tuple[tuple[str, int, int], ...] | Literal[False] | None = self._amounts.get((number, wanted), False)
+        if amounts is False:  # not worked out yet (None: the device cannot give it)
             probe = Device("", device_type, None, None, None, None, None, None, None, shared=shared,
                            capacity=capacities)
             got = consumption(probe, dict(wanted))
@@ -455,12 +456,12 @@ def _curve(free: int, verdicts: Sequence[tuple[bool, int]], groups: Sequence[_Gr
     return _Curve(base, cpus, saved)
 
 
-def _unit_milli(facts: object, resource: str) -> int:
+def _unit_milli(facts: NodeFacts, resource: str) -> int:
     """Thousandths of a GPU one unit of the resource is: a replica is 1/replicas, a MIG slice its share
     of the GPU's memory, a whole GPU 1000."""
-    unit, device = facts.unit_memory(resource), facts.device_memory_mib  # type: ignore[attr-defined]
-    if facts.is_shared(resource):  # type: ignore[attr-defined]
-        return MILLI // max(1, facts.replicas)  # type: ignore[attr-defined]
+    unit, device = facts.unit_memory(resource), facts.device_memory_mib
+    if facts.is_shared(resource):
+        return MILLI // max(1, facts.replicas)
     if resource.startswith("nvidia.com/mig-") and unit and device:
         return max(1, min(MILLI, MILLI * unit // device))
     return MILLI

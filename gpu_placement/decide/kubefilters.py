@@ -26,7 +26,7 @@ inter-pod affinity, resource claims. Not on any hot path: the extender itself ne
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
@@ -333,18 +333,18 @@ def _requirement(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bo
     key = expression.get("key")
     operator = expression.get("operator")
     values = [str(v) for v in expression.get("values") or ()]
-    present = key in labels
+    label = labels.get(key) if isinstance(key, str) else None  # the node's value for the key; None: not set
     if operator == "In":
-        return present and labels[key] in values
+        return label is not None and label in values
     if operator == "NotIn":
-        return not present or labels[key] not in values
+        return label is None or label not in values
     if operator == "Exists":
-        return present
+        return label is not None
     if operator == "DoesNotExist":
-        return not present
-    if operator in ("Gt", "Lt") and present and len(values) == 1:
+        return label is None
+    if operator in ("Gt", "Lt") and label is not None and len(values) == 1:
         try:
-            have, bound = int(labels[key]), int(values[0])
+            have, bound = int(label), int(values[0])
         except ValueError:
             return False
         return have > bound if operator == "Gt" else have < bound
@@ -352,7 +352,7 @@ def _requirement(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bo
 
 
 def _field_requirement(expression: Mapping[str, Any], name: str) -> bool:
-    values = expression.get("values") or ()
+    values: Sequence[object] = expression.get("values") or ()
     if expression.get("key") != "metadata.name" or len(values) != 1:
         return False  # only metadata.name is a node field; anything else does not parse
     if expression.get("operator") == "In":

@@ -22,7 +22,7 @@ import orjson
 
 from gpu_placement.decide.placement import FilterResult, Freed, Placement
 from gpu_placement.decide.requirements import Requirements, parse_memory
-from gpu_placement.decide.rules import HELD_FOR_NOMINATED, Rejection
+from gpu_placement.decide.rules import HELD_FOR_NOMINATED, Need
 from gpu_placement.facts.nodes import charge
 from gpu_placement.view.cluster import ClusterView, same_pod
 
@@ -67,9 +67,9 @@ def keep_for_nominated(placement: Placement, req: Requirements, result: FilterRe
         for node in passed:
             need = placement.entry(req, node)
             held = held_for_nominated(view, node, priority, pod_key, uid)
-            if not held or need is None or need.__class__ is Rejection:
+            if not held or type(need) is not Need:
                 continue
-            shortfall = placement.shortfall(node, need, held)  # type: ignore[arg-type]
+            shortfall = placement.shortfall(node, need, held)
             if shortfall is not None:
                 moved[node] = shortfall + HELD_FOR_NOMINATED
     if not moved:

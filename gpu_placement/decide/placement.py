@@ -7,6 +7,7 @@ changed and we redo that node only, so a request costs set operations over the n
 
 from __future__ import annotations
 
+import random
 import sys
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
@@ -51,7 +52,7 @@ MAX_SCORE = 10
 # counted below): a pod whose ask is broken gets no kind, and an answer naming nodes the view lacks is
 # not kept (both quote or echo request text; a stream of them filled memory, issue 36).
 _CACHE_BYTES = 128 * 2**20
-_PER_NODE_BYTES = 320  # table slots, score piece, Need tuple, last answer: a kind's cost per node besides its fragments
+_PER_NODE_BYTES = 320  # table slots, score piece, Need, last answer: a kind's cost per node besides its fragments
 # Its tables and record whatever the cluster's size: tracemalloc, 16 nodes: 14 KB a kind in all, of which the
 # per-node part and fragments are 6.4 KB. Without it, on a small cluster 128 MiB by estimate was 300 MiB.
 _PER_KIND_BYTES = 8 * 1024
@@ -77,11 +78,13 @@ class FilterResult:
 
     @property
     def failed(self) -> dict[str, str]:
-        return orjson.loads(self.failed_json)
+        failed: dict[str, str] = orjson.loads(self.failed_json)
+        return failed
 
     @property
     def unresolvable(self) -> dict[str, str]:
-        return orjson.loads(self.unresolvable_json)
+        unresolvable: dict[str, str] = orjson.loads(self.unresolvable_json)
+        return unresolvable
 
 
 @dataclass(slots=True, frozen=True)
@@ -139,9 +142,10 @@ class _Answer:
 
 class Placement:
     def __init__(self, view: ClusterView, config: Config, rollout: Rollout | None = None,
-                 fences: Fences | None = None) -> None:
+                 fences: Fences | None = None, seed: int | None = None) -> None:
         self.view = view
         self.config = config
+        self.random = random.Random(seed)  # draws the best tier's sample (`tier`): equal nodes share the pods
         self.rollout = rollout if rollout is not None else Rollout(view, config)
         self.fences = fences if fences is not None else Fences(view, config)
         self._cache: OrderedDict[Requirements, _Verdicts] = OrderedDict()  # keyed on decision inputs only
@@ -250,14 +254,14 @@ class Placement:
                 if name in verdicts.passing:
                     return None
                 entry = verdicts.entries.get(name)
-                if entry is not None and entry.__class__ is not Rejection and _dra(entry):  # type: ignore[arg-type]
+                if type(entry) is Need and entry.dra:
                     # kube-scheduler allocated the pod's devices before it asked to bind (PreBind): by now the
                     # view may count them as taken by the pod itself. Only the device-plugin part is rechecked.
-                    return self._shortfall(name, entry)  # type: ignore[arg-type]
+                    return self._shortfall(name, entry)
                 return verdicts.messages.get(name, unknown_node())
             entry = check_node(facts, view.validator_state(name), key, self.config, self.rollout.soak(name),
                                self.fences.closed(name))
-            return entry.message if entry.__class__ is Rejection else self._shortfall(name, entry)  # type: ignore
+            return entry.message if type(entry) is Rejection else self._shortfall(name, entry)
 
     def scores(self, req: Requirements, names: Sequence[str]) -> list[tuple[str, int]]:
         if not req.wants_gpu or req.error is not None:  # a broken ask passes no node: 0 everywhere
@@ -268,6 +272,24 @@ class Placement:
         with self.view.lock:
             scores = self._verdicts(req).scores
             return [(name, scores.get(name, 0)) for name in names]
+
+    def tier(self, req: Requirements, passed: Sequence[str], size: int | None = None) -> list[str]:
+        """The best tier of `passed` (names `filter` passed): the nodes tied at this kind's highest score,
+        at most `size` (default `scoring.tierSize`) drawn at random, so that a burst on equal nodes spreads
+        over them. `size` 0, a pod with no GPU, or one node: `passed` as it is. The order of `passed` is
+        kept before the draw, so a caller that sorts it gets a draw its seed repeats."""
+        size = self.config.scoring.tier_size if size is None else size
+        if size <= 0 or len(passed) <= 1 or not req.wants_gpu or req.error is not None:
+            return list(passed)
+        with self.view.lock:
+            scores = self._verdicts(req).scores
+            try:  # in C: one lookup per name, then the names at the best score
+                values = itemgetter(*passed)(scores)
+            except KeyError:  # passed by a caller that asked about a node the view lacks: it scores 0
+                values = tuple(scores.get(name, 0) for name in passed)
+        best = max(values)
+        tied = list(compress(passed, map(best.__eq__, values)))
+        return tied if len(tied) <= size else self.random.sample(tied, size)
 
     def scores_json(self, req: Requirements, names: Sequence[str]) -> bytes:
         """`[{"Host": name, "Score": n}, ...]` for /prioritize, joined from per-node pieces: each node's
@@ -380,17 +402,17 @@ class Placement:
                 entry = by_class[node_class] = check_node(facts, view.validator_state(name), req, config, soak(name),
                                                           fenced(name))
             entries[name] = entry
-            if entry.__class__ is not Rejection:  # a fresh kind has nothing to clear: _place without it
-                shortfall, resolvable, dra = self._fit(name, entry, req)  # type: ignore[arg-type]
+            if type(entry) is not Rejection:  # a fresh kind has nothing to clear: _place without it
+                shortfall, freeable, dra = self._fit(name, entry, req)  # not `resolvable`: the set below
                 if shortfall is None:
-                    scores[name] = score = self._score(name, entry, req, dra)  # type: ignore[arg-type]
+                    scores[name] = score = self._score(name, entry, req, dra)
                     score_json[name] = b'{"Host":%b,"Score":%d}' % (dumps(name), score)
                     passing.add(name)
                 else:
                     _set_score(verdicts, name, 0)
-                    _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, resolvable)
+                    _set_failure(verdicts, name, shortfall.split(":", 1)[0], shortfall, freeable)
                 continue
-            message = entry.message  # type: ignore[union-attr]
+            message = entry.message
             encoded = messages_json.get(message)
             if encoded is None:
                 encoded = messages_json[message] = b":" + dumps(message)
@@ -399,8 +421,8 @@ class Placement:
             score_json[name] = b'{"Host":%b,"Score":0}' % name_json
             messages[name] = message
             fragments[name] = name_json + encoded
-            codes[name] = entry.code  # type: ignore[union-attr]
-            if entry.resolvable:  # type: ignore[union-attr]
+            codes[name] = entry.code
+            if entry.resolvable:
                 resolvable.add(name)
 
     def _rescore(self, verdicts: _Verdicts) -> None:
@@ -410,8 +432,8 @@ class Placement:
         verdicts.scored = self.fragmentation.version
         for name in verdicts.passing:
             entry = verdicts.entries.get(name)
-            if entry is not None and entry.__class__ is not Rejection:
-                _set_score(verdicts, name, self._score(name, entry, verdicts.req))  # type: ignore[arg-type]
+            if type(entry) is Need:
+                _set_score(verdicts, name, self._score(name, entry, verdicts.req))
 
     def _node_changed(self, name: str | None) -> None:
         if name is None:
@@ -455,8 +477,8 @@ class Placement:
             self._redo(verdicts, name)
         for name in free - static:
             entry = verdicts.entries.get(name)
-            if entry is not None and entry.__class__ is not Rejection:
-                self._place(verdicts, name, entry)  # type: ignore[arg-type]
+            if type(entry) is Need:
+                self._place(verdicts, name, entry)
 
     def _node_class(self, name: str, facts: NodeFacts) -> int:
         """What the static verdict of a node depends on besides the pod: its facts but its name, and
@@ -488,11 +510,11 @@ class Placement:
                                                                self.config, self.rollout.soak(name),
                                                                self.fences.closed(name))
         verdicts.entries[name] = entry
-        if entry.__class__ is Rejection:
+        if type(entry) is Rejection:
             _set_score(verdicts, name, 0)
-            _set_failure(verdicts, name, entry.code, entry.message, entry.resolvable)  # type: ignore[union-attr]
+            _set_failure(verdicts, name, entry.code, entry.message, entry.resolvable)
         else:
-            self._place(verdicts, name, entry)  # type: ignore[arg-type]
+            self._place(verdicts, name, entry)
 
     def _place(self, verdicts: _Verdicts, name: str, need: Need) -> None:
         shortfall, resolvable, dra = self._fit(name, need, verdicts.req)
@@ -509,7 +531,7 @@ class Placement:
     def _fit(self, name: str, need: Need, req: Requirements) -> tuple[str | None, bool, DraFit | None]:
         """(why the pod does not fit what is free now, whether preemption could help, its DRA fit)."""
         shortfall = self._shortfall(name, need)
-        if shortfall is not None or not _dra(need):
+        if shortfall is not None or not need.dra:
             return shortfall, True, None
         dra = self.dra_fit(name, req)
         if dra is None:
@@ -534,7 +556,7 @@ class Placement:
     def _shortfall(self, name: str, need: Need, freed: Freed = _NOTHING_FREED) -> str | None:
         """Why `need` does not fit what is free on the node (plus what `freed` would give back), or None."""
         view = self.view
-        for resource, units, mib in need:
+        for resource, units, mib in need.asks:
             if resource == DRA_DEVICES:  # the allocator's: `_fit` counts it against the node's devices
                 continue
             freed_units, freed_mib = freed.get(resource, (0, 0))
@@ -571,7 +593,7 @@ class Placement:
             return max(0, min(top, score))
         fills = []
         tier = (0, 1)  # (the alternative the allocator would take, how many a request lists)
-        for resource, units, mib in need:
+        for resource, units, mib in need.asks:
             if resource == DRA_DEVICES:  # the node's devices of the classes asked, in use once the pod is there
                 if dra is not None:
                     fills.append(dra.fill)
@@ -621,7 +643,7 @@ class Placement:
 
     def _detail(self, name: str, entry: Rejection | Need | None, canary: bool = False,
                 req: Requirements | None = None) -> str:
-        if entry is None or entry.__class__ is Rejection:
+        if type(entry) is not Need:
             return ""
         soak = self.rollout.soak(name)
         parts = []
@@ -638,7 +660,7 @@ class Placement:
                                  "allocatable lacks it)")
                 else:
                     parts.append(f"{resource} from the device plugin")
-        for resource, units, mib in entry:  # type: ignore[union-attr]
+        for resource, units, mib in entry.asks:
             if resource == DRA_DEVICES:
                 parts.append(f"{len(self.view.dra.used_on(name))} of {self.view.nodes[name].dra_devices} "
                              f"{self.config.dra.driver} devices held by claims (DRA allocates)")
@@ -665,15 +687,13 @@ class Placement:
         return "; ".join(parts)
 
 
-def _dra(need: Need) -> bool:
-    return any(resource == DRA_DEVICES for resource, _, _ in need)
-
-
 # Per node, or read by scores only: no part of a node's class (its static verdicts).
 # settled_driver counts through the node's soak state, boot_id and launch_fence through its launch fence:
-# each part of the class on its own.
+# each part of the class on its own; `refused` is the label the verdicts themselves are written to, never
+# read by them.
 _FACT_FIELDS = tuple(f.name for f in fields(NodeFacts)
-                     if f.name not in ("name", "created", "cpu_milli", "settled_driver", "boot_id", "launch_fence"))
+                     if f.name not in ("name", "created", "cpu_milli", "settled_driver", "boot_id", "launch_fence",
+                                       "refused"))
 
 
 def _facts_key(facts: NodeFacts) -> Hashable:
@@ -685,7 +705,7 @@ def _hashable(value: object) -> Hashable:
         return tuple(sorted(value.items()))
     if isinstance(value, (list, set, frozenset)):
         return tuple(sorted(value))
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _decision_key(req: Requirements) -> Requirements:

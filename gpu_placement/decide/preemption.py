@@ -31,7 +31,7 @@ from typing import Any
 
 from gpu_placement.decide.placement import Placement
 from gpu_placement.decide.requirements import Requirements
-from gpu_placement.decide.rules import DRA_DEVICES, INSUFFICIENT_GPU, Need, Rejection, unknown_node
+from gpu_placement.decide.rules import INSUFFICIENT_GPU, NO_NEED, Need, NeedItem, Rejection, unknown_node
 from gpu_placement.facts.budgets import Budget, violations
 from gpu_placement.facts.pods import PodRecord, pod_priority
 
@@ -87,13 +87,12 @@ def plan_node(placement: Placement, req: Requirements, priority: int, node: str,
     """What to evict on `node` so the pod fits; an empty proposal plans from scratch (`explain`).
     Call under `view.lock`."""
     view = placement.view
-    entry = placement.entry(req, node) if req.wants_gpu else ()
-    if entry is None:
+    need = placement.entry(req, node) if req.wants_gpu else NO_NEED
+    if need is None:
         return NodePlan(node, (), proposal.pdb_violations, unknown_node())
-    if entry.__class__ is Rejection:
-        return NodePlan(node, (), proposal.pdb_violations, entry.message)  # type: ignore[union-attr]
-    need: Need = entry  # type: ignore[assignment]
-    if any(resource == DRA_DEVICES for resource, _, _ in need) and placement.dra_fit(node, req) is None:
+    if type(need) is Rejection:
+        return NodePlan(node, (), proposal.pdb_violations, need.message)
+    if need.dra and placement.dra_fit(node, req) is None:
         return NodePlan(node, (), proposal.pdb_violations, f"no free DRA device its claims ask: {NO_DRA_PREEMPTION}")
     on_node = {pod.uid: pod for pod in view.pods_on(node) if pod.uid}
     chosen: list[Victim] = []
@@ -147,7 +146,7 @@ def _as_victim(pod: PodRecord) -> tuple[str, str, dict[str, str]]:
     return pod.namespace, pod.name, dict(pod.labels)
 
 
-def _freed(charge_of: Callable[[str], Need], keys: Iterable[str]) -> dict[str, tuple[int, int]]:
+def _freed(charge_of: Callable[[str], tuple[NeedItem, ...]], keys: Iterable[str]) -> dict[str, tuple[int, int]]:
     """(units, MiB) per resource that the pods `keys` hold on their node, as the view charged them."""
     freed: dict[str, tuple[int, int]] = {}
     for key in keys:
@@ -162,7 +161,7 @@ def _more_victims(placement: Placement, node: str, need: Need, priority: int, fr
     priority, most memory given back), then a reprieve pass as kube-scheduler's own victim selection
     makes it: budget-breaking pods first, then the others, each from the highest priority down."""
     charge_of = placement.view.charge_of
-    resources = {resource for resource, _, _ in need}
+    resources = {resource for resource, _, _ in need.asks}
     ranked = []
     for pod in candidates:
         key = pod.key
@@ -189,7 +188,7 @@ def _more_victims(placement: Placement, node: str, need: Need, priority: int, fr
     return [entry[4] for entry in sorted(taken, key=lambda e: (-e[1], e[3]))]
 
 
-def _add(total: dict[str, tuple[int, int]], items: Need, sign: int) -> None:
+def _add(total: dict[str, tuple[int, int]], items: Iterable[NeedItem], sign: int) -> None:
     for resource, units, mib in items:
         had_units, had_mib = total.get(resource, (0, 0))
         total[resource] = (had_units + sign * units, had_mib + sign * (mib or 0))
@@ -229,7 +228,9 @@ def explain_preemption(placement: Placement, req: Requirements, pod: Mapping[str
         rows = [[node, "no", NO_DRA_PREEMPTION] for node, code in sorted(result.unresolvable.items())
                 if code.startswith(f"{INSUFFICIENT_GPU}: no free DRA device")]
         for node in sorted(result.failed):
-            need: Need = placement.entry(req, node)  # type: ignore[assignment]  # FailedNodes: never a Rejection
+            need = placement.entry(req, node)
+            if type(need) is not Need:  # FailedNodes: never a Rejection, nor a node the view lacks
+                continue
             in_tree = _in_tree_victims(placement, node, need, priority)
             plan = plan_node(placement, req, priority, node, Proposal(tuple(p.uid for p in in_tree)))
             if not plan.ok:
@@ -245,7 +246,7 @@ def explain_preemption(placement: Placement, req: Requirements, pod: Mapping[str
 
 def _in_tree_victims(placement: Placement, node: str, need: Need, priority: int) -> list[PodRecord]:
     charge_of = placement.view.charge_of
-    units_only = tuple((resource, units, None) for resource, units, _ in need)
+    units_only = Need(tuple((resource, units, None) for resource, units, _ in need.asks), need.dra)
     lower = sorted((p for p in placement.view.pods_on(node) if p.active and p.priority < priority and p.uid),
                    key=lambda p: (-p.priority, p.key))
     victims = list(lower)

@@ -189,8 +189,8 @@ class Rollout:
             table.setdefault(pod.node, {})[key] = pod.operator
             self._operator_node[key] = pod.node
         if before is not None or key in self._operator_node:
-            for node in {before, self._operator_node.get(key)} - {None}:
-                self._evaluate(node, notify)  # type: ignore[arg-type]
+            for node in {name for name in (before, self._operator_node.get(key)) if name is not None}:
+                self._evaluate(node, notify)
         self._count_placed(key, pod)
 
     def _count_placed(self, key: str, pod: PodRecord | None) -> None:
@@ -209,8 +209,8 @@ class Rollout:
                     del self._pods_on[entry[0]]
         if new is not None:
             self._placed[key] = new
-        for node in {old[0] if old else None, new[0] if new else None} - {None}:
-            self._share(node)  # type: ignore[arg-type]
+        for node in {entry[0] for entry in (old, new) if entry is not None}:
+            self._share(node)
 
     # -- state ---------------------------------------------------------------------------------
     def _driver(self, name: str) -> OperatorPod | None:

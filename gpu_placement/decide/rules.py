@@ -12,6 +12,7 @@ verdict out, no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import final
 
 from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
@@ -26,8 +27,10 @@ from gpu_placement.facts.soak import FAILED, NO_SOAK, Soak
 __all__ = [
     "CODES",
     "HELD_FOR_NOMINATED",
+    "NO_NEED",
     "RESOLVABLE",
     "Need",
+    "NeedItem",
     "Rejection",
     "broken_ask",
     "check_node",
@@ -75,6 +78,9 @@ DRA_DEVICES = "resource.k8s.io/devices"
 RESOLVABLE = frozenset({INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU})
 
 
+# final: placement tells a verdict's two kinds apart by `type(entry) is Rejection` (as fast as a check can be
+# in CPython, and the type checker narrows on it only for classes that cannot be subclassed).
+@final
 @dataclass(slots=True, frozen=True)
 class Rejection:
     code: str
@@ -82,8 +88,22 @@ class Rejection:
     resolvable: bool = False  # preemption could make room (FailedNodes) or not (FailedAndUnresolvableNodes)
 
 
-# What a passing node must still have free: per resource (units, MiB or None when memory is unknown).
-Need = tuple[tuple[str, int, int | None], ...]
+# One resource a pod takes: (resource, units, MiB or None when memory is unknown). The view charges a bound
+# pod the same triples (ClusterView.charge_of), so preemption adds and takes them away alike.
+NeedItem = tuple[str, int, int | None]
+
+
+@final
+@dataclass(slots=True, frozen=True)
+class Need:
+    """What a passing node must still have free for the pod. Made once per node class and kind of pod
+    (placement caches the verdicts), never per request."""
+
+    asks: tuple[NeedItem, ...] = ()
+    dra: bool = False  # one ask is DRA_DEVICES: fitted against the node's devices (decide/dra_fit.py)
+
+
+NO_NEED = Need()  # a pod that asks no GPU
 
 _MIG_SETTLED = "success"
 MPS = "mps"  # nvidia.com/gpu.sharing-strategy value of MPS sharing
@@ -133,10 +153,12 @@ def _check_dra(node: NodeFacts, validator: ValidatorState, req: Requirements, pl
                  or _image_cuda_fit(node, req) or _compatibility(node, req) or _label_problems(node, req))
     if rejection:
         return rejection
-    fit = _device_fit(node, plugin) if plugin.gpus else ()
+    fit = _device_fit(node, plugin) if plugin.gpus else NO_NEED
+    if type(fit) is Rejection:
+        return fit
     served = sum(count for resource, count in req.gpus if _served_by_dra(node, req, resource))
     asked = served + sum(request[0].count for request in req.dra_requests)
-    return fit if isinstance(fit, Rejection) else (*fit, (DRA_DEVICES, asked, None))
+    return Need((*fit.asks, (DRA_DEVICES, asked, None)), dra=True)
 
 
 def dra_readiness(node: NodeFacts, validator: ValidatorState, config: Config) -> Rejection | None:
@@ -455,7 +477,7 @@ def _label_problems(node: NodeFacts, req: Requirements) -> Rejection | None:
 
 
 def _device_fit(node: NodeFacts, req: Requirements) -> Rejection | Need:
-    need: list[tuple[str, int, int | None]] = []
+    need: list[NeedItem] = []
     for resource, count in req.gpus:
         device = node.device_memory(resource)
         if req.memory_mib is not None:
@@ -470,7 +492,7 @@ def _device_fit(node: NodeFacts, req: Requirements) -> Rejection | Need:
             if mps is not None:
                 return mps
         need.append((resource, count, charge(node, resource, count, req.memory_mib)))
-    return tuple(need)
+    return Need(tuple(need))
 
 
 def _mps_cap(node: NodeFacts, resource: str, ask_mib: int) -> Rejection | None:

@@ -117,8 +117,9 @@ def _holds(factor: Factor, fact: Version | str | None) -> bool:
     else:
         width = max(len(fact), value.count(".") + 1)
         left, right = _pad(fact, width), _pad(parse_version(value), width)
-    return {"!=": left != right, "<=": left <= right, ">=": left >= right, "=": left == right,
-            "<": left < right, ">": left > right}[op]
+    holds: bool = {"!=": left != right, "<=": left <= right, ">=": left >= right, "=": left == right,
+                   "<": left < right, ">": left > right}[op]
+    return holds
 
 
 def _pad(version: Version, width: int) -> Version:
@@ -182,7 +183,7 @@ def container_need(container: Mapping[str, Any], compat: bool, ngc: NgcTable | N
     base = _CUDA_IMAGE_TAG.match(tag) if last == "cuda" else None
     match = base or _CUDA_IN_TAG.search(tag)
     version = _version(match.group(1)) if match else None
-    if version is None:
+    if match is None or version is None:
         short = _CU_IN_TAG.search(tag)
         if short is None:
             return None

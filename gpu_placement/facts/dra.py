@@ -250,8 +250,8 @@ def _capacities(capacity: Any) -> tuple[Capacity, ...]:
         value = milli(raw.get("value")) if isinstance(raw, Mapping) else None
         if value is None:
             continue
-        policy = raw.get("requestPolicy") if isinstance(raw.get("requestPolicy"), Mapping) else {}
-        valid = policy.get("validRange") if isinstance(policy.get("validRange"), Mapping) else {}
+        policy = found_policy if isinstance(found_policy := raw.get("requestPolicy"), Mapping) else {}
+        valid = found_range if isinstance(found_range := policy.get("validRange"), Mapping) else {}
         values = [v for v in (milli(x) for x in policy.get("validValues") or ()) if v is not None]
         found.append(Capacity(sys.intern(str(name)), value, milli(policy.get("default")), tuple(sorted(values)),
                               milli(valid.get("min")), milli(valid.get("max")), milli(valid.get("step"))))
@@ -267,8 +267,8 @@ def _taints(items: Any) -> tuple[Taint, ...]:
 
 
 def _device(raw: Mapping[str, Any], driver: str) -> Device:
-    body = raw.get("basic") if isinstance(raw.get("basic"), Mapping) else raw  # v1beta1
-    attributes = body.get("attributes") if isinstance(body.get("attributes"), Mapping) else {}
+    body = basic if isinstance(basic := raw.get("basic"), Mapping) else raw  # v1beta1
+    attributes = found if isinstance(found := body.get("attributes"), Mapping) else {}
     text = {key: value if isinstance(value := _attribute(attributes, key, driver), str) else None
             for key in ("type", "uuid", "productName", "profile")}
     return Device(
@@ -293,7 +293,7 @@ def slice_from_json(obj: Mapping[str, Any]) -> Slice:
     driver = str(spec.get("driver") or "")
     pool = str((spec.get("pool") or {}).get("name") or "")
     node = spec.get("nodeName")
-    devices = spec.get("devices") if isinstance(spec.get("devices"), list) else []
+    devices = listed if isinstance(listed := spec.get("devices"), list) else []
     return Slice(str(meta.get("name") or ""), sys.intern(driver), sys.intern(pool),
                  sys.intern(node) if isinstance(node, str) and node else None,
                  tuple(_device(d, driver) for d in devices if isinstance(d, Mapping)))
@@ -369,10 +369,9 @@ def _alternative(raw: Mapping[str, Any], name: str) -> Alternative | None:
         return None
     mode = raw.get("allocationMode") or "ExactCount"
     count = raw.get("count")
-    counted = isinstance(count, int) and not isinstance(count, bool) and count > 0
-    number = 0 if mode == "All" else count if counted else 1
-    capacity = raw.get("capacity") if isinstance(raw.get("capacity"), Mapping) else {}
-    asked = capacity.get("requests") if isinstance(capacity.get("requests"), Mapping) else {}
+    number = 0 if mode == "All" else count if type(count) is int and count > 0 else 1  # not a bool: type() is
+    capacity = found if isinstance(found := raw.get("capacity"), Mapping) else {}
+    asked = requests if isinstance(requests := capacity.get("requests"), Mapping) else {}
     wants = tuple(sorted((sys.intern(str(k)), v) for k, q in asked.items() if (v := milli(q)) is not None))
     selectors = tuple(expression for selector in raw.get("selectors") or ()
                       if isinstance(expression := _cel(selector), str))

@@ -185,6 +185,7 @@ class NodeFences:
     fences: tuple[Fence, ...] = ()
     lifted: tuple[Lift, ...] = ()
     clears: tuple[tuple[str, float], ...] = ()  # per resource that had a fence: the evidence that lifts it
+    evidence: tuple[tuple[str, str], ...] = ()  # per resource, the latest lifting evidence (one of LIFTS)
 
     def closed(self, now: float) -> tuple[Fence, ...]:
         """The fences that refuse pods now (the probe not open)."""
@@ -214,6 +215,7 @@ def node_fences(facts: NodeFacts, launches: Iterable[Launched], operators: Itera
     fences: list[Fence] = []
     lifted: list[Lift] = []
     clears: list[tuple[str, float]] = []
+    latest: list[tuple[str, str]] = []
     for resource in sorted(by_resource.keys() | {name for name, _ in note.resources}):
         entry = note.entry(resource) or Entry()
         mine = sorted(by_resource.get(resource, ()), key=lambda launch: (launch.at, launch.key))
@@ -221,6 +223,8 @@ def node_fences(facts: NodeFacts, launches: Iterable[Launched], operators: Itera
         lift = max([*evidence, *([Lift(resource, "started", started)] if started is not None else [])],
                    key=lambda found: found.at, default=None)
         reset = max(entry.clear or 0.0, lift.at if lift is not None else 0.0)
+        if lift is not None:
+            latest.append((resource, lift.by))
         kept = entry if entry.fenced and entry.since > reset else None
         if entry.fenced and kept is None and lift is not None:
             lifted.append(Lift(resource, lift.by, lift.at))
@@ -237,7 +241,7 @@ def node_fences(facts: NodeFacts, launches: Iterable[Launched], operators: Itera
         backoff = min(settings.probe_minutes * 2 ** min(failed_probes, 30), settings.probe_max_minutes) * 60
         fences.append(Fence(resource, fence.cause, fence.count, fence.since, fence.last, fence.last + backoff,
                             probing, fence.devices))
-    return NodeFences(tuple(fences), tuple(lifted), tuple(clears))
+    return NodeFences(tuple(fences), tuple(lifted), tuple(clears), tuple(latest))
 
 
 def _evidence(facts: NodeFacts, note: FenceNote, operators: Iterable[tuple[str, OperatorPod]]) -> list[Lift]:

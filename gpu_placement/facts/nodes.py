@@ -64,6 +64,7 @@ class NodeFacts:
     # (parsed by facts/fence.py): the launch fence reads both, placement through the fence alone.
     boot_id: str = ""
     launch_fence: str | None = None
+    refused: str | None = None  # gpu-placement.io/refused as the node carries it (controllers/refused_nodes.py)
 
     def unit_memory(self, resource: str) -> int | None:
         """MiB that one unit of `resource` stands for on this node (a whole GPU, a share, a MIG slice)."""
@@ -139,6 +140,7 @@ def node_from_json(obj: Mapping[str, Any], pool_of: Callable[[Mapping[str, str]]
         settled_driver=_settled((meta.get("annotations") or {}).get(n.ANN_SETTLED_DRIVER)),
         boot_id=str((status.get("nodeInfo") or {}).get("bootID") or ""),
         launch_fence=_text((meta.get("annotations") or {}).get(n.ANN_LAUNCH_FENCE)),
+        refused=labels.get(n.LABEL_REFUSED) or None,
     )
 
 

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,7 +197,7 @@ def _daemon_node(spec: Mapping[str, Any]) -> str | None:
                 .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
     for term in required.get("nodeSelectorTerms") or ():
         for requirement in term.get("matchFields") or ():
-            values = requirement.get("values") or ()
+            values: Sequence[Any] = requirement.get("values") or ()
             if requirement.get("key") == "metadata.name" and requirement.get("operator") == "In" and len(values) == 1:
                 return str(values[0])
     return None
@@ -229,7 +229,7 @@ def container_gpu_requests(container: Mapping[str, Any], is_gpu_resource: Callab
 def effective_gpu_requests(spec: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]) -> GpuRequests:
     """Kubernetes' effective request per resource: the larger of what app containers (plus sidecars)
     hold together and what each init container needs while it runs (plus sidecars started before it)."""
-    containers = spec.get("containers") or ()
+    containers: Sequence[Any] = spec.get("containers") or ()
     inits = spec.get("initContainers")
     if not inits:  # most pods: what the app containers ask (one list of 150,000 is this path)
         if len(containers) == 1:

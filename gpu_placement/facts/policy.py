@@ -12,9 +12,10 @@ from __future__ import annotations
 import difflib
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 from gpu_placement.base import names as n
 from gpu_placement.base.config import Config
@@ -39,6 +40,7 @@ __all__ = [
 NAMESPACE_ANNOTATIONS = NAMESPACE_KEYS
 _MAX_VALUE = MAX_ANNOTATION_VALUE  # our annotations are short lists; the extender refuses the same lengths
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", re.ASCII)
+_T = TypeVar("_T")
 _EXAMPLES = {
     n.ANN_SHARING: "exclusive, shared or mig-1g.10gb",
     n.ANN_QUOTA: "nvidia.com/gpu=4,nvidia.com/gpu.shared=16",
@@ -87,18 +89,26 @@ def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> N
     where = f"namespace {name}"
     errors: dict[str, str] = {}
     warnings: list[str] = []
-    values: dict[str, object] = {}
-    parsers = {n.ANN_SHARING: parse_sharing, n.ANN_QUOTA: lambda text: _parse_quota(text, config),
-               n.ANN_POOLS: lambda text: _parse_pools(text, config), n.ANN_GPU_MEMORY: _parse_memory,
-               n.ANN_PRODUCTS: _parse_products, n.ANN_CUDA: parse_version, n.ANN_ALLOCATION: _parse_allocation}
-    for key, parse in parsers.items():
+
+    def parsed(key: str, parse: Callable[[str], _T]) -> _T | None:
+        """The annotation under `key` parsed; None when absent, or when it does not parse (`errors` says why)."""
         raw = annotations.get(key)
         if raw is None:
-            continue
+            return None
         try:
-            values[key] = parse(_plain(raw))
+            return parse(_plain(raw))
         except ValueError as exc:
             errors[key] = _sentence(key, raw, where, exc)
+            return None
+
+    # One call each, in this order (the order of `errors`).
+    sharing = parsed(n.ANN_SHARING, parse_sharing) or EXCLUSIVE  # a Sharing is never falsy
+    quota = parsed(n.ANN_QUOTA, lambda text: _parse_quota(text, config))
+    pools = parsed(n.ANN_POOLS, lambda text: _parse_pools(text, config))
+    memory = parsed(n.ANN_GPU_MEMORY, _parse_memory)
+    products = parsed(n.ANN_PRODUCTS, _parse_products)
+    cuda = parsed(n.ANN_CUDA, parse_version)
+    allocation = parsed(n.ANN_ALLOCATION, _parse_allocation)
     canary = annotations.get(n.ANN_CANARY)  # read by the extender (docs/rollouts.md); only "true" counts
     if canary is not None and canary not in ("true", "false"):
         warnings.append(f"{n.ANN_CANARY} on {where} is {quoted(canary)}: only \"true\" makes it a canary namespace "
@@ -108,22 +118,19 @@ def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> N
         label = label_problem(name, record.labels, config)
         if label is not None:
             warnings.append(label)
-    sharing: Sharing = values.get(n.ANN_SHARING, EXCLUSIVE)  # type: ignore[assignment]
-    quota: Mapping[str, int] | None = values.get(n.ANN_QUOTA)  # type: ignore[assignment]
     if quota is not None and sharing.kind != "exclusive" and n.GPU_RESOURCE in quota:
         warnings.append(f"{n.ANN_QUOTA} on {where} limits {n.GPU_RESOURCE}, but this namespace's pods ask for "
                         f"{sharing.resource(config)} once rewritten ({n.ANN_SHARING}={sharing.text}): "
                         f"quota {sharing.resource(config)} instead")
-    memory = values.get(n.ANN_GPU_MEMORY)
     return NamespacePolicy(
-        namespace=name, sharing=sharing, quota=quota, pools=values.get(n.ANN_POOLS, ()),  # type: ignore[arg-type]
+        namespace=name, sharing=sharing, quota=quota, pools=pools if pools is not None else (),
         gpu_memory=annotations.get(n.ANN_GPU_MEMORY) if memory is not None else None,
-        gpu_memory_mib=memory,  # type: ignore[arg-type]
-        products=frozenset(values[n.ANN_PRODUCTS]) if n.ANN_PRODUCTS in values else None,  # type: ignore[arg-type]
-        product_order=values.get(n.ANN_PRODUCTS, ()), cuda=values.get(n.ANN_CUDA),  # type: ignore[arg-type]
+        gpu_memory_mib=memory,
+        products=frozenset(products) if products is not None else None,
+        product_order=products if products is not None else (), cuda=cuda,
         errors=MappingProxyType(errors), warnings=tuple(warnings),
         annotated=any(key in annotations for key in NAMESPACE_ANNOTATIONS),
-        allocation=values.get(n.ANN_ALLOCATION))  # type: ignore[arg-type]
+        allocation=allocation)
 
 
 class PolicyCache:

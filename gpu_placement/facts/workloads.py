@@ -72,14 +72,14 @@ def pods_of(obj: Mapping[str, Any]) -> list[PodTemplate]:
             raise WorkloadError(f"{called}: no pod template found (looked for a `template` holding a spec with "
                                 "containers anywhere under spec); explain a Pod or a workload with a pod template")
     templates = []
-    for path, template, replicas in found:
+    for at, template, replicas in found:  # `at`: the template's path as text (`path` is the known one)
         pod = _pod(template, name, namespace, kind, owner, obj)
         note = ""
         if kind == "DaemonSet":
             _daemonset_tolerations(pod["spec"])
             note = ("the DaemonSet controller makes one such pod per node, each pinned to its node; the verdicts "
                     "say which nodes can run one")
-        templates.append(PodTemplate(f"{kind} {f'{namespace}/' if namespace else ''}{name} ({path})", pod,
+        templates.append(PodTemplate(f"{kind} {f'{namespace}/' if namespace else ''}{name} ({at})", pod,
                                      replicas, note))
     return templates
 

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict, cast
 
 import orjson
 import urllib3
@@ -233,7 +233,8 @@ def request(api: ApiClient, method: str, path: str, *, query: Query = (), body: 
                                 _request_timeout=timeout)
     except ApiException as exc:  # the client turns TLS failures into status 0
         raise urllib3.exceptions.SSLError(_one_line(exc)) from None
-    return response.response
+    raw: urllib3.BaseHTTPResponse = response.response  # the client's RESTResponse wraps urllib3's, unread
+    return raw
 
 
 def drain(response: Any) -> None:
@@ -294,7 +295,7 @@ def error_from(status_code: int, http_reason: str | None, raw: bytes, retry_afte
     try:
         parsed = orjson.loads(raw) if raw else {}
         if isinstance(parsed, dict):
-            status = parsed  # type: ignore[assignment]
+            status = cast(Status, parsed)  # the API server's error body: a meta/v1 Status, read with .get
     except orjson.JSONDecodeError:
         pass
     message = status.get("message") or raw[:200].decode("utf-8", "replace").strip() or (http_reason or "")

@@ -57,7 +57,8 @@ def discover(api: ApiClient) -> DraApi:
         if version not in offered:
             continue
         body = get(api, f"/apis/{GROUP}/{version}", timeout=OBJECT_TIMEOUT)
-        resources[version] = {r.get("name") for r in body.get("resources") or () if isinstance(r, dict)}
+        resources[version] = {name for r in body.get("resources") or ()
+                              if isinstance(r, dict) and isinstance(name := r.get("name"), str)}
     view = next((v for v in _VIEW_VERSIONS if set(DRA_KINDS) <= resources.get(v, set())), None)
     taints = next((v for v in _TAINT_VERSIONS if "devicetaintrules" in resources.get(v, set())), None)
     return DraApi(view, taints)

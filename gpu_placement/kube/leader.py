@@ -19,6 +19,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from types import TracebackType
 
 import urllib3
 from prometheus_client import Counter, Gauge
@@ -65,6 +66,29 @@ def counted(counter: Counter, *labels: str) -> Iterator[None]:
     counter.labels(*labels, "ok").inc()
 
 
+class _Unit:
+    """`Failures.unit`: a context whose `__exit__` says `bool`, so the type checker knows the code after
+    the `with` runs also when its body was cut short by a swallowed error (a @contextmanager's may not)."""
+
+    __slots__ = ("failures", "key")
+
+    def __init__(self, failures: Failures, key: str) -> None:
+        self.failures, self.key = failures, key
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> bool:
+        if exc is None:
+            self.failures.succeeded(self.key)
+            return False
+        if isinstance(exc, ApiError) and about_the_object(exc):
+            self.failures.failed(self.key, exc)
+            return True
+        return False
+
+
 class Failures:
     """The objects of a loop whose last write failed, by key (namespace/name, or name), with their error.
     Each is logged when its error is new or changed, and again at info once it is written; `gauge` (if
@@ -75,17 +99,9 @@ class Failures:
         self.errors: dict[str, str] = {}
         self._publish()  # the series from the start, at 0
 
-    @contextmanager
-    def unit(self, key: str) -> Iterator[None]:
+    def unit(self, key: str) -> _Unit:
         """One object's work: an error about the object is kept here and swallowed; any other goes on up."""
-        try:
-            yield
-        except ApiError as exc:
-            if not about_the_object(exc):
-                raise
-            self.failed(key, exc)
-        else:
-            self.succeeded(key)
+        return _Unit(self, key)
 
     def failed(self, key: str, exc: BaseException) -> None:
         if self.errors.get(key) != str(exc):

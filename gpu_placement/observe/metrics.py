@@ -158,6 +158,15 @@ LAUNCH_FENCE_FAILING = Gauge("gpu_placement_launch_fence_failing_objects",
 SETTLED_DRIVER_FAILING = Gauge("gpu_placement_settled_driver_failing_objects",
                                "Nodes whose last gpu-placement.io/settled-driver patch failed (each retried on the "
                                "next turns; the log names them and why).", ["lease"])
+# The refused nodes (gpu_placement/controllers/refused_nodes.py): gpu-placement.io/refused on each Node.
+REFUSED_LEADING = Gauge("gpu_placement_refused_nodes_leading",
+                        "1 on the replica that holds the refused nodes' Lease (and writes gpu-placement.io/refused "
+                        "on Nodes), else 0.", ["lease"])
+REFUSED_WRITES = Counter("gpu_placement_refused_nodes_writes",
+                         "Patches of a Node's gpu-placement.io/refused label, by outcome.", ["outcome"])
+REFUSED_FAILING = Gauge("gpu_placement_refused_nodes_failing_objects",
+                        "Nodes whose last gpu-placement.io/refused patch failed (each retried on the next turns; "
+                        "the log names them and why).", ["lease"])
 # The outcome counter (gpu_placement/outcomes/counter.py): launch outcomes and node times, counted by one replica.
 OUTCOMES_LEADING = Gauge("gpu_placement_outcomes_leading", "1 on the replica that holds the outcomes Lease and counts "
                          "launch outcomes and node lifecycle times for the cluster, else 0.", ["lease"])

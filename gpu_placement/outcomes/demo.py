@@ -65,7 +65,7 @@ def replay_day(start: float) -> tuple[Counters, Window]:
         for key, (units, _) in idle_while_waiting(outcomes).items():
             idle[key] = idle.get(key, 0.0) + units * STEP / 3600
     registry = CollectorRegistry()
-    registry.register(_Families(outcomes.families()))  # type: ignore[arg-type]
+    registry.register(_Families(outcomes.families()))
     samples = [(s.name, s.labels, s.value) for family in text_string_to_metric_families(generate_latest(registry)
                                                                                          .decode())
                for s in family.samples]

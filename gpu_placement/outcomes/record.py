@@ -277,20 +277,20 @@ class Outcomes:
                 elif entry is not None or anchor > reach:  # undecided; or the view may not have it yet
                     kept[uid] = anchor
                 # else the pod is gone undecided (or was decided and deleted while no replica ran): not counted
-            passing = sorted((anchor, uid) for uid, entry in self._launches.items()
-                             if (anchor := entry.launch.anchor) is not None and watermark < anchor <= reach
-                             and uid not in owned and self._undecided(entry, anchor, now))
+            passing = sorted((at, uid) for uid, entry in self._launches.items()
+                             if (at := entry.launch.anchor) is not None and watermark < at <= reach
+                             and uid not in owned and self._undecided(entry, at, now))
             room = MAX_DEFERRED - len(kept)
             until = reach if len(passing) <= room else passing[room][0] - _EPSILON
             until = written(until) if until > watermark else watermark
             batch += [event for event in self._events.values() if watermark < event.at <= until]
             for uid, entry in self._launches.items():
-                anchor = entry.launch.anchor
-                if anchor is not None and watermark < anchor <= until and uid not in owned:
-                    if self._undecided(entry, anchor, now):
-                        kept[uid] = anchor
+                at = entry.launch.anchor
+                if at is not None and watermark < at <= until and uid not in owned:
+                    if self._undecided(entry, at, now):
+                        kept[uid] = at
                     else:
-                        batch.append(self._launch_emission(uid, entry, anchor))
+                        batch.append(self._launch_emission(uid, entry, at))
             if until == watermark and not batch and kept.keys() == deferred.keys():
                 return None
             return Turn(until, sorted(batch, key=lambda e: (e.at, e.key)), kept)

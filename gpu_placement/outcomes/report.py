@@ -110,9 +110,20 @@ def window_sum(record: str, by: Sequence[str], window: Window, matchers: Matcher
 
 
 def gauge_hours(record: str, by: Sequence[str], window: Window) -> str:
-    """PromQL: a gauge's integral over the window in unit-hours (its 1-minute samples / 60)."""
-    inner = f"sum_over_time({record}{window.subquery('1m')})"
-    return f"sum by ({', '.join(by)}) ({inner}) / 60" if by else f"sum({inner}) / 60"
+    """PromQL: a gauge's integral in unit-hours over the window, or from where its data begins (`baseline`):
+    its value at each minute mark stands for the minute before it, the first mark's for the seconds of
+    that minute the data covers only (its marks before the data, or a whole first minute, would count
+    what nobody saw)."""
+    group = f"sum by ({', '.join(by)})" if by else "sum"
+    start = window.start if window.baseline is None else window.baseline
+    first = math.ceil(start / 60) * 60  # the first mark; `end` is one too
+    part = f"{group} ({record} @ {first:.0f}) * {first - start:.3f} / 3600"
+    if first >= window.end:  # the data begins in the window's last minute: its mark is the end
+        return part
+    marks = Window(window.end, int(window.end - first)).subquery("1m")  # the marks after the first
+    whole = f"{group} (sum_over_time({record}{marks})) / 60"
+    # The window's start, or data from a whole minute on: no part of a minute to add.
+    return whole if first == start else f"({whole} + {part}) or {whole} or {part}"
 
 
 @dataclass(slots=True, frozen=True)
@@ -190,7 +201,8 @@ class Prometheus:
     def span(self, series: str, start: float, end: float, step: int = 0) -> Span | None:
         """From `series`' first sample to its last between `start` and `end`: marks every `step` (by default
         as many as one query may hold), narrowed to the minute, then to the samples' own times (a mark sees
-        the samples of the 5 minutes before it)."""
+        the samples of the 5 minutes before it): the raw samples of the minute before the first mark (an
+        instant query there would give the last of them), the last sample the last mark sees."""
         step = step or max(60, math.ceil((end - start) / 10_000 / 60) * 60)  # Prometheus: 11,000 points a query
         count = f"count({series})"
         marks = self.marks(count, start, end, step)
@@ -200,8 +212,9 @@ class Prometheus:
         if step > 60:
             first = (self.marks(count, max(start, first - step), first, 60) or [first])[0]
             last = (self.marks(count, last, min(end, last + step), 60) or [last])[-1]
-        if first > start:
-            first = next((value for _, value in self.query(f"min(timestamp({series}))", first)), first)
+        if first > start:  # its first sample is in the minute before `first` (the mark before saw none)
+            first = min((float(at) for found in self._get("query", f"{series}[60s]", {"time": f"{first:.0f}"})
+                         for at, _ in found.get("values", ())), default=first)
         if last < end:
             last = next((value for _, value in self.query(f"max(timestamp({series}))", last)), last)
         return Span(max(first, start), min(last, end))
@@ -323,7 +336,7 @@ def quantile(q: float, buckets: Mapping[float, float]) -> float:
     if len(ordered) < 2 or not math.isinf(ordered[-1][0]):
         return math.nan
     bounds = [b for b, _ in ordered]
-    counts = []
+    counts: list[float] = []
     for _, count in ordered:  # ensureMonotonic
         counts.append(max(count, counts[-1]) if counts else count)
     observations = counts[-1]

@@ -295,6 +295,7 @@ def _template(count: int, milli: int) -> dict[str, Any]:
 
 def task_pod(task: Task, cluster: Cluster, index: int) -> TaskPod:
     """The Pod a task becomes in this cluster's mode (`index`: its position, for a unique UID)."""
+    container: dict[str, Any]
     if not task.gpus:
         container = {"name": "main", "image": _IMAGE, "resources": {"requests": {
             "cpu": f"{task.cpu_milli}m", "memory": f"{task.memory_mib}Mi"}}}
@@ -322,8 +323,7 @@ def task_pod(task: Task, cluster: Cluster, index: int) -> TaskPod:
         extended = ((n.GPU_RESOURCE, task.gpus),)
     limits.update({res: str(count) for res, count in extended})
     requests = {"cpu": f"{task.cpu_milli}m", "memory": f"{task.memory_mib}Mi", **limits}
-    container: dict[str, Any] = {"name": "main", "image": _IMAGE,
-                                 "resources": {"requests": requests, "limits": dict(limits)}}
+    container = {"name": "main", "image": _IMAGE, "resources": {"requests": requests, "limits": dict(limits)}}
     if cluster.mode == DRA:
         container["resources"]["claims"] = [{"name": "gpu"}]
     spec["containers"] = [container]

@@ -91,10 +91,6 @@ class GoRand:
     def int63(self) -> int:
         return self.uint64() & _MASK63
 
-    def int(self) -> int:
-        """rand.Int on a 64-bit platform: one Int63."""
-        return self.int63()
-
     def int31(self) -> int:
         return self.int63() >> 32
 
@@ -159,3 +155,8 @@ class GoRand:
             m[i] = m[j]
             m[j] = i
         return m
+
+    # Last in the class: below it, `int` in an annotation would name this method, not the builtin.
+    def int(self) -> int:
+        """rand.Int on a 64-bit platform: one Int63."""
+        return self.int63()

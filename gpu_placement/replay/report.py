@@ -36,6 +36,7 @@ class ReplayOptions:
     seeds: int = 1
     weight: int = 5
     replicas: int = 2
+    tier_size: int = 8  # /filter's best tier (the chart's config.scoring.tierSize); 0: /prioritize at `weight`
 
 
 @dataclass(slots=True)
@@ -83,7 +84,7 @@ def run_replays(options: ReplayOptions, config: Config | None = None, progress: 
         for strategy in options.strategies:
             bar = _bar(progress, f"{strategy} seed {seed}") if progress is not None else None
             runs[strategy].append(replay(nodes, pods.tasks, order, options.mode, strategy, seed, options.weight,
-                                         options.replicas, config, bar))
+                                         options.replicas, config, bar, options.tier_size))
     return Replays(capacity // MILLI, len(nodes), len(pods.tasks), runs, pods.left_out)
 
 
@@ -151,6 +152,16 @@ def _arrivals_text(replays: Replays, options: ReplayOptions, first: Run, top: in
     return f"{first.arrivals} tasks arrive one at a time and never leave, asking {top} % of the GPUs in all: {how}."
 
 
+def _tier_text(options: ReplayOptions) -> str:
+    size = options.tier_size
+    if not size:
+        return (f"/filter answers every passing node; kube-scheduler adds /prioritize's scores at weight "
+                f"{options.weight} to its plugins'.")
+    if size == 1:
+        return "/filter answers the best tier, one node drawn among the best; kube-scheduler takes it as it is."
+    return f"/filter answers the best tier, at most {size} nodes; kube-scheduler's plugins choose within it."
+
+
 def render_text(replays: Replays, options: ReplayOptions) -> str:
     runs = replays.runs
     names = list(runs)
@@ -161,6 +172,7 @@ def render_text(replays: Replays, options: ReplayOptions) -> str:
     top = max((p.arrived_pct for points in means.values() for p in points), default=0)  # where arrivals ended
     intro = [_MODES[options.mode].format(replicas=options.replicas),
              f"{replays.gpus} GPUs on {replays.nodes} nodes. " + _arrivals_text(replays, options, first, top)]
+    intro.append(_tier_text(options))
     if replays.left_out:
         intro.append("Pods that do not arrive: " + ", ".join(f"{count} {why}" for why, count
                                                               in sorted(replays.left_out.items())) + ".")

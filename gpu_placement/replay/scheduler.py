@@ -2,7 +2,11 @@
 how it picks the node from the sum of its plugins' and the extender's scores.
 
 The chart runs kube-scheduler v1.37 with its default plugins in gpu-placement's profile and the
-extender at `weight` (charts/gpu-placement values.yaml `scheduler.extender.weight`, 5):
+extender's `/filter` only: it answers the best tier (simulate.py, `Placement.tier`), so kube-scheduler
+takes its one node as it is (`schedulePod`'s single-feasible-node path) or, with several, scores them
+with its plugins alone (the extender has no prioritizeVerb: `HTTPExtender.Prioritize` gives each 0).
+With `config.scoring.tierSize` 0 it also calls `/prioritize`, at `weight` (the chart's
+`scheduler.extender.weight`, 5):
 
 - Filters (pkg/scheduler/framework/plugins): NodeResourcesFit (CPU, memory, pods and extended
   resources against allocatable), NodeUnschedulable, and in `dra` mode DynamicResources (the claim
@@ -29,6 +33,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gpu_placement.decide.allocator import Allocation, first_fit
 from gpu_placement.replay.cluster import DRA, GPU_CLASS, ReplayNode, TaskPod
@@ -118,8 +123,8 @@ class KubeScheduler:
     def allocate(self, name: str, pod: TaskPod) -> list[Allocation] | None:
         """The devices the DRA allocator gives the pod's claim on the node (None: it does not fit)."""
         node = self.nodes[name]
-        given = node.given.get(pod.asks, False)
-        if given is False:
+        given: list[Allocation] | Literal[False] | None = node.given.get(pod.asks, False)
+        if given is False:  # not asked yet (None: it does not fit)
             given = node.given[pod.asks] = first_fit(node.spec.devices, node.held, node.consumed, pod.asks, _TYPES)
         return given
 

@@ -6,9 +6,12 @@ ATC'23 simulator does):
 1. The pod appears in gpu-placement's view as the watch shows a new pod (`Ingest.event`).
 2. kube-scheduler's own filters pass some nodes (`scheduler.KubeScheduler`), and only those are sent to
    the extender, as the chart configures it (nodeCacheCapable: node names).
-3. The extender's `/filter` and `/prioritize`: `Placement.filter` and `Placement.scores`, the code the
-   extender's routes call (extender/app.py), on the same view.
-4. kube-scheduler adds its plugins' scores to the extender's (weighted) and takes the highest.
+3. The extender's `/filter`: `Placement.filter`, then its best tier (`Placement.tier`: the nodes tied at the
+   best score, at most `tier_size` drawn at random), the code extender/app.py's route calls, on the same view.
+4. kube-scheduler takes the tier's one node as it is (its single-feasible-node path), or scores the tier's
+   nodes with its own plugins (the extender, with no prioritizeVerb, adds 0) and takes the highest.
+   `tier_size` 0 models a configuration that still calls `/prioritize`: every passing node, the plugins'
+   scores plus the extender's (`Placement.scores`) times `weight`.
 5. In `dra` mode kube-scheduler's DRA allocator picks the devices inside the node
    (`gpu_placement.decide.allocator`) and writes the claim's allocation, which the view then reads as
    the ResourceClaim watch delivers it.
@@ -107,7 +110,7 @@ class _DevicePlugin:
         return tuple((i, task.milli) for i in free)
 
 
-def _view_of(cluster: Cluster, config: Config) -> tuple[ClusterView, Ingest, Placement]:
+def _view_of(cluster: Cluster, config: Config, seed: int) -> tuple[ClusterView, Ingest, Placement]:
     """The view fed the cluster's objects through the ingest a snapshot goes through
     (gpu_placement/app/assembly.py core_from_objects), and the extender's Placement on it."""
     view, ingest = ClusterView(config), Ingest(config)
@@ -119,7 +122,7 @@ def _view_of(cluster: Cluster, config: Config) -> tuple[ClusterView, Ingest, Pla
     with view.lock:
         for kind in (*FILE_KINDS, *(k for k in DRA_KINDS if by_kind[k])):
             ingest.replace(view, kind, by_kind[kind])
-    return view, ingest, Placement(view, config)
+    return view, ingest, Placement(view, config, seed=seed)
 
 
 def _bind(view: ClusterView, placement: Placement, binder: SnapshotBinder, req: Requirements, pod: TaskPod,
@@ -139,13 +142,14 @@ def _bind(view: ClusterView, placement: Placement, binder: SnapshotBinder, req: 
 
 def replay(nodes: Sequence[ReplayNode], tasks: Sequence[Task], order: Sequence[Task], mode: str, strategy: str,
            seed: int, weight: int = 5, replicas: int = 2, config: Config | None = None,
-           progress: Progress | None = None) -> Run:
+           progress: Progress | None = None, tier_size: int = 8) -> Run:
     """Replay `order` (tasks as they arrive; `tasks`: the trace, to size the cluster's time-sliced pool
-    and claim templates) on a fresh cluster of `nodes` with scoring `strategy`."""
+    and claim templates) on a fresh cluster of `nodes` with scoring `strategy` and /filter's best tier of
+    `tier_size` (the chart's 8; 0: every passing node, and /prioritize at `weight`)."""
     base = config or Config()
-    config = replace(base, scoring=replace(base.scoring or Scoring(), strategy=strategy))
+    config = replace(base, scoring=replace(base.scoring or Scoring(), strategy=strategy, tier_size=tier_size))
     cluster = build_cluster(copy.deepcopy(list(nodes)), tasks, mode, replicas)
-    view, ingest, placement = _view_of(cluster, config)
+    view, ingest, placement = _view_of(cluster, config, seed)
     binder = SnapshotBinder(view)
     kube = KubeScheduler(cluster.nodes, mode, weight, seed)
     by_name = {node.name: node for node in cluster.nodes}
@@ -181,7 +185,11 @@ def _place(pod: TaskPod, task: Task, cluster: Cluster, view: ClusterView, ingest
     ingest.event(view, "pods", "ADDED", pod.pod)
     req = placement.requirements(pod.pod)
     passed = placement.filter(req, list(feasible)).passed if feasible else []
-    totals = {name: kube.extender_total(score, plugin_scores[name]) for name, score in placement.scores(req, passed)}
+    if placement.config.scoring.tier_size:  # sorted: the tier's draw is the seed's, whatever the sets' order
+        totals = {name: plugin_scores[name] for name in placement.tier(req, sorted(passed))}
+    else:
+        totals = {name: kube.extender_total(score, plugin_scores[name])
+                  for name, score in placement.scores(req, passed)}
     node = kube.choose(totals)
     if node is None:
         run.failed.append(pod.key)

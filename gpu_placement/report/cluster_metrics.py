@@ -281,16 +281,17 @@ class ClusterMetrics:
             for device_class, value in sorted(counts.items()):
                 claimed.add_metric([namespace, device_class], value)
         out.append(claimed)
-        count = GaugeMetricFamily("gpu_placement_pods_waiting", "Pending GPU pods the extender last rejected on "
-                                  "every node it was asked about, by the reason of the node that came closest to "
-                                  "taking it.",
-                                  labels=["reason"])
-        since = GaugeMetricFamily("gpu_placement_pods_waiting_since_timestamp_seconds", "Unix time since which the "
-                                  "longest-waiting of those pods has waited, by reason.", labels=["reason"])
+        pods_waiting = GaugeMetricFamily("gpu_placement_pods_waiting", "Pending GPU pods the extender last rejected "
+                                         "on every node it was asked about, by the reason of the node that came "
+                                         "closest to taking it.",
+                                         labels=["reason"])
+        waiting_since = GaugeMetricFamily("gpu_placement_pods_waiting_since_timestamp_seconds", "Unix time since "
+                                          "which the longest-waiting of those pods has waited, by reason.",
+                                          labels=["reason"])
         for reason, (pods, first) in sorted(waiting.items()):
-            count.add_metric([reason], pods)
-            since.add_metric([reason], first)
-        out += [count, since]
+            pods_waiting.add_metric([reason], pods)
+            waiting_since.add_metric([reason], first)
+        out += [pods_waiting, waiting_since]
         out.append(GaugeMetricFamily("gpu_placement_reservation_oldest_age_seconds", "Age of the oldest GPU "
                                      "reservation still waiting for its pod to be seen bound (0: none).",
                                      value=reservation_age))

@@ -10,6 +10,7 @@ evaluate; the row says when there are some.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from gpu_placement.base.config import Config
 from gpu_placement.base.cuda import format_version
@@ -71,7 +72,7 @@ def _why_not(device: Device, types: set[str | None], held: int, claims: Sequence
     return None
 
 
-def candidate_rows(view: ClusterView, config: Config, req: Requirements, namespace: str, spec: dict,
+def candidate_rows(view: ClusterView, config: Config, req: Requirements, namespace: str, spec: dict[str, Any],
                    nodes: Sequence[str]) -> list[list[str]]:
     """For a DRA pod: on each node given (those that pass), the devices its claims could take."""
     if not req.claims:

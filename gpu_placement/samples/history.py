@@ -293,8 +293,7 @@ def day(start: float) -> tuple[list[Change], Truth]:
     # Two nodes join and are prepared: 11 and 7 minutes from creation to the first verified verdict.
     for name, pool, product, at, took in (("train-4", "training", H100, 2 * H, 11 * M),
                                           ("batch-3", "batch", A100, 6 * H, 7 * M)):
-        node = story.node(name, pool, product, at, ready_at=at + 60)
-        story.put(at, node)
+        story.put(at, story.node(name, pool, product, at, ready_at=at + 60))
         validator = story.validator(name, at + 90, None)
         story.put(at + 90, validator)
         story.put(at + took, story.validator(name, at + 90, at + took))

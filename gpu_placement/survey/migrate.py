@@ -270,7 +270,7 @@ def plan(state: NodeState) -> list[Step]:
              f"kubectl -n {config.validator.namespace} wait pod -l {config.validator.selector.text} --field-selector "
              f"spec.nodeName={name} --for=condition=Ready --timeout={_duration(state.timeout)}",
              DONE if validated else PENDING,
-             f"{_key(validator)} is Ready" if validated else
+             f"{_key(validator)} is Ready" if validated and validator is not None else
              (f"{_key(validator)} is not Ready yet (kubectl -n {config.validator.namespace} logs "
               f"{_meta(validator).get('name')} --all-containers shows which check runs)" if validator else
               "no validator pod on the node yet: the operator's DaemonSet starts one once the node has "

@@ -209,8 +209,8 @@ def apply(access: ClusterAccess, name: str, config: Config, directory: Path, tim
     last: tuple[str, str] | None = None
     for _ in range(32):  # eight steps, each read again after it ran: bounded
         state = read_live(access, name, config, path, timeout)
-        if last is None and (why := needed(state)):
-            print(why, file=out)
+        if last is None and (nothing := needed(state)):  # not `why`: the busy node's, above
+            print(nothing, file=out)
             return 0
         steps = plan(state)
         step = next((s for s in steps if s.state != DONE), None)

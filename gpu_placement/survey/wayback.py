@@ -114,19 +114,20 @@ def read_record(path: Path) -> Record | None:
         raise MigrateError(f"{path}: not a saved way back ({exc}); move it away and run the command again") from None
     if isinstance(data, list):  # the first format: a JSON patch
         values = {op.get("path"): op.get("value") for op in data if isinstance(op, dict)}
-        if isinstance(values.get("/metadata/uid"), str) and isinstance(values.get("/metadata/labels"), dict):
-            taints, labels = values.get("/spec/taints"), values["/metadata/labels"]
-            return Record(path, values["/metadata/uid"], {str(k): str(v) for k, v in labels.items()},
+        uid, labels = values.get("/metadata/uid"), values.get("/metadata/labels")
+        if isinstance(uid, str) and isinstance(labels, dict):
+            taints = values.get("/spec/taints")
+            return Record(path, uid, {str(k): str(v) for k, v in labels.items()},
                           [t for t in taints if isinstance(t, dict)] if isinstance(taints, list) else [],
                           bool(values.get("/spec/unschedulable")),
                           version=1, state=UNDER_WAY, node=path.stem)
     elif isinstance(data, dict) and data.get("kind") == "MigrationRecord" and isinstance(data.get("uid"), str):
-        before = data.get("before") if isinstance(data.get("before"), dict) else {}
+        before = found if isinstance(found := data.get("before"), dict) else {}
         labels, taints = before.get("labels"), before.get("taints")
         changes = tuple(Change(str(c.get("step") or ""), str(c.get("what") or ""), c.get("before"), c.get("after"),
                                str(c.get("key") or ""), str(c.get("at") or ""))
                         for c in data.get("changes") or () if isinstance(c, dict))
-        state = data.get("state") if data.get("state") in (UNDER_WAY, COMPLETE, UNDONE) else UNDER_WAY
+        state = str(data["state"]) if data.get("state") in (UNDER_WAY, COMPLETE, UNDONE) else UNDER_WAY
         return Record(path, data["uid"], {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict)
                       else {}, [t for t in taints if isinstance(t, dict)] if isinstance(taints, list) else [],
                       bool(before.get("unschedulable")), VERSION, state, str(data.get("node") or path.stem),

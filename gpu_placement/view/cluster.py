@@ -400,7 +400,8 @@ class ClusterView:
     def _table(self, kind: str) -> dict[str, Any]:
         if kind not in ("poddisruptionbudgets", "resourcequotas"):
             raise ValueError(f"unknown kind {kind!r}")
-        return getattr(self, kind)  # type: ignore[no-any-return]
+        table: dict[str, Any] = getattr(self, kind)
+        return table
 
     # -- reservations and telemetry ------------------------------------------------------------
     def reserve(self, pod: str, node: str, gpus: GpuRequests, memory_annotation: str | None,

@@ -18,7 +18,7 @@ allocateddevices.go `foreachAllocatedDevice`, v1.37.2: "Is not considered as all
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sized
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -191,8 +191,9 @@ class DraState:
          "resourceclaims": self.replace_claims, "resourceclaimtemplates": self.replace_templates}[kind](objects)
 
     def count(self, kind: str) -> int:
-        return len({"resourceslices": self.slices, "deviceclasses": self.classes, "resourceclaims": self.claims,
-                    "resourceclaimtemplates": self.templates}[kind])
+        kept: dict[str, Sized] = {"resourceslices": self.slices, "deviceclasses": self.classes,
+                                  "resourceclaims": self.claims, "resourceclaimtemplates": self.templates}
+        return len(kept[kind])
 
     def event(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}

@@ -33,7 +33,7 @@ import urllib3
 from kubernetes.client import ApiClient
 
 from gpu_placement.facts.resourcequotas import MIRROR_NAME
-from gpu_placement.kube.api import ApiError, ApiForbidden, ApiGone, Status, WatchSettings, api_error, request
+from gpu_placement.kube.api import ApiError, ApiForbidden, ApiGone, Timeout, WatchSettings, api_error, request
 from gpu_placement.observe import metrics
 from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import KINDS, Ingest
@@ -371,7 +371,7 @@ class LiveSource:
 
     # -- HTTP ----------------------------------------------------------------------------------
     def _request(self, state: _Kind, query: list[tuple[str, str | int | bool]],
-                 timeout: tuple[float, float]) -> urllib3.BaseHTTPResponse:
+                 timeout: Timeout) -> urllib3.BaseHTTPResponse:
         if self._stop.is_set():
             raise _Stopped
         try:
@@ -447,14 +447,15 @@ def _lines(response: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
 def _chunks(response: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
     """What has arrived, as soon as it arrives: `read(n)` would wait for n bytes (an event held back
     until 64 KiB of later ones came)."""
-    if getattr(response, "chunked", False) and response.supports_chunked_reads():  # type: ignore[attr-defined]
-        yield from response.read_chunked(decode_content=True)  # type: ignore[attr-defined]
+    if isinstance(response, urllib3.HTTPResponse) and response.chunked and response.supports_chunked_reads():
+        yield from response.read_chunked(decode_content=True)
         return
     while data := response.read1(_READ_SIZE):
         yield data
 
 
-def _status_error(status: Status) -> ApiError:
+def _status_error(status: Mapping[str, Any]) -> ApiError:
+    """A watch ERROR event's object: a meta/v1 Status (kube/api.py), as sent."""
     code = int(status.get("code") or 500)
     return ApiError.of(code, str(status.get("reason") or ""), str(status.get("message") or "watch ERROR event"))
 
@@ -488,7 +489,7 @@ def _shutdown(response: urllib3.BaseHTTPResponse) -> None:
     """Wake a thread blocked reading this response: shut the socket's read side (closing it would not
     wake a blocked recv on Linux)."""
     try:
-        response.shutdown()  # type: ignore[attr-defined]
+        response.shutdown()
     except Exception:
         try:
             response.close()

@@ -62,7 +62,8 @@ def _vector(body: str | bytes) -> list[dict[str, Any]]:
     data = answer.get("data") or {}
     if data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
         raise ValueError(f"expected an instant vector, got {data.get('resultType')!r}")
-    return data["result"]
+    result: list[dict[str, Any]] = data["result"]
+    return result
 
 
 def _node(metric: dict[str, str]) -> str | None:
@@ -78,7 +79,7 @@ def readings_from(fb_free: str | bytes, xid: str | bytes, now: float) -> dict[st
     for series in _vector(fb_free):
         metric = series.get("metric") if isinstance(series, dict) else None
         node = _node(metric) if isinstance(metric, dict) else None
-        if node is None:
+        if node is None or not isinstance(metric, dict):
             continue
         free = _free_mib(series)
         if isinstance(free, str):
@@ -95,7 +96,7 @@ def readings_from(fb_free: str | bytes, xid: str | bytes, now: float) -> dict[st
     for series in _vector(xid):
         metric = series.get("metric") if isinstance(series, dict) else None
         node = _node(metric) if isinstance(metric, dict) else None
-        if node is not None:
+        if node is not None and isinstance(metric, dict):
             xids[node] = xids.get(node, 0) + 1
             events[node] = events.get(node, 0) + _events(series)
             if metric.get("UUID"):
@@ -171,4 +172,5 @@ class TelemetrySource:
 
 def _http_get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=5) as response:
-        return response.read()
+        body: bytes = response.read()
+        return body

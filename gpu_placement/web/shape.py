@@ -83,7 +83,7 @@ def key(path: str, name: str) -> str:
 def obj(value: Any, path: str, what: str = "an object") -> dict[str, Any]:
     if value.__class__ is not dict:
         fail(path, what, value)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def opt_obj(value: Any, path: str) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def opt_list(value: Any, path: str, what: str = "a list") -> list[Any]:
         return []
     if value.__class__ is not list:
         fail(path, what, value)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def opt_str(value: Any, path: str, limit: int | None = None) -> str:
@@ -105,19 +105,20 @@ def opt_str(value: Any, path: str, limit: int | None = None) -> str:
         fail(path, "a string", value)
     if limit is not None and len(value) > limit:
         raise ShapeError(path, f"at most {limit} characters", str(len(value)))
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def namespace_name(value: Any, path: str) -> str:
     """A namespace name, or None/"" (a cluster-scoped object has none). The webhook puts it into API
     paths and keys its caches by it: anything else (`../x`, `a?watch=true`) is refused here."""
-    if not opt_str(value, path):
+    text = opt_str(value, path)
+    if not text:
         return ""
-    if len(value) > LABEL_LIMIT:
-        raise ShapeError(path, _NAMESPACE, f"{len(value)} characters")
-    if _DNS_LABEL.fullmatch(value) is None:
-        fail(path, _NAMESPACE, value)
-    return value  # type: ignore[no-any-return]
+    if len(text) > LABEL_LIMIT:
+        raise ShapeError(path, _NAMESPACE, f"{len(text)} characters")
+    if _DNS_LABEL.fullmatch(text) is None:
+        fail(path, _NAMESPACE, text)
+    return text
 
 
 def name(value: Any, path: str, limit: int = NAME_LIMIT) -> str:
@@ -134,7 +135,8 @@ def str_map(value: Any, path: str) -> dict[str, str]:
     for k, v in obj(value, path).items():
         if v.__class__ is not str:
             fail(key(path, k), "a string", v)
-    return value  # type: ignore[no-any-return]
+    strings: dict[str, str] = value  # every value checked above
+    return strings
 
 
 def objects(value: Any, path: str) -> list[dict[str, Any]]:
@@ -178,11 +180,11 @@ def _strings(parent: Mapping[str, Any], fields: tuple[str, ...], path: str, limi
             opt_str(value, f"{path}.{field}", limit)
 
 
-def check_pod(pod: Any, path: str) -> dict[str, Any]:
+def check_pod(value: Any, path: str) -> dict[str, Any]:
     """The fields of a `v1.Pod` both edges read: metadata names and annotations, per container the
     name, image, env, restartPolicy and resources, and the names in `spec.resourceClaims` (DRA).
     Returns the pod."""
-    pod = obj(pod, path, "a v1.Pod object")
+    pod = obj(value, path, "a v1.Pod object")
     meta = pod.get("metadata")
     if meta is not None:
         obj(meta, f"{path}.metadata")

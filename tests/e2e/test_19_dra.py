@@ -11,7 +11,6 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,10 +23,8 @@ from gpu_placement.view.cluster import ClusterView
 from gpu_placement.view.ingest import Ingest
 from tests.e2e.cluster import ADMIN_TOKEN, DraPlugin, now_rfc3339, wait_for
 from tests.e2e.conftest import E2E
+from tests.e2e.dra import RESOURCE, Obj, allocation
 from webhook.claim_reader import ClaimReader
-
-Obj = dict[str, Any]
-RESOURCE = "/apis/resource.k8s.io/v1"
 
 
 @pytest.fixture(scope="module")
@@ -83,18 +80,6 @@ def wait_rule(e2e: E2E, node: str, value: str | None, effect: str = "NoSchedule"
             found["spec"]["taint"]["effect"] == effect else None
     found = wait_for(f"DeviceTaintRule of {node} {value or 'gone'}", seen, timeout=30, interval=0.2)
     return found if isinstance(found, dict) else None
-
-
-def allocation(e2e: E2E, ns: str, pod: str) -> list[Obj]:
-    """The devices the pod's claims were allocated (empty: none yet)."""
-    status = e2e.pod(ns, pod).get("status", {})
-    names = [c.get("resourceClaimName") for c in status.get("resourceClaimStatuses", [])]
-    names.append((status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName"))  # DRAExtendedResource
-    results: list[Obj] = []
-    for name in filter(None, names):
-        got = e2e.api.get(f"{RESOURCE}/namespaces/{ns}/resourceclaims/{name}")
-        results += got.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
-    return results
 
 
 def test_a_dra_pod_gets_no_device_of_an_unverified_node_and_lands_once_it_is_verified(

@@ -1,5 +1,5 @@
 """Scenario 1: a GPU pod goes through the real API server (mutated by /mutate, checked by /validate)
-and the chart's kube-scheduler (through /filter and /prioritize; bound by kube-scheduler itself, or
+and the chart's kube-scheduler (through /filter, which answers its best tier; bound by kube-scheduler itself, or
 through /bind when it asks for a GPU share) to a verified node; one that fits nowhere stays Pending
 with the extender's reason codes in its condition and Event.
 
@@ -75,8 +75,9 @@ def test_gpu_pod_is_mutated_scheduled_through_the_extender_and_bound_to_a_verifi
     node = e2e.wait_bound(ns, "train")
     assert node in verified
     after = extender_calls(e2e)
-    for verb in ("filter", "prioritize"):
-        assert after.get(verb, 0) > before.get(verb, 0), (verb, before, after)
+    assert after.get("filter", 0) > before.get("filter", 0), (before, after)
+    # One call a pod: /filter answers the best tier and the chart's extender has no prioritizeVerb (issue 44).
+    assert after.get("prioritize", 0) == before.get("prioritize", 0), (before, after)
     # Whole GPUs: kube-scheduler's own binder, whose cache counts them (the chart's bindAll: false).
     assert after.get("bind", 0) == before.get("bind", 0), (before, after)
     pod = e2e.pod(ns, "train")

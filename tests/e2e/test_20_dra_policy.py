@@ -25,7 +25,7 @@ import pytest
 from gpu_placement.samples.dra import Gpu
 from tests.e2e.cluster import DraPlugin, gate_open, wait_for
 from tests.e2e.conftest import E2E
-from tests.e2e.test_19_dra import RESOURCE, allocation
+from tests.e2e.dra import RESOURCE, allocation
 
 Obj = dict[str, Any]
 GIB = 2**30

@@ -33,7 +33,7 @@ from tests.e2e.container import engine
 from tests.e2e.deploy import SERVICE_ACCOUNT_DIR, render
 from tests.fakeapi import FakeApiServer
 from tests.image.conftest import SNAPSHOT, Chart, Run, exec_python, wait_http, without
-from tests.test_webhook_helpers import review, user_pod
+from tests.support.webhook import review, user_pod
 
 Obj = dict[str, Any]
 EXTENDER, WEBHOOK = "gpu-placement-scheduler", "gpu-placement-webhook"

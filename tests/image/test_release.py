@@ -26,8 +26,7 @@ import pytest
 import yaml
 
 from tests.e2e.container import engine
-from tests.test_alerts import slugs
-from tests.test_chart import offline
+from tests.support.chart import offline, slugs
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

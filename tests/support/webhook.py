@@ -1,7 +1,5 @@
 """Shared by the webhook tests: the real service app over HTTPS, a client that trusts only the
 generated CA, and the checks every returned patch goes through.
-
-No tests here; the module name keeps it among the webhook's test files.
 """
 
 from __future__ import annotations
@@ -205,3 +203,10 @@ def serving(bundle: CertBundle, config: Obj | None = None) -> Iterator[Webhook]:
 
 def find(ops: list[Obj], path: str) -> list[Obj]:
     return [op for op in ops if op["path"] == path]
+
+
+def denial(verdict: dict) -> str:
+    assert verdict["allowed"] is False, verdict
+    status = verdict["status"]
+    assert status["code"] == 403 and status["reason"] == "Forbidden" and status["status"] == "Failure"
+    return status["message"]

@@ -1,0 +1,135 @@
+"""The nodes gpu-placement refuses every GPU pod for, labelled, so kube-scheduler leaves them out itself.
+
+kube-scheduler's adaptive sample (`percentageOfNodesToScore` unset: about 10 % of 5,000 nodes) is safe with
+an extender only if the extender does not reject what the sample holds: a pod would be declared
+unschedulable while unsampled nodes fit, and preemption would evict on the sample. Most of what
+gpu-placement rejects on a node is the node's own state, whatever the pod: not Ready or cordoned, no GPU
+found, no Ready validator, a driver upgrade or MIG change under way (`node_readiness`,
+gpu_placement/decide/rules.py). So one replica writes it: the label `gpu-placement.io/refused: <code>` on
+each GPU node with such a reason, removed when the reason goes; and the webhook requires, in every GPU pod it
+shapes, that the label be absent (webhook/shaping.py `refused_affinity`): kube-scheduler's NodeAffinity
+then filters those nodes before its sample is counted. GPU Operator's own pods are not shaped (its namespace
+is exempt), so they still land on the nodes they are to validate.
+
+The label lags the view by a patch: the extender still judges every node it is sent, so a node refused a
+moment ago is rejected there as before, and a node just verified waits for its label to go (NodeAffinity's
+queueing hint requeues the pod on that Node update). Only GPU nodes are labelled (GPUs found, offered or
+published): other nodes never fit a GPU pod in kube-scheduler's own filters.
+
+One writer, elected by a Lease (like the settled drivers); one JSON merge patch per node whose label is due,
+paced, each node its own unit of work. The RBAC for it is `patch` on nodes (charts/.../webhook-rbac.yaml).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kubernetes.client import ApiClient
+
+from gpu_placement.base.config import Config
+from gpu_placement.base.names import LABEL_REFUSED
+from gpu_placement.decide.rules import node_readiness
+from gpu_placement.facts.nodes import NodeFacts
+from gpu_placement.kube.api import OBJECT_TIMEOUT, write
+from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted, counted
+from gpu_placement.kube.lease import Lease
+from gpu_placement.observe.metrics import API_OUTCOMES, REFUSED_FAILING, REFUSED_LEADING, REFUSED_WRITES
+from gpu_placement.view.cluster import ClusterView
+
+__all__ = ["RefusedNodes", "RefusedSettings", "refused_due"]
+
+log = logging.getLogger("gpu_placement.refused")
+
+
+@dataclass(slots=True, frozen=True)
+class RefusedSettings:
+    lease_name: str = "gpu-placement-refused"
+    lease_seconds: int = 30  # another replica takes over this long after the holder stops renewing
+    renew_seconds: float = 10.0  # how often the holder renews and looks for due nodes; a standby tries
+    settle_seconds: float = 0.2  # after a change, wait this long for its neighbours: one pass for a burst
+    writes_per_second: float = 20.0  # the pace of the patches (a first install labels every refused node once)
+    burst: int = 50
+
+
+def _gpu_node(facts: NodeFacts) -> bool:
+    return facts.gpu_present or any(count > 0 for count in facts.allocatable.values()) or facts.dra_devices > 0
+
+
+def refused_due(view: ClusterView, config: Config) -> dict[str, str | None]:
+    """Node -> the label it should carry (a code; None: none) where that differs from what it carries."""
+    due: dict[str, str | None] = {}
+    with view.lock:
+        for name, facts in view.nodes.items():
+            rejection = node_readiness(facts, view.validator_state(name), config) if _gpu_node(facts) else None
+            wanted = rejection.code if rejection is not None else None
+            if wanted != facts.refused:
+                due[name] = wanted
+    return due
+
+
+class RefusedNodes(LeaderLoop):
+    what = "refused nodes"
+    log = log
+
+    def __init__(self, api: ApiClient, view: ClusterView, config: Config, namespace: str, identity: str,
+                 settings: RefusedSettings | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.api, self.view, self.config = api, view, config
+        self.settings = settings or RefusedSettings()
+        super().__init__(Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds),
+                         REFUSED_LEADING.labels(self.settings.lease_name), self.settings.renew_seconds, clock,
+                         settle_seconds=self.settings.settle_seconds)
+        for outcome in API_OUTCOMES:
+            REFUSED_WRITES.labels(outcome)  # every series from the start: rate() needs a zero
+        self.failures = Failures("refused nodes", log, REFUSED_FAILING.labels(self.settings.lease_name))
+        self.writes = 0
+        self._tokens = float(self.settings.burst)
+        self._refilled = clock()
+        view.subscribe(lambda _node: self._wake.set(), lambda _node: None)  # facts or validator changed
+
+    def _turn(self) -> None:
+        self._lead()
+        if not self.leading:
+            self.last_error = None
+            return
+        if not {"nodes", "pods"} <= self.view.listed:
+            return  # a half-listed view has nodes without their validator pods: every node would look unverified
+        due = refused_due(self.view, self.config)
+        self.failures.forget(set(self.failures.errors) - due.keys())
+        for node, code in sorted(due.items()):
+            self._take_token()
+            with self.failures.unit(node):
+                self._patch(node, code)
+        failing = self.failures.errors
+        self.last_error = failing[min(failing)] if failing else None
+
+    def _took_lead(self) -> None:
+        log.info("refused nodes: this replica now labels the nodes every GPU pod is refused on (%s)", LABEL_REFUSED)
+
+    def _not_leading(self) -> None:
+        self.failures.forget(list(self.failures.errors))  # the leader writes them now
+
+    def _patch(self, node: str, code: str | None) -> None:
+        body = {"metadata": {"labels": {LABEL_REFUSED: code}}}  # null removes it (JSON merge patch)
+        with counted(REFUSED_WRITES):
+            write(self.api, "PATCH", f"/api/v1/nodes/{node}", body=body, timeout=OBJECT_TIMEOUT,
+                  content_type="application/merge-patch+json")
+        self.writes += 1
+        log.info("refused nodes: node %s %s", node, f"labelled {LABEL_REFUSED}={code}" if code else
+                 f"no longer refused ({LABEL_REFUSED} removed)")
+
+    def _take_token(self) -> None:
+        """One token per patch; a long paced pass renews the Lease on the way."""
+        while True:
+            now = self.clock()
+            self._tokens = min(float(self.settings.burst),
+                               self._tokens + (now - self._refilled) * self.settings.writes_per_second)
+            self._refilled = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return
+            if self._stop.wait((1 - self._tokens) / self.settings.writes_per_second):
+                raise PassInterrupted("stopping")
+            self._still_leading()
