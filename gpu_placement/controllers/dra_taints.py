@@ -18,7 +18,11 @@ configured driver whose node-level verdict is NotValidated, DriverUpgrade or MIG
 and, where telemetry names a device by UUID (a recent XID), `gpu-placement-<pool>-<device>` for that
 device alone (value XIDError); the same for a device a pod running on it reports Unhealthy in its
 status (`allocatedResourcesStatus`, KEP-4680: value DeviceUnhealthy, `ClusterView.unhealthy_on`), for
-as long as one does. Deleted when the node is verified again. Not tainted: NodeNotReady (a NotReady or
+as long as one does. Deleted when the node is verified again. A launch fence on the node's DRA devices
+(claim pods gpu-placement routed failed to start there for the node's reasons, in a row: docs/rules.md,
+LaunchFailures) is the pool's rule with value LaunchFailures, or the devices' own rules where every
+failure named its device (allocatedResourcesStatus); none while its probe is open (one pod may take a
+device then), and deleted once the fence lifts. Not tainted: NodeNotReady (a NotReady or
 cordoned node already takes no pod, and NoExecute would turn every cordon into an eviction).
 
 The validator's way in. GPU Operator 26.7's DRA validator proves a node by taking one of its GPUs
@@ -68,7 +72,16 @@ import orjson
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.config import Config
-from gpu_placement.decide.rules import DRIVER_UPGRADE, MIG_RECONFIGURING, NOT_VALIDATED, dra_readiness
+from gpu_placement.decide.fences import Fences
+from gpu_placement.decide.rules import (
+    DRA_DEVICES,
+    DRIVER_UPGRADE,
+    LAUNCH_FAILURES,
+    MIG_RECONFIGURING,
+    NOT_VALIDATED,
+    dra_readiness,
+    launch_failures,
+)
 from gpu_placement.kube.api import (
     OBJECT_TIMEOUT,
     ApiConflict,
@@ -178,7 +191,8 @@ def rule_node(rule: dict[str, Any]) -> str | None:
     return str(node) if node else None
 
 
-def desired_rules(view: ClusterView, config: Config, node: str) -> tuple[list[Rule], bool]:
+def desired_rules(view: ClusterView, config: Config, node: str, fences: Fences | None = None
+                  ) -> tuple[list[Rule], bool]:
     """The rules one node should have now, and whether its rule is held back for a waiting validator
     (one made for the node and not bound yet: the view's `waiting_validators`). Call under the view's lock."""
     dra, facts = view.dra, view.nodes.get(node)
@@ -196,11 +210,18 @@ def desired_rules(view: ClusterView, config: Config, node: str) -> tuple[list[Ru
         per_pool = {pool: sum(len(s.devices) for s in dra.slices_of(node) if s.pool == pool) for pool in pools}
         return [Rule(_rule_name(pool), node, pool, None, rejection.code, effect, rejection.message, per_pool[pool])
                 for pool in pools], False
+    fence = next((f for f in fences.closed(node) if f.resource == DRA_DEVICES), None) if fences is not None else None
+    if fence is not None and not fence.devices:
+        sentence = launch_failures(fence).message[:1024]
+        per_pool = {pool: sum(len(s.devices) for s in dra.slices_of(node) if s.pool == pool) for pool in pools}
+        return [Rule(_rule_name(pool), node, pool, None, LAUNCH_FAILURES, _effect(config), sentence, per_pool[pool])
+                for pool in pools], False
     reading = view.telemetry.get(node)
     bad = reading.xid_devices if reading is not None else frozenset()
     sick = view.unhealthy_on(node)
+    named = set(fence.devices) if fence is not None else set()
     rules: dict[str, Rule] = {}
-    for slice_ in dra.slices_of(node) if bad or sick else ():
+    for slice_ in dra.slices_of(node) if bad or sick or named else ():
         for device in slice_.devices:
             name = _rule_name(slice_.pool, device.name)
             if device.uuid in bad:
@@ -210,6 +231,9 @@ def desired_rules(view: ClusterView, config: Config, node: str) -> tuple[list[Ru
             elif device.name in sick:
                 rules[name] = Rule(name, node, slice_.pool, device.name, DEVICE_UNHEALTHY, _effect(config),
                                    f"{DEVICE_UNHEALTHY}: {sick[device.name]}"[:1024], 1)
+            elif device.name in named and fence is not None:
+                rules[name] = Rule(name, node, slice_.pool, device.name, LAUNCH_FAILURES, _effect(config),
+                                   launch_failures(fence).message[:1024], 1)
     return list(rules.values()), False
 
 
@@ -218,8 +242,9 @@ class TaintController(LeaderLoop):
     log = log
 
     def __init__(self, api: ApiClient, view: ClusterView, config: Config, namespace: str, identity: str,
-                 settings: TaintSettings | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.api, self.view, self.config = api, view, config
+                 settings: TaintSettings | None = None, clock: Callable[[], float] = time.monotonic,
+                 fences: Fences | None = None) -> None:
+        self.api, self.view, self.config, self.fences = api, view, config, fences
         self.settings = settings or TaintSettings()
         super().__init__(Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds),
                          DRA_TAINT_LEADING.labels(self.settings.lease_name), self.settings.renew_seconds, clock,
@@ -245,6 +270,8 @@ class TaintController(LeaderLoop):
         self._owner = Owner(self.settings.owner, "DRA taints") if self.settings.owner else None
         view.subscribe(self._node_changed, self._node_changed)  # validators waiting for a node too
         view.dra.subscribe(self._node_changed, lambda _node: None)
+        if fences is not None:  # a launch fence began, lifted, or its probe opened
+            fences.subscribe(self._node_changed)
 
     # -- events (under the view's lock: note and wake) -----------------------------------------
     def _node_changed(self, name: str | None) -> None:
@@ -332,7 +359,7 @@ class TaintController(LeaderLoop):
                 names |= {rule_node(r) or "" for r in self.owned.values()}
             wanted: dict[str, Rule] = {}
             for node in sorted(names):
-                rules, held = desired_rules(self.view, self.config, node)
+                rules, held = desired_rules(self.view, self.config, node, self.fences)
                 wanted.update((rule.name, rule) for rule in rules)
                 if held and node not in self.holds:
                     log.info("DRA taints: node %s is not verified, but a validator pod waits for one of its devices: "
