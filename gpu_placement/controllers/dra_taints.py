@@ -93,7 +93,7 @@ from gpu_placement.kube.api import (
     write,
 )
 from gpu_placement.kube.discovery import GROUP, discover
-from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted, counted
+from gpu_placement.kube.leader import Failures, LeaderLoop, Pacer, counted
 from gpu_placement.kube.lease import Lease
 from gpu_placement.kube.owner import Owner
 from gpu_placement.observe.metrics import (
@@ -263,8 +263,7 @@ class TaintController(LeaderLoop):
         self._dirty: set[str] = set()
         self._everything = True
         self._dirty_lock = threading.Lock()
-        self._tokens = float(self.settings.burst)
-        self._refilled = clock()
+        self.pacer = Pacer(self.settings.writes_per_second, self.settings.burst, clock)
         self._said_unserved = False
         self._published: set[tuple[str, str]] = set()
         self._owner = Owner(self.settings.owner, "DRA taints") if self.settings.owner else None
@@ -479,7 +478,7 @@ class TaintController(LeaderLoop):
         # The uid alone: the resourceVersion we were answered with is stale as soon as kube-controller-manager
         # writes the rule's status (device_taint_eviction.go maybeUpdateRuleStatus), which it does for every rule.
         options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": meta.get("uid")}}
-        self._take_token()
+        self._take_token(self.pacer)
         with counted(DRA_TAINT_WRITES, "delete"):  # ApiNotFound: gone already, what was wanted
             write(self.api, "DELETE", self._path(name), body=options, timeout=OBJECT_TIMEOUT, settled=ApiNotFound)
         self.owned.pop(name, None)
@@ -502,7 +501,7 @@ class TaintController(LeaderLoop):
         self.owned = {str(item["metadata"]["name"]): item for item in items if _ours(item)}
 
     def _write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._take_token()
+        self._take_token(self.pacer)
         with counted(DRA_TAINT_WRITES, _ACTIONS[method]):
             response = request(self.api, method, path, body=body, timeout=OBJECT_TIMEOUT)
             if response.status >= 300:
@@ -511,20 +510,6 @@ class TaintController(LeaderLoop):
             response.release_conn()
         self.writes += 1
         return written
-
-    def _take_token(self) -> None:
-        """Writes are paced: a token each; a long wait renews the Lease on the way."""
-        while True:
-            now = self.clock()
-            self._tokens = min(float(self.settings.burst),
-                               self._tokens + (now - self._refilled) * self.settings.writes_per_second)
-            self._refilled = now
-            if self._tokens >= 1:
-                self._tokens -= 1
-                return
-            if self._stop.wait((1 - self._tokens) / self.settings.writes_per_second):
-                raise PassInterrupted("stopping")
-            self._still_leading()  # a long paced pass must not lose the Lease under it
 
 
 def _ours(rule: dict[str, Any]) -> bool:
