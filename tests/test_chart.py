@@ -595,6 +595,25 @@ def test_webhook_settled_drivers_lease(rendered: Rendered) -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{name}-webhook", "namespace": ns}]
 
 
+def test_webhook_launch_fences_lease(rendered: Rendered) -> None:
+    """gpu_placement/controllers/launch_fences.py: gpu-placement.io/launch-fence on Nodes, by the holder of
+    its own Lease (the node patch is the settled drivers' rule)."""
+    from gpu_placement.app.cli import build_parser
+
+    name, ns = fullname(rendered.case), rendered.case.namespace
+    args = build_parser().parse_args(rendered.container("webhook")["args"])
+    assert args.fences_lease == f"{name}-launch-fences"
+    role = rendered.one("Role", f"{name}-webhook-launch-fences-lease")
+    assert role["metadata"]["namespace"] == ns
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [args.fences_lease],
+         "verbs": ["get", "update"]}]
+    binding = rendered.one("RoleBinding", f"{name}-webhook-launch-fences-lease")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": f"{name}-webhook", "namespace": ns}]
+
+
 # gpu_placement/controllers/events.py: create an Event, patch a series' count; and the writer's own Lease.
 EVENTS = {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}
 

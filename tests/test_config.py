@@ -14,9 +14,18 @@ def test_an_empty_file_is_the_dataclass_defaults() -> None:
 
 
 def test_every_section_left_empty_is_its_defaults_too() -> None:
-    sections = {"validator": {}, "scoring": {"weights": {}}, "telemetry": {}, "dra": {}, "rollout": {}}
+    sections = {"validator": {}, "scoring": {"weights": {}}, "telemetry": {}, "dra": {}, "rollout": {},
+                "launchFence": {}}
     assert parse_config(sections) == Config()
 
+
+
+def test_a_launch_fence_of_one_failure_is_refused() -> None:
+    """One failure is not a fence: a threshold below 2 stops the service at start, naming the key."""
+    with pytest.raises(ConfigError, match=r"launchFence\.threshold must be at least 2"):
+        parse_config({"launchFence": {"threshold": 1}})
+    fence = parse_config({"launchFence": {"threshold": 3, "probeMinutes": 5, "probeMaxMinutes": 30}}).launch_fence
+    assert (fence.enabled, fence.threshold, fence.probe_minutes, fence.probe_max_minutes) == (True, 3, 5.0, 30.0)
 
 
 @pytest.mark.parametrize(("section", "key"), [("telemetry", "refreshSeconds"), ("rollout", "soakMinutes")])

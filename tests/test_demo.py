@@ -74,7 +74,9 @@ def test_demo_shows_every_reason_code_a_scheduler_sees() -> None:
     not_shown = {"UnknownNode": "the demo's view knows every node kube-scheduler asks about",
                  "BadAnnotation": "the webhook denies such a pod before it reaches the scheduler (research/typo)",
                  "UnknownGPUMemory": "no demo node lacks nvidia.com/gpu.memory for a pod that asks for memory",
-                 "UnknownClaim": "the demo cluster runs no DRA driver (tests/test_dra_extender.py has that story)"}
+                 "UnknownClaim": "the demo cluster runs no DRA driver (tests/test_dra_extender.py has that story)",
+                 "LaunchFailures": "no demo pod has failed to start: the demo plays no kubelet "
+                                   "(tests/test_launch_fence.py and e2e scenario 24 have that story)"}
     assert set(not_shown) <= set(CODES)
     for code in CODES:
         if code not in not_shown:

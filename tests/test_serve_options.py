@@ -33,14 +33,16 @@ def test_the_lease_names_are_the_loops_own() -> None:
     """The loops' settings keep a Lease name of their own for when they are built without serve (tests,
     tools); serve's flags name the same Leases."""
     from gpu_placement.controllers.dra_taints import TaintSettings
+    from gpu_placement.controllers.launch_fences import FenceSettings
     from gpu_placement.controllers.quota_mirror import MirrorSettings
     from gpu_placement.controllers.settled_drivers import SettledSettings
     from gpu_placement.outcomes.counter import CounterSettings
 
     options = ServeOptions()
-    assert (options.quota_lease, options.dra_lease, options.drivers_lease, options.outcomes_lease) == (
-        MirrorSettings().lease_name, TaintSettings().lease_name, SettledSettings().lease_name,
-        CounterSettings().lease_name)
+    assert (options.quota_lease, options.dra_lease, options.drivers_lease, options.outcomes_lease,
+            options.fences_lease) == (MirrorSettings().lease_name, TaintSettings().lease_name,
+                                      SettledSettings().lease_name, CounterSettings().lease_name,
+                                      FenceSettings().lease_name)
 
 
 @pytest.mark.parametrize(("namespace", "pod_namespace", "home"), [

@@ -36,6 +36,7 @@ from gpu_placement.app.serve_options import ServeOptions
 from gpu_placement.base.config import Config, load_config
 from gpu_placement.base.errors import UsageError
 from gpu_placement.controllers import events as _events  # noqa: F401 - registers gpu_placement_events_total on /metrics
+from gpu_placement.decide.fences import track_fences
 from gpu_placement.decide.placement import Placement
 from gpu_placement.decide.rollout import track_rollout
 from gpu_placement.facts.dra import DRA_KINDS
@@ -124,6 +125,7 @@ def serve(options: ServeOptions) -> int:
             _start_dra_taints(options, core)
             _start_outcome_counter(options, core)
             _start_settled_drivers(options, core)
+            _start_launch_fences(options, core)
             _start_refused_nodes(options, core)
             log.info("webhook listening on https://%s:%d", host, port)
         if options.health_listen:
@@ -371,6 +373,7 @@ def _placement(view: ClusterView, config: Config) -> Placement:
     """Placement, with its driver rollout's figures on /metrics."""
     placement = Placement(view, config)
     track_rollout(placement.rollout)
+    track_fences(placement.fences)
     return placement
 
 
@@ -432,7 +435,8 @@ def _start_dra_taints(options: ServeOptions, core: Core) -> None:
     from gpu_placement.controllers.dra_taints import TaintController, TaintSettings
 
     controller = TaintController(core.api, core.view, core.config, options.home, _identity(),
-                                 TaintSettings(lease_name=options.dra_lease, owner=options.owner))
+                                 TaintSettings(lease_name=options.dra_lease, owner=options.owner),
+                                 fences=core.placement.fences)
     controller.start()
     core.stoppers.append(controller.stop)
 
@@ -465,6 +469,19 @@ def _start_settled_drivers(options: ServeOptions, core: Core) -> None:
     core.stoppers.append(recorder.stop)
 
 
+def _start_launch_fences(options: ServeOptions, core: Core) -> None:
+    """Each node's launch fences on its Node (gpu-placement.io/launch-fence), written by the holder of its
+    Lease: a fence outlives the failed pods that showed it (docs/rules.md, LaunchFailures)."""
+    if core.api is None or not core.config.launch_fence.enabled:
+        return  # --snapshot: a fence lives on its failed pods only
+    from gpu_placement.controllers.launch_fences import FenceSettings, LaunchFenceWriter
+
+    writer = LaunchFenceWriter(core.api, core.placement.fences, options.home, _identity(),
+                               FenceSettings(lease_name=options.fences_lease))
+    writer.start()
+    core.stoppers.append(writer.stop)
+
+
 def _start_refused_nodes(options: ServeOptions, core: Core) -> None:
     """gpu-placement.io/refused on the nodes every GPU pod is refused on, written by the holder of its Lease
     (config refusedNodeLabel: the webhook keeps the GPU pods it routes off them; docs/performance.md)."""
@@ -487,7 +504,7 @@ def _start_events(options: ServeOptions, core: Core) -> Any:
     webhook's hook for those warnings (None: no API server, or --no-events)."""
     if core.api is None or not options.events:
         return None
-    from gpu_placement.controllers.events import EventWriter, PodWarnings, watch_namespaces, watch_nodes
+    from gpu_placement.controllers.events import EventWriter, PodWarnings, watch_fences, watch_namespaces, watch_nodes
     from gpu_placement.kube.lease import Lease
     from gpu_placement.report.namespaces import policy_problems
 
@@ -497,6 +514,7 @@ def _start_events(options: ServeOptions, core: Core) -> Any:
     writer.start()
     core.stoppers.append(writer.stop)
     watch_nodes(core.view, core.config, writer)
+    watch_fences(core.placement.fences, writer)
     watch_namespaces(core.view, writer, lambda record: policy_problems(record, core.config))
     return PodWarnings(core.view, writer).admitted
 

@@ -189,6 +189,8 @@ def _serve_lease_arguments(serve: argparse.ArgumentParser) -> None:
              "lifecycle times; its annotation keeps how far it has counted (docs/outcomes.md)"),
             ("--drivers-lease", "drivers_lease", "the one webhook replica writing each node's "
              "gpu-placement.io/settled-driver annotation (docs/rollouts.md)"),
+            ("--fences-lease", "fences_lease", "the one webhook replica writing each node's "
+             "gpu-placement.io/launch-fence annotation (docs/rules.md, LaunchFailures)"),
             ("--refused-lease", "refused_lease", "the one webhook replica writing the gpu-placement.io/refused label "
              "of the nodes every GPU pod is refused on (config refusedNodeLabel; docs/performance.md)")):
         serve.add_argument(flag, metavar="NAME", default=getattr(_SERVE, field),

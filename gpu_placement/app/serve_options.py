@@ -64,6 +64,7 @@ class ServeOptions:
     events_lease: str = "gpu-placement-events"
     outcomes_lease: str = "gpu-placement-outcomes"
     drivers_lease: str = "gpu-placement-drivers"
+    fences_lease: str = "gpu-placement-launch-fences"
     refused_lease: str = "gpu-placement-refused"
 
     @classmethod

@@ -25,8 +25,8 @@ from gpu_placement.base.cuda import (
 from gpu_placement.base.names import GPU_RESOURCE, IMPLICIT_CLASS_PREFIX, LABEL_ENABLED, MIG_RESOURCE_PREFIX
 from gpu_placement.base.selectors import LabelSelector, SelectorError
 
-__all__ = ["Config", "ConfigError", "Dra", "Pool", "Rollout", "Scoring", "Telemetry", "Validator", "load_config",
-           "parse_config"]
+__all__ = ["Config", "ConfigError", "Dra", "LaunchFence", "Pool", "Rollout", "Scoring", "Telemetry", "Validator",
+           "load_config", "parse_config"]
 
 Toleration = dict[str, Any]
 
@@ -99,6 +99,22 @@ class Rollout:
         default_factory=lambda: LabelSelector.parse("app.kubernetes.io/component=nvidia-driver"))
 
 
+@dataclass(slots=True, frozen=True)
+class LaunchFence:
+    """The fence learned from launch outcomes (docs/rules.md, LaunchFailures): GPU pods of a resource that
+    fail to start on a node for the node's reasons, `threshold` in a row, keep that resource's pods off the
+    node until evidence lifts it; one probe pod goes through after a backoff of `probeMinutes`, doubled
+    after each failed probe up to `probeMaxMinutes`."""
+
+    enabled: bool = True
+    threshold: int = 2
+    probe_minutes: float = 2.0
+    probe_max_minutes: float = 64.0
+    # The GPU Operator's device plugin pods (in validator.namespace): one recreated or restarted lifts the fence.
+    plugin_selector: LabelSelector = field(
+        default_factory=lambda: LabelSelector.parse("app=nvidia-device-plugin-daemonset"))
+
+
 _DEFAULT_TOLERATIONS: tuple[Toleration, ...] = (
     {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
 )
@@ -128,6 +144,7 @@ class Config:
     reservation_ttl_seconds: float = 60.0
     dra: Dra = field(default_factory=Dra)
     rollout: Rollout = field(default_factory=Rollout)
+    launch_fence: LaunchFence = field(default_factory=LaunchFence)
     # NGC framework releases newer than the built-in table (data/ngc-framework-cuda.json), each with its source.
     ngc_releases: tuple[NgcRelease, ...] = ()
 
@@ -178,6 +195,7 @@ def parse_config(data: Any) -> Config:
     telemetry = _Section(top.take("telemetry", dict, {}), "telemetry.")
     dra = _Section(top.take("dra", dict, {}), "dra.")
     rollout = _Section(top.take("rollout", dict, {}), "rollout.")
+    fence = _Section(top.take("launchFence", dict, {}), "launchFence.")
     config = Config(
         scheduler_name=_name(top.take("schedulerName", str, d.scheduler_name), "schedulerName"),
         gpu_resources=tuple(top.take_list("gpuResources", str, list(d.gpu_resources))),
@@ -233,8 +251,16 @@ def parse_config(data: Any) -> Config:
             driver_selector=_selector(rollout.take("driverSelector", str, d.rollout.driver_selector.text),
                                       "rollout.driverSelector"),
         ),
+        launch_fence=LaunchFence(
+            enabled=fence.take("enabled", bool, d.launch_fence.enabled),
+            threshold=_at_least(fence.take("threshold", int, d.launch_fence.threshold), 2, "launchFence.threshold"),
+            probe_minutes=fence.take_minutes("probeMinutes", d.launch_fence.probe_minutes),
+            probe_max_minutes=fence.take_minutes("probeMaxMinutes", d.launch_fence.probe_max_minutes),
+            plugin_selector=_selector(fence.take("pluginSelector", str, d.launch_fence.plugin_selector.text),
+                                      "launchFence.pluginSelector"),
+        ),
     )
-    for section in (top, validator, scoring, weights, telemetry, dra, rollout):
+    for section in (top, validator, scoring, weights, telemetry, dra, rollout, fence):
         section.reject_unknown()
     if not config.gpu_resources:
         raise ConfigError("gpuResources must name at least one resource, e.g. [nvidia.com/gpu]")
@@ -316,6 +342,12 @@ def _kind(value: Any) -> str:
 def _name(value: str, key: str) -> str:
     if not value or any(ch.isspace() for ch in value):
         raise ConfigError(f"{key} must be a non-empty name without spaces, got {value!r}")
+    return value
+
+
+def _at_least(value: int, least: int, key: str) -> int:
+    if value < least:
+        raise ConfigError(f"{key} must be at least {least} (one failure is not a fence), got {value}")
     return value
 
 

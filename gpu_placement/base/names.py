@@ -58,6 +58,9 @@ ANN_ALLOCATION = PREFIX + "allocation"  # namespace: device-plugin | dra
 # Node annotation the rollout leader writes: the driver version the node last ran settled (past its soak,
 # or excused from it). A driver pod of that version is a reinstall, not a change (docs/rollouts.md).
 ANN_SETTLED_DRIVER = PREFIX + "settled-driver"
+# Node annotation the fence leader writes: the node's launch fences per GPU resource, with when each began
+# and what lifted the last (JSON; gpu_placement/facts/fence.py, docs/rules.md LaunchFailures).
+ANN_LAUNCH_FENCE = PREFIX + "launch-fence"
 # Node label the refused-nodes leader writes (gpu_placement/controllers/refused_nodes.py): the code of the
 # node-level reason gpu-placement refuses every GPU pod there for (NotValidated, DriverUpgrade, ...); GPU pods
 # the webhook shapes require it absent (webhook/shaping.py), so kube-scheduler leaves those nodes out itself.

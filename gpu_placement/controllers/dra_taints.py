@@ -18,7 +18,11 @@ configured driver whose node-level verdict is NotValidated, DriverUpgrade or MIG
 and, where telemetry names a device by UUID (a recent XID), `gpu-placement-<pool>-<device>` for that
 device alone (value XIDError); the same for a device a pod running on it reports Unhealthy in its
 status (`allocatedResourcesStatus`, KEP-4680: value DeviceUnhealthy, `ClusterView.unhealthy_on`), for
-as long as one does. Deleted when the node is verified again. Not tainted: NodeNotReady (a NotReady or
+as long as one does. Deleted when the node is verified again. A launch fence on the node's DRA devices
+(claim pods gpu-placement routed failed to start there for the node's reasons, in a row: docs/rules.md,
+LaunchFailures) is the pool's rule with value LaunchFailures, or the devices' own rules where every
+failure named its device (allocatedResourcesStatus); none while its probe is open (one pod may take a
+device then), and deleted once the fence lifts. Not tainted: NodeNotReady (a NotReady or
 cordoned node already takes no pod, and NoExecute would turn every cordon into an eviction).
 
 The validator's way in. GPU Operator 26.7's DRA validator proves a node by taking one of its GPUs
@@ -68,7 +72,16 @@ import orjson
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.config import Config
-from gpu_placement.decide.rules import DRIVER_UPGRADE, MIG_RECONFIGURING, NOT_VALIDATED, dra_readiness
+from gpu_placement.decide.fences import Fences
+from gpu_placement.decide.rules import (
+    DRA_DEVICES,
+    DRIVER_UPGRADE,
+    LAUNCH_FAILURES,
+    MIG_RECONFIGURING,
+    NOT_VALIDATED,
+    dra_readiness,
+    launch_failures,
+)
 from gpu_placement.kube.api import (
     OBJECT_TIMEOUT,
     ApiConflict,
@@ -80,7 +93,7 @@ from gpu_placement.kube.api import (
     write,
 )
 from gpu_placement.kube.discovery import GROUP, discover
-from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted, counted
+from gpu_placement.kube.leader import Failures, LeaderLoop, Pacer, counted
 from gpu_placement.kube.lease import Lease
 from gpu_placement.kube.owner import Owner
 from gpu_placement.observe.metrics import (
@@ -178,7 +191,8 @@ def rule_node(rule: dict[str, Any]) -> str | None:
     return str(node) if node else None
 
 
-def desired_rules(view: ClusterView, config: Config, node: str) -> tuple[list[Rule], bool]:
+def desired_rules(view: ClusterView, config: Config, node: str, fences: Fences | None = None
+                  ) -> tuple[list[Rule], bool]:
     """The rules one node should have now, and whether its rule is held back for a waiting validator
     (one made for the node and not bound yet: the view's `waiting_validators`). Call under the view's lock."""
     dra, facts = view.dra, view.nodes.get(node)
@@ -196,11 +210,18 @@ def desired_rules(view: ClusterView, config: Config, node: str) -> tuple[list[Ru
         per_pool = {pool: sum(len(s.devices) for s in dra.slices_of(node) if s.pool == pool) for pool in pools}
         return [Rule(_rule_name(pool), node, pool, None, rejection.code, effect, rejection.message, per_pool[pool])
                 for pool in pools], False
+    fence = next((f for f in fences.closed(node) if f.resource == DRA_DEVICES), None) if fences is not None else None
+    if fence is not None and not fence.devices:
+        sentence = launch_failures(fence).message[:1024]
+        per_pool = {pool: sum(len(s.devices) for s in dra.slices_of(node) if s.pool == pool) for pool in pools}
+        return [Rule(_rule_name(pool), node, pool, None, LAUNCH_FAILURES, _effect(config), sentence, per_pool[pool])
+                for pool in pools], False
     reading = view.telemetry.get(node)
     bad = reading.xid_devices if reading is not None else frozenset()
     sick = view.unhealthy_on(node)
+    named = set(fence.devices) if fence is not None else set()
     rules: dict[str, Rule] = {}
-    for slice_ in dra.slices_of(node) if bad or sick else ():
+    for slice_ in dra.slices_of(node) if bad or sick or named else ():
         for device in slice_.devices:
             name = _rule_name(slice_.pool, device.name)
             if device.uuid in bad:
@@ -210,6 +231,9 @@ def desired_rules(view: ClusterView, config: Config, node: str) -> tuple[list[Ru
             elif device.name in sick:
                 rules[name] = Rule(name, node, slice_.pool, device.name, DEVICE_UNHEALTHY, _effect(config),
                                    f"{DEVICE_UNHEALTHY}: {sick[device.name]}"[:1024], 1)
+            elif device.name in named and fence is not None:
+                rules[name] = Rule(name, node, slice_.pool, device.name, LAUNCH_FAILURES, _effect(config),
+                                   launch_failures(fence).message[:1024], 1)
     return list(rules.values()), False
 
 
@@ -218,8 +242,9 @@ class TaintController(LeaderLoop):
     log = log
 
     def __init__(self, api: ApiClient, view: ClusterView, config: Config, namespace: str, identity: str,
-                 settings: TaintSettings | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.api, self.view, self.config = api, view, config
+                 settings: TaintSettings | None = None, clock: Callable[[], float] = time.monotonic,
+                 fences: Fences | None = None) -> None:
+        self.api, self.view, self.config, self.fences = api, view, config, fences
         self.settings = settings or TaintSettings()
         super().__init__(Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds),
                          DRA_TAINT_LEADING.labels(self.settings.lease_name), self.settings.renew_seconds, clock,
@@ -238,13 +263,14 @@ class TaintController(LeaderLoop):
         self._dirty: set[str] = set()
         self._everything = True
         self._dirty_lock = threading.Lock()
-        self._tokens = float(self.settings.burst)
-        self._refilled = clock()
+        self.pacer = Pacer(self.settings.writes_per_second, self.settings.burst, clock)
         self._said_unserved = False
         self._published: set[tuple[str, str]] = set()
         self._owner = Owner(self.settings.owner, "DRA taints") if self.settings.owner else None
         view.subscribe(self._node_changed, self._node_changed)  # validators waiting for a node too
         view.dra.subscribe(self._node_changed, lambda _node: None)
+        if fences is not None:  # a launch fence began, lifted, or its probe opened
+            fences.subscribe(self._node_changed)
 
     # -- events (under the view's lock: note and wake) -----------------------------------------
     def _node_changed(self, name: str | None) -> None:
@@ -332,7 +358,7 @@ class TaintController(LeaderLoop):
                 names |= {rule_node(r) or "" for r in self.owned.values()}
             wanted: dict[str, Rule] = {}
             for node in sorted(names):
-                rules, held = desired_rules(self.view, self.config, node)
+                rules, held = desired_rules(self.view, self.config, node, self.fences)
                 wanted.update((rule.name, rule) for rule in rules)
                 if held and node not in self.holds:
                     log.info("DRA taints: node %s is not verified, but a validator pod waits for one of its devices: "
@@ -452,7 +478,7 @@ class TaintController(LeaderLoop):
         # The uid alone: the resourceVersion we were answered with is stale as soon as kube-controller-manager
         # writes the rule's status (device_taint_eviction.go maybeUpdateRuleStatus), which it does for every rule.
         options = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": meta.get("uid")}}
-        self._take_token()
+        self._take_token(self.pacer)
         with counted(DRA_TAINT_WRITES, "delete"):  # ApiNotFound: gone already, what was wanted
             write(self.api, "DELETE", self._path(name), body=options, timeout=OBJECT_TIMEOUT, settled=ApiNotFound)
         self.owned.pop(name, None)
@@ -475,7 +501,7 @@ class TaintController(LeaderLoop):
         self.owned = {str(item["metadata"]["name"]): item for item in items if _ours(item)}
 
     def _write(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        self._take_token()
+        self._take_token(self.pacer)
         with counted(DRA_TAINT_WRITES, _ACTIONS[method]):
             response = request(self.api, method, path, body=body, timeout=OBJECT_TIMEOUT)
             if response.status >= 300:
@@ -484,20 +510,6 @@ class TaintController(LeaderLoop):
             response.release_conn()
         self.writes += 1
         return written
-
-    def _take_token(self) -> None:
-        """Writes are paced: a token each; a long wait renews the Lease on the way."""
-        while True:
-            now = self.clock()
-            self._tokens = min(float(self.settings.burst),
-                               self._tokens + (now - self._refilled) * self.settings.writes_per_second)
-            self._refilled = now
-            if self._tokens >= 1:
-                self._tokens -= 1
-                return
-            if self._stop.wait((1 - self._tokens) / self.settings.writes_per_second):
-                raise PassInterrupted("stopping")
-            self._still_leading()  # a long paced pass must not lose the Lease under it
 
 
 def _ours(rule: dict[str, Any]) -> bool:

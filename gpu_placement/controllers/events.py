@@ -6,6 +6,9 @@ What is written, and why there:
 - **Node**: gpu-placement's verdict for a GPU node changed (it keeps GPU pods off the node, and why; or
   takes them again). Every replica sees the same change, so only the holder of a Lease writes these
   (`--events-lease`): a standby's copies would be duplicates.
+- **Node**, too: a launch fence began (GPU pods of a resource failed to start there for the node's reasons,
+  in a row: a Warning naming the cause and since when) or was lifted (a Normal naming the evidence);
+  docs/rules.md, LaunchFailures. Lease-held like the verdicts.
 - **Namespace**: its gpu-placement settings do nothing (a misspelt key, a GPU policy the webhook never
   sees, a label `True`): the same problems as `gpu_placement_namespace_policy_problems`. Lease-held too.
 - **Pod**: the warnings the webhook gave when it admitted the pod (a misspelt annotation, audit mode's
@@ -45,13 +48,15 @@ from typing import Any
 from prometheus_client import Counter
 
 from gpu_placement.base.config import Config
-from gpu_placement.decide.rules import node_readiness
+from gpu_placement.decide.fences import Fences
+from gpu_placement.decide.rules import LAUNCH_FAILURES, launch_failures, node_readiness
+from gpu_placement.facts.fence import Fence
 from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.pods import PodRecord
 from gpu_placement.view.cluster import ClusterView
 
-__all__ = ["CONTROLLER", "EVENTS", "EventItem", "EventWriter", "PodWarnings", "Regarding", "watch_namespaces",
-           "watch_nodes"]
+__all__ = ["CONTROLLER", "EVENTS", "EventItem", "EventWriter", "PodWarnings", "Regarding", "watch_fences",
+           "watch_namespaces", "watch_nodes"]
 
 log = logging.getLogger("gpu_placement.events")
 CONTROLLER = "gpu-placement.io/gpu-placement"  # reportingController: a domain-qualified name, as the API requires
@@ -301,6 +306,32 @@ def watch_nodes(view: ClusterView, config: Config, writer: EventWriter) -> Calla
         view.subscribe(on_node, lambda name: None)
         on_node(None)
     return on_node
+
+
+_LIFTED_BY = {"validator": "the GPU Operator revalidated the node (a validator pod turned Ready)",
+              "plugin": "the device plugin's pod was recreated or restarted",
+              "driver": "the driver's pod was recreated or restarted", "reboot": "the node rebooted",
+              "started": "a GPU pod started there (the probe)"}
+
+
+def watch_fences(fences: Fences, writer: EventWriter) -> None:
+    """A Warning on the Node when a launch fence begins (GPU pods of a resource failed to start there for the
+    node's reasons, in a row), a Normal one when evidence lifts it. None for the fences found at start: a
+    restart is not a change (the fences are in the cluster: gpu_placement/decide/fences.py)."""
+    def on_fence(node: str, fence: Fence, lifted_by: str | None) -> None:
+        facts = fences.view.nodes.get(node)
+        regarding = Regarding("Node", node, uid=getattr(facts, "uid", "") or "")
+        if lifted_by is None:
+            why = launch_failures(fence).message.split(": ", 1)[-1]
+            writer.emit(EventItem(regarding, "Warning", "GpuLaunchFenced", LAUNCH_FAILURES,
+                                  f"gpu-placement keeps {fence.resource} pods off node {node}: {why}"))
+        else:
+            writer.emit(EventItem(regarding, "Normal", "GpuLaunchFenceLifted", "Lifted",
+                                  f"gpu-placement takes {fence.resource} pods on node {node} again: "
+                                  f"{_LIFTED_BY.get(lifted_by, lifted_by)} after {fence.count} failed to start "
+                                  f"({fence.cause})"))
+
+    fences.watch(on_fence)
 
 
 ProblemsOf = Callable[[NamespaceRecord], dict[str, list[str]]]

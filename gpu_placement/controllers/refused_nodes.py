@@ -31,12 +31,10 @@ from kubernetes.client import ApiClient
 
 from gpu_placement.base.config import Config
 from gpu_placement.base.names import LABEL_REFUSED
+from gpu_placement.controllers.node_writer import NodeWriter
 from gpu_placement.decide.rules import node_readiness
 from gpu_placement.facts.nodes import NodeFacts
-from gpu_placement.kube.api import OBJECT_TIMEOUT, write
-from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted, counted
-from gpu_placement.kube.lease import Lease
-from gpu_placement.observe.metrics import API_OUTCOMES, REFUSED_FAILING, REFUSED_LEADING, REFUSED_WRITES
+from gpu_placement.observe.metrics import REFUSED_FAILING, REFUSED_LEADING, REFUSED_WRITES
 from gpu_placement.view.cluster import ClusterView
 
 __all__ = ["RefusedNodes", "RefusedSettings", "refused_due"]
@@ -70,66 +68,22 @@ def refused_due(view: ClusterView, config: Config) -> dict[str, str | None]:
     return due
 
 
-class RefusedNodes(LeaderLoop):
+class RefusedNodes(NodeWriter):
     what = "refused nodes"
     log = log
+    section = "labels"
+    key = LABEL_REFUSED
 
     def __init__(self, api: ApiClient, view: ClusterView, config: Config, namespace: str, identity: str,
                  settings: RefusedSettings | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.api, self.view, self.config = api, view, config
+        self.config = config
         self.settings = settings or RefusedSettings()
-        super().__init__(Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds),
-                         REFUSED_LEADING.labels(self.settings.lease_name), self.settings.renew_seconds, clock,
-                         settle_seconds=self.settings.settle_seconds)
-        for outcome in API_OUTCOMES:
-            REFUSED_WRITES.labels(outcome)  # every series from the start: rate() needs a zero
-        self.failures = Failures("refused nodes", log, REFUSED_FAILING.labels(self.settings.lease_name))
-        self.writes = 0
-        self._tokens = float(self.settings.burst)
-        self._refilled = clock()
+        super().__init__(api, view, namespace, identity, self.settings, clock, REFUSED_LEADING, REFUSED_FAILING,
+                         REFUSED_WRITES)
         view.subscribe(lambda _node: self._wake.set(), lambda _node: None)  # facts or validator changed
 
-    def _turn(self) -> None:
-        self._lead()
-        if not self.leading:
-            self.last_error = None
-            return
-        if not {"nodes", "pods"} <= self.view.listed:
-            return  # a half-listed view has nodes without their validator pods: every node would look unverified
-        due = refused_due(self.view, self.config)
-        self.failures.forget(set(self.failures.errors) - due.keys())
-        for node, code in sorted(due.items()):
-            self._take_token()
-            with self.failures.unit(node):
-                self._patch(node, code)
-        failing = self.failures.errors
-        self.last_error = failing[min(failing)] if failing else None
+    def _due(self) -> dict[str, str | None]:
+        return refused_due(self.view, self.config)
 
-    def _took_lead(self) -> None:
-        log.info("refused nodes: this replica now labels the nodes every GPU pod is refused on (%s)", LABEL_REFUSED)
-
-    def _not_leading(self) -> None:
-        self.failures.forget(list(self.failures.errors))  # the leader writes them now
-
-    def _patch(self, node: str, code: str | None) -> None:
-        body = {"metadata": {"labels": {LABEL_REFUSED: code}}}  # null removes it (JSON merge patch)
-        with counted(REFUSED_WRITES):
-            write(self.api, "PATCH", f"/api/v1/nodes/{node}", body=body, timeout=OBJECT_TIMEOUT,
-                  content_type="application/merge-patch+json")
-        self.writes += 1
-        log.info("refused nodes: node %s %s", node, f"labelled {LABEL_REFUSED}={code}" if code else
-                 f"no longer refused ({LABEL_REFUSED} removed)")
-
-    def _take_token(self) -> None:
-        """One token per patch; a long paced pass renews the Lease on the way."""
-        while True:
-            now = self.clock()
-            self._tokens = min(float(self.settings.burst),
-                               self._tokens + (now - self._refilled) * self.settings.writes_per_second)
-            self._refilled = now
-            if self._tokens >= 1:
-                self._tokens -= 1
-                return
-            if self._stop.wait((1 - self._tokens) / self.settings.writes_per_second):
-                raise PassInterrupted("stopping")
-            self._still_leading()
+    def _wrote(self, value: str | None) -> str:
+        return f"labelled {LABEL_REFUSED}={value}" if value else f"no longer refused ({LABEL_REFUSED} removed)"

@@ -29,12 +29,9 @@ from dataclasses import dataclass
 from kubernetes.client import ApiClient
 
 from gpu_placement.base.names import ANN_SETTLED_DRIVER
+from gpu_placement.controllers.node_writer import NodeWriter
 from gpu_placement.decide.rollout import Rollout
-from gpu_placement.kube.api import OBJECT_TIMEOUT, write
-from gpu_placement.kube.leader import Failures, LeaderLoop, PassInterrupted, counted
-from gpu_placement.kube.lease import Lease
 from gpu_placement.observe.metrics import (
-    API_OUTCOMES,
     SETTLED_DRIVER_FAILING,
     SETTLED_DRIVER_LEADING,
     SETTLED_DRIVER_WRITES,
@@ -55,65 +52,21 @@ class SettledSettings:
     burst: int = 20
 
 
-class SettledDrivers(LeaderLoop):
+class SettledDrivers(NodeWriter):
     what = "settled drivers"
     log = log
+    key = ANN_SETTLED_DRIVER
 
     def __init__(self, api: ApiClient, rollout: Rollout, namespace: str, identity: str,
                  settings: SettledSettings | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.api, self.rollout = api, rollout
+        self.rollout = rollout
         self.settings = settings or SettledSettings()
-        super().__init__(Lease(api, namespace, self.settings.lease_name, identity, self.settings.lease_seconds),
-                         SETTLED_DRIVER_LEADING.labels(self.settings.lease_name), self.settings.renew_seconds, clock,
-                         settle_seconds=self.settings.settle_seconds)
-        for outcome in API_OUTCOMES:
-            SETTLED_DRIVER_WRITES.labels(outcome)  # every series from the start: rate() needs a zero
-        self.failures = Failures("settled drivers", log, SETTLED_DRIVER_FAILING.labels(self.settings.lease_name))
-        self.writes = 0
-        self._tokens = float(self.settings.burst)
-        self._refilled = clock()
+        super().__init__(api, rollout.view, namespace, identity, self.settings, clock, SETTLED_DRIVER_LEADING,
+                         SETTLED_DRIVER_FAILING, SETTLED_DRIVER_WRITES)
         rollout.subscribe(lambda _node: self._wake.set())  # a soak ended or began: a value may be due
 
-    def _turn(self) -> None:
-        self._lead()
-        if not self.leading:
-            self.last_error = None
-            return
-        if not {"nodes", "pods"} <= self.rollout.view.listed:
-            return  # a half-listed view has nodes without their driver pods: nothing is settled yet
-        due = self.rollout.settled_due()
-        self.failures.forget(set(self.failures.errors) - due.keys())  # settled otherwise, or gone
-        for node, version in sorted(due.items()):
-            self._take_token()
-            with self.failures.unit(node):
-                self._patch(node, version)
-        failing = self.failures.errors
-        self.last_error = failing[min(failing)] if failing else None
+    def _due(self) -> dict[str, str | None]:
+        return dict(self.rollout.settled_due())
 
-    def _took_lead(self) -> None:
-        log.info("settled drivers: this replica now records each node's settled driver (%s)", ANN_SETTLED_DRIVER)
-
-    def _not_leading(self) -> None:
-        self.failures.forget(list(self.failures.errors))  # the leader writes them now
-
-    def _patch(self, node: str, version: str) -> None:
-        body = {"metadata": {"annotations": {ANN_SETTLED_DRIVER: version}}}
-        with counted(SETTLED_DRIVER_WRITES):
-            write(self.api, "PATCH", f"/api/v1/nodes/{node}", body=body, timeout=OBJECT_TIMEOUT,
-                  content_type="application/merge-patch+json")
-        self.writes += 1
-        log.info("settled drivers: node %s runs driver %s settled (%s)", node, version, ANN_SETTLED_DRIVER)
-
-    def _take_token(self) -> None:
-        """One token per patch; a long paced pass renews the Lease on the way."""
-        while True:
-            now = self.clock()
-            self._tokens = min(float(self.settings.burst),
-                               self._tokens + (now - self._refilled) * self.settings.writes_per_second)
-            self._refilled = now
-            if self._tokens >= 1:
-                self._tokens -= 1
-                return
-            if self._stop.wait((1 - self._tokens) / self.settings.writes_per_second):
-                raise PassInterrupted("stopping")
-            self._still_leading()
+    def _wrote(self, value: str | None) -> str:
+        return f"runs driver {value} settled ({ANN_SETTLED_DRIVER})"

@@ -452,14 +452,16 @@ def extended_requests(gpus: Sequence[tuple[str, int]], dra_resources: AbstractSe
 
 def excluded_devices(view: ClusterView, node: str) -> frozenset[str]:
     """The node's devices gpu-placement keeps out, as its DeviceTaintRules do: a recent XID (telemetry,
-    by UUID) or a pod's report that its device is unhealthy (`allocatedResourcesStatus`)."""
+    by UUID), a pod's report that its device is unhealthy (`allocatedResourcesStatus`), or a launch fence
+    on the devices its failed pods named (`ClusterView.fenced_devices`)."""
     reading = view.telemetry.get(node)
     xid = reading.xid_devices if reading is not None else frozenset()
     unhealthy = view.unhealthy_on(node)
-    if not xid and not unhealthy:
+    fenced = view.fenced_devices.get(node)
+    if not xid and not unhealthy and not fenced:
         return frozenset()
     names = {d.name for d in view.dra.devices_on(node) if d.uuid in xid} if xid else set()
-    return frozenset(names | set(unhealthy or ()))
+    return frozenset(names | set(unhealthy or ()) | set(fenced or ()))
 
 
 def fit_on(view: ClusterView, node: str, requests: Sequence[Request]) -> DraFit | None:

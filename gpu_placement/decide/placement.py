@@ -22,6 +22,7 @@ import orjson
 
 from gpu_placement.base.config import Config
 from gpu_placement.decide.dra_fit import DRA, DraFit, both_ways_on, extended_requests, fit_on, served_on, why_not_on
+from gpu_placement.decide.fences import Fences
 from gpu_placement.decide.fragmentation import Fragmentation, round_cpu
 from gpu_placement.decide.requirements import Requirements, requirements_for
 from gpu_placement.decide.rollout import Rollout
@@ -141,11 +142,12 @@ class _Answer:
 
 class Placement:
     def __init__(self, view: ClusterView, config: Config, rollout: Rollout | None = None,
-                 seed: int | None = None) -> None:
+                 fences: Fences | None = None, seed: int | None = None) -> None:
         self.view = view
         self.config = config
         self.random = random.Random(seed)  # draws the best tier's sample (`tier`): equal nodes share the pods
         self.rollout = rollout if rollout is not None else Rollout(view, config)
+        self.fences = fences if fences is not None else Fences(view, config)
         self._cache: OrderedDict[Requirements, _Verdicts] = OrderedDict()  # keyed on decision inputs only
         self._cache_bytes = 0
         self._keys: dict[Requirements, Requirements] = {}  # a pod's Requirements -> its cache key
@@ -158,6 +160,7 @@ class Placement:
         self._log_start = 0  # the position of _log[0] since the cache was last cleared
         view.subscribe(self._node_changed, self._free_changed)
         self.rollout.subscribe(self._node_changed)  # a soak began, ended or failed: that node's verdicts
+        self.fences.subscribe(self._node_changed)  # a launch fence began, lifted, or its probe opened
         # scoring.strategy fragmentation: learns what arrives, follows the CPU pods request on each node
         self.fragmentation = Fragmentation(view, self._free_changed) if config.scoring.strategy == "fragmentation" \
             else None
@@ -187,6 +190,7 @@ class Placement:
         view = self.view
         view.expire_reservations()
         self.rollout.expire()
+        self.fences.expire()
         asked = frozenset(names)  # touches only this request's names, each hashed once
         hash(asked)  # order-free, from the names' hashes; kept in the set
         with view.lock:
@@ -230,9 +234,15 @@ class Placement:
 
     def recheck(self, req: Requirements, name: str) -> str | None:
         """None when the pod fits on the node now, reservations included; else the reason. For `/bind`,
-        which calls it under the view's lock in one step with making the reservation."""
+        which calls it under the view's lock in one step with making the reservation. A launch fence's
+        probe goes to one pod: taken by another's reservation, it refuses."""
+        with self.view.lock:
+            return self._recheck(req, name) or self.fences.probe_taken(name, req.gpus)
+
+    def _recheck(self, req: Requirements, name: str) -> str | None:
         view = self.view
         self.rollout.expire()
+        self.fences.expire()
         with view.lock:
             facts = view.nodes.get(name)
             if facts is None:
@@ -249,7 +259,8 @@ class Placement:
                     # view may count them as taken by the pod itself. Only the device-plugin part is rechecked.
                     return self._shortfall(name, entry)
                 return verdicts.messages.get(name, unknown_node())
-            entry = check_node(facts, view.validator_state(name), key, self.config, self.rollout.soak(name))
+            entry = check_node(facts, view.validator_state(name), key, self.config, self.rollout.soak(name),
+                               self.fences.closed(name))
             return entry.message if type(entry) is Rejection else self._shortfall(name, entry)
 
     def scores(self, req: Requirements, names: Sequence[str]) -> list[tuple[str, int]]:
@@ -257,6 +268,7 @@ class Placement:
             return [(name, 0) for name in names]
         self.view.expire_reservations()
         self.rollout.expire()
+        self.fences.expire()
         with self.view.lock:
             scores = self._verdicts(req).scores
             return [(name, scores.get(name, 0)) for name in names]
@@ -291,6 +303,7 @@ class Placement:
             return b"[]"
         self.view.expire_reservations()
         self.rollout.expire()
+        self.fences.expire()
         with self.view.lock:
             verdicts = self._verdicts(req)
             scores, pieces = verdicts.scores, verdicts.score_json
@@ -375,7 +388,7 @@ class Placement:
         """Every node's verdict for a new kind of pod: `_redo` for all nodes, unrolled. A static
         rejection is one class lookup and a few stores; only nodes that pass statically are placed
         against what is free. This is the cold /filter, so it avoids a call per node where it can."""
-        view, config, req, soak = self.view, self.config, verdicts.req, self.rollout.soak
+        view, config, req, soak, fenced = self.view, self.config, verdicts.req, self.rollout.soak, self.fences.closed
         by_class, entries, classes = verdicts.by_class, verdicts.entries, self._classes
         scores, score_json, messages = verdicts.scores, verdicts.score_json, verdicts.messages
         fragments, codes, resolvable = verdicts.fragments, verdicts.codes, verdicts.resolvable
@@ -386,7 +399,8 @@ class Placement:
             node_class = classes.get(name) or self._node_class(name, facts)
             entry = by_class.get(node_class)
             if entry is None:
-                entry = by_class[node_class] = check_node(facts, view.validator_state(name), req, config, soak(name))
+                entry = by_class[node_class] = check_node(facts, view.validator_state(name), req, config, soak(name),
+                                                          fenced(name))
             entries[name] = entry
             if type(entry) is not Rejection:  # a fresh kind has nothing to clear: _place without it
                 shortfall, freeable, dra = self._fit(name, entry, req)  # not `resolvable`: the set below
@@ -475,7 +489,8 @@ class Placement:
         if class_id is None:  # the key is hashed here once, not at every lookup (tuples do not cache it)
             validator = self.view.validator_state(name)
             soak = self.rollout.soak(name)
-            key = (_facts_key(facts), validator.pod is None, validator.ready, soak.state if soak.avoided else "")
+            key = (_facts_key(facts), validator.pod is None, validator.ready, soak.state if soak.avoided else "",
+                   self.fences.closed(name))
             class_id = self._classes[name] = self._class_ids.setdefault(key, len(self._class_ids))
         return class_id
 
@@ -492,7 +507,8 @@ class Placement:
         entry = verdicts.by_class.get(node_class)
         if entry is None:
             entry = verdicts.by_class[node_class] = check_node(facts, self.view.validator_state(name), verdicts.req,
-                                                               self.config, self.rollout.soak(name))
+                                                               self.config, self.rollout.soak(name),
+                                                               self.fences.closed(name))
         verdicts.entries[name] = entry
         if type(entry) is Rejection:
             _set_score(verdicts, name, 0)
@@ -664,14 +680,20 @@ class Placement:
                          f"({'canary namespace' if canary else 'not a canary namespace'}; gpu-placement rollout)")
         elif penalty:
             parts.append(f"score -{penalty} (upgrade/unhealthy/XID)")
+        for fence in self.fences.state(name).fences:  # passes by its probe: the one pod let through
+            if req is not None and any(resource == fence.resource for resource, _ in req.gpus):
+                parts.append(f"launch fence on {fence.resource} ({fence.count} failed in a row, {fence.cause}): "
+                             "its probe is open, one pod goes through and its start lifts the fence")
         return "; ".join(parts)
 
 
 # Per node, or read by scores only: no part of a node's class (its static verdicts).
-# settled_driver counts through the node's soak state, which is part of the class on its own; `refused` is
-# the label the verdicts themselves are written to, never read by them.
+# settled_driver counts through the node's soak state, boot_id and launch_fence through its launch fence:
+# each part of the class on its own; `refused` is the label the verdicts themselves are written to, never
+# read by them.
 _FACT_FIELDS = tuple(f.name for f in fields(NodeFacts)
-                     if f.name not in ("name", "created", "cpu_milli", "settled_driver", "refused"))
+                     if f.name not in ("name", "created", "cpu_milli", "settled_driver", "boot_id", "launch_fence",
+                                       "refused"))
 
 
 def _facts_key(facts: NodeFacts) -> Hashable:

@@ -184,7 +184,7 @@ class Rollout:
         if before is not None:
             self._drivers.get(before, {}).pop(key, None)
             self._validators.get(before, {}).pop(key, None)
-        if pod is not None and pod.operator is not None and pod.node:
+        if pod is not None and pod.operator is not None and pod.node and not pod.operator.plugin:
             table = self._drivers if pod.validator_ready is None else self._validators
             table.setdefault(pod.node, {})[key] = pod.operator
             self._operator_node[key] = pod.node

@@ -20,6 +20,7 @@ from gpu_placement.base.cuda import Version, driver_table
 from gpu_placement.base.cuda import format_version as v
 from gpu_placement.decide.requirements import Requirements
 from gpu_placement.facts.cudaneed import CudaNeed, Term, brand_of, is_data_center, term_holds
+from gpu_placement.facts.fence import DESCRIPTIONS, Fence, stamp
 from gpu_placement.facts.nodes import NodeFacts, ValidatorState, charge
 from gpu_placement.facts.soak import FAILED, NO_SOAK, Soak
 
@@ -39,6 +40,8 @@ __all__ = [
     "insufficient_devices",
     "insufficient_memory",
     "insufficient_units",
+    "launch_failures",
+    "launch_fenced",
     "node_readiness",
     "unknown_node",
 ]
@@ -61,8 +64,9 @@ BAD_ANNOTATION = "BadAnnotation"
 SHARING_MISMATCH = "SharingMismatch"
 UNKNOWN_CLAIM = "UnknownClaim"
 DRIVER_SOAKING = "DriverSoaking"
-CODES = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING, DRIVER_SOAKING, SHARING_MISMATCH,
-         BAD_LABEL,
+LAUNCH_FAILURES = "LaunchFailures"
+CODES = (NODE_NOT_READY, NO_GPU, NOT_VALIDATED, DRIVER_UPGRADE, MIG_RECONFIGURING, LAUNCH_FAILURES, DRIVER_SOAKING,
+         SHARING_MISMATCH, BAD_LABEL,
          UNKNOWN_DRIVER, DRIVER_TOO_OLD, COMPUTE_CAPABILITY, PRODUCT_MISMATCH, UNKNOWN_GPU_MEMORY,
          INSUFFICIENT_GPU_MEMORY, INSUFFICIENT_GPU, UNKNOWN_NODE, BAD_ANNOTATION, UNKNOWN_CLAIM)
 # A pod's DRA part stands in a Need as this one entry (units: the devices it asks, for people; no memory:
@@ -116,17 +120,17 @@ def broken_ask(error: str) -> Rejection:
 
 
 def check_node(node: NodeFacts, validator: ValidatorState, req: Requirements, config: Config,
-               soak: Soak = NO_SOAK) -> Rejection | Need:
-    """The verdict that does not depend on what else runs on the node: readiness, the driver's soak,
-    compatibility, and whether one device can ever hold the ask. Otherwise, what the pod will take
-    (`Need`)."""
+               soak: Soak = NO_SOAK, fences: tuple[Fence, ...] = ()) -> Rejection | Need:
+    """The verdict that does not depend on what else runs on the node: readiness, its launch fences, the
+    driver's soak, compatibility, and whether one device can ever hold the ask. Otherwise, what the pod
+    will take (`Need`). `fences`: the node's closed launch fences (gpu_placement/decide/fences.py)."""
     if req.error is not None:
         return broken_ask(req.error)
     if req.claims or req.dra_resources:
         plugin = tuple((res, count) for res, count in req.gpus if not _served_by_dra(node, req, res))
         if req.claims or len(plugin) < len(req.gpus):
-            return _check_dra(node, validator, req, replace(req, gpus=plugin), config, soak)
-    return (_readiness(node, validator, req, config) or _soaking(node, soak, req, config)
+            return _check_dra(node, validator, req, replace(req, gpus=plugin), config, soak, fences)
+    return (_readiness(node, validator, req, config) or launch_fenced(req, fences) or _soaking(node, soak, req, config)
             or _sharing_fit(node, req, config) or _image_cuda_fit(node, req) or _compatibility(node, req)
             or _label_problems(node, req) or _device_fit(node, req))
 
@@ -138,12 +142,14 @@ def _served_by_dra(node: NodeFacts, req: Requirements, resource: str) -> bool:
 
 
 def _check_dra(node: NodeFacts, validator: ValidatorState, req: Requirements, plugin: Requirements,
-               config: Config, soak: Soak) -> Rejection | Need:
+               config: Config, soak: Soak, fences: tuple[Fence, ...] = ()) -> Rejection | Need:
     """A pod that takes devices through DRA here: the node rules, the driver's soak and what its images
     need, never unit or memory fit (the DRA allocator owns devices); its device-plugin part, if any, as
     always."""
-    plugin_part = plugin.gpus and (_readiness(node, validator, plugin, config) or _sharing_fit(node, plugin, config))
-    rejection = (dra_readiness(node, validator, config) or plugin_part or _soaking(node, soak, req, config)
+    plugin_part = plugin.gpus and (_readiness(node, validator, plugin, config) or launch_fenced(plugin, fences)
+                                   or _sharing_fit(node, plugin, config))
+    rejection = (dra_readiness(node, validator, config) or plugin_part or launch_fenced(req, fences, dra=True)
+                 or _soaking(node, soak, req, config)
                  or _image_cuda_fit(node, req) or _compatibility(node, req) or _label_problems(node, req))
     if rejection:
         return rejection
@@ -209,6 +215,29 @@ def _gpu_stack(node: NodeFacts, validator: ValidatorState, config: Config) -> Re
         return _reject(MIG_RECONFIGURING, f"the node is applying a MIG layout "
                                           f"({n.MIG_CONFIG_STATE}={node.mig_config_state})")
     return None
+
+
+def launch_fenced(req: Requirements, fences: tuple[Fence, ...], dra: bool = False) -> Rejection | None:
+    """LaunchFailures: GPU pods of a resource the pod asks failed to start on the node for the node's
+    reasons, in a row (the rule: gpu_placement/facts/fence.py). The sentence names the cause, how many and
+    since when: the time is the node's own, so fenced nodes do not share one string (they are few).
+    `dra`: the pod takes devices through DRA: claim pods' fence (DRA_DEVICES) refuses the node when the
+    failures did not name their devices; naming them, it keeps only those out (decide/dra_fit.py)."""
+    for fence in fences:
+        if any(resource == fence.resource for resource, _ in req.gpus) or (
+                dra and fence.resource == DRA_DEVICES and not fence.devices):
+            return launch_failures(fence)
+    return None
+
+
+def launch_failures(fence: Fence) -> Rejection:
+    """A fence's reason: the cause, the count, since when, what lifts it and when its probe opens."""
+    cause = f"{fence.cause}: {DESCRIPTIONS.get(fence.cause, fence.cause)}"
+    pods = "GPU pods with DRA claims" if fence.resource == DRA_DEVICES else f"{fence.resource} pods"
+    return _reject(LAUNCH_FAILURES, f"{fence.count} {pods} in a row failed to start on the node for "
+                                    f"the node's reasons ({cause}) since {stamp(fence.since)}; lifts when the GPU "
+                                    "Operator revalidates the node, its device plugin or driver restarts, the node "
+                                    f"reboots, or a probe pod starts (one goes through from {stamp(fence.probe_at)})")
 
 
 def _soaking(node: NodeFacts, soak: Soak, req: Requirements, config: Config) -> Rejection | None:

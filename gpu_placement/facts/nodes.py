@@ -60,6 +60,10 @@ class NodeFacts:
     # gpu-placement.io/settled-driver: the driver version the node last ran settled (facts/soak.py); a value
     # that is not a version reads as none (the rollout leader writes it again).
     settled_driver: Version | None = None
+    # status.nodeInfo.bootID (changes when the node reboots) and gpu-placement.io/launch-fence as written
+    # (parsed by facts/fence.py): the launch fence reads both, placement through the fence alone.
+    boot_id: str = ""
+    launch_fence: str | None = None
     refused: str | None = None  # gpu-placement.io/refused as the node carries it (controllers/refused_nodes.py)
 
     def unit_memory(self, resource: str) -> int | None:
@@ -134,8 +138,14 @@ def node_from_json(obj: Mapping[str, Any], pool_of: Callable[[Mapping[str, str]]
         ready_since=_ready_since(status),
         cpu_milli=_cpu_milli((status.get("allocatable") or {}).get("cpu")),
         settled_driver=_settled((meta.get("annotations") or {}).get(n.ANN_SETTLED_DRIVER)),
+        boot_id=str((status.get("nodeInfo") or {}).get("bootID") or ""),
+        launch_fence=_text((meta.get("annotations") or {}).get(n.ANN_LAUNCH_FENCE)),
         refused=labels.get(n.LABEL_REFUSED) or None,
     )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _settled(value: Any) -> Version | None:

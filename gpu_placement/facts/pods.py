@@ -80,7 +80,8 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
                   is_validator: Callable[[str, Mapping[str, str]], bool],
                   is_driver: Callable[[str, Mapping[str, str]], bool] | None = None,
                   scheduler: str | None = None,
-                  with_cpu: bool = False) -> PodRecord:
+                  with_cpu: bool = False,
+                  is_plugin: Callable[[str, Mapping[str, str]], bool] | None = None) -> PodRecord:
     """`scheduler`: gpu-placement's schedulerName, to tell the GPU pods it placed (Launch.placed)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
@@ -89,7 +90,8 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
     labels = meta.get("labels") or {}
     validator = is_validator(namespace, labels)
     validator_ready = _is_ready(status) if validator else None
-    operator = validator or (is_driver is not None and is_driver(namespace, labels))
+    plugin = not validator and is_plugin is not None and is_plugin(namespace, labels)
+    operator = validator or plugin or (is_driver is not None and is_driver(namespace, labels))
     try:
         gpus = effective_gpu_requests(spec, is_gpu_resource)
         standins = effective_gpu_requests(spec, is_standin) if spec.get("resourceClaims") else ()
@@ -118,7 +120,7 @@ def pod_from_json(obj: Mapping[str, Any], is_gpu_resource: Callable[[str], bool]
         nominated=sys.intern(nominated) if isinstance(nominated, str) and nominated else None,
         version=resource_version(meta),
         failed=status.get("phase") == "Failed",
-        operator=operator_pod_from_json(obj) if operator and spec.get("nodeName") else None,
+        operator=operator_pod_from_json(obj, plugin) if operator and spec.get("nodeName") else None,
         claim_templates=_awaited_templates(spec, status) if status.get("phase") not in _TERMINAL else (),
         standins=standins,
         launch=launch_of(obj, is_gpu_resource, scheduler) if gpus or routed else None,

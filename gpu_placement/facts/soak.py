@@ -73,9 +73,10 @@ class OperatorPod:
     last_restart: float | None  # the latest lastState.terminated.finishedAt
     version: str | None  # the driver version in the driver container's image tag, when it has one
     ready_changed: float | None = None  # lastTransitionTime of Ready, True or not (outcomes.py: when it went unready)
+    plugin: bool = False  # the device plugin's pod, not the driver's: read by the launch fence only (facts/fence.py)
 
 
-def operator_pod_from_json(obj: Mapping[str, Any]) -> OperatorPod:
+def operator_pod_from_json(obj: Mapping[str, Any], plugin: bool = False) -> OperatorPod:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -92,8 +93,8 @@ def operator_pod_from_json(obj: Mapping[str, Any]) -> OperatorPod:
         if finished is not None and (last is None or finished > last):
             last = finished
     return OperatorPod(str(meta.get("uid") or ""), parse_time(meta.get("creationTimestamp")),
-                       parse_time(status.get("startTime")), ready_since, restarts, last, _image_version(spec),
-                       ready_changed)
+                       parse_time(status.get("startTime")), ready_since, restarts, last,
+                       None if plugin else _image_version(spec), ready_changed, plugin)
 
 
 def _image_version(spec: Mapping[str, Any]) -> str | None:

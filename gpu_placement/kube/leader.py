@@ -28,7 +28,7 @@ from gpu_placement.kube.api import ApiError, ApiForbidden
 from gpu_placement.kube.lease import Lease
 from gpu_placement.observe.metrics import api_outcome
 
-__all__ = ["Failures", "LeaderLoop", "PassInterrupted", "Worker", "about_the_object", "counted",
+__all__ = ["Failures", "LeaderLoop", "Pacer", "PassInterrupted", "Worker", "about_the_object", "counted",
            "namespace_terminating"]
 
 _SERVER_WIDE = frozenset({429, 503, 504})  # the API server overloaded or unavailable: not the object's fault
@@ -87,6 +87,30 @@ class _Unit:
             self.failures.failed(self.key, exc)
             return True
         return False
+
+
+class Pacer:
+    """A leader's writes paced by a token bucket: `per_second`, up to `burst` at once (a first install
+    writes to every node)."""
+
+    def __init__(self, per_second: float, burst: int, clock: Callable[[], float]) -> None:
+        self.per_second, self.burst, self.clock = per_second, burst, clock
+        self._tokens = float(burst)
+        self._refilled = clock()
+
+    def take(self, stop: threading.Event, between: Callable[[], None]) -> None:
+        """Return once a token is there; while waiting, end the pass on `stop` and call `between` (the
+        leader renews its Lease there, so a long paced pass does not lose it under the writes)."""
+        while True:
+            now = self.clock()
+            self._tokens = min(float(self.burst), self._tokens + (now - self._refilled) * self.per_second)
+            self._refilled = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return
+            if stop.wait((1 - self._tokens) / self.per_second):
+                raise PassInterrupted("stopping")
+            between()
 
 
 class Failures:
@@ -239,6 +263,10 @@ class LeaderLoop(Worker):
         self._wake.clear()
         if self._settle_seconds:
             self._stop.wait(self._settle_seconds)
+
+    def _take_token(self, pacer: Pacer) -> None:
+        """Before a write of a paced pass: a long wait for a token renews the Lease on the way."""
+        pacer.take(self._stop, self._still_leading)
 
     def _still_leading(self) -> None:
         """Between two objects of a pass: renew the Lease when due, as between turns, so that a pass

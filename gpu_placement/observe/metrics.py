@@ -143,6 +143,18 @@ SETTLED_DRIVER_LEADING = Gauge("gpu_placement_settled_driver_leading",
 SETTLED_DRIVER_WRITES = Counter("gpu_placement_settled_driver_writes",
                                 "Patches of a Node's gpu-placement.io/settled-driver annotation, by outcome.",
                                 ["outcome"])
+# Launch fences (gpu_placement/decide/fences.py, controllers/launch_fences.py; docs/rules.md LaunchFailures).
+LAUNCH_FENCE_CHANGES = Counter("gpu_placement_launch_fence_changes",
+                               "Launch fences (a node and a GPU resource) begun (fenced) or lifted (lifted), as "
+                               "this replica saw them.", ["event"])
+LAUNCH_FENCE_LEADING = Gauge("gpu_placement_launch_fence_leading",
+                             "1 on the replica that holds the launch fences' Lease (and writes "
+                             "gpu-placement.io/launch-fence on Nodes), else 0.", ["lease"])
+LAUNCH_FENCE_WRITES = Counter("gpu_placement_launch_fence_writes",
+                              "Patches of a Node's gpu-placement.io/launch-fence annotation, by outcome.", ["outcome"])
+LAUNCH_FENCE_FAILING = Gauge("gpu_placement_launch_fence_failing_objects",
+                             "Nodes whose last gpu-placement.io/launch-fence patch failed (each retried on the next "
+                             "turns; the log names them and why).", ["lease"])
 SETTLED_DRIVER_FAILING = Gauge("gpu_placement_settled_driver_failing_objects",
                                "Nodes whose last gpu-placement.io/settled-driver patch failed (each retried on the "
                                "next turns; the log names them and why).", ["lease"])

@@ -103,6 +103,9 @@ class ClusterView:
         self.waiting_validators: dict[str, set[str]] = {}
         # node -> pods there whose kubelet reports an allocated resource Unhealthy (KEP-4680): `unhealthy_on`
         self._unhealthy: dict[str, dict[str, PodRecord]] = {}
+        # node -> DRA devices a launch fence keeps out, each with its reason (gpu_placement/decide/fences.py
+        # writes it; the DRA fit and the DeviceTaintRules read it)
+        self.fenced_devices: dict[str, dict[str, str]] = {}
         # namespace/template -> pods waiting for their claims from it (PodRecord.claim_templates)
         self.template_waiters: dict[str, set[str]] = {}
         self.nominated: dict[str, set[str]] = {}  # node -> unbound GPU pods nominated there (status.nominatedNodeName)
@@ -164,6 +167,10 @@ class ClusterView:
             where = f"device {', '.join(devices)} of node {pod.node}" if devices else "a device the view cannot name"
             lines.append(f"{name} ({resource_id}) is Unhealthy{': ' + message if message else ''}: {where}")
         return lines
+
+    def devices_reported(self, pod: PodRecord) -> list[str]:
+        """The DRA devices of the pod's node its kubelet reports Unhealthy, by name. Call under `lock`."""
+        return [device for name, resource_id, _ in pod.unhealthy for device in self._devices_of(pod, name, resource_id)]
 
     def _devices_of(self, pod: PodRecord, name: str, resource_id: str) -> list[str]:
         driver = self.config.dra.driver

@@ -46,7 +46,7 @@ class Ingest:
     def pod(self, obj: Mapping[str, Any]) -> PodRecord:
         return pod_from_json(obj, self.config.is_gpu_resource, self._is_validator, self._is_driver,
                              self.config.scheduler_name,
-                             with_cpu=self.config.scoring.strategy == "fragmentation")
+                             with_cpu=self.config.scoring.strategy == "fragmentation", is_plugin=self._is_plugin)
 
     def namespace(self, obj: Mapping[str, Any]) -> NamespaceRecord:
         return namespace_from_json(obj)
@@ -58,6 +58,11 @@ class Ingest:
     def _is_driver(self, namespace: str, labels: Mapping[str, str]) -> bool:
         """The GPU Operator's driver pods: in the operator's namespace (the validator's)."""
         return namespace == self.config.validator.namespace and self.config.rollout.driver_selector.matches(labels)
+
+    def _is_plugin(self, namespace: str, labels: Mapping[str, str]) -> bool:
+        """The GPU Operator's device plugin pods (the launch fence lifts when one restarts or is recreated)."""
+        fence = self.config.launch_fence
+        return fence.enabled and namespace == self.config.validator.namespace and fence.plugin_selector.matches(labels)
 
     def replace(self, view: ClusterView, kind: str, objects: Iterable[Mapping[str, Any]]) -> None:
         """A full list of one kind: the view keeps what is unchanged and drops what is gone."""

@@ -223,6 +223,9 @@ has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(o
 {{- define "gpu-placement.driversLease" -}}
 {{- printf "%s-drivers" (include "gpu-placement.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+{{- define "gpu-placement.fencesLease" -}}
+{{- printf "%s-launch-fences" (include "gpu-placement.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
 {{- define "gpu-placement.refusedLease" -}}
 {{- printf "%s-refused" (include "gpu-placement.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
