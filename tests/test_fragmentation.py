@@ -1,7 +1,7 @@
 """`scoring.strategy: fragmentation` on views with scattered free GPUs: it keeps room for the pods that
 typically arrive, foresees the DRA allocator's device choice, sees CPU leave GPUs stranded, redoes only
 the nodes that changed, and keeps the other scores' promises (soaks, canaries, penalties). An empty
-8-GPU node where the pod adds no fragment scores 8: half of 0.5 (no fragment added) and half of 1
+8-GPU node where the pod adds no fragment scores 7: 60 % of 0.5 (no fragment added) and 40 % of 1
 (all its GPUs free), times 10, rounded."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from tests.support.rollout import SOAKING_SENTENCE, Wave
 GPU = "nvidia.com/gpu"
 FRAGMENTATION = Config(scoring=Scoring(strategy="fragmentation"))
 BINPACK = Config()
+EMPTY = 7  # an empty node where the pod adds no fragment
 
 
 class Cluster:
@@ -148,11 +149,11 @@ def test_cpu_that_leaves_a_nodes_gpus_stranded_lowers_its_score() -> None:
                *(validator_pod(n) for n in ("roomy", "tight"))]
     cluster = Cluster(FRAGMENTATION, objects)
     pod = _pod("job", 1, cpu="8")
-    assert cluster.scores(pod, ["roomy", "tight"]) == {"roomy": 8, "tight": 8}  # no fragment added; GPUs empty
+    assert cluster.scores(pod, ["roomy", "tight"]) == {"roomy": EMPTY, "tight": EMPTY}  # no fragment added; GPUs empty
     # A CPU-only pod takes most of tight's 64 CPUs: after an 8-CPU job there, the GPUs left lack CPU.
     cluster.apply(_pod("cpu-hog", 0, cpu="50", node="tight"))
     score = cluster.scores(pod, ["roomy", "tight"])
-    assert score["roomy"] == 8 and score["tight"] < 8
+    assert score["roomy"] == EMPTY and score["tight"] < EMPTY
 
 
 def test_cpu_asks_share_a_kind_of_pod_by_rounding_up() -> None:
@@ -169,8 +170,8 @@ def test_penalties_still_lower_the_score() -> None:
     cluster.view.set_telemetry({"xid": Telemetry(None, xid_errors=1, at=0.0)})
     weights = FRAGMENTATION.scoring
     score = cluster.scores(_pod("job", 1), ["plain", "upgrading", "unhealthy", "xid"])
-    assert score == {"plain": 8, "upgrading": 8 - weights.upgrade_required, "unhealthy": 8 - weights.unhealthy_devices,
-                     "xid": 8 - weights.xid_errors}
+    assert score == {"plain": EMPTY, "upgrading": EMPTY - weights.upgrade_required,
+                     "unhealthy": EMPTY - weights.unhealthy_devices, "xid": EMPTY - weights.xid_errors}
 
 
 @pytest.mark.parametrize("soak", ["prefer", "strict"])
@@ -179,6 +180,22 @@ def test_soaking_drivers_keep_their_rules(soak: str) -> None:
     canary = wave.scores("canary")
     assert canary["new-1"] == canary["new-2"] == 10 and canary["old"] <= 9  # a canary's 10 is a soaking node's
     if soak == "prefer":
-        assert wave.scores("team") == {"old": 8, "new-1": 0, "new-2": 0}
+        assert wave.scores("team") == {"old": EMPTY, "new-1": 0, "new-2": 0}
     else:
         assert wave.filter("team") == ({"old"}, {n: SOAKING_SENTENCE for n in WAVE_NODES if n != "old"})
+
+
+def test_a_one_gpu_pod_leaves_an_empty_node_whole_for_the_8_gpu_pods_that_arrive() -> None:
+    """One pod in ten asks 8 GPUs (the multigpu families): a 1-GPU pod fills a used node, two points above
+    breaking an empty one, more than kube-scheduler's own spreading scores can outweigh at the chart's
+    weight. (With the measure scaled at 450 milli-GPU and half of it spread, the empty node scored a point
+    higher: on multigpu50 that placed 88 % of the GPUs, binpack 93 %; docs/replay.md.)"""
+    objects = [namespace("ml"), make_node("empty", "h100x8"), make_node("used", "h100x8"),
+               _pod("a", 4, node="used"), *(validator_pod(n) for n in ("empty", "used"))]
+    cluster = Cluster(FRAGMENTATION, objects)
+    for i in range(20):  # what has been arriving: 1-GPU pods, and one in ten asks 8 GPUs
+        gpus = 8 if i % 10 == 0 else 1
+        cluster.placement.requirements({**_pod(f"p{i}", gpus), "metadata": {
+            "name": f"p{i}", "namespace": "ml", "uid": f"uid-{i}"}})
+    score = cluster.scores(_pod("one", 1), ["empty", "used"])
+    assert score["used"] - score["empty"] >= 2, score

@@ -118,22 +118,28 @@ def test_the_own_cluster_recipe_runs_as_written(tmp_path: Path) -> None:
     assert "unallocated GPUs at" in result.stdout and "tasks that fit nowhere, of " in result.stdout
 
 
-def _table_after(text: str, title: str) -> dict[str, float]:
-    """strategy -> "allocated at 130 %" of the first table after `title` in docs/replay.md."""
-    rows = re.findall(r"^\| \**(\w+)\** \| \**([\d.]+) %", text[text.index(title):].split("\n\n|", 1)[1].split(
-        "\n\n")[0], re.MULTILINE)
-    return {name: float(value) for name, value in rows}
+def _family_rows(text: str, title: str) -> dict[str, list[float]]:
+    """family -> its figures (%) in the first table after `title` in docs/replay.md."""
+    table = text[text.index(title):].split("\n\n|", 1)[1].split("\n\n")[0]
+    return {cells[0]: [float(m.group(1)) for cell in cells[1:] if (m := re.fullmatch(r"\**([\d.]+) %\**", cell))]
+            for line in ("|" + table).splitlines() if (cells := [c.strip() for c in line.strip("|").split("|")])
+            and re.fullmatch(r"default|[a-z]+\d+", cells[0])}
 
 
 def test_the_readme_quotes_each_figure_with_its_mode() -> None:
-    """The README's replay figures are the docs' tables rounded, each under the mode it was made in: the
-    device-plugin ones first (what most clusters run), then DRA's (`--mode dra`)."""
+    """The README's replay figures are the family tables' default-trace rows rounded, each under the mode it
+    was made in: the device-plugin ones first (what most clusters run), then DRA's (`--mode dra`), with the
+    paper's Best-fit and FGD; and the claim about every family is the dra table's."""
     doc = DOC.read_text()
     [line] = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("- [docs/replay.md]")]
     plugin, _, dra = line.partition("`--mode dra`")
     assert "`--mode device-plugin`" in plugin, line
-    for part, title in ((plugin, "#### `device-plugin` mode, default trace"), (dra, "**Default trace**, `dra` mode")):
-        figures = _table_after(doc, title)
-        assert set(figures) == {"binpack", "spread", "fragmentation"}, (title, figures)
+    dra_rows = _family_rows(doc, "multigpu50 (binpack 92.59 %). `dra` mode:")
+    plugin_rows = _family_rows(doc, "`device-plugin` mode (Best-fit and FGD are defined")
+    assert len(dra_rows) == 14 and all(len(figures) == 6 for figures in dra_rows.values()), dra_rows
+    for part, figures in ((plugin, plugin_rows["default"][:2]), (dra, dra_rows["default"][:4])):
         quoted = [float(f) for f in re.findall(r"([\d.]+) %", part.split("arrived", 1)[-1])]
-        assert quoted[:3] == [round(figures[s], 1) for s in ("fragmentation", "spread", "binpack")], (title, quoted)
+        assert quoted[:len(figures)] == [round(f, 1) for f in figures], (part, quoted, figures)
+    above = sum(f[0] > f[1] for f in dra_rows.values())
+    reached = sum(f[0] >= f[2] for f in dra_rows.values())
+    assert f"above binpack on {above} of the 14" in line and f"at or above Best-fit on {reached}" in line, line

@@ -159,11 +159,11 @@ def read_tasks_csv(path: str | Path) -> list[Task]:
 
 
 def arrivals(tasks: Sequence[Task], cluster_milli: int, ratio: float | None, seed: int,
-             shuffle: bool = True) -> list[Task]:
+             shuffle: bool = True, rng: GoRand | None = None) -> list[Task]:
     """The tasks in the order they arrive, inflated (or trimmed) to `ratio` x `cluster_milli` GPU milli
     as the simulator does it with `--shuffle-pod=true -tune <ratio> -tuneseed <seed>`; `ratio` None:
     each task once, shuffled alike, none copied or left out."""
-    rng = GoRand(seed)
+    rng = rng or GoRand(seed)  # the caller's to draw on after the tasks (references.py: the nodes' names)
     rng.int()  # core.go: log.Debugf("Random Seed: %d, Random Int: %d", seed, rand.Int())
     by_name = sorted(tasks, key=lambda t: t.name)
     order = list(by_name)
