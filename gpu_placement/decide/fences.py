@@ -10,7 +10,6 @@ fence begun or lifted (Events, metrics).
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ from collections.abc import Callable, Sequence
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from gpu_placement.base.config import Config
+from gpu_placement.base.deadlines import Deadlines
 from gpu_placement.decide.rules import DRA_DEVICES, launch_failures
 from gpu_placement.facts.fence import (
     FENCE_CAUSES,
@@ -55,7 +55,7 @@ class Fences:
         # fewer than `threshold` and no annotation has no fence, found without reading its pods
         self._failing: dict[str, str] = {}
         self._failures: Counter[str] = Counter()
-        self._due: list[tuple[float, str]] = []
+        self._due = Deadlines()
         self._keys: dict[str, _Key] = {}  # node -> its closed fences as placement last heard
         self._listeners: list[Callable[[str], None]] = []
         self._watchers: list[Watcher] = []
@@ -92,14 +92,10 @@ class Fences:
 
     def expire(self) -> None:
         """Probes that opened by the clock: cheap when none is due (one comparison)."""
-        if not self._due or self._due[0][0] > self.clock():
+        if not self._due.any_due(self.clock()):
             return
         with self.view.lock:
-            now = self.clock()
-            due = set()
-            while self._due and self._due[0][0] <= now:
-                due.add(heapq.heappop(self._due)[1])
-            for name in due:
+            for name in self._due.pop_due(self.clock()):
                 self._evaluate(name)
 
     def probe_taken(self, node: str, resources: Sequence[tuple[str, int]]) -> str | None:
@@ -190,7 +186,7 @@ class Fences:
         now = self.clock()
         when = new.next_change(now)
         if when is not None and when != old.next_change(now):
-            heapq.heappush(self._due, (when, name))
+            self._due.add(when, name)
         key = _key(new, now)
         changed = self._keys.get(name, ()) != key
         if key:

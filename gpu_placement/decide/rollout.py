@@ -17,7 +17,6 @@ per node-hour from DCGM telemetry. The metrics label the two highest versions `n
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -27,6 +26,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from gpu_placement.base.config import Config
 from gpu_placement.base.cuda import VersionError, format_version, parse_version
+from gpu_placement.base.deadlines import Deadlines
 from gpu_placement.base.names import ANN_CANARY
 from gpu_placement.facts.nodes import NodeFacts
 from gpu_placement.facts.pods import PodRecord
@@ -95,7 +95,7 @@ class Rollout:
         self._proving: dict[str, str] = {}  # node -> the version it counts for in `_proven`
         self._first: dict[str, str] = {}  # node on its first driver -> version: waits on `_proven`
         self._shares: dict[str, _Share] = {}
-        self._due: list[tuple[float, str]] = []
+        self._due = Deadlines()
         self._listeners: list[Callable[[str], None]] = []
         with view.lock:
             for key, pod in view.pods.items():
@@ -116,14 +116,10 @@ class Rollout:
 
     def expire(self) -> None:
         """Soaks that ended by the clock: cheap when none is due (one comparison)."""
-        if not self._due or self._due[0][0] > self.clock():
+        if not self._due.any_due(self.clock()):
             return
         with self.view.lock:
-            now = self.clock()
-            due = set()
-            while self._due and self._due[0][0] <= now:
-                due.add(heapq.heappop(self._due)[1])
-            for name in due:
+            for name in self._due.pop_due(self.clock()):
                 self._evaluate(name)
 
     def canary_namespaces(self) -> list[str]:
@@ -250,7 +246,7 @@ class Rollout:
         else:
             self.states[name] = new
             if new.until is not None and (old is None or old.until != new.until):
-                heapq.heappush(self._due, (new.until, name))
+                self._due.add(new.until, name)
         crossed = self._prove(name, new)
         self._share(name)
         if notify and _placement_key(old) != _placement_key(new):
