@@ -11,7 +11,8 @@ by how often each arrives. 60 % of a pod's score for a node is how much placing 
 node's fragmentation (FGD's score): `1 / (1 + exp(delta / 400 milli-GPU))`, so 0.5 for no change, more
 for a placement that uses up fragments, less for one that breaks whole GPUs or strands a node's GPUs
 without CPU. The other 40 % is how empty the node's GPUs are: on the openb traces, where CPU runs out
-before GPUs, spreading keeps each node's CPU and GPUs in step. The sum, times 10, is the 0..10 score.
+before GPUs, spreading keeps each node's CPU and GPUs in step. The sum, times 10, is the 0..10 score
+(kept in hundredths for /filter's best tier: placement.py `RANK_STEPS`).
 Both weights were chosen over the paper's workload families (docs/replay.md), not the default trace
 alone: the chart's default has to hold where most GPUs go to tasks asking several whole GPUs too.
 

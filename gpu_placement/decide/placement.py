@@ -53,12 +53,14 @@ MAX_SCORE = 10
 RANK_STEPS = 100
 _MIDDLE = RANK_STEPS // 2
 # Kinds of pod remembered, bounded by memory rather than by count: a kind costs about 330 bytes a node
-# (tracemalloc, 5,000 nodes: 1.4-1.7 MB a kind), so 128 MiB holds about 75 kinds at 5,000 nodes and
-# 400 at 1,000. What the pod wrote is kept only as the kind's key (bounded by the annotation limit,
-# counted below): a pod whose ask is broken gets no kind, and an answer naming nodes the view lacks is
-# not kept (both quote or echo request text; a stream of them filled memory, issue 36).
+# (tracemalloc, 5,000 nodes: 1.4-1.7 MB a kind; before the ranks, which add about 90), so 128 MiB holds
+# about 60-75 kinds at 5,000 nodes and 400 at 1,000. What the pod wrote is kept only as the kind's key
+# (bounded by the annotation limit, counted below): a pod whose ask is broken gets no kind, and an answer
+# naming nodes the view lacks is not kept (both quote or echo request text; a stream of them filled
+# memory, issue 36).
 _CACHE_BYTES = 128 * 2**20
-_PER_NODE_BYTES = 320  # table slots, score piece, Need, last answer: a kind's cost per node besides its fragments
+_PER_NODE_BYTES = 410  # table slots, score piece, rank (a dict slot and an int: ~90), Need, last answer: a kind's
+# cost per node besides its fragments
 # Its tables and record whatever the cluster's size: tracemalloc, 16 nodes: 14 KB a kind in all, of which the
 # per-node part and fragments are 6.4 KB. Without it, on a small cluster 128 MiB by estimate was 300 MiB.
 _PER_KIND_BYTES = 8 * 1024
