@@ -142,18 +142,34 @@ def parse_review(body: bytes) -> AdmissionRequest:
     return cast(AdmissionRequest, request)  # the fields the webhook reads, checked just above
 
 
+_GROUPS = (("kind", ("group", "version", "kind")), ("resource", ("group", "version", "resource")))
+
+
 def _check_request(request: Mapping[str, Any]) -> None:
-    """The fields of the request itself (not its pod) that the webhook reads."""
-    shape.opt_str(request["uid"], "request.uid", shape.UID_LIMIT)
+    """The fields of the request itself (not its pod) that the webhook reads. Every review passes here:
+    a field's path is formatted only when it is wrong (the shape functions then raise)."""
+    if len(request["uid"]) > shape.UID_LIMIT:  # a non-empty string (parse_review)
+        shape.opt_str(request["uid"], "request.uid", shape.UID_LIMIT)
     shape.namespace_name(request.get("namespace"), "request.namespace")  # goes into API paths and cache keys
-    shape.opt_str(request.get("name"), "request.name", shape.NAME_LIMIT)
+    name = request.get("name")
+    if name is not None and (name.__class__ is not str or len(name) > shape.NAME_LIMIT):
+        shape.opt_str(name, "request.name", shape.NAME_LIMIT)
     for field in ("operation", "subResource"):
-        shape.opt_str(request.get(field), f"request.{field}")
-    for field, parts in (("kind", ("group", "version", "kind")), ("resource", ("group", "version", "resource"))):
-        gvk = shape.opt_obj(request.get(field), f"request.{field}")
+        value = request.get(field)
+        if value is not None and value.__class__ is not str:
+            shape.opt_str(value, f"request.{field}")
+    for field, parts in _GROUPS:
+        gvk = request.get(field)
+        if gvk is None:
+            continue
+        if gvk.__class__ is not dict:
+            shape.opt_obj(gvk, f"request.{field}")
         for part in parts:
-            shape.opt_str(gvk.get(part), f"request.{field}.{part}", shape.NAME_LIMIT)
-    if not isinstance(request.get("dryRun", False), bool):
+            value = gvk.get(part)
+            if value is not None and (value.__class__ is not str or len(value) > shape.NAME_LIMIT):
+                shape.opt_str(value, f"request.{field}.{part}", shape.NAME_LIMIT)
+    dry_run = request.get("dryRun", False)
+    if dry_run is not True and dry_run is not False:
         shape.fail("request.dryRun", "true or false", request["dryRun"])
 
 
