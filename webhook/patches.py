@@ -128,8 +128,11 @@ def admitted_value(sharing: Sharing, gpus: GpuRequests, pools: Sequence[Pool], s
 def tolerates_gpu_taint(spec: Mapping[str, Any], config: Config) -> bool:
     """A toleration for the GPU nodes' taint key (nvidia.com/gpu, or a key of gpuTolerations), or a
     bare `operator: Exists`, which tolerates every taint."""
+    tolerations = spec.get("tolerations")
+    if not tolerations:  # most pods
+        return False
     keys = {n.GPU_RESOURCE, *(t.get("key") for t in config.gpu_tolerations if t.get("key"))}
-    for toleration in spec.get("tolerations") or ():
+    for toleration in tolerations:
         key = toleration.get("key") or ""
         if key in keys or (not key and toleration.get("operator") == "Exists"):
             return True

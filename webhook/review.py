@@ -214,11 +214,11 @@ def subject_of(request: AdmissionRequest, is_gpu_resource: Callable[[str], bool]
     if obj.get("kind", "Pod") != "Pod" or obj.get("apiVersion", "v1") != "v1":
         raise BadPod(f"request.object is {_short(obj.get('apiVersion'))} {_short(obj.get('kind'))}, "
                      "but the review is about a v1 Pod")
-    problem = check_pod(obj, is_gpu_resource)
+    problem, asks = _checked(obj, is_gpu_resource, "request.object")
     if problem:
         raise BadPod(problem)
-    try:
-        gpus = effective_gpu_requests(obj["spec"], is_gpu_resource)
+    try:  # a pod naming no GPU resource (most pods) asks for none
+        gpus = effective_gpu_requests(obj["spec"], is_gpu_resource) if asks else ()
     except QuantityError as exc:  # check_pod vetted every GPU quantity; kept as a backstop
         raise BadPod(f"request.object asks for a GPU resource in a form that is not a quantity: {exc}") from None
     for asked, count in gpus:
@@ -246,19 +246,30 @@ def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool], pa
     """The first field the webhook reads that has the wrong shape, as a sentence naming its path
     (`request.object.spec.containers[0].resources.limits: expected an object, got a string`); None when
     usable. Everything later code touches is checked here, so the rest can index without guessing."""
+    return _checked(pod, is_gpu_resource, path)[0]
+
+
+def _checked(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool], path: str) -> tuple[str | None, bool]:
+    """check_pod's answer, and whether the pod names a GPU resource at all (in any container's requests
+    or limits): when it names none, its effective GPU request is empty."""
     try:
         shape.check_pod(pod, path)
-        shape.obj(pod.get("spec"), f"{path}.spec", "an object (a pod has a spec)")
+        spec: Any = pod.get("spec")
+        if spec.__class__ is not dict:
+            shape.obj(spec, f"{path}.spec", "an object (a pod has a spec)")
         shape.check_pod_scheduling(pod, path)
     except ShapeError as exc:
-        return str(exc)
-    spec = pod["spec"]
+        return str(exc), False
+    asks = False
     for field in ("containers", "initContainers"):
         for index, container in enumerate(spec.get(field) or ()):
-            resources = container.get("resources") or {}
+            resources = container.get("resources")
+            if not resources:
+                continue
             for section in ("requests", "limits"):
                 for name, value in (resources.get(section) or {}).items():
                     if is_gpu_resource(name):
+                        asks = True
                         try:
                             # checked before the core parser: see gpu_placement/base/quantity.py
                             count = to_count(value)
@@ -266,8 +277,9 @@ def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool], pa
                         except QuantityProblem as exc:
                             problem = str(exc)
                         if problem:
-                            return f"{shape.key(f'{path}.spec.{field}[{index}].resources.{section}', name)}: {problem}"
-    return None
+                            where = shape.key(f"{path}.spec.{field}[{index}].resources.{section}", name)
+                            return f"{where}: {problem}", True
+    return None, asks
 
 
 def bad_update(new: Any, old: Any) -> str | None:

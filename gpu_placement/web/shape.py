@@ -111,6 +111,8 @@ def opt_str(value: Any, path: str, limit: int | None = None) -> str:
 def namespace_name(value: Any, path: str) -> str:
     """A namespace name, or None/"" (a cluster-scoped object has none). The webhook puts it into API
     paths and keys its caches by it: anything else (`../x`, `a?watch=true`) is refused here."""
+    if value.__class__ is str and value in _NAMESPACES_SEEN:  # every review names one: checked once each
+        return value
     text = opt_str(value, path)
     if not text:
         return ""
@@ -118,7 +120,14 @@ def namespace_name(value: Any, path: str) -> str:
         raise ShapeError(path, _NAMESPACE, f"{len(text)} characters")
     if _DNS_LABEL.fullmatch(text) is None:
         fail(path, _NAMESPACE, text)
+    if len(_NAMESPACES_SEEN) < _NAMESPACES_KEPT:
+        _NAMESPACES_SEEN.add(text)
     return text
+
+
+# Namespace names namespace_name passed, kept up to a bound (a caller may send any number of names).
+_NAMESPACES_SEEN: set[str] = set()
+_NAMESPACES_KEPT = 10_000
 
 
 def name(value: Any, path: str, limit: int = NAME_LIMIT) -> str:
@@ -232,10 +241,11 @@ def _check_container(container: Mapping[str, Any], pod_path: str, field: str, in
         for number, item in enumerate(objects(env, f"{where()}.env") if env.__class__ is not list else env):
             if item.__class__ is not dict:
                 fail(f"{where()}.env[{number}]", "an object", item)
-            for name in ("name", "value"):
-                value = item.get(name)
-                if value is not None and value.__class__ is not str:
-                    fail(f"{where()}.env[{number}].{name}", "a string", value)
+            if item.get("name").__class__ not in _OPT_STR or item.get("value").__class__ not in _OPT_STR:
+                for name in ("name", "value"):
+                    value = item.get(name)
+                    if value is not None and value.__class__ is not str:
+                        fail(f"{where()}.env[{number}].{name}", "a string", value)
     resources = container.get("resources")
     if resources is None:
         return
@@ -293,6 +303,7 @@ def check_pod_scheduling(pod: Mapping[str, Any], path: str) -> None:
 
 
 _STR = {str}
+_OPT_STR = frozenset({str, type(None)})
 _QUANTITY = {str, int, float}
 _TOLERATION = {str, int, type(None)}
 # A term sits 7 levels deep in the patch that carries it (list, op, value, nodeAffinity, required,
