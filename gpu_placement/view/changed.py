@@ -29,6 +29,9 @@ class ChangedNodes:
     def __len__(self) -> int:
         return len(self._names)
 
+    def __contains__(self, name: object) -> bool:
+        return self._everything or name in self._names
+
     def mark(self, name: str | None) -> None:
         """The node `name` changed (None: every node may have)."""
         if name is None:
