@@ -136,8 +136,10 @@ def test_a_new_leader_a_relist_and_the_period_judge_every_node(fake: FakeApiServ
         assert first.writer.leading
         clock[0] += 1.0
         assert second.judging() == 0 and not second.writer.leading  # a standby judges nothing
+        second.writer._wake.clear()
         fake.patch("Node", "gpu-01", {"spec": {"unschedulable": True}})  # while replica-a leads
         wait_for(lambda: second.view.nodes["gpu-01"].unschedulable, what="the cordon in the standby's view")
+        assert not second.writer._wake.is_set()  # nor does it wake for it (a wake of a standby asks for the Lease)
         clock[0] += 1.0
         assert second.judging() == 0  # still a standby: what it heard is the leader's to write
         first.writer.stop()  # hands the Lease over

@@ -81,9 +81,11 @@ class NodeWriter(LeaderLoop):
 
     def node_changed(self, name: str | None) -> None:
         """A listener's: the value of node `name` (None: of every node) may have changed. Called under the
-        view's lock, as every listener of the view, the rollout and the fences is."""
+        view's lock, as every listener of the view, the rollout and the fences is. Only the leader wakes: a
+        standby's turn is a try for the Lease (an API call), due every `renew_seconds`, not on each event."""
         self.changed.mark(name)
-        self._wake.set()
+        if self.leading:
+            self._wake.set()
 
     def resync(self) -> None:
         """Judge every node on the next pass (nothing of ours changed the view: a changed configuration)."""
