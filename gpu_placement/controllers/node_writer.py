@@ -87,12 +87,6 @@ class NodeWriter(LeaderLoop):
         if self.leading:
             self._wake.set()
 
-    def resync(self) -> None:
-        """Judge every node on the next pass (nothing of ours changed the view: a changed configuration)."""
-        with self.view.lock:
-            self.changed.mark_all()
-        self._wake.set()
-
     def _expire(self) -> None:
         """Before a pass: let the clock end what it ended (soaks, probes), which marks those nodes."""
 

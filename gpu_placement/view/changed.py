@@ -40,9 +40,6 @@ class ChangedNodes:
         elif not self._everything:
             self._names.add(name)
 
-    def mark_all(self) -> None:
-        self.mark(None)
-
     def take(self) -> set[str] | None:
         """The names marked since the last take (None: every node), and start again from none."""
         if self._everything:
