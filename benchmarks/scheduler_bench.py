@@ -63,7 +63,7 @@ from tests.e2e.overhead import (
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating scheduling rounds (default 3)")
     parser.add_argument("--pods", type=int, default=300, help="pods per scheduling batch (default 300)")
     parser.add_argument("--qps", type=int, default=1000, help="both schedulers' client QPS (default 1000)")
     parser.add_argument("--default-qps-rounds", type=int, default=0,
