@@ -290,7 +290,10 @@ def _create(e2e: E2E, namespace: str, group: str, names: list[str], create: Call
 
 def _delete_all(e2e: E2E, namespace: str, selector: str | None = None) -> None:
     params = {"gracePeriodSeconds": "0", **({"labelSelector": selector} if selector else {})}
-    e2e.api.http.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", params=params).raise_for_status()
+    # A collection delete of hundreds of pods answers when every one is gone: at 5,000 nodes on a loaded
+    # machine that can take longer than the client's usual 30 s.
+    e2e.api.http.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", params=params,
+                         timeout=120).raise_for_status()
     wait_for(f"pods of {namespace} deleted", lambda: not e2e.api.get(
         f"/api/v1/namespaces/{namespace}/pods", **({"labelSelector": selector} if selector else {}))["items"],
         timeout=120, interval=0.5)
