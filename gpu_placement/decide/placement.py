@@ -75,14 +75,19 @@ class FilterResult:
     unresolvable_json: bytes = _EMPTY  # node -> reason it cannot (FailedAndUnresolvableNodes)
     reasons: Counter[str] = field(default_factory=Counter)  # code -> nodes, for metrics
     encoded: bytes | None = None  # the NodeNames-form response, kept by the extender when it encodes it
+    # The failure maps were not built (`filter(maps=False)` with some node passing): both are empty here,
+    # and only `passed` and `reasons` may be read.
+    partial: bool = False
 
     @property
     def failed(self) -> dict[str, str]:
+        assert not self.partial, "a partial FilterResult has no failure maps"
         failed: dict[str, str] = orjson.loads(self.failed_json)
         return failed
 
     @property
     def unresolvable(self) -> dict[str, str]:
+        assert not self.partial, "a partial FilterResult has no failure maps"
         unresolvable: dict[str, str] = orjson.loads(self.unresolvable_json)
         return unresolvable
 
@@ -138,6 +143,10 @@ class _Answer:
     failed_changed: bool = False  # since `result`: its FailedNodes bytes are joined again, else kept
     unresolvable_changed: bool = False
     strangers: bool = False  # names asked that the view lacks: an answer that echoes them is not kept
+    # An answer built without its failure maps (`filter(maps=False)`): (the failing names the view knows,
+    # those of them preemption could help, the names the view lacks), the very sets `_answer` walks, so
+    # `_materialize` builds `failed`, `unresolvable` and `codes` later in the order `_answer` would have.
+    pending: tuple[AbstractSet[str], AbstractSet[str], AbstractSet[str]] | None = None
 
 
 class Placement:
@@ -179,10 +188,13 @@ class Placement:
                 self.fragmentation.observe(str(meta.get("uid") or ""), req)
         return req
 
-    def filter(self, req: Requirements, names: Sequence[str]) -> FilterResult:
+    def filter(self, req: Requirements, names: Sequence[str], maps: bool = True) -> FilterResult:
         """This kind's answer for these names: its last one while no verdict it depends on changed,
         else built by `_answer`. The passing names come in no particular order: kube-scheduler looks
-        each one up in the nodes it asked about."""
+        each one up in the nodes it asked about. With `maps` False, a caller that reads only `passed`
+        and `reasons` when some node passes (the extender's best tier) may get a `partial` result: the
+        failing nodes counted by reason, their maps not built (the same passing names, in the same
+        order; an answer that passes nothing is always whole)."""
         if not req.wants_gpu:
             return FilterResult(list(names))
         if req.error is not None:
@@ -201,6 +213,9 @@ class Placement:
                     if last.version == verdicts.version:
                         # Nothing this kind's answer depends on changed (a pod bound on a node that
                         # still passes, a heartbeat): the same answer.
+                        if maps and last.pending is not None:
+                            _materialize(verdicts, last)
+                            last.result = _result(last)
                         return last.result
                     if len(changed) <= _PATCH_AT_MOST:
                         return _patch(verdicts, last, last.asked)
@@ -212,7 +227,7 @@ class Placement:
                     if len(differ) + len(changed) <= _PATCH_AT_MOST:
                         removed = differ - asked
                         return _patch(verdicts, last, asked, differ - removed, removed)
-            answer = _answer(verdicts, asked)
+            answer = _answer(verdicts, asked, maps)
             if not answer.strangers:  # else the last answer stays, and the changes it has not taken in
                 verdicts.answer = answer
                 changed.clear()
@@ -736,14 +751,23 @@ def _same_names(last: frozenset[str], asked: frozenset[str]) -> bool:
     return len(last) == len(asked) and hash(last) == hash(asked)
 
 
-def _answer(verdicts: _Verdicts, asked: frozenset[str]) -> _Answer:
+def _answer(verdicts: _Verdicts, asked: frozenset[str], maps: bool = True) -> _Answer:
     """The answer built for every name asked: set operations and lookups in C, pieces encoded when
-    each node last changed; Python work only for names not in the view."""
+    each node last changed; Python work only for names not in the view. Without `maps`, when some
+    node passes: the failing names only counted by reason, the rest left to `_materialize`."""
     passed = asked & verdicts.passing
     failing = asked - passed
     fragments, codes = verdicts.fragments, verdicts.codes
     known = failing.intersection(fragments)
     resolvable = known & verdicts.resolvable
+    if not maps and passed:
+        strangers = failing - known
+        counts = Counter(map(codes.__getitem__, known))  # in C, in the order `_answer` counts them
+        if strangers:
+            counts[UNKNOWN_NODE] += len(strangers)
+        return _Answer(verdicts.version, asked, dict.fromkeys(passed), {}, {}, {}, counts,
+                       FilterResult(list(passed), reasons=+counts, partial=True), strangers=bool(strangers),
+                       pending=(known, resolvable, strangers))
     unresolvable = known - resolvable
     answer = _Answer(verdicts.version, asked, dict.fromkeys(passed), _subset(fragments, resolvable),
                      _subset(fragments, unresolvable), _subset(codes, known), Counter(), FilterResult([]))
@@ -757,6 +781,29 @@ def _answer(verdicts: _Verdicts, asked: frozenset[str]) -> _Answer:
     return answer
 
 
+def _materialize(verdicts: _Verdicts, answer: _Answer) -> None:
+    """A partial answer's failure maps, built as `_answer` would have built them: from the same sets,
+    so in the same order. A node whose verdict changed since (it is in `verdicts.changed`, and every
+    caller puts it right next: `_patch`, or a replay, which needs no change at all) is entered with an
+    empty piece and the code UnknownNode, counted as such: `_take_out` then takes it out consistently."""
+    assert answer.pending is not None
+    known, resolvable, strangers = answer.pending
+    answer.pending = None
+    fragments, codes = verdicts.fragments, verdicts.codes
+    if verdicts.changed:
+        answer.failed = {name: fragments.get(name, b"") for name in resolvable}
+        answer.unresolvable = {name: fragments.get(name, b"") for name in known - resolvable}
+        answer.codes = {name: codes.get(name, UNKNOWN_NODE) for name in known}
+    else:
+        answer.failed, answer.unresolvable = _subset(fragments, resolvable), _subset(fragments, known - resolvable)
+        answer.codes = _subset(codes, known)
+    for name in strangers:
+        answer.unresolvable[name] = _fragment(name, unknown_node())
+        answer.codes[name] = UNKNOWN_NODE
+    answer.counts = Counter(answer.codes.values())
+    answer.failed_changed = answer.unresolvable_changed = True
+
+
 def _subset(table: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
     return dict(zip(names, map(table.__getitem__, names), strict=True))  # in C: no Python step per name
 
@@ -766,6 +813,8 @@ def _patch(verdicts: _Verdicts, answer: _Answer, asked: frozenset[str], added: A
     """The last answer put right for the names `asked`: names no longer asked taken out, and each
     name newly asked or whose verdict changed taken out and put back as it stands now; the others
     are as they were."""
+    if answer.pending is not None:
+        _materialize(verdicts, answer)
     answer.asked = asked
     for name in removed:
         _take_out(answer, name)
