@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
-from itertools import compress
+from itertools import compress, repeat
 from operator import add, itemgetter
 from typing import Any
 
@@ -762,10 +762,11 @@ def _answer(verdicts: _Verdicts, asked: frozenset[str], maps: bool = True) -> _A
     resolvable = known & verdicts.resolvable
     if not maps and passed:
         strangers = failing - known
-        counts = Counter(map(codes.__getitem__, known))  # in C, in the order `_answer` counts them
+        codes_of = _subset(codes, known)  # kept: a patch takes a node out by the code it had here
+        counts = Counter(codes_of.values())  # in C, in the order below
         if strangers:
             counts[UNKNOWN_NODE] += len(strangers)
-        return _Answer(verdicts.version, asked, dict.fromkeys(passed), {}, {}, {}, counts,
+        return _Answer(verdicts.version, asked, dict.fromkeys(passed), {}, {}, codes_of, counts,
                        FilterResult(list(passed), reasons=+counts, partial=True), strangers=bool(strangers),
                        pending=(known, resolvable, strangers))
     unresolvable = known - resolvable
@@ -783,24 +784,20 @@ def _answer(verdicts: _Verdicts, asked: frozenset[str], maps: bool = True) -> _A
 
 def _materialize(verdicts: _Verdicts, answer: _Answer) -> None:
     """A partial answer's failure maps, built as `_answer` would have built them: from the same sets,
-    so in the same order. A node whose verdict changed since (it is in `verdicts.changed`, and every
-    caller puts it right next: `_patch`, or a replay, which needs no change at all) is entered with an
-    empty piece and the code UnknownNode, counted as such: `_take_out` then takes it out consistently."""
+    so in the same order (its codes and counts were kept whole). A node whose verdict changed since
+    has its piece as it is now, or an empty one when it passes now or left the view: it is in
+    `verdicts.changed`, so the only callers, `_patch` (which takes it out and puts it back as it stands)
+    and a replay (of an answer nothing changed since), never send that piece."""
     assert answer.pending is not None
     known, resolvable, strangers = answer.pending
     answer.pending = None
-    fragments, codes = verdicts.fragments, verdicts.codes
-    if verdicts.changed:
-        answer.failed = {name: fragments.get(name, b"") for name in resolvable}
-        answer.unresolvable = {name: fragments.get(name, b"") for name in known - resolvable}
-        answer.codes = {name: codes.get(name, UNKNOWN_NODE) for name in known}
-    else:
-        answer.failed, answer.unresolvable = _subset(fragments, resolvable), _subset(fragments, known - resolvable)
-        answer.codes = _subset(codes, known)
+    fragments = verdicts.fragments
+    unresolvable = known - resolvable
+    answer.failed = dict(zip(resolvable, map(fragments.get, resolvable, repeat(b"")), strict=False))  # in C
+    answer.unresolvable = dict(zip(unresolvable, map(fragments.get, unresolvable, repeat(b"")), strict=False))
     for name in strangers:
         answer.unresolvable[name] = _fragment(name, unknown_node())
         answer.codes[name] = UNKNOWN_NODE
-    answer.counts = Counter(answer.codes.values())
     answer.failed_changed = answer.unresolvable_changed = True
 
 
