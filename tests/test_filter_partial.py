@@ -10,6 +10,7 @@ import random
 from typing import Any
 
 from gpu_placement.base.config import Config, Scoring
+from gpu_placement.decide import placement as placement_module
 from gpu_placement.decide.placement import FilterResult, Placement
 from gpu_placement.samples.cluster import make_node, make_pod, validator_pod
 from gpu_placement.view.cluster import ClusterView
@@ -123,3 +124,28 @@ def test_a_reread_of_the_same_shares_rescores_nothing_and_other_shares_rescore()
     eight = [make_pod("ml", f"eight-{i}", gpus={GPU: 8}) for i in range(400)]
     _learn(cluster.placement, eight)  # 8-GPU pods arrive: other shares, curves and scores made again
     assert fragmentation.version > version
+
+
+def test_the_failing_nodes_asked_iterate_as_the_intersection_with_every_failing_node_does() -> None:
+    """`_known` (the failing names asked that the view knows) is the set `failing.intersection(fragments)`
+    makes, in the same iteration order, while nodes fail, pass again and fail for other reasons."""
+    cluster = Cluster(Config(), size=300)
+    placement = cluster.placement
+    req = placement.requirements(_pod("a"))
+    rng = random.Random(2)
+    bound: list[str] = []
+    checked = 0
+    for _ in range(150):
+        if rng.random() < 0.6 or not bound:
+            bound.append(cluster.bind(rng.choice(cluster.names), rng.choice((1, 4, 8))))
+        else:
+            cluster.view.delete_pod(bound.pop(rng.randrange(len(bound))))
+        with cluster.view.lock:
+            verdicts = placement._verdicts(req)
+            asked = frozenset(rng.sample([*cluster.names, "stranger"], 200))
+            failing = asked - (asked & verdicts.passing)
+            expected = failing.intersection(verdicts.fragments)
+            assert list(placement_module._known(verdicts, failing)) == list(expected)
+            assert verdicts.places.keys() == verdicts.fragments.keys()
+            checked += len(expected)
+    assert checked > 150 * 50
