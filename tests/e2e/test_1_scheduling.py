@@ -132,7 +132,10 @@ def test_pod_that_fits_nowhere_is_pending_with_grouped_reason_codes(e2e: E2E) ->
         assert rows[node]["figures"].startswith(f"gpu-placement.io/refused={code}, gpu-placement's reason: {code}: "), \
             rows[node]
 
-    # The same nodes verified and ready, the pod asking a driver none has: the extender's reason, grouped.
+    assert e2e.pod(ns, "stuck")["spec"].get("nodeName") is None
+
+    # Two nodes verified and ready, the pod asking a driver none has: the extender's reason, grouped.
+    group = "s1-too-new"
     verified = e2e.nodes(group, [("verified-1", "h100", {}), ("verified-2", "h100", {})])
     e2e.wait_refused(dict.fromkeys(verified))
     r = e2e.gpu_pod(ns, "too-new", group, gpus=1, annotations={"gpu-placement.io/min-driver": "999.0"})
@@ -150,5 +153,4 @@ def test_pod_that_fits_nowhere_is_pending_with_grouped_reason_codes(e2e: E2E) ->
     from tests.e2e.cluster import wait_for
     event = wait_for("FailedScheduling event", failed_event, timeout=15)
     assert "2 DriverTooOld" in event and AFFINITY in event, event
-    assert e2e.pod(ns, "stuck")["spec"].get("nodeName") is None
     assert e2e.pod(ns, "too-new")["spec"].get("nodeName") is None
