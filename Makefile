@@ -143,6 +143,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/answer_sizes.py
 	$(BIN)/python benchmarks/webhook_bench.py
 	$(BIN)/python benchmarks/cache_bench.py
+	$(BIN)/python benchmarks/node_writers_bench.py
 	$(BIN)/python benchmarks/preempt_bench.py
 	bash tests/e2e/build_control_plane.sh
 	$(BIN)/python benchmarks/scheduler_bench.py

@@ -144,3 +144,16 @@ def test_events_and_metrics_say_when_a_fence_began_and_what_lifted_it(
                 for event in before} == {"fenced": 1, "lifted": 1}
     finally:
         writer.stop()
+
+
+def test_the_writer_judges_the_node_whose_pods_changed_only(
+        cluster: tuple[FakeApiServer, Callable[[str], Replica], float]) -> None:
+    """A pass after a failed pod on n1 judges n1, not every node (gpu_placement/controllers/node_writer.py)."""
+    fake, replica, now = cluster
+    first = replica("replica-a")
+    first.leader.step()
+    assert first.leader.judged == 2 and first.leader.writes == 0  # the first pass: every node
+    fake.add(failed("b", now - 20, where="n1"), keep_created=True)
+    wait_for(lambda: "n1" in first.refused(), what="the fence in the view")
+    first.leader.step()
+    assert first.leader.judged == 3 and first.leader.writes == 1 and annotation(fake, "n1") is not None

@@ -209,10 +209,12 @@ def test_a_version_change_still_soaks_everywhere_and_settles_after_its_soak(
     assert second.refused() == refused
     assert first.rollout.soak("n2").why == "new on the node: it ran 550.54.15 before"
 
-    ahead[0] = 3601.0  # past the soak: done, and now recorded as the node's settled driver
-    assert first.states()["n2"] == DONE
     first.recorder.step()
-    assert settled(fake, "n2") == "580.126.09"
+    judged = first.recorder.judged
+    ahead[0] = 3601.0  # past the soak: done, and now recorded as the node's settled driver
+    first.recorder.step()  # the clock alone ended it: the pass judges that node only
+    assert settled(fake, "n2") == "580.126.09" and first.recorder.judged == judged + 1
+    assert first.states()["n2"] == DONE
     wait_for(lambda: second.view.nodes["n2"].settled_driver == (580, 126, 9), what="the annotation in the view")
     reinstall(fake, "n2", NEW[0])  # and a reinstall of the new driver is no change either
     wait_for(lambda: _ready_lately(second, "n2"), what="the new pod")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from kubernetes.client import ApiClient
@@ -46,6 +46,7 @@ class FenceSettings:
     settle_seconds: float = 0.2  # after a change, wait this long for its neighbours: one pass for a burst
     writes_per_second: float = 10.0  # the pace of the patches
     burst: int = 20
+    resync_seconds: float = 300.0  # every node judged, changed or not: what a listener missed is mended
 
 
 class LaunchFenceWriter(NodeWriter):
@@ -59,8 +60,12 @@ class LaunchFenceWriter(NodeWriter):
         self.settings = settings or FenceSettings()
         super().__init__(api, fences.view, namespace, identity, self.settings, clock, LAUNCH_FENCE_LEADING,
                          LAUNCH_FENCE_FAILING, LAUNCH_FENCE_WRITES)
-        fences.subscribe(lambda _node: self._wake.set())  # a fence began, lifted, or its probe opened or failed
-        fences.watch(lambda _node, _fence, _by: self._wake.set())
+        # every node the fences re-read: its Node, its GPU pods' launches or its GPU Operator pods changed, or
+        # the clock opened its probe (Fences.expire)
+        fences.subscribe_reread(self.node_changed)
 
-    def _due(self) -> dict[str, str | None]:
-        return dict(self.fences.due())
+    def _expire(self) -> None:
+        self.fences.expire()
+
+    def _due(self, names: Collection[str] | None) -> dict[str, str | None]:
+        return dict(self.fences.due(names))

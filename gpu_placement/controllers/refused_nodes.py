@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from kubernetes.client import ApiClient
@@ -50,17 +50,22 @@ class RefusedSettings:
     settle_seconds: float = 0.2  # after a change, wait this long for its neighbours: one pass for a burst
     writes_per_second: float = 20.0  # the pace of the patches (a first install labels every refused node once)
     burst: int = 50
+    resync_seconds: float = 300.0  # every node judged, changed or not: what a listener missed is mended
 
 
 def _gpu_node(facts: NodeFacts) -> bool:
     return facts.gpu_present or any(count > 0 for count in facts.allocatable.values()) or facts.dra_devices > 0
 
 
-def refused_due(view: ClusterView, config: Config) -> dict[str, str | None]:
-    """Node -> the label it should carry (a code; None: none) where that differs from what it carries."""
+def refused_due(view: ClusterView, config: Config, names: Iterable[str] | None = None) -> dict[str, str | None]:
+    """Node -> the label it should carry (a code; None: none) where that differs from what it carries; of the
+    nodes `names` (a node gone is not due), or every node. The label is made of the Node and its validator
+    pods only (`node_readiness`): the view marks a node changed on either (ClusterView.subscribe)."""
     due: dict[str, str | None] = {}
     with view.lock:
-        for name, facts in view.nodes.items():
+        nodes = view.nodes
+        judged = nodes.items() if names is None else ((name, nodes[name]) for name in names if name in nodes)
+        for name, facts in judged:
             rejection = node_readiness(facts, view.validator_state(name), config) if _gpu_node(facts) else None
             wanted = rejection.code if rejection is not None else None
             if wanted != facts.refused:
@@ -80,10 +85,10 @@ class RefusedNodes(NodeWriter):
         self.settings = settings or RefusedSettings()
         super().__init__(api, view, namespace, identity, self.settings, clock, REFUSED_LEADING, REFUSED_FAILING,
                          REFUSED_WRITES)
-        view.subscribe(lambda _node: self._wake.set(), lambda _node: None)  # facts or validator changed
+        view.subscribe(self.node_changed, lambda _node: None)  # its facts or its validator pods changed
 
-    def _due(self) -> dict[str, str | None]:
-        return refused_due(self.view, self.config)
+    def _due(self, names: Collection[str] | None) -> dict[str, str | None]:
+        return refused_due(self.view, self.config, names)
 
     def _wrote(self, value: str | None) -> str:
         return f"labelled {LABEL_REFUSED}={value}" if value else f"no longer refused ({LABEL_REFUSED} removed)"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from kubernetes.client import ApiClient
@@ -50,6 +50,7 @@ class SettledSettings:
     settle_seconds: float = 0.2  # after a change, wait this long for its neighbours: one pass for a burst
     writes_per_second: float = 10.0  # the pace of the patches (a first install patches every GPU node once)
     burst: int = 20
+    resync_seconds: float = 300.0  # every node judged, changed or not: what a listener missed is mended
 
 
 class SettledDrivers(NodeWriter):
@@ -63,10 +64,15 @@ class SettledDrivers(NodeWriter):
         self.settings = settings or SettledSettings()
         super().__init__(api, rollout.view, namespace, identity, self.settings, clock, SETTLED_DRIVER_LEADING,
                          SETTLED_DRIVER_FAILING, SETTLED_DRIVER_WRITES)
-        rollout.subscribe(lambda _node: self._wake.set())  # a soak ended or began: a value may be due
+        # every node the rollout re-reads: its Node, its driver or validator pods or its telemetry changed, or
+        # the clock ended its soak (Rollout.expire)
+        rollout.subscribe_reread(self.node_changed)
 
-    def _due(self) -> dict[str, str | None]:
-        return dict(self.rollout.settled_due())
+    def _expire(self) -> None:
+        self.rollout.expire()
+
+    def _due(self, names: Collection[str] | None) -> dict[str, str | None]:
+        return dict(self.rollout.settled_due(names))
 
     def _wrote(self, value: str | None) -> str:
         return f"runs driver {value} settled ({ANN_SETTLED_DRIVER})"

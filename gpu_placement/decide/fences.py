@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
@@ -59,6 +59,7 @@ class Fences:
         self._keys: dict[str, _Key] = {}  # node -> its closed fences as placement last heard
         self._listeners: list[Callable[[str], None]] = []
         self._watchers: list[Watcher] = []
+        self._rereaders: list[Callable[[str], None]] = []
         for event in ("fenced", "lifted"):
             LAUNCH_FENCE_CHANGES.labels(event)  # every series from the start: rate() needs a zero
         if not self.settings.enabled:
@@ -85,6 +86,11 @@ class Fences:
     def subscribe(self, listener: Callable[[str], None]) -> None:
         """`listener(node)`: the node's closed fences changed (placement's verdicts of it)."""
         self._listeners.append(listener)
+
+    def subscribe_reread(self, listener: Callable[[str], None]) -> None:
+        """`listener(node)`: the node was re-read (its Node, its pods, or the clock), whether or not its fences
+        changed: what its annotation is made of may have (the fence writer judges those nodes only)."""
+        self._rereaders.append(listener)
 
     def watch(self, watcher: Watcher) -> None:
         """`watcher(node, fence, lifted_by)`: a fence began (lifted_by None) or was lifted."""
@@ -113,13 +119,16 @@ class Fences:
                 return launch_failures(fence).message
         return None
 
-    def due(self) -> dict[str, str]:
+    def due(self, names: Iterable[str] | None = None) -> dict[str, str]:
         """Nodes whose `gpu-placement.io/launch-fence` should change, with the value to write (the fence
-        leader's work: gpu_placement/controllers/launch_fences.py). Writing it changes no verdict."""
+        leader's work: gpu_placement/controllers/launch_fences.py), of the nodes `names` (those re-read
+        since the writer's last pass: `subscribe_reread`) or every node. Writing it changes no verdict."""
         self.expire()
         with self.view.lock:
             found = {}
-            for name, facts in self.view.nodes.items():
+            nodes = self.view.nodes
+            judged = nodes.items() if names is None else ((name, nodes[name]) for name in names if name in nodes)
+            for name, facts in judged:
                 state = self.states.get(name, NO_FENCES)
                 if state is NO_FENCES and not facts.launch_fence:
                     continue
@@ -158,6 +167,8 @@ class Fences:
             self._failures[pod.node] += 1
 
     def _evaluate(self, name: str, notify: bool = True) -> None:
+        for reread in self._rereaders:
+            reread(name)
         facts = self.view.nodes.get(name)
         old = self.states.get(name, NO_FENCES)
         if old is NO_FENCES and (facts is None or (not facts.launch_fence

@@ -97,6 +97,7 @@ class Rollout:
         self._shares: dict[str, _Share] = {}
         self._due = Deadlines()
         self._listeners: list[Callable[[str], None]] = []
+        self._rereaders: list[Callable[[str], None]] = []
         with view.lock:
             for key, pod in view.pods.items():
                 self._pod_changed(key, pod, notify=False)
@@ -113,6 +114,12 @@ class Rollout:
 
     def subscribe(self, listener: Callable[[str], None]) -> None:
         self._listeners.append(listener)
+
+    def subscribe_reread(self, listener: Callable[[str], None]) -> None:
+        """`listener(node)`: the node's state was re-read (its Node, its driver or validator pods, an XID, or
+        the clock), whether or not it changed: what its settled driver is made of may have (the settled-driver
+        writer judges those nodes only). Called under the view's lock."""
+        self._rereaders.append(listener)
 
     def expire(self) -> None:
         """Soaks that ended by the clock: cheap when none is due (one comparison)."""
@@ -134,13 +141,16 @@ class Rollout:
                                               f.telemetry_nodes) for version, f in self.versions.items()}
         return dict(sorted(copies.items(), key=lambda item: _order(item[0]), reverse=True))
 
-    def settled_due(self) -> dict[str, str]:
+    def settled_due(self, names: Iterable[str] | None = None) -> dict[str, str]:
         """Nodes whose `gpu-placement.io/settled-driver` should change, with the version to write (the rollout
-        leader's work: gpu_placement/controllers/settled_drivers.py). Writing it changes no node's state."""
+        leader's work: gpu_placement/controllers/settled_drivers.py), of the nodes `names` (those re-read since
+        the writer's last pass: `subscribe_reread`) or every node. Writing it changes no node's state."""
         self.expire()
         with self.view.lock:
             due = {}
-            for name, soak in self.states.items():
+            states = self.states
+            judged = states.items() if names is None else ((name, states[name]) for name in names if name in states)
+            for name, soak in judged:
                 facts = self.view.nodes.get(name)
                 version = settled_version(facts, self._driver(name), soak) if facts is not None else None
                 if version is not None and facts is not None and facts.settled_driver != version:
@@ -226,6 +236,8 @@ class Rollout:
 
     def _reevaluate(self, name: str, notify: bool) -> set[str]:
         """Returns the versions whose count of proven nodes crossed zero (first-driver nodes depend on it)."""
+        for reread in self._rereaders:
+            reread(name)
         facts = self.view.nodes.get(name)
         old = self.states.get(name)
         driver = self._driver(name)

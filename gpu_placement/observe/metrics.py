@@ -167,6 +167,11 @@ REFUSED_WRITES = Counter("gpu_placement_refused_nodes_writes",
 REFUSED_FAILING = Gauge("gpu_placement_refused_nodes_failing_objects",
                         "Nodes whose last gpu-placement.io/refused patch failed (each retried on the next turns; "
                         "the log names them and why).", ["lease"])
+# The node writers' passes (gpu_placement/controllers/node_writer.py): refused nodes, settled drivers, launch fences.
+NODE_WRITER_JUDGED = Counter("gpu_placement_node_writer_judged_nodes",
+                             "Nodes a node writer (by its Lease) judged in its passes: `changed`, the nodes changed "
+                             "since its last pass; `full`, every node (first pass, new leader, relist, resync).",
+                             ["lease", "pass"])
 # The outcome counter (gpu_placement/outcomes/counter.py): launch outcomes and node times, counted by one replica.
 OUTCOMES_LEADING = Gauge("gpu_placement_outcomes_leading", "1 on the replica that holds the outcomes Lease and counts "
                          "launch outcomes and node lifecycle times for the cluster, else 0.", ["lease"])

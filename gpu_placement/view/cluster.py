@@ -116,6 +116,9 @@ class ClusterView:
         self.reservations: dict[str, Reservation] = {}
         self.generation = 0  # bumped on every change: cheap "has anything changed" for callers
         self.listed: set[str] = set()  # kinds whose first full list is in
+        # full lists of nodes or pods applied (the first ones too): a node writer, which judges only the nodes
+        # marked changed, judges every node after one (gpu_placement/controllers/node_writer.py)
+        self.relists = 0
         self.listed_at: dict[str, float] = {}  # OBJECT_KINDS -> when their first full list was in (clock)
         # kind -> resourceVersion of the newest event or list the live source applied: how far behind
         # kube-scheduler's informers the view may be (extender/settle.py). Empty for a snapshot.
@@ -346,6 +349,7 @@ class ClusterView:
             for item in pending:
                 upsert(item)
             self.listed.add(kind)
+            self._relisted(kind)
 
     def _replace(self, kind: str, current: dict[str, Any], fresh: dict[str, Any], delete: Callable[[str], None],
                  upsert: Callable[[Any], None]) -> None:
@@ -372,6 +376,11 @@ class ClusterView:
                 time.sleep(0)  # let a request waiting for the lock (or the GIL) in before the next slice
         with self.lock:
             self.listed.add(kind)
+            self._relisted(kind)
+
+    def _relisted(self, kind: str) -> None:
+        if kind in ("nodes", "pods"):
+            self.relists += 1
 
     # -- records without derived figures (OBJECT_KINDS) -------------------------------------------
     def upsert_object(self, kind: str, key: str, record: object) -> None:
