@@ -13,7 +13,11 @@ before it is timed. Each case is then sent, right after, to the floor: the do-no
 server CPU per request is what gpu-placement's own work costs. Only loopback traffic; every loop is
 bounded; the children exit by themselves.
 
-    .venv/bin/python benchmarks/webhook_bench.py [--seconds 5] [--connections 4] [--python-client]
+The service runs with the chart's default configuration (charts/gpu-placement/values.yaml `config`, with the
+names the chart adds to it, so `refusedNodeLabel` is on) plus the demo's pools, which the demo namespaces
+name; `--config demo` runs the demo's configuration instead (as runs before 8 December did).
+
+    .venv/bin/python benchmarks/webhook_bench.py [--seconds 5] [--connections 4] [--python-client] [--config demo]
 """
 
 from __future__ import annotations
@@ -46,7 +50,24 @@ CHILD_DEADLINE_S = 300  # the server child stops by itself after this, whatever 
 
 # -- the server child --------------------------------------------------------------------------------
 
-def serve(cert_dir: str, cpu: int | None, floor: bool) -> int:
+def chart_config() -> dict[str, Any]:
+    """The configuration the chart renders by default (templates/_helpers.tpl `gpu-placement.config`: values.yaml's
+    `config` plus the names set at the top of values.yaml; the release namespace, gpu-placement, exempt too), with
+    the demo's pools added: the demo namespaces name them."""
+    import yaml
+
+    from gpu_placement.app.demo import DEMO_CONFIG
+
+    values = yaml.safe_load((ROOT / "charts" / "gpu-placement" / "values.yaml").read_text())
+    config = dict(values["config"])
+    for key in ("schedulerName", "gpuResources", "sharedResource", "namespaceSelection"):
+        config[key] = values[key]
+    config["exemptNamespaces"] = list(dict.fromkeys([*values["exemptNamespaces"], "gpu-placement"]))
+    config["pools"] = DEMO_CONFIG["pools"]
+    return config
+
+
+def serve(cert_dir: str, cpu: int | None, floor: bool, which: str = "chart") -> int:
     from gpu_placement.app.assembly import core_from_objects
     from gpu_placement.app.demo import DEMO_CONFIG
     from gpu_placement.base.config import parse_config
@@ -59,7 +80,8 @@ def serve(cert_dir: str, cpu: int | None, floor: bool) -> int:
     if cpu is not None:
         os.sched_setaffinity(0, {cpu})
     setup_logging("warning")
-    app = floor_app() if floor else core_from_objects(parse_config(DEMO_CONFIG), demo_objects()).webhook_app()
+    config = parse_config(chart_config() if which == "chart" else DEMO_CONFIG)
+    app = floor_app() if floor else core_from_objects(config, demo_objects()).webhook_app()
     tls = ReloadingTLS(Path(cert_dir) / "tls.crt", Path(cert_dir) / "tls.key")
     with ServerThread(make_server(app, "127.0.0.1", 0, tls=tls)) as server:
         print(server.port, flush=True)
@@ -261,10 +283,10 @@ def _answered(port: int, ca: Path, verb: str, floor: bool) -> float:
 class _Server:
     """A server child pinned to one CPU: the service's webhook app, or the do-nothing floor."""
 
-    def __init__(self, cert_dir: Path, cpu: int, floor: bool) -> None:
+    def __init__(self, cert_dir: Path, cpu: int, floor: bool, which: str = "chart") -> None:
         self.floor = floor
         self.child = subprocess.Popen([sys.executable, __file__, "--serve", str(cert_dir), "--cpu", str(cpu),
-                                       *(["--floor"] if floor else [])],
+                                       "--config", which, *(["--floor"] if floor else [])],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         assert self.child.stdout is not None
         self.port = int(self.child.stdout.readline())
@@ -284,12 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="per case and server (default 5)")
     parser.add_argument("--connections", type=int, default=4, help="wrk keep-alive connections (default 4)")
     parser.add_argument("--python-client", action="store_true", help="use the Python loop even when wrk is there")
+    parser.add_argument("--config", choices=("chart", "demo"), default="chart",
+                        help="the service's configuration: the chart's defaults (with the demo's pools; default) "
+                             "or the demo's")
     parser.add_argument("--serve", metavar="CERT_DIR", help=argparse.SUPPRESS)
     parser.add_argument("--cpu", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        return serve(args.serve, args.cpu, args.floor)
+        return serve(args.serve, args.cpu, args.floor, args.config)
 
     from gpu_placement.web.certs import write_bundle
 
@@ -301,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="webhook-bench-") as tmp:
         work = Path(tmp)
         bundle = write_bundle(work / "certs", "gpu-placement-webhook", "gpu-placement", ("localhost", "127.0.0.1"))
-        servers = [_Server(work / "certs", server_cpu, floor=False), _Server(work / "certs", server_cpu, floor=True)]
+        servers = [_Server(work / "certs", server_cpu, floor=False, which=args.config),
+                   _Server(work / "certs", server_cpu, floor=True)]
         try:
             cases = _prepare(servers[0].port, bundle.ca_cert)
             if use_wrk:  # warm-up, not reported: first requests, allocator, caches
@@ -336,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"webhook over TLS on 127.0.0.1: each server pinned to CPU {server_cpu} (one uvicorn event loop), client "
           f"{'on CPU ' + str(client_cpu) if client_cpu is not None else 'sharing it'}; load: {how}; "
           f"{args.seconds:g} s per case and server; load average {load_before:.1f} at the start, "
-          f"{os.getloadavg()[0]:.1f} at the end")
+          f"{os.getloadavg()[0]:.1f} at the end; the {args.config}'s configuration")
     print(f"floor: the do-nothing webhook (tests/floor_webhook.py: same uvicorn, TLS, Starlette, body reader, orjson; "
           f"allows everything), sent the same requests right after ours\ngoals: server CPU per request <= "
           f"{TARGET_CPU_RATIO:g}x the floor's, >= {TARGET_CORE_RPS:,.0f} requests/s per core (1 s / CPU per request); "

@@ -159,6 +159,8 @@ class Admission:
         self.reservations = Reservations(view, due, listed=api is not None)
         self.reader = NamespaceReader(view, api) if api is not None else None
         self.claim_reader = ClaimReader(view, api, dra_version) if api is not None and dra_version else None
+        # config.is_gpu_resource, answered from a dict for the names pods keep asking about (cpu, memory, ...).
+        self.is_gpu_resource = _remembered(config.is_gpu_resource)
 
     def policy(self, namespace: str) -> NamespacePolicy:
         # One dict read (atomic under the GIL); the cache reparses only when the record changed.
@@ -593,7 +595,7 @@ class Admission:
     def _guarded(self, request: AdmissionRequest, decide: Callable[[str, Subject], Decision]) -> Decision:
         uid = request["uid"]
         try:
-            subject = subject_of(request, self.config.is_gpu_resource)
+            subject = subject_of(request, self.is_gpu_resource)
         except BadPod as exc:
             return Decision(denied(uid, str(exc), 400, "BadRequest"), BAD_POD, request.get("namespace", ""),
                             request.get("name", ""), [str(exc)])
@@ -607,6 +609,21 @@ class Admission:
     def _decision(response: AdmissionResponse, reason: str, subject: Subject,
                   problems: list[str] | None = None) -> Decision:
         return Decision(response, reason, subject.namespace, subject.name, problems or [], subject.uid)
+
+
+def _remembered(test: Callable[[str], bool], limit: int = 1024) -> Callable[[str], bool]:
+    """`test`, its answers kept for the first `limit` names asked (a review may name anything: bounded)."""
+    known: dict[str, bool] = {}
+
+    def remembered(name: str) -> bool:
+        answer = known.get(name)
+        if answer is None:
+            answer = test(name)
+            if len(known) < limit:
+                known[name] = answer
+        return answer
+
+    return remembered
 
 
 def _joined(texts: list[str]) -> str:

@@ -14,7 +14,7 @@ the second time. An empty term matches no node in Kubernetes; it is kept empty, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -92,7 +92,8 @@ def _route(spec: Mapping[str, Any], pools: Sequence[Pool], config: Config, keep_
            selector: Mapping[str, str], ops: Patch) -> str:
     """Tolerations, node selection (`selector` plus the pools', and with `refusedNodeLabel`, for a pod gpu-placement
     schedules, not a refused node) and scheduler; returns the scheduler."""
-    wanted = [*config.gpu_tolerations, *(t for pool in pools for t in pool.tolerations)]
+    wanted = [*config.gpu_tolerations, *[t for pool in pools for t in pool.tolerations]] if pools else \
+        config.gpu_tolerations
     _add_tolerations(spec, wanted, ops)
     selector = dict(selector)
     if len(pools) == 1:
@@ -127,8 +128,11 @@ def admitted_value(sharing: Sharing, gpus: GpuRequests, pools: Sequence[Pool], s
 def tolerates_gpu_taint(spec: Mapping[str, Any], config: Config) -> bool:
     """A toleration for the GPU nodes' taint key (nvidia.com/gpu, or a key of gpuTolerations), or a
     bare `operator: Exists`, which tolerates every taint."""
+    tolerations = spec.get("tolerations")
+    if not tolerations:  # most pods
+        return False
     keys = {n.GPU_RESOURCE, *(t.get("key") for t in config.gpu_tolerations if t.get("key"))}
-    for toleration in spec.get("tolerations") or ():
+    for toleration in tolerations:
         key = toleration.get("key") or ""
         if key in keys or (not key and toleration.get("operator") == "Exists"):
             return True
@@ -208,8 +212,10 @@ def _toleration_key(toleration: Mapping[str, Any]) -> tuple[str, str, str, str]:
             toleration.get("effect") or "")
 
 
-def _add_tolerations(spec: Mapping[str, Any], wanted: Iterable[Mapping[str, Any]], ops: Patch) -> None:
+def _add_tolerations(spec: Mapping[str, Any], wanted: Sequence[Mapping[str, Any]], ops: Patch) -> None:
     existing = spec.get("tolerations")
+    if existing and all(t in existing for t in wanted):  # each one there as written (a shaped pod): none missing
+        return
     have = {_toleration_key(t) for t in existing or ()}
     missing = []
     for toleration in wanted:

@@ -142,18 +142,34 @@ def parse_review(body: bytes) -> AdmissionRequest:
     return cast(AdmissionRequest, request)  # the fields the webhook reads, checked just above
 
 
+_GROUPS = (("kind", ("group", "version", "kind")), ("resource", ("group", "version", "resource")))
+
+
 def _check_request(request: Mapping[str, Any]) -> None:
-    """The fields of the request itself (not its pod) that the webhook reads."""
-    shape.opt_str(request["uid"], "request.uid", shape.UID_LIMIT)
+    """The fields of the request itself (not its pod) that the webhook reads. Every review passes here:
+    a field's path is formatted only when it is wrong (the shape functions then raise)."""
+    if len(request["uid"]) > shape.UID_LIMIT:  # a non-empty string (parse_review)
+        shape.opt_str(request["uid"], "request.uid", shape.UID_LIMIT)
     shape.namespace_name(request.get("namespace"), "request.namespace")  # goes into API paths and cache keys
-    shape.opt_str(request.get("name"), "request.name", shape.NAME_LIMIT)
+    name = request.get("name")
+    if name is not None and (name.__class__ is not str or len(name) > shape.NAME_LIMIT):
+        shape.opt_str(name, "request.name", shape.NAME_LIMIT)
     for field in ("operation", "subResource"):
-        shape.opt_str(request.get(field), f"request.{field}")
-    for field, parts in (("kind", ("group", "version", "kind")), ("resource", ("group", "version", "resource"))):
-        gvk = shape.opt_obj(request.get(field), f"request.{field}")
+        value = request.get(field)
+        if value is not None and value.__class__ is not str:
+            shape.opt_str(value, f"request.{field}")
+    for field, parts in _GROUPS:
+        gvk = request.get(field)
+        if gvk is None:
+            continue
+        if gvk.__class__ is not dict:
+            shape.opt_obj(gvk, f"request.{field}")
         for part in parts:
-            shape.opt_str(gvk.get(part), f"request.{field}.{part}", shape.NAME_LIMIT)
-    if not isinstance(request.get("dryRun", False), bool):
+            value = gvk.get(part)
+            if value is not None and (value.__class__ is not str or len(value) > shape.NAME_LIMIT):
+                shape.opt_str(value, f"request.{field}.{part}", shape.NAME_LIMIT)
+    dry_run = request.get("dryRun", False)
+    if dry_run is not True and dry_run is not False:
         shape.fail("request.dryRun", "true or false", request["dryRun"])
 
 
@@ -198,11 +214,11 @@ def subject_of(request: AdmissionRequest, is_gpu_resource: Callable[[str], bool]
     if obj.get("kind", "Pod") != "Pod" or obj.get("apiVersion", "v1") != "v1":
         raise BadPod(f"request.object is {_short(obj.get('apiVersion'))} {_short(obj.get('kind'))}, "
                      "but the review is about a v1 Pod")
-    problem = check_pod(obj, is_gpu_resource)
+    problem, asks = _checked(obj, is_gpu_resource, "request.object")
     if problem:
         raise BadPod(problem)
-    try:
-        gpus = effective_gpu_requests(obj["spec"], is_gpu_resource)
+    try:  # a pod naming no GPU resource (most pods) asks for none
+        gpus = effective_gpu_requests(obj["spec"], is_gpu_resource) if asks else ()
     except QuantityError as exc:  # check_pod vetted every GPU quantity; kept as a backstop
         raise BadPod(f"request.object asks for a GPU resource in a form that is not a quantity: {exc}") from None
     for asked, count in gpus:
@@ -230,19 +246,30 @@ def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool], pa
     """The first field the webhook reads that has the wrong shape, as a sentence naming its path
     (`request.object.spec.containers[0].resources.limits: expected an object, got a string`); None when
     usable. Everything later code touches is checked here, so the rest can index without guessing."""
+    return _checked(pod, is_gpu_resource, path)[0]
+
+
+def _checked(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool], path: str) -> tuple[str | None, bool]:
+    """check_pod's answer, and whether the pod names a GPU resource at all (in any container's requests
+    or limits): when it names none, its effective GPU request is empty."""
     try:
         shape.check_pod(pod, path)
-        shape.obj(pod.get("spec"), f"{path}.spec", "an object (a pod has a spec)")
+        spec: Any = pod.get("spec")
+        if spec.__class__ is not dict:
+            shape.obj(spec, f"{path}.spec", "an object (a pod has a spec)")
         shape.check_pod_scheduling(pod, path)
     except ShapeError as exc:
-        return str(exc)
-    spec = pod["spec"]
+        return str(exc), False
+    asks = False
     for field in ("containers", "initContainers"):
         for index, container in enumerate(spec.get(field) or ()):
-            resources = container.get("resources") or {}
+            resources = container.get("resources")
+            if not resources:
+                continue
             for section in ("requests", "limits"):
                 for name, value in (resources.get(section) or {}).items():
                     if is_gpu_resource(name):
+                        asks = True
                         try:
                             # checked before the core parser: see gpu_placement/base/quantity.py
                             count = to_count(value)
@@ -250,8 +277,9 @@ def check_pod(pod: Mapping[str, Any], is_gpu_resource: Callable[[str], bool], pa
                         except QuantityProblem as exc:
                             problem = str(exc)
                         if problem:
-                            return f"{shape.key(f'{path}.spec.{field}[{index}].resources.{section}', name)}: {problem}"
-    return None
+                            where = shape.key(f"{path}.spec.{field}[{index}].resources.{section}", name)
+                            return f"{where}: {problem}", True
+    return None, asks
 
 
 def bad_update(new: Any, old: Any) -> str | None:

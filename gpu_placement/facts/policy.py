@@ -81,7 +81,11 @@ class NamespacePolicy:
     @property
     def shapes_ok(self) -> bool:
         """The annotations that decide how pods are shaped parsed: /mutate may change pods."""
-        return not {n.ANN_SHARING, n.ANN_POOLS, n.ANN_ALLOCATION} & self.errors.keys()
+        errors = self.errors
+        return not errors or not _SHAPING & errors.keys()
+
+
+_SHAPING = frozenset({n.ANN_SHARING, n.ANN_POOLS, n.ANN_ALLOCATION})  # the annotations shapes_ok needs parsed
 
 
 def parse_policy(record: NamespaceRecord | None, name: str, config: Config) -> NamespacePolicy:
@@ -193,9 +197,9 @@ def pod_annotation_problems(annotations: Mapping[str, str], where: str) -> tuple
             sharing = parse_sharing(_plain(raw))
         except ValueError as exc:
             problems.append(_sentence(n.ANN_SHARING, raw, where, exc))
-    checks = {n.ANN_GPU_MEMORY: _parse_memory, n.ANN_PRODUCTS: _parse_products, n.ANN_CUDA: parse_version,
-              n.ANN_MIN_DRIVER: parse_version, n.ANN_MIN_COMPUTE: parse_version, n.ANN_CUDA_COMPAT: _parse_compat}
-    for key, parse in checks.items():
+    if not annotations:  # most pods: nothing to parse
+        return sharing, problems
+    for key, parse in _POD_CHECKS:
         raw = annotations.get(key)
         if raw is not None:
             try:
@@ -287,6 +291,12 @@ def _parse_compat(text: str) -> str:
     if text not in ("", "minor", "none"):
         raise ValueError(f"{quoted(text)} is not minor or none")
     return text
+
+
+# The pod annotations pod_annotation_problems parses beside the sharing ask, each with its parser, in that order.
+_POD_CHECKS: tuple[tuple[str, Callable[[str], object]], ...] = (
+    (n.ANN_GPU_MEMORY, _parse_memory), (n.ANN_PRODUCTS, _parse_products), (n.ANN_CUDA, parse_version),
+    (n.ANN_MIN_DRIVER, parse_version), (n.ANN_MIN_COMPUTE, parse_version), (n.ANN_CUDA_COMPAT, _parse_compat))
 
 
 def _sentence(key: str, raw: str, where: str, exc: Exception) -> str:

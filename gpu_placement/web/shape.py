@@ -111,6 +111,8 @@ def opt_str(value: Any, path: str, limit: int | None = None) -> str:
 def namespace_name(value: Any, path: str) -> str:
     """A namespace name, or None/"" (a cluster-scoped object has none). The webhook puts it into API
     paths and keys its caches by it: anything else (`../x`, `a?watch=true`) is refused here."""
+    if value.__class__ is str and value in _NAMESPACES_SEEN:  # every review names one: checked once each
+        return value
     text = opt_str(value, path)
     if not text:
         return ""
@@ -118,7 +120,14 @@ def namespace_name(value: Any, path: str) -> str:
         raise ShapeError(path, _NAMESPACE, f"{len(text)} characters")
     if _DNS_LABEL.fullmatch(text) is None:
         fail(path, _NAMESPACE, text)
+    if len(_NAMESPACES_SEEN) < _NAMESPACES_KEPT:
+        _NAMESPACES_SEEN.add(text)
     return text
+
+
+# Namespace names namespace_name passed, kept up to a bound (a caller may send any number of names).
+_NAMESPACES_SEEN: set[str] = set()
+_NAMESPACES_KEPT = 10_000
 
 
 def name(value: Any, path: str, limit: int = NAME_LIMIT) -> str:
@@ -151,6 +160,11 @@ def objects(value: Any, path: str) -> list[dict[str, Any]]:
 def check_depth(value: Any, path: str, limit: int) -> None:
     """No more than `limit` levels of arrays and objects (the value itself is level 1). Iterative: the
     value may be nested deeper than Python's recursion limit."""
+    if _too_deep(value, limit):
+        raise ShapeError(path, f"at most {limit} levels of nesting", "deeper")
+
+
+def _too_deep(value: Any, limit: int) -> bool:
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -162,22 +176,30 @@ def check_depth(value: Any, path: str, limit: int) -> None:
         else:
             continue
         if depth > limit:
-            raise ShapeError(path, f"at most {limit} levels of nesting", "deeper")
+            return True
         for child in children:
             if child.__class__ is dict or child.__class__ is list:
                 stack.append((child, depth + 1))
+    return False
 
 
 # -- the pod --------------------------------------------------------------------------------------
 # The webhook checks every review and the extender every /filter: paths are formatted only when a
 # field is wrong, and the common case is a dict lookup and a class comparison per field.
 
-def _strings(parent: Mapping[str, Any], fields: tuple[str, ...], path: str, limit: int | None = None) -> None:
-    """Each of `fields` in `parent` absent, null or a string (of at most `limit` characters)."""
+def _strings(parent: Mapping[str, Any], fields: tuple[str, ...], path: str, limit: int | None = None,
+             within: str = "") -> None:
+    """Each of `fields` in `parent` (at `path` + `within`: joined only to say what is wrong) absent, null or a
+    string (of at most `limit` characters)."""
     for field in fields:
         value = parent.get(field)
         if value is not None and (value.__class__ is not str or (limit is not None and len(value) > limit)):
-            opt_str(value, f"{path}.{field}", limit)
+            opt_str(value, f"{path}{within}.{field}", limit)
+
+
+def _objects(value: Any) -> bool:
+    """`objects` would pass it: None, or a list of objects."""
+    return value is None or (value.__class__ is list and all(item.__class__ is dict for item in value))
 
 
 def check_pod(value: Any, path: str) -> dict[str, Any]:
@@ -187,10 +209,11 @@ def check_pod(value: Any, path: str) -> dict[str, Any]:
     pod = obj(value, path, "a v1.Pod object")
     meta = pod.get("metadata")
     if meta is not None:
-        obj(meta, f"{path}.metadata")
-        _strings(meta, ("name", "generateName"), f"{path}.metadata", NAME_LIMIT)
-        _strings(meta, ("namespace",), f"{path}.metadata", LABEL_LIMIT)
-        _strings(meta, ("uid",), f"{path}.metadata", UID_LIMIT)
+        if meta.__class__ is not dict:
+            obj(meta, f"{path}.metadata")
+        _strings(meta, ("name", "generateName"), path, NAME_LIMIT, ".metadata")
+        _strings(meta, ("namespace",), path, LABEL_LIMIT, ".metadata")
+        _strings(meta, ("uid",), path, UID_LIMIT, ".metadata")
         annotations = meta.get("annotations")
         if annotations is not None and (annotations.__class__ is not dict or
                                         not set(map(type, annotations.values())) <= _STR):
@@ -198,7 +221,8 @@ def check_pod(value: Any, path: str) -> dict[str, Any]:
     spec = pod.get("spec")
     if spec is None:
         return pod
-    obj(spec, f"{path}.spec")
+    if spec.__class__ is not dict:
+        obj(spec, f"{path}.spec")
     for field in ("containers", "initContainers"):
         containers = spec.get(field)
         if containers is None:
@@ -232,10 +256,11 @@ def _check_container(container: Mapping[str, Any], pod_path: str, field: str, in
         for number, item in enumerate(objects(env, f"{where()}.env") if env.__class__ is not list else env):
             if item.__class__ is not dict:
                 fail(f"{where()}.env[{number}]", "an object", item)
-            for name in ("name", "value"):
-                value = item.get(name)
-                if value is not None and value.__class__ is not str:
-                    fail(f"{where()}.env[{number}].{name}", "a string", value)
+            if item.get("name").__class__ not in _OPT_STR or item.get("value").__class__ not in _OPT_STR:
+                for name in ("name", "value"):
+                    value = item.get(name)
+                    if value is not None and value.__class__ is not str:
+                        fail(f"{where()}.env[{number}].{name}", "a string", value)
     resources = container.get("resources")
     if resources is None:
         return
@@ -261,13 +286,18 @@ def check_pod_scheduling(pod: Mapping[str, Any], path: str) -> None:
     meta = pod.get("metadata") or {}
     owners = meta.get("ownerReferences")
     if owners is not None:
-        for index, owner in enumerate(objects(owners, f"{path}.metadata.ownerReferences")):
-            _strings(owner, ("kind",), f"{path}.metadata.ownerReferences[{index}]")
+        if not _objects(owners):
+            objects(owners, f"{path}.metadata.ownerReferences")
+        for index, owner in enumerate(owners):
+            if owner.get("kind").__class__ not in _OPT_STR:
+                _strings(owner, ("kind",), path, within=f".metadata.ownerReferences[{index}]")
     spec = pod.get("spec") or {}
-    _strings(spec, ("schedulerName", "nodeName"), f"{path}.spec", NAME_LIMIT)
+    _strings(spec, ("schedulerName", "nodeName"), path, NAME_LIMIT, ".spec")
     tolerations = spec.get("tolerations")
     if tolerations is not None:
-        for index, toleration in enumerate(objects(tolerations, f"{path}.spec.tolerations")):
+        if not _objects(tolerations):
+            objects(tolerations, f"{path}.spec.tolerations")
+        for index, toleration in enumerate(tolerations):
             if not set(map(type, toleration.values())) <= _TOLERATION:  # tolerationSeconds is a number
                 _strings(toleration, ("key", "operator", "value", "effect"), f"{path}.spec.tolerations[{index}]")
     selector = spec.get("nodeSelector")
@@ -276,23 +306,34 @@ def check_pod_scheduling(pod: Mapping[str, Any], path: str) -> None:
     affinity = spec.get("affinity")
     if affinity is None:
         return
-    where = f"{path}.spec.affinity"
-    node = obj(affinity, where).get("nodeAffinity")
+    # Every GPU pod /mutate shapes carries one (gpu-placement.io/refused, config refusedNodeLabel): paths are
+    # joined only for a field that is wrong.
+    if affinity.__class__ is not dict:
+        obj(affinity, f"{path}.spec.affinity")
+    node = affinity.get("nodeAffinity")
     if node is None:
         return
-    where = f"{where}.nodeAffinity"
-    required = obj(node, where).get("requiredDuringSchedulingIgnoredDuringExecution")
+    if node.__class__ is not dict:
+        obj(node, f"{path}.spec.affinity.nodeAffinity")
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
     if required is None:
         return
-    where = f"{where}.requiredDuringSchedulingIgnoredDuringExecution"
-    for index, term in enumerate(objects(obj(required, where).get("nodeSelectorTerms"), f"{where}.nodeSelectorTerms")):
-        term_path = f"{where}.nodeSelectorTerms[{index}]"
+    if required.__class__ is not dict:
+        obj(required, f"{path}{_REQUIRED}")
+    terms = required.get("nodeSelectorTerms")
+    if not _objects(terms):
+        objects(terms, f"{path}{_REQUIRED}.nodeSelectorTerms")
+    for index, term in enumerate(terms or ()):
         for field in ("matchExpressions", "matchFields"):
-            objects(term.get(field), f"{term_path}.{field}")
-        check_depth(term, term_path, _TERM_DEPTH)
+            if not _objects(term.get(field)):
+                objects(term.get(field), f"{path}{_REQUIRED}.nodeSelectorTerms[{index}].{field}")
+        if _too_deep(term, _TERM_DEPTH):
+            check_depth(term, f"{path}{_REQUIRED}.nodeSelectorTerms[{index}]", _TERM_DEPTH)
 
 
 _STR = {str}
+_REQUIRED = ".spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"  # a path's middle
+_OPT_STR = frozenset({str, type(None)})
 _QUANTITY = {str, int, float}
 _TOLERATION = {str, int, type(None)}
 # A term sits 7 levels deep in the patch that carries it (list, op, value, nodeAffinity, required,
