@@ -23,6 +23,7 @@ from starlette.requests import Request
 from extender.args import WireError, json_object, pod_label
 from extender.binding import Binder, BindError
 from extender.preempt import preempt
+from extender.sample import OUTSIDE_SAMPLE, may_be_cut, outside_sample, refused_as_unresolvable
 from extender.state import BIND_REFUSED, DEFAULT_MAX_BODY, Extender, extender, pod_key_of
 from extender.wire import ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement.decide.nominated import keep_for_nominated
@@ -89,8 +90,11 @@ async def filter_(request: Request) -> ORJSONResponse:
         if why is not None and await settle.wait(key, why, version):
             result, encoded = _decide(ex, pod, req, names, objects, maps=not tiered or debug)
         settle.answered(key, uid, version, result)
+        if not result.passed:
+            encoded = _outside_sample(ex, pod, req, names, objects, result) or encoded
     elif result.passed:
         settle.forget(pod_key_of(pod))
+        ex.samples.forget(pod_key_of(pod))
     if result.passed and tiered:
         encoded = _best_tier(ex, pod, req, result, objects)
     assert encoded is not None  # a partial result passes some node: answered by its tier
@@ -190,6 +194,35 @@ def _best_tier(ex: Extender, pod: dict[str, Any], req: Requirements, result: Fil
     if len(chosen) == 1:
         ex.hold(pod, req, chosen[0])
     return _encode_filter(FilterResult(chosen), objects)
+
+
+def _outside_sample(ex: Extender, pod: dict[str, Any], req: Requirements, names: list[str],
+                    objects: list[dict[str, Any]] | None, result: FilterResult) -> bytes | None:
+    """The answer when no name sent passes, the names can be kube-scheduler's sample cut short, and nodes
+    outside them pass: every refusal unresolvable, so preemption evicts nothing for a pod that fits elsewhere
+    (extender/sample.py). None: answer as the verdict says."""
+    asked = frozenset(names)
+    all_nodes = len(ex.view.nodes)
+    if not may_be_cut(len(asked), all_nodes, ex.placement.config.percentage_of_nodes_to_score):
+        return None
+    outside = ex.placement.passing_outside(req, asked)
+    if outside:  # room kept for nominated pods is not room for this one
+        kept = keep_for_nominated(ex.placement, req, FilterResult(outside), pod_priority(pod.get("spec") or {}),
+                                  pod_key_of(pod), str((pod.get("metadata") or {}).get("uid") or ""))
+        outside = kept.passed
+    if not outside:
+        return None
+    key, uid = pod_key_of(pod), str((pod.get("metadata") or {}).get("uid") or "")
+    if not ex.samples.allow(key, uid, len(asked), all_nodes):
+        log.info("filter pod=%s: none of the %d nodes sent fits, %d outside them do, answered as is (preemption "
+                 "may act): its samples have gone round the %d nodes", pod_label(pod), len(asked), len(outside),
+                 all_nodes)
+        return None
+    ex.decisions.count(OUTSIDE_SAMPLE)
+    log.info("filter pod=%s: none of the %d nodes sent fits, %d outside them do (of %d): answered %s",
+             pod_label(pod), len(asked), len(outside), all_nodes, OUTSIDE_SAMPLE)
+    sentence = outside_sample(len(outside), len(asked), result.reasons)
+    return _encode_filter(refused_as_unresolvable(result, sentence), objects)
 
 
 # -- /bind: the fit checked again, then the Binding ------------------------------------------------------------

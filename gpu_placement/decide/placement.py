@@ -291,6 +291,15 @@ class Placement:
             scores = self._verdicts(req).scores
             return [(name, scores.get(name, 0)) for name in names]
 
+    def passing_outside(self, req: Requirements, asked: AbstractSet[str]) -> list[str]:
+        """The nodes this kind passes now that are not in `asked`: for a /filter that passed none of the
+        names kube-scheduler sent (extender/sample.py). A walk over the kind's passing set, so only on
+        that rare path."""
+        if not req.wants_gpu or req.error is not None:
+            return []
+        with self.view.lock:
+            return [name for name in self._verdicts(req).passing if name not in asked]
+
     def tier(self, req: Requirements, passed: Sequence[str], size: int | None = None) -> list[str]:
         """The best tier of `passed` (names `filter` passed): the nodes tied at this kind's highest score,
         at most `size` (default `scoring.tierSize`) drawn at random, so that a burst on equal nodes spreads
