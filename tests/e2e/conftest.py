@@ -13,7 +13,7 @@ import itertools
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,6 +184,29 @@ class E2E:
                     verb = line.split('verb="', 1)[1].split('"', 1)[0]
                     totals[verb] = totals.get(verb, 0.0) + float(line.rsplit(" ", 1)[1])
         return totals
+
+    def webhook_pod_events(self) -> list[float]:
+        """Pod watch events each live webhook replica has applied to its view (its /metrics)."""
+        counts = []
+        for pod in self.webhooks:
+            if not pod.procs["webhook"].alive():
+                continue
+            text = httpx.get(self.webhook_url(pod, "/metrics"), verify=False, timeout=5).text
+            counts.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                              if line.startswith('gpu_placement_watch_events_total{kind="pods"')))
+        return counts
+
+    def created_and_seen(self, create: Callable[[], httpx.Response]) -> httpx.Response:
+        """`create`, then wait until every webhook replica's view has applied a pod event since: the
+        namespace's quota is each replica's own count (and the holds of the pods it admitted), so a next
+        create that another replica answers sees this pod only once its watch showed it. Until then
+        the mirrored ResourceQuota is the backstop, with the API server's wording."""
+        before = self.webhook_pod_events()
+        response = create()
+        wait_for("every webhook replica's view to show the pod",
+                 lambda: all(after > was for after, was in zip(self.webhook_pod_events(), before, strict=True)),
+                 timeout=30, interval=0.1)
+        return response
 
     # -- test objects
     def namespace(self, prefix: str, annotations: dict[str, str] | None = None, opted_in: bool = True,
