@@ -72,7 +72,10 @@ async def filter_(request: Request) -> ORJSONResponse:
     if req.wants_gpu and req.error is None:  # a pod no node can take is not bound; and its text is not kept
         ex.remember(pod, req)
         ex.release_held(pod)  # its hold from an earlier cycle (a bind that failed, a retry): judged afresh
-    result, encoded = _decide(ex, pod, req, names, objects)
+    # Answered by the best tier when some node passes: the failure maps are then not built (a partial result)
+    tiered = bool(req.wants_gpu and ex.placement.config.scoring.tier_size)
+    debug = log.isEnabledFor(logging.DEBUG)
+    result, encoded = _decide(ex, pod, req, names, objects, maps=not tiered or debug)
     settle = ex.settle
     assert settle is not None
     if not result.passed and req.error is None and (len(result.failed_json) > 2 or
@@ -85,19 +88,20 @@ async def filter_(request: Request) -> ORJSONResponse:
         key, uid, version = pod_key_of(pod), str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
         why = settle.why(key, uid, version, result)
         if why is not None and await settle.wait(key, why, version):
-            result, encoded = _decide(ex, pod, req, names, objects)
+            result, encoded = _decide(ex, pod, req, names, objects, maps=not tiered or debug)
         settle.answered(key, uid, version, result)
         if not result.passed:
             encoded = _outside_sample(ex, pod, req, names, objects, result) or encoded
     elif result.passed:
         settle.forget(pod_key_of(pod))
         ex.samples.forget(pod_key_of(pod))
-    if result.passed and req.wants_gpu and ex.placement.config.scoring.tier_size:
+    if result.passed and tiered:
         encoded = _best_tier(ex, pod, req, result, objects)
+    assert encoded is not None  # a partial result passes some node: answered by its tier
     ex.decisions.count_all(result.reasons)  # every refused node's reason, whether the answer lists it or not
     if ex.tracker is not None and req.gpus:
         ex.tracker.filtered(pod_key_of(pod), bool(result.passed), result.reasons)
-    if log.isEnabledFor(logging.DEBUG):
+    if debug:
         short = {name: ex.placement.detail(req, name) for name in islice(orjson.loads(result.failed_json), 20)}
         log.debug("filter pod=%s needs=%s passed=%d rejected=%s short=%s", pod_label(pod), req.describe(),
                   len(result.passed), dict(result.reasons), short)
@@ -162,13 +166,20 @@ _EDGE = Edge("extender", log, _error_body, {
 # -- /filter's decision and its bytes ------------------------------------------------------------------------
 
 def _decide(ex: Extender, pod: dict[str, Any], req: Requirements, names: list[str],
-            objects: list[dict[str, Any]] | None) -> tuple[FilterResult, bytes]:
-    """The verdict and its bytes; raises ShapeError for a passing node too deep to echo back."""
-    result = ex.placement.filter(req, names)  # a kind's unchanged answer comes back with its bytes
+            objects: list[dict[str, Any]] | None, maps: bool = True) -> tuple[FilterResult, bytes | None]:
+    """The verdict and its bytes; raises ShapeError for a passing node too deep to echo back. With `maps`
+    False the result may be partial (`Placement.filter`): some node passes, and no bytes (None) are made,
+    for the caller answers with the best tier."""
+    result = ex.placement.filter(req, names, maps)  # a kind's unchanged answer comes back with its bytes
     # Room preemption made for a nominated pod of equal or higher priority stays its (nominated.py).
-    result = keep_for_nominated(ex.placement, req, result, pod_priority(pod.get("spec") or {}), pod_key_of(pod),
-                                str((pod.get("metadata") or {}).get("uid") or ""))
-    return result, _encode_filter(result, objects)
+    priority, key, uid = (pod_priority(pod.get("spec") or {}), pod_key_of(pod),
+                          str((pod.get("metadata") or {}).get("uid") or ""))
+    kept = keep_for_nominated(ex.placement, req, result, priority, key, uid)
+    if kept is not result and result.partial:  # a node moved to FailedNodes: beside the others' reasons
+        kept = keep_for_nominated(ex.placement, req, ex.placement.filter(req, names), priority, key, uid)
+    if kept.partial:
+        return kept, None
+    return kept, _encode_filter(kept, objects)
 
 
 def _best_tier(ex: Extender, pod: dict[str, Any], req: Requirements, result: FilterResult,
