@@ -23,6 +23,7 @@ from starlette.requests import Request
 from extender.args import WireError, json_object, pod_label
 from extender.binding import Binder, BindError
 from extender.preempt import preempt
+from extender.sample import OUTSIDE_SAMPLE, may_be_cut, outside_sample, refused_as_unresolvable
 from extender.state import BIND_REFUSED, DEFAULT_MAX_BODY, Extender, extender, pod_key_of
 from extender.wire import ExtenderBindingArgs, ExtenderFilterResult
 from gpu_placement.decide.nominated import keep_for_nominated
@@ -71,7 +72,10 @@ async def filter_(request: Request) -> ORJSONResponse:
     if req.wants_gpu and req.error is None:  # a pod no node can take is not bound; and its text is not kept
         ex.remember(pod, req)
         ex.release_held(pod)  # its hold from an earlier cycle (a bind that failed, a retry): judged afresh
-    result, encoded = _decide(ex, pod, req, names, objects)
+    # Answered by the best tier when some node passes: the failure maps are then not built (a partial result)
+    tiered = bool(req.wants_gpu and ex.placement.config.scoring.tier_size)
+    debug = log.isEnabledFor(logging.DEBUG)
+    result, encoded = _decide(ex, pod, req, names, objects, maps=not tiered or debug)
     settle = ex.settle
     assert settle is not None
     if not result.passed and req.error is None and (len(result.failed_json) > 2 or
@@ -84,16 +88,20 @@ async def filter_(request: Request) -> ORJSONResponse:
         key, uid, version = pod_key_of(pod), str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
         why = settle.why(key, uid, version, result)
         if why is not None and await settle.wait(key, why, version):
-            result, encoded = _decide(ex, pod, req, names, objects)
+            result, encoded = _decide(ex, pod, req, names, objects, maps=not tiered or debug)
         settle.answered(key, uid, version, result)
+        if not result.passed:
+            encoded = _outside_sample(ex, pod, req, names, objects, result) or encoded
     elif result.passed:
         settle.forget(pod_key_of(pod))
-    if result.passed and req.wants_gpu and ex.placement.config.scoring.tier_size:
+        ex.samples.forget(pod_key_of(pod))
+    if result.passed and tiered:
         encoded = _best_tier(ex, pod, req, result, objects)
+    assert encoded is not None  # a partial result passes some node: answered by its tier
     ex.decisions.count_all(result.reasons)  # every refused node's reason, whether the answer lists it or not
     if ex.tracker is not None and req.gpus:
         ex.tracker.filtered(pod_key_of(pod), bool(result.passed), result.reasons)
-    if log.isEnabledFor(logging.DEBUG):
+    if debug:
         short = {name: ex.placement.detail(req, name) for name in islice(orjson.loads(result.failed_json), 20)}
         log.debug("filter pod=%s needs=%s passed=%d rejected=%s short=%s", pod_label(pod), req.describe(),
                   len(result.passed), dict(result.reasons), short)
@@ -158,13 +166,20 @@ _EDGE = Edge("extender", log, _error_body, {
 # -- /filter's decision and its bytes ------------------------------------------------------------------------
 
 def _decide(ex: Extender, pod: dict[str, Any], req: Requirements, names: list[str],
-            objects: list[dict[str, Any]] | None) -> tuple[FilterResult, bytes]:
-    """The verdict and its bytes; raises ShapeError for a passing node too deep to echo back."""
-    result = ex.placement.filter(req, names)  # a kind's unchanged answer comes back with its bytes
+            objects: list[dict[str, Any]] | None, maps: bool = True) -> tuple[FilterResult, bytes | None]:
+    """The verdict and its bytes; raises ShapeError for a passing node too deep to echo back. With `maps`
+    False the result may be partial (`Placement.filter`): some node passes, and no bytes (None) are made,
+    for the caller answers with the best tier."""
+    result = ex.placement.filter(req, names, maps)  # a kind's unchanged answer comes back with its bytes
     # Room preemption made for a nominated pod of equal or higher priority stays its (nominated.py).
-    result = keep_for_nominated(ex.placement, req, result, pod_priority(pod.get("spec") or {}), pod_key_of(pod),
-                                str((pod.get("metadata") or {}).get("uid") or ""))
-    return result, _encode_filter(result, objects)
+    priority, key, uid = (pod_priority(pod.get("spec") or {}), pod_key_of(pod),
+                          str((pod.get("metadata") or {}).get("uid") or ""))
+    kept = keep_for_nominated(ex.placement, req, result, priority, key, uid)
+    if kept is not result and result.partial:  # a node moved to FailedNodes: beside the others' reasons
+        kept = keep_for_nominated(ex.placement, req, ex.placement.filter(req, names), priority, key, uid)
+    if kept.partial:
+        return kept, None
+    return kept, _encode_filter(kept, objects)
 
 
 def _best_tier(ex: Extender, pod: dict[str, Any], req: Requirements, result: FilterResult,
@@ -179,6 +194,35 @@ def _best_tier(ex: Extender, pod: dict[str, Any], req: Requirements, result: Fil
     if len(chosen) == 1:
         ex.hold(pod, req, chosen[0])
     return _encode_filter(FilterResult(chosen), objects)
+
+
+def _outside_sample(ex: Extender, pod: dict[str, Any], req: Requirements, names: list[str],
+                    objects: list[dict[str, Any]] | None, result: FilterResult) -> bytes | None:
+    """The answer when no name sent passes, the names can be kube-scheduler's sample cut short, and nodes
+    outside them pass: every refusal unresolvable, so preemption evicts nothing for a pod that fits elsewhere
+    (extender/sample.py). None: answer as the verdict says."""
+    asked = frozenset(names)
+    all_nodes = len(ex.view.nodes)
+    if not may_be_cut(len(asked), all_nodes, ex.placement.config.percentage_of_nodes_to_score):
+        return None
+    outside = ex.placement.passing_outside(req, asked)
+    if outside:  # room kept for nominated pods is not room for this one
+        kept = keep_for_nominated(ex.placement, req, FilterResult(outside), pod_priority(pod.get("spec") or {}),
+                                  pod_key_of(pod), str((pod.get("metadata") or {}).get("uid") or ""))
+        outside = kept.passed
+    if not outside:
+        return None
+    key, uid = pod_key_of(pod), str((pod.get("metadata") or {}).get("uid") or "")
+    if not ex.samples.allow(key, uid, len(asked), all_nodes):
+        log.info("filter pod=%s: none of the %d nodes sent fits, %d outside them do, answered as is (preemption "
+                 "may act): its samples have gone round the %d nodes", pod_label(pod), len(asked), len(outside),
+                 all_nodes)
+        return None
+    ex.decisions.count(OUTSIDE_SAMPLE)
+    log.info("filter pod=%s: none of the %d nodes sent fits, %d outside them do (of %d): answered %s",
+             pod_label(pod), len(asked), len(outside), all_nodes, OUTSIDE_SAMPLE)
+    sentence = outside_sample(len(outside), len(asked), result.reasons)
+    return _encode_filter(refused_as_unresolvable(result, sentence), objects)
 
 
 # -- /bind: the fit checked again, then the Binding ------------------------------------------------------------

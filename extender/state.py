@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from extender.args import ParsedArgs, parse_extender_args
 from extender.binding import Binder
+from extender.sample import Samples
 from extender.settle import Settle
 from gpu_placement.decide.placement import Placement
 from gpu_placement.decide.requirements import Requirements
@@ -47,6 +48,7 @@ class Extender:
     tracker: ClusterMetrics | None = None  # pods rejected on every node, for gpu_placement_pods_waiting
     decisions: Decisions = field(default_factory=lambda: Decisions("extender"))  # gpu_placement_decisions_total
     settle: Settle | None = None  # when an answer that passes no node waits for the view (extender/settle.py)
+    samples: Samples = field(default_factory=Samples)  # pods answered OutsideSample in a row (extender/sample.py)
     listed: bool = False  # latched: a view once listed in full keeps serving (a dead API server changes nothing)
 
     def __post_init__(self) -> None:

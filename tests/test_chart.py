@@ -317,6 +317,10 @@ def test_scheduler_configuration(rendered: Rendered) -> None:
     # kube-scheduler filters every node before the extender sees them (the default samples big clusters)
     percentage = v["scheduler"]["percentageOfNodesToScore"]
     assert sched.get("percentageOfNodesToScore") == (percentage or None)
+    # and the service knows it: /filter tells a sample kube-scheduler cut short by it (extender/sample.py)
+    from gpu_placement.base.config import parse_config
+
+    assert parse_config(yaml.safe_load(rendered.config_text())).percentage_of_nodes_to_score == (percentage or 0)
     from gpu_placement.app.cli import build_parser
 
     args = build_parser().parse_args(rendered.container("extender")["args"])

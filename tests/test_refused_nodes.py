@@ -171,3 +171,33 @@ def test_off_or_not_our_scheduler_no_affinity() -> None:
     other["spec"]["schedulerName"] = "volcano"
     assert "affinity" not in shaped(other)["spec"]
 
+
+
+# -- explain: what a labelled node is refused for ---------------------------------------------------------------
+
+def test_explain_gives_gpu_placements_reason_for_a_node_kept_out_by_the_label() -> None:
+    """kube-scheduler's message says "didn't match Pod's node affinity/selector" for a labelled node; explain
+    keeps that (its prediction of the message) and gives the node's own reason beside it. A label that lags a
+    node verified since says so; a node the pod's own selector keeps out is not blamed on the label."""
+    from gpu_placement.app.assembly import core_from_objects
+    from gpu_placement.app.explain import Context, explain
+    from gpu_placement.decide.kubefilters import KubeNodes
+
+    labelled = {REFUSED: "NotValidated"}
+    objects = [make_node("good", "h100x8", labels={"pool": "a"}), validator_pod("good"),
+               make_node("unverified", "h100x8", labels={"pool": "a", **labelled}), validator_pod("unverified", False),
+               make_node("lagging", "h100x8", labels={"pool": "a", **labelled}), validator_pod("lagging"),
+               make_node("elsewhere", "h100x8", labels={"pool": "b", **labelled}), validator_pod("elsewhere", False)]
+    core = core_from_objects(LABELLING, objects)
+    pod = gpu_pod()
+    pod["spec"]["nodeSelector"] = {"pool": "a"}
+    found = explain(core, pod, "team", context=Context(nodes=KubeNodes.from_objects(objects)))
+    rows = {v.node: v for v in found.verdicts}
+    assert rows["good"].passed
+    affinity = "NodeAffinity: node(s) didn't match Pod's node affinity/selector"
+    assert [rows[name].reason for name in ("unverified", "lagging", "elsewhere")] == [affinity] * 3
+    assert rows["unverified"].detail.startswith(f"{REFUSED}=NotValidated, gpu-placement's reason: NotValidated: the "
+                                                "nvidia-operator-validator pod on the node is not Ready"), rows
+    assert rows["lagging"].detail == (f"{REFUSED}=NotValidated, gpu-placement's reason: none now (it passes the "
+                                      "node); the label goes with its next patch")
+    assert rows["elsewhere"].detail == "nodeSelector pool=a; the node has pool=b"

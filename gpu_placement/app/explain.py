@@ -12,15 +12,16 @@ import base64
 import copy
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 from starlette.applications import Starlette
 
 from gpu_placement.app.assembly import Core
+from gpu_placement.base.names import LABEL_REFUSED
 from gpu_placement.decide.bypass import Route, new_pod_route, node_name_lines, scheduler_route
-from gpu_placement.decide.kubefilters import KubeNodes, Verdict, fit_error, unmodelled
+from gpu_placement.decide.kubefilters import KubeNodes, Verdict, affinity_matches, fit_error, unmodelled
 from gpu_placement.decide.placement import NodeVerdict
 from gpu_placement.decide.preemption import explain_preemption
 from gpu_placement.decide.requirements import Requirements
@@ -154,6 +155,7 @@ def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bo
         filtered = context.nodes.filter(created)
         rejected = {node: verdict for node, verdict in filtered.verdicts.items() if verdict is not None}
         prefilter = filtered.prefilter
+        rejected.update(_refused_labels(core, req, created, context.nodes, rejected))
     with core.view.lock:
         sent = [node for node in sorted(core.view.nodes) if node not in rejected]
     verdicts = core.placement.explain(req, sent)
@@ -172,6 +174,24 @@ def explain(core: Core, pod: dict[str, Any], namespace: str | None, existing: bo
     found.fragmented = _fragmented(core, found)
     found.health = health
     return found
+
+
+def _refused_labels(core: Core, req: Requirements, pod: dict[str, Any], nodes: KubeNodes,
+                    rejected: dict[str, Verdict]) -> dict[str, Verdict]:
+    """The nodes kube-scheduler's NodeAffinity keeps out only for the label gpu-placement.io/refused (the pod
+    requires it absent: config.refusedNodeLabel), their figures saying so with gpu-placement's own reason for
+    the node now: kube-scheduler's message reads "didn't match Pod's node affinity/selector" for them."""
+    spec = pod.get("spec") or {}
+    labelled = {name: nodes.nodes[name] for name, verdict in rejected.items() if verdict.plugin == "NodeAffinity"
+                and LABEL_REFUSED in nodes.nodes[name].labels}
+    labelled = {name: node for name, node in labelled.items() if affinity_matches(spec, replace(
+        node, labels={k: v for k, v in node.labels.items() if k != LABEL_REFUSED}))}
+    if not labelled:
+        return {}
+    own = {v.node: v.reason for v in core.placement.explain(req, sorted(labelled))}
+    lagging = "none now (it passes the node); the label goes with its next patch"
+    return {name: replace(rejected[name], detail=f"{LABEL_REFUSED}={node.labels[LABEL_REFUSED]}, gpu-placement's "
+                          f"reason: {own.get(name) or lagging}") for name, node in labelled.items()}
 
 
 def _health(core: Core, pod: dict[str, Any], namespace: str) -> list[str]:

@@ -138,6 +138,10 @@ class Config:
     # the GPU pods the webhook shapes off them by a required node affinity: kube-scheduler then drops them
     # before its sample (docs/performance.md, "Nodes refused before kube-scheduler's sample").
     refused_node_label: bool = False
+    # kube-scheduler's percentageOfNodesToScore (the chart passes scheduler.percentageOfNodesToScore): 0, its
+    # adaptive sample, as kube-scheduler without the setting. /filter tells from it whether the names it is
+    # asked can be a sample cut short (gpu_placement/decide/sample.py).
+    percentage_of_nodes_to_score: int = 0
     validator: Validator = field(default_factory=Validator)
     scoring: Scoring = field(default_factory=Scoring)
     telemetry: Telemetry = field(default_factory=Telemetry)
@@ -210,6 +214,7 @@ def parse_config(data: Any) -> Config:
         exempt_namespaces=frozenset(top.take_list("exemptNamespaces", str, sorted(d.exempt_namespaces))),
         protect_gpu_nodes=top.take("protectGpuNodes", bool, d.protect_gpu_nodes),
         refused_node_label=top.take("refusedNodeLabel", bool, d.refused_node_label),
+        percentage_of_nodes_to_score=top.take_percentage("percentageOfNodesToScore", d.percentage_of_nodes_to_score),
         validator=Validator(
             namespace=_name(validator.take("namespace", str, d.validator.namespace), "validator.namespace"),
             selector=_selector(validator.take("selector", str, d.validator.selector.text), "validator.selector"),
@@ -314,6 +319,12 @@ class _Section:
         value: int = self.take(key, int, default)
         if value < 0:
             raise ConfigError(f"{self.prefix}{key} must be an integer, 0 or more, got {value!r}")
+        return value
+
+    def take_percentage(self, key: str, default: int) -> int:
+        value: int = self.take(key, int, default)
+        if not 0 <= value <= 100:
+            raise ConfigError(f"{self.prefix}{key} must be an integer from 0 to 100, got {value!r}")
         return value
 
     def take_weight(self, key: str, default: int) -> int:

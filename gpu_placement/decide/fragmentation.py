@@ -203,8 +203,11 @@ class Fragmentation:
         by_kind: dict[_Kind, list[tuple[int, float]]] = {}
         for (kind, cpu), count in self._used_counts.items():
             by_kind.setdefault(kind, []).append((cpu, count / self._used_total))
-        self._groups = [_group(kind, entries, self._kind_numbers.setdefault(kind, len(self._kind_numbers)))
-                        for kind, entries in by_kind.items()]
+        groups = [_group(kind, entries, self._kind_numbers.setdefault(kind, len(self._kind_numbers)))
+                  for kind, entries in by_kind.items()]
+        if groups == self._groups:  # the same shares (a burst of one kind): every curve, so every score, stands
+            return
+        self._groups = groups
         self._curves.clear()
         self.version += 1
 

@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
-from itertools import compress
+from itertools import compress, repeat
 from operator import add, itemgetter
 from typing import Any
 
@@ -64,6 +64,9 @@ _PER_NODE_BYTES = 410  # table slots, score piece, rank (a dict slot and an int:
 # Its tables and record whatever the cluster's size: tracemalloc, 16 nodes: 14 KB a kind in all, of which the
 # per-node part and fragments are 6.4 KB. Without it, on a small cluster 128 MiB by estimate was 300 MiB.
 _PER_KIND_BYTES = 8 * 1024
+# A failing node's place in its kind's fragments (`_Verdicts.places`): 62 bytes a failing node at 5,000 nodes
+# (sys.getsizeof of the dict and its ints; 176 KB of the 2.36 MB tracemalloc gives a kind there).
+_PER_PLACE_BYTES = 64
 _EMPTY = b"{}"
 _SCORE_ENDS = tuple(b"%d}" % score for score in range(MAX_SCORE + 1))  # a score piece's end, by score
 _NO_NODES: Mapping[str, Any] = {}  # the default of per-resource lookups: not a new dict per call
@@ -83,14 +86,19 @@ class FilterResult:
     unresolvable_json: bytes = _EMPTY  # node -> reason it cannot (FailedAndUnresolvableNodes)
     reasons: Counter[str] = field(default_factory=Counter)  # code -> nodes, for metrics
     encoded: bytes | None = None  # the NodeNames-form response, kept by the extender when it encodes it
+    # The failure maps were not built (`filter(maps=False)` with some node passing): both are empty here,
+    # and only `passed` and `reasons` may be read.
+    partial: bool = False
 
     @property
     def failed(self) -> dict[str, str]:
+        assert not self.partial, "a partial FilterResult has no failure maps"
         failed: dict[str, str] = orjson.loads(self.failed_json)
         return failed
 
     @property
     def unresolvable(self) -> dict[str, str]:
+        assert not self.partial, "a partial FilterResult has no failure maps"
         unresolvable: dict[str, str] = orjson.loads(self.unresolvable_json)
         return unresolvable
 
@@ -118,6 +126,9 @@ class _Verdicts:
     score_json: dict[str, bytes] = field(default_factory=dict)  # b'{"Host":"n1","Score":7}'
     messages: dict[str, str] = field(default_factory=dict)  # failing nodes: the reason
     fragments: dict[str, bytes] = field(default_factory=dict)  # failing nodes: b'"n1":"Code: sentence"'
+    # failing nodes: each one's place in `fragments`' order (numbered as it was put in; see `_known`)
+    places: dict[str, int] = field(default_factory=dict)
+    placed: int = 0  # the next place
     codes: dict[str, str] = field(default_factory=dict)  # failing nodes: the reason code
     resolvable: set[str] = field(default_factory=set)  # failing nodes preemption could help
     by_class: dict[int, Rejection | Need] = field(default_factory=dict)  # static verdict per node class
@@ -147,6 +158,10 @@ class _Answer:
     failed_changed: bool = False  # since `result`: its FailedNodes bytes are joined again, else kept
     unresolvable_changed: bool = False
     strangers: bool = False  # names asked that the view lacks: an answer that echoes them is not kept
+    # An answer built without its failure maps (`filter(maps=False)`): (the failing names the view knows,
+    # those of them preemption could help, the names the view lacks), the very sets `_answer` walks, so
+    # `_materialize` builds `failed`, `unresolvable` and `codes` later in the order `_answer` would have.
+    pending: tuple[AbstractSet[str], AbstractSet[str], AbstractSet[str]] | None = None
 
 
 class Placement:
@@ -188,10 +203,13 @@ class Placement:
                 self.fragmentation.observe(str(meta.get("uid") or ""), req)
         return req
 
-    def filter(self, req: Requirements, names: Sequence[str]) -> FilterResult:
+    def filter(self, req: Requirements, names: Sequence[str], maps: bool = True) -> FilterResult:
         """This kind's answer for these names: its last one while no verdict it depends on changed,
         else built by `_answer`. The passing names come in no particular order: kube-scheduler looks
-        each one up in the nodes it asked about."""
+        each one up in the nodes it asked about. With `maps` False, a caller that reads only `passed`
+        and `reasons` when some node passes (the extender's best tier) may get a `partial` result: the
+        failing nodes counted by reason, their maps not built (the same passing names, in the same
+        order; an answer that passes nothing is always whole)."""
         if not req.wants_gpu:
             return FilterResult(list(names))
         if req.error is not None:
@@ -210,6 +228,9 @@ class Placement:
                     if last.version == verdicts.version:
                         # Nothing this kind's answer depends on changed (a pod bound on a node that
                         # still passes, a heartbeat): the same answer.
+                        if maps and last.pending is not None:
+                            _materialize(verdicts, last)
+                            last.result = _result(last)
                         return last.result
                     if len(changed) <= _PATCH_AT_MOST:
                         return _patch(verdicts, last, last.asked)
@@ -221,7 +242,7 @@ class Placement:
                     if len(differ) + len(changed) <= _PATCH_AT_MOST:
                         removed = differ - asked
                         return _patch(verdicts, last, asked, differ - removed, removed)
-            answer = _answer(verdicts, asked)
+            answer = _answer(verdicts, asked, maps)
             if not answer.strangers:  # else the last answer stays, and the changes it has not taken in
                 verdicts.answer = answer
                 changed.clear()
@@ -281,6 +302,15 @@ class Placement:
         with self.view.lock:
             scores = self._verdicts(req).scores
             return [(name, scores.get(name, 0)) for name in names]
+
+    def passing_outside(self, req: Requirements, asked: AbstractSet[str]) -> list[str]:
+        """The nodes this kind passes now that are not in `asked`: for a /filter that passed none of the
+        names kube-scheduler sent (extender/sample.py). A walk over the kind's passing set, so only on
+        that rare path."""
+        if not req.wants_gpu or req.error is not None:
+            return []
+        with self.view.lock:
+            return [name for name in self._verdicts(req).passing if name not in asked]
 
     def tier(self, req: Requirements, passed: Sequence[str], size: int | None = None) -> list[str]:
         """The best tier of `passed` (names `filter` passed): the nodes tied at this kind's highest score,
@@ -385,7 +415,7 @@ class Placement:
         if key.error is not None:  # preemption or explain asking about a broken ask: not kept (see filter)
             return verdicts
         verdicts.size = (_PER_KIND_BYTES + len(repr(key)) + _PER_NODE_BYTES * len(verdicts.entries)
-                         + sum(map(len, verdicts.fragments.values())))
+                         + sum(map(len, verdicts.fragments.values())) + _PER_PLACE_BYTES * len(verdicts.places))
         self._cache[key] = verdicts
         self._cache_bytes += verdicts.size
         while self._cache_bytes > _CACHE_BYTES and len(self._cache) > 1:  # least recently used first
@@ -430,6 +460,8 @@ class Placement:
             scores[name] = 0
             score_json[name] = b'{"Host":%b,"Score":0}' % name_json
             messages[name] = message
+            verdicts.places[name] = verdicts.placed  # a fresh kind: every name new to `fragments`
+            verdicts.placed += 1
             fragments[name] = name_json + encoded
             codes[name] = entry.code
             if entry.resolvable:
@@ -748,14 +780,24 @@ def _same_names(last: frozenset[str], asked: frozenset[str]) -> bool:
     return len(last) == len(asked) and hash(last) == hash(asked)
 
 
-def _answer(verdicts: _Verdicts, asked: frozenset[str]) -> _Answer:
+def _answer(verdicts: _Verdicts, asked: frozenset[str], maps: bool = True) -> _Answer:
     """The answer built for every name asked: set operations and lookups in C, pieces encoded when
-    each node last changed; Python work only for names not in the view."""
+    each node last changed; Python work only for names not in the view. Without `maps`, when some
+    node passes: the failing names only counted by reason, the rest left to `_materialize`."""
     passed = asked & verdicts.passing
     failing = asked - passed
     fragments, codes = verdicts.fragments, verdicts.codes
-    known = failing.intersection(fragments)
+    known = _known(verdicts, failing)
     resolvable = known & verdicts.resolvable
+    if not maps and passed:
+        strangers = failing - known
+        codes_of = _subset(codes, known)  # kept: a patch takes a node out by the code it had here
+        counts = Counter(codes_of.values())  # in C, in the order below
+        if strangers:
+            counts[UNKNOWN_NODE] += len(strangers)
+        return _Answer(verdicts.version, asked, dict.fromkeys(passed), {}, {}, codes_of, counts,
+                       FilterResult(list(passed), reasons=+counts, partial=True), strangers=bool(strangers),
+                       pending=(known, resolvable, strangers))
     unresolvable = known - resolvable
     answer = _Answer(verdicts.version, asked, dict.fromkeys(passed), _subset(fragments, resolvable),
                      _subset(fragments, unresolvable), _subset(codes, known), Counter(), FilterResult([]))
@@ -769,6 +811,35 @@ def _answer(verdicts: _Verdicts, asked: frozenset[str]) -> _Answer:
     return answer
 
 
+def _materialize(verdicts: _Verdicts, answer: _Answer) -> None:
+    """A partial answer's failure maps, built as `_answer` would have built them: from the same sets,
+    so in the same order (its codes and counts were kept whole). A node whose verdict changed since
+    has its piece as it is now, or an empty one when it passes now or left the view: it is in
+    `verdicts.changed`, so the only callers, `_patch` (which takes it out and puts it back as it stands)
+    and a replay (of an answer nothing changed since), never send that piece."""
+    assert answer.pending is not None
+    known, resolvable, strangers = answer.pending
+    answer.pending = None
+    fragments = verdicts.fragments
+    unresolvable = known - resolvable
+    answer.failed = dict(zip(resolvable, map(fragments.get, resolvable, repeat(b"")), strict=False))  # in C
+    answer.unresolvable = dict(zip(unresolvable, map(fragments.get, unresolvable, repeat(b"")), strict=False))
+    for name in strangers:
+        answer.unresolvable[name] = _fragment(name, unknown_node())
+        answer.codes[name] = UNKNOWN_NODE
+    answer.failed_changed = answer.unresolvable_changed = True
+
+
+def _known(verdicts: _Verdicts, failing: frozenset[str]) -> frozenset[str]:
+    """`failing.intersection(verdicts.fragments)`, the same set made the same way, so that it iterates
+    in the same order (and the answers built from it are the same bytes): its names added one by one
+    in the order of `fragments`. That intersection walks every failing node of the kind (thousands at
+    5,000 nodes); this looks up the names asked (`keys() & failing` walks `failing`) and sorts the few
+    found by their place in `fragments`."""
+    found = verdicts.fragments.keys() & failing
+    return frozenset(sorted(found, key=verdicts.places.__getitem__))
+
+
 def _subset(table: dict[str, Any], names: Iterable[str]) -> dict[str, Any]:
     return dict(zip(names, map(table.__getitem__, names), strict=True))  # in C: no Python step per name
 
@@ -778,6 +849,8 @@ def _patch(verdicts: _Verdicts, answer: _Answer, asked: frozenset[str], added: A
     """The last answer put right for the names `asked`: names no longer asked taken out, and each
     name newly asked or whose verdict changed taken out and put back as it stands now; the others
     are as they were."""
+    if answer.pending is not None:
+        _materialize(verdicts, answer)
     answer.asked = asked
     for name in removed:
         _take_out(answer, name)
@@ -873,6 +946,9 @@ def _set_failure(verdicts: _Verdicts, name: str, code: str, message: str, resolv
     if verdicts.messages.get(name) != message:
         message = sys.intern(message)  # one string per cause, not one per node
         verdicts.messages[name] = message
+        if name not in verdicts.fragments:  # put in last (a name already there keeps its place)
+            verdicts.places[name] = verdicts.placed
+            verdicts.placed += 1
         verdicts.fragments[name] = _fragment(name, message)
         verdicts.codes[name] = code
         changed = True
@@ -887,7 +963,7 @@ def _set_failure(verdicts: _Verdicts, name: str, code: str, message: str, resolv
 def _clear_failure(verdicts: _Verdicts, name: str) -> None:
     if name in verdicts.messages:
         _bump(verdicts, name)
-    for table in (verdicts.messages, verdicts.fragments, verdicts.codes):
+    for table in (verdicts.messages, verdicts.fragments, verdicts.codes, verdicts.places):
         table.pop(name, None)
     verdicts.resolvable.discard(name)
 

@@ -12,7 +12,8 @@ import contextlib
 import itertools
 import json
 import shutil
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +22,11 @@ import pytest
 import yaml
 
 from gpu_placement.base.config import Config
+from gpu_placement.base.names import LABEL_REFUSED
 from gpu_placement.facts.namespaces import NamespaceRecord
 from gpu_placement.facts.policy import parse_policy
 from tests.e2e.cluster import (
+    ADMIN_TOKEN,
     Api,
     ControlPlane,
     Kubelets,
@@ -33,7 +36,7 @@ from tests.e2e.cluster import (
     start_control_plane,
     wait_for,
 )
-from tests.e2e.deploy import NAMESPACE, Pod, find, install, render, wait_ready, webhook_port
+from tests.e2e.deploy import GPU_PLACEMENT, NAMESPACE, Pod, find, install, render, wait_ready, webhook_port
 from tests.e2e.supervisor import Supervisor
 
 Obj = dict[str, Any]
@@ -182,6 +185,29 @@ class E2E:
                     totals[verb] = totals.get(verb, 0.0) + float(line.rsplit(" ", 1)[1])
         return totals
 
+    def webhook_pod_events(self) -> list[float]:
+        """Pod watch events each live webhook replica has applied to its view (its /metrics)."""
+        counts = []
+        for pod in self.webhooks:
+            if not pod.procs["webhook"].alive():
+                continue
+            text = httpx.get(self.webhook_url(pod, "/metrics"), verify=False, timeout=5).text
+            counts.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                              if line.startswith('gpu_placement_watch_events_total{kind="pods"')))
+        return counts
+
+    def created_and_seen(self, create: Callable[[], httpx.Response]) -> httpx.Response:
+        """`create`, then wait until every webhook replica's view has applied a pod event since: the
+        namespace's quota is each replica's own count (and the holds of the pods it admitted), so a next
+        create that another replica answers sees this pod only once its watch showed it. Until then
+        the mirrored ResourceQuota is the backstop, with the API server's wording."""
+        before = self.webhook_pod_events()
+        response = create()
+        wait_for("every webhook replica's view to show the pod",
+                 lambda: all(after > was for after, was in zip(self.webhook_pod_events(), before, strict=True)),
+                 timeout=30, interval=0.1)
+        return response
+
     # -- test objects
     def namespace(self, prefix: str, annotations: dict[str, str] | None = None, opted_in: bool = True,
                   wait_quota: bool = True) -> str:
@@ -303,6 +329,48 @@ class E2E:
                     return dict(cond)
             return None
         return dict(wait_for(f"pod {namespace}/{name} PodScheduled=False", unschedulable, timeout=timeout))
+
+    def unschedulable_message(self, namespace: str, name: str, part: str, timeout: float = 30.0) -> str:
+        """kube-scheduler's PodScheduled=False message once it holds `part` (it retries an unschedulable pod
+        as the cluster changes: the message a user reads is the last one); the last seen in the error."""
+        seen: list[str] = []
+
+        def holds() -> str | None:
+            for cond in self.pod(namespace, name).get("status", {}).get("conditions", []):
+                if cond["type"] == "PodScheduled" and cond["status"] == "False":
+                    seen[:] = [str(cond["message"])]
+            return seen[0] if seen and part in seen[0] else None
+        try:
+            return str(wait_for(f"pod {namespace}/{name}'s PodScheduled message with {part!r}", holds,
+                                timeout=timeout, interval=0.3))
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; the last: {seen[0] if seen else None}") from None
+
+    def refused_label(self, node: str) -> str | None:
+        """gpu-placement.io/refused as the node carries it (config.refusedNodeLabel: the webhook's leader
+        writes the code of the node-level reason every GPU pod is refused there for)."""
+        labels = self.api.get(f"/api/v1/nodes/{node}")["metadata"].get("labels") or {}
+        value = labels.get(LABEL_REFUSED)
+        return str(value) if value is not None else None
+
+    def wait_refused(self, expected: dict[str, str | None], timeout: float = 30.0) -> None:
+        """Until each node carries gpu-placement.io/refused=<code> (None: no such label)."""
+        def labelled() -> bool:
+            return all(self.refused_label(node) == code for node, code in expected.items())
+        try:
+            wait_for(f"gpu-placement.io/refused on {sorted(expected)}", labelled, timeout=timeout, interval=0.2)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}: {({node: self.refused_label(node) for node in expected})}") from None
+
+    def explain(self, namespace: str, name: str) -> Obj:
+        """`gpu-placement explain pod/NAME -n NS -o json` as a platform engineer runs it, through a kubeconfig
+        against the live API server, with the chart's deployed configuration."""
+        kubeconfig = self.api.kubeconfig(self.plane.work / "explain.kubeconfig", ADMIN_TOKEN, "e2e-admin")
+        done = subprocess.run([GPU_PLACEMENT, "explain", f"pod/{name}", "-n", namespace, "--kubeconfig",
+                               str(kubeconfig), "-o", "json"], capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert done.returncode in (0, 4), done.stdout[-2000:] + done.stderr[-2000:]
+        return dict(json.loads(done.stdout))
 
     def events(self, namespace: str, name: str) -> list[Obj]:
         items = self.api.get(f"/api/v1/namespaces/{namespace}/events",

@@ -12,10 +12,12 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gpu_placement.app.cli import main
 from gpu_placement.base.config import Config
+from gpu_placement.decide.kubefilters import AFFINITY
 from gpu_placement.kube.api import load_api_client
 from gpu_placement.samples.cluster import validator_pod
 from gpu_placement.samples.dra import device_classes
@@ -88,6 +90,7 @@ def test_a_dra_pod_gets_no_device_of_an_unverified_node_and_lands_once_it_is_ver
     [node] = dra_nodes(e2e, plugin, group, [("a", False, {})])
     found = wait_rule(e2e, node, "NotValidated")
     assert found is not None
+    e2e.wait_refused({node: "NotValidated"})  # config.refusedNodeLabel: kube-scheduler keeps our pods off it too
     assert found["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com", "pool": node}
     assert found["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpu-placement"
 
@@ -101,13 +104,16 @@ def test_a_dra_pod_gets_no_device_of_an_unverified_node_and_lands_once_it_is_ver
     other = claim_pod(e2e, "gpu-operator", f"other-{group}", group, f"one-gpu-{group}")
     assert other["spec"]["schedulerName"] == "default-scheduler"
 
-    for namespace, name in ((ns, "train"), ("gpu-operator", f"other-{group}")):
-        cond = e2e.scheduled_condition(namespace, name)
-        assert "cannot allocate all claims" in cond["message"], cond  # the allocator refused the tainted devices
+    # gpu-placement's pod: the node's label keeps it out (NodeAffinity filters before DynamicResources); the
+    # other scheduler's pod: the allocator refuses the tainted devices.
+    for namespace, name, why in ((ns, "train", AFFINITY), ("gpu-operator", f"other-{group}",
+                                                         "cannot allocate all claims")):
+        e2e.unschedulable_message(namespace, name, why)
         assert allocation(e2e, namespace, name) == []
 
     e2e.kubelets.set_pod_ready("gpu-operator", f"nvidia-operator-validator-{node}", True)
     wait_rule(e2e, node, None)
+    e2e.wait_refused({node: None})
     for namespace, name in ((ns, "train"), ("gpu-operator", f"other-{group}")):
         assert e2e.wait_bound(namespace, name, timeout=60) == node
         [device] = allocation(e2e, namespace, name)
@@ -188,12 +194,13 @@ def test_the_extender_judges_dra_pods_where_the_taint_only_reports(e2e: E2E, plu
         group = "s19-dry-run"
         [bad, good] = dra_nodes(e2e, plugin, group, [("bad", False, {}), ("good", True, {})])
         wait_rule(e2e, bad, "NotValidated", effect="None")
+        e2e.wait_refused({bad: "NotValidated", good: None})
         assert rule(e2e, good) is None
         ns = e2e.namespace("dra-dry")
         template(e2e, ns)
         for i in range(2):
             claim_pod(e2e, ns, f"p{i}", group)
-            assert e2e.wait_bound(ns, f"p{i}", timeout=60) == good  # never `bad`: the extender said NotValidated
+            assert e2e.wait_bound(ns, f"p{i}", timeout=60) == good  # never `bad`: its label says NotValidated
         template(e2e, "gpu-operator", f"one-gpu-{group}")
         claim_pod(e2e, "gpu-operator", f"other-{group}", group, f"one-gpu-{group}")
         e2e.api.merge_patch(f"/api/v1/nodes/{good}", {"metadata": {"labels": {"e2e-group": "s19-parked"}}})
@@ -209,12 +216,14 @@ def test_a_driver_upgrade_taints_and_untaints(e2e: E2E, plugin: DraPlugin) -> No
     path = f"/api/v1/nodes/{node}"
     e2e.api.merge_patch(path, {"metadata": {"labels": {"nvidia.com/gpu-driver-upgrade-state": "drain-required"}}})
     wait_rule(e2e, node, "DriverUpgrade")
+    e2e.wait_refused({node: "DriverUpgrade"})
     ns = e2e.namespace("dra-upgrade")
     template(e2e, ns)
     claim_pod(e2e, ns, "waits", group)
-    assert "cannot allocate all claims" in e2e.scheduled_condition(ns, "waits")["message"]
+    e2e.unschedulable_message(ns, "waits", AFFINITY)  # the label, before the allocator meets the rule
     e2e.api.merge_patch(path, {"metadata": {"labels": {"nvidia.com/gpu-driver-upgrade-state": "upgrade-done"}}})
     wait_rule(e2e, node, None)
+    e2e.wait_refused({node: None})
     assert e2e.wait_bound(ns, "waits", timeout=60) == node
 
 
@@ -226,10 +235,14 @@ def test_nvidia_gpu_served_by_dra_still_goes_through_the_extender(e2e: E2E, plug
     try:
         group = "s19-extended"
         [node] = dra_nodes(e2e, plugin, group, [("a", False, {})])
+        e2e.wait_refused({node: "NotValidated"})  # a DRA-only node is a GPU node: labelled too
         ns = e2e.namespace("dra-extended")
         assert e2e.gpu_pod(ns, "classic", group).status_code == 201
-        cond = e2e.scheduled_condition(ns, "classic")
-        assert "NotValidated" in cond["message"], cond  # the extender's reason, on a DRA-only node
+        e2e.unschedulable_message(ns, "classic", AFFINITY)
+        # The extender's own verdict for the pod on that node: it judges it (interested: a GPU resource).
+        answer = httpx.post(f"{e2e.extender_url()}/filter", timeout=10, content=json.dumps(
+            {"Pod": e2e.pod(ns, "classic"), "Nodes": None, "NodeNames": [node]})).json()
+        assert answer["FailedAndUnresolvableNodes"][node].startswith("NotValidated: "), answer
         e2e.kubelets.set_pod_ready("gpu-operator", f"nvidia-operator-validator-{node}", True)
         # kube-scheduler retries the pod at once on the validator's update, often before the extender's
         # watch has it; answered NotValidated then, the pod would wait for the next event it listens to
@@ -256,6 +269,7 @@ def test_an_unchanged_nvidia_gpu_pod_lands_on_the_verified_dra_node_and_never_on
     group = "s19-kep5004"
     verified, unverified = dra_nodes(e2e, plugin, group, [("ok", True, {}), ("bad", False, {})])
     wait_rule(e2e, unverified, "NotValidated")
+    e2e.wait_refused({unverified: "NotValidated", verified: None})
     ns = e2e.namespace("dra-kep5004")
     for name, resource in (("classic", "nvidia.com/gpu"), ("implicit", IMPLICIT)):
         r = e2e.gpu_pod(ns, name, group, resource=resource)
@@ -269,8 +283,8 @@ def test_an_unchanged_nvidia_gpu_pod_lands_on_the_verified_dra_node_and_never_on
         assert (device["driver"], device["pool"]) == ("gpu.nvidia.com", verified)
     # Both of the verified node's devices are taken now; the unverified node's two are free, and stay so.
     assert e2e.gpu_pod(ns, "third", group).status_code == 201
-    cond = e2e.scheduled_condition(ns, "third")
-    assert "cannot allocate all claims" in cond["message"] or "NotValidated" in cond["message"], cond
+    message = e2e.unschedulable_message(ns, "third", "cannot allocate all claims")  # the verified node, full
+    assert AFFINITY in message, message  # the unverified one, kept out by its label
     assert not e2e.pod(ns, "third")["spec"].get("nodeName")
 
 

@@ -1,7 +1,8 @@
 """Scenario 1: a GPU pod goes through the real API server (mutated by /mutate, checked by /validate)
 and the chart's kube-scheduler (through /filter, which answers its best tier; bound by kube-scheduler itself, or
 through /bind when it asks for a GPU share) to a verified node; one that fits nowhere stays Pending
-with the extender's reason codes in its condition and Event.
+with the reasons in its condition and Event: gpu-placement's codes for what the pod asks; for the nodes'
+own state, the node label gpu-placement.io/refused (config.refusedNodeLabel) and `explain`.
 
 Also the harness's own promises: cold start, the chart accepted, RBAC as the chart grants it.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import httpx
 
+from gpu_placement.decide.kubefilters import AFFINITY
 from tests.e2e.conftest import E2E, admitted
 from tests.e2e.deploy import NAMESPACE
 
@@ -102,28 +104,53 @@ def test_shared_namespace_pod_is_rewritten_to_the_shared_resource_and_lands_on_a
 
 
 def test_pod_that_fits_nowhere_is_pending_with_grouped_reason_codes(e2e: E2E) -> None:
+    """Refused for the nodes' own state: with config.refusedNodeLabel (the chart's default) each node carries
+    its code in gpu-placement.io/refused and the pod's affinity keeps it out, so kube-scheduler's message
+    counts them as not matching the pod's node affinity (the extender is not asked), `explain` gives each
+    node's reason, and its predicted message is kube-scheduler's. Refused for what the pod asks (a driver
+    newer than any): the extender's codes, grouped, in the condition and the Event."""
     group = "s1-none"
-    e2e.nodes(group, [("unvalidated", "h100", {"validator_ready": False}),
-                      ("upgrading", "h100", {"labels": {"nvidia.com/gpu-driver-upgrade-state": "drain-required"}}),
-                      ("mig-pending", "h100", {"labels": {"nvidia.com/mig.config.state": "pending"}}),
-                      ("unvalidated-2", "h100", {"validator_ready": False})])
+    unvalidated, upgrading, mig, unvalidated_2 = e2e.nodes(group, [
+        ("unvalidated", "h100", {"validator_ready": False}),
+        ("upgrading", "h100", {"labels": {"nvidia.com/gpu-driver-upgrade-state": "drain-required"}}),
+        ("mig-pending", "h100", {"labels": {"nvidia.com/mig.config.state": "pending"}}),
+        ("unvalidated-2", "h100", {"validator_ready": False})])
+    codes = {unvalidated: "NotValidated", upgrading: "DriverUpgrade", mig: "MIGReconfiguring",
+             unvalidated_2: "NotValidated"}
+    e2e.wait_refused(codes)
     ns = e2e.namespace("team")
     r = e2e.gpu_pod(ns, "stuck", group, gpus=1)
     assert r.status_code == 201, r.text
-    cond = e2e.scheduled_condition(ns, "stuck")
-    assert cond["reason"] == "Unschedulable"
-    message = cond["message"]
-    for code in ("NotValidated", "DriverUpgrade", "MIGReconfiguring"):
-        assert code in message, message
+    message = e2e.unschedulable_message(ns, "stuck", AFFINITY)
+    assert e2e.scheduled_condition(ns, "stuck")["reason"] == "Unschedulable"
+    assert not any(code in message for code in codes.values()), message  # the extender was not asked
+    explained = e2e.explain(ns, "stuck")
+    assert explained["kube_scheduler"]["message"] == message.split(" preemption: ", 1)[0], explained
+    rows = {row["node"]: row for row in explained["nodes"]}
+    for node, code in codes.items():
+        assert rows[node]["reason"] == f"NodeAffinity: {AFFINITY}", rows[node]
+        assert rows[node]["figures"].startswith(f"gpu-placement.io/refused={code}, gpu-placement's reason: {code}: "), \
+            rows[node]
+
+    assert e2e.pod(ns, "stuck")["spec"].get("nodeName") is None
+
+    # Two nodes verified and ready, the pod asking a driver none has: the extender's reason, grouped.
+    group = "s1-too-new"
+    verified = e2e.nodes(group, [("verified-1", "h100", {}), ("verified-2", "h100", {})])
+    e2e.wait_refused(dict.fromkeys(verified))
+    r = e2e.gpu_pod(ns, "too-new", group, gpus=1, annotations={"gpu-placement.io/min-driver": "999.0"})
+    assert r.status_code == 201, r.text
+    message = e2e.unschedulable_message(ns, "too-new", "2 DriverTooOld: ")
+    assert AFFINITY in message and f"{group}-" not in message, message
     # That the scheduler can group them (no node named in a reason) is asserted in test_after_merge.py.
 
     def failed_event() -> str | None:
-        for ev in e2e.events(ns, "stuck"):
-            if ev["reason"] == "FailedScheduling":
+        for ev in e2e.events(ns, "too-new"):
+            if ev["reason"] == "FailedScheduling" and "DriverTooOld" in ev["message"]:
                 return str(ev["message"])
         return None
 
     from tests.e2e.cluster import wait_for
     event = wait_for("FailedScheduling event", failed_event, timeout=15)
-    assert "NotValidated" in event and "DriverUpgrade" in event, event
-    assert e2e.pod(ns, "stuck")["spec"].get("nodeName") is None
+    assert "2 DriverTooOld" in event and AFFINITY in event, event
+    assert e2e.pod(ns, "too-new")["spec"].get("nodeName") is None

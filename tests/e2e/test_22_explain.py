@@ -2,7 +2,8 @@
 
 Nodes that kube-scheduler's own filters keep out (a cordoned one, one with a taint the pod does not
 tolerate, one whose GPU a bound pod holds, and for a pod with a selector no node matches, all of
-them), one the extender rejects (validator not Ready), and one that fits. `explain` is run as a
+them), one gpu-placement refuses (validator not Ready: labelled gpu-placement.io/refused, so kube-scheduler's
+NodeAffinity keeps it out and explain gives the reason), and one that fits. `explain` is run as a
 platform engineer runs it, against the live API server through a kubeconfig, with the chart's
 deployed configuration; then the same pod is created and the chart's kube-scheduler decides:
   - where a node fits, explain names it as the only candidate, and kube-scheduler binds the pod there;
@@ -36,6 +37,8 @@ def cluster(e2e: E2E, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, s
     tainted = e2e.api.get(f"/api/v1/nodes/{GROUP}-tainted")
     taints = [*tainted["spec"].get("taints", []), {"key": "dedicated", "value": "research", "effect": "NoSchedule"}]
     e2e.api.merge_patch(f"/api/v1/nodes/{GROUP}-tainted", {"spec": {"taints": taints}})
+    # config.refusedNodeLabel: the unvalidated node carries its code and GPU pods require it absent
+    e2e.wait_refused({f"{GROUP}-unvalidated": "NotValidated", f"{GROUP}-fit": None, f"{GROUP}-full": None})
     ns = e2e.namespace("explain", {"gpu-placement.io/quota": "nvidia.com/gpu=8"})
     # The full node's one GPU, held by a pod bound there.
     hog = _pod(ns, "hog")
@@ -92,7 +95,9 @@ def test_where_one_node_fits_explain_and_kube_scheduler_pick_it(e2e: E2E, cluste
     assert ours[f"{GROUP}-cordoned"]["reason"] == "NodeUnschedulable: node(s) were unschedulable"
     assert ours[f"{GROUP}-tainted"]["reason"] == "TaintToleration: node(s) had untolerated taint(s)"
     assert ours[f"{GROUP}-full"]["reason"] == "NodeResourcesFit: Insufficient nvidia.com/gpu"
-    assert ours[f"{GROUP}-unvalidated"]["verdict"] == "NotValidated"
+    assert ours[f"{GROUP}-unvalidated"]["reason"] == "NodeAffinity: node(s) didn't match Pod's node affinity/selector"
+    assert ours[f"{GROUP}-unvalidated"]["figures"].startswith(
+        "gpu-placement.io/refused=NotValidated, gpu-placement's reason: NotValidated: "), ours[f"{GROUP}-unvalidated"]
     assert [row["node"] for row in answer["nodes"] if row["verdict"] == "pass"] == [f"{GROUP}-fit"]
     assert answer["best"]["node"] == f"{GROUP}-fit"
     assert retrying_503(lambda: e2e.api.create(f"/api/v1/namespaces/{ns}/pods", pod)).status_code == 201

@@ -1,7 +1,8 @@
 """Scenario 6: node health flips reach scheduling within a second, through the real watch: the
 validator pod goes not Ready, a driver upgrade starts, MIG is being reconfigured, the kubelet stops
 posting Ready. Then: a deleted pod frees its GPU memory and a waiting pod lands; a pod waiting for its
-node's validator binds once it is Ready. All of it with pods that never fit waiting beside (`backlog`)."""
+node's validator (kept out by the node's gpu-placement.io/refused label, explain giving the reason) binds once
+it is Ready. All of it with pods that never fit waiting beside (`backlog`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
+from gpu_placement.decide.kubefilters import AFFINITY
 from tests.e2e.conftest import E2E, gpu_pod_manifest
 
 CUDA11 = "nvcr.io/nvidia/cuda:11.6.2-runtime-ubuntu20.04"  # the T4 fixture's driver is 510.73.08
@@ -23,7 +25,8 @@ def backlog(e2e: E2E) -> Iterator[None]:
     earlier scenarios leave theirs: kube-scheduler retries each on every event (twice a second while
     the flips run), and a round of retries may wait for the extender's view. On a T4 whose memory one
     pod holds, four wait for memory and four ask more than a T4 has; four wait for an H100 whose
-    validator never turns Ready. Before the settle budget kept its last waits for answers that are new,
+    validator never turns Ready (kept out by its gpu-placement.io/refused label: kube-scheduler does not send
+    it to the extender). Before the settle budget kept its last waits for answers that are new,
     they spent it (330 to 375 waits denied a run), and a pod retried on the deletion or the validator's
     Ready it waited for, before the extender's watch had it, was answered without a wait and parked
     (the second or third test failed in 2 runs of 5)."""
@@ -31,6 +34,7 @@ def backlog(e2e: E2E) -> Iterator[None]:
     e2e.nodes(group, [("t4", "t4-timeslicing", {"shared_resource": "nvidia.com/gpu.shared",
                                               "labels": {"nvidia.com/gpu.sharing-strategy": "time-slicing"}}),
                       ("h100", "h100", {"validator_ready": False})])
+    e2e.wait_refused({f"{group}-h100": "NotValidated", f"{group}-t4": None})
     shared = e2e.namespace("backlog", {"gpu-placement.io/sharing": "shared", "gpu-placement.io/gpu-memory": "12Gi"})
     exclusive = e2e.namespace("backlog-x")
     assert e2e.gpu_pod(shared, "holder", group, image=CUDA11).status_code == 201
@@ -41,8 +45,8 @@ def backlog(e2e: E2E) -> Iterator[None]:
                            annotations={"gpu-placement.io/gpu-memory": "40Gi"}).status_code == 201
         assert e2e.gpu_pod(exclusive, f"unverified-{i}", group).status_code == 201
     for ns, name, reason in ((shared, "starved-3", "InsufficientGPUMemory"), (shared, "big-3", "InsufficientGPUMemory"),
-                             (exclusive, "unverified-3", "NotValidated")):
-        assert reason in e2e.scheduled_condition(ns, name)["message"]
+                             (exclusive, "unverified-3", AFFINITY)):
+        e2e.unschedulable_message(ns, name, reason)
     yield
     for ns in (shared, exclusive):
         e2e.api.delete(f"/api/v1/namespaces/{ns}")
@@ -114,8 +118,14 @@ def test_a_pod_waiting_for_its_only_node_binds_once_the_validator_is_ready(e2e: 
     group = "s6-verify"
     [node] = e2e.nodes(group, [("a", "h100", {"validator_ready": False})])
     ns = e2e.namespace("verify")
+    e2e.wait_refused({node: "NotValidated"})
     assert e2e.gpu_pod(ns, "waits", group).status_code == 201
-    cond = e2e.scheduled_condition(ns, "waits")
-    assert "NotValidated" in cond["message"], cond
+    # kube-scheduler keeps the labelled node out itself (config.refusedNodeLabel); explain says why
+    e2e.unschedulable_message(ns, "waits", AFFINITY)
+    [row] = [row for row in e2e.explain(ns, "waits")["nodes"] if row["node"] == node]
+    assert row["figures"].startswith("gpu-placement.io/refused=NotValidated, gpu-placement's reason: NotValidated: "
+                                     "the nvidia-operator-validator pod on the node is not Ready"), row
     e2e.kubelets.set_pod_ready("gpu-operator", f"nvidia-operator-validator-{node}", True)
+    # the label goes with the leader's next patch, and NodeAffinity's queueing hint requeues the pod on it
     assert e2e.wait_bound_once_verified(ns, "waits", node, timeout=15) == node
+    assert e2e.refused_label(node) is None

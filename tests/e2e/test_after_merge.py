@@ -1,7 +1,7 @@
 """What depends on work merged from other branches (expected to fail on issue-11 alone):
 
 1. (the rest of scenario 1) reasons the scheduler can group: no node named in a reason, so "2
-   NotValidated: ..." is one entry of the PodScheduled message, not one per node;
+   DriverTooOld: ..." is one entry of the PodScheduled message, not one per node;
 
 5. quota with two webhook replicas and 50 concurrent creates at the limit: never more admitted than
    the quota. Each replica holds only what it admitted itself, so this needs the ResourceQuota
@@ -16,7 +16,9 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+from gpu_placement.decide.kubefilters import AFFINITY
 from tests.e2e.cluster import wait_for
 from tests.e2e.conftest import E2E
 
@@ -24,15 +26,23 @@ QUOTA, BURST = 8, 50
 
 
 def test_unschedulable_reasons_are_grouped_and_name_no_node(e2e: E2E) -> None:
+    """The extender's reasons for what the pod asks (two nodes, one driver version: one string), and the nodes
+    refused for their own state counted by kube-scheduler as not matching the pod's affinity
+    (config.refusedNodeLabel): no node named in either."""
     group = "late-none"
-    e2e.nodes(group, [("unvalidated-1", "h100", {"validator_ready": False}),
-                      ("unvalidated-2", "h100", {"validator_ready": False}),
-                      ("upgrading", "h100", {"labels": {"nvidia.com/gpu-driver-upgrade-state": "drain-required"}})])
+    upgrading: dict[str, Any] = {"labels": {"nvidia.com/gpu-driver-upgrade-state": "drain-required"}}
+    refused = e2e.nodes(group, [("unvalidated-1", "h100", {"validator_ready": False}),
+                                ("unvalidated-2", "h100", {"validator_ready": False}),
+                                ("upgrading", "h100", upgrading)])
+    verified = e2e.nodes(group, [("old-driver-1", "h100", {}), ("old-driver-2", "h100", {})])
+    e2e.wait_refused({**dict(zip(refused, ("NotValidated", "NotValidated", "DriverUpgrade"), strict=True)),
+                      **dict.fromkeys(verified)})
     ns = e2e.namespace("grouped")
-    assert e2e.gpu_pod(ns, "stuck", group).status_code == 201
-    message = e2e.scheduled_condition(ns, "stuck")["message"]
+    assert e2e.gpu_pod(ns, "stuck", group, annotations={"gpu-placement.io/min-driver": "999.0"}).status_code == 201
+    message = e2e.unschedulable_message(ns, "stuck", "2 DriverTooOld: ")
     assert f"{group}-" not in message, message
-    assert "2 NotValidated" in message and "1 DriverUpgrade" in message, message
+    assert message.count("DriverTooOld") == 1 and AFFINITY in message, message
+    assert "NotValidated" not in message and "DriverUpgrade" not in message, message  # not sent to the extender
 
 
 def test_two_replicas_and_fifty_concurrent_creates_never_exceed_the_quota(e2e: E2E) -> None:

@@ -75,7 +75,7 @@ CASES = [
             "ngcReleases": [{"release": "26.10", "cuda": "13.3.10", "source": "a test row, not a release's notes",
                              "forwardCompat": ["580.65"]}],
         },
-        "scheduler": {"extender": {"managedResourcesOnly": True}},
+        "scheduler": {"extender": {"managedResourcesOnly": True}, "percentageOfNodesToScore": 100},
     }, release="gpu", namespace="platform-gpu"),
     Case("exposed-single", {
         "scheduler": {"replicas": 1, "image": {"tag": "v1.31.4"}, "percentageOfNodesToScore": 0,

@@ -117,6 +117,8 @@ the path in a clone. */}}
 {{- $_ = set $config "sharedResource" .Values.sharedResource }}
 {{- $_ = set $config "exemptNamespaces" (include "gpu-placement.exemptNamespaces" . | fromJsonArray) }}
 {{- $_ = set $config "namespaceSelection" .Values.namespaceSelection }}
+{{- /* /filter tells kube-scheduler's sample from every feasible node by it (extender/sample.py) */}}
+{{- $_ = set $config "percentageOfNodesToScore" (int (.Values.scheduler.percentageOfNodesToScore | default 0)) }}
 {{- toYaml $config }}
 {{- end }}
 
