@@ -313,10 +313,11 @@ class Placement:
             return [name for name in self._verdicts(req).passing if name not in asked]
 
     def tier(self, req: Requirements, passed: Sequence[str], size: int | None = None) -> list[str]:
-        """The best tier of `passed` (names `filter` passed): the nodes tied at this kind's highest score,
-        at most `size` (default `scoring.tierSize`) drawn at random, so that a burst on equal nodes spreads
-        over them. `size` 0, a pod with no GPU, or one node: `passed` as it is. The order of `passed` is
-        kept before the draw, so a caller that sorts it gets a draw its seed repeats."""
+        """The best tier of `passed` (names `filter` passed): the nodes tied at this kind's highest rank (the
+        0..10 score; fragmentation's in hundredths, `RANK_STEPS`), at most `size` (default
+        `scoring.tierSize`) drawn at random, so that a burst on equal nodes spreads over them. `size` 0, a
+        pod with no GPU, or one node: `passed` as it is. The order of `passed` is kept before the draw, so a
+        caller that sorts it gets a draw its seed repeats."""
         size = self.config.scoring.tier_size if size is None else size
         if size <= 0 or len(passed) <= 1 or not req.wants_gpu or req.error is not None:
             return list(passed)
