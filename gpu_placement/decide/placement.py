@@ -46,13 +46,21 @@ from gpu_placement.view.cluster import ClusterView
 __all__ = ["FilterResult", "Freed", "NodeVerdict", "Placement"]
 
 MAX_SCORE = 10
+# A node's rank is its 0..10 score times RANK_STEPS plus a finer step within that score, the order
+# /filter's best tier follows (`Placement.tier`). The fragmentation score keeps the 0..1000 it computed
+# (a tier tied at a rounded 0..10 left kube-scheduler's LeastAllocated to choose among nodes the score
+# told apart, docs/replay.md); binpack and spread rank by their 0..10 score alone, as before.
+RANK_STEPS = 100
+_MIDDLE = RANK_STEPS // 2
 # Kinds of pod remembered, bounded by memory rather than by count: a kind costs about 330 bytes a node
-# (tracemalloc, 5,000 nodes: 1.4-1.7 MB a kind), so 128 MiB holds about 75 kinds at 5,000 nodes and
-# 400 at 1,000. What the pod wrote is kept only as the kind's key (bounded by the annotation limit,
-# counted below): a pod whose ask is broken gets no kind, and an answer naming nodes the view lacks is
-# not kept (both quote or echo request text; a stream of them filled memory, issue 36).
+# (tracemalloc, 5,000 nodes: 1.4-1.7 MB a kind; before the ranks, which add about 90), so 128 MiB holds
+# about 60-75 kinds at 5,000 nodes and 400 at 1,000. What the pod wrote is kept only as the kind's key
+# (bounded by the annotation limit, counted below): a pod whose ask is broken gets no kind, and an answer
+# naming nodes the view lacks is not kept (both quote or echo request text; a stream of them filled
+# memory, issue 36).
 _CACHE_BYTES = 128 * 2**20
-_PER_NODE_BYTES = 320  # table slots, score piece, Need, last answer: a kind's cost per node besides its fragments
+_PER_NODE_BYTES = 410  # table slots, score piece, rank (a dict slot and an int: ~90), Need, last answer: a kind's
+# cost per node besides its fragments
 # Its tables and record whatever the cluster's size: tracemalloc, 16 nodes: 14 KB a kind in all, of which the
 # per-node part and fragments are 6.4 KB. Without it, on a small cluster 128 MiB by estimate was 300 MiB.
 _PER_KIND_BYTES = 8 * 1024
@@ -114,6 +122,7 @@ class _Verdicts:
     entries: dict[str, Rejection | Need] = field(default_factory=dict)  # static verdict per node
     passing: set[str] = field(default_factory=set)  # static pass and fits what is free now
     scores: dict[str, int] = field(default_factory=dict)
+    ranks: dict[str, int] = field(default_factory=dict)  # the score in finer steps: the tier's order (`_score`)
     score_json: dict[str, bytes] = field(default_factory=dict)  # b'{"Host":"n1","Score":7}'
     messages: dict[str, str] = field(default_factory=dict)  # failing nodes: the reason
     fragments: dict[str, bytes] = field(default_factory=dict)  # failing nodes: b'"n1":"Code: sentence"'
@@ -304,19 +313,20 @@ class Placement:
             return [name for name in self._verdicts(req).passing if name not in asked]
 
     def tier(self, req: Requirements, passed: Sequence[str], size: int | None = None) -> list[str]:
-        """The best tier of `passed` (names `filter` passed): the nodes tied at this kind's highest score,
-        at most `size` (default `scoring.tierSize`) drawn at random, so that a burst on equal nodes spreads
-        over them. `size` 0, a pod with no GPU, or one node: `passed` as it is. The order of `passed` is
-        kept before the draw, so a caller that sorts it gets a draw its seed repeats."""
+        """The best tier of `passed` (names `filter` passed): the nodes tied at this kind's highest rank (the
+        0..10 score; fragmentation's in hundredths, `RANK_STEPS`), at most `size` (default
+        `scoring.tierSize`) drawn at random, so that a burst on equal nodes spreads over them. `size` 0, a
+        pod with no GPU, or one node: `passed` as it is. The order of `passed` is kept before the draw, so a
+        caller that sorts it gets a draw its seed repeats."""
         size = self.config.scoring.tier_size if size is None else size
         if size <= 0 or len(passed) <= 1 or not req.wants_gpu or req.error is not None:
             return list(passed)
         with self.view.lock:
-            scores = self._verdicts(req).scores
-            try:  # in C: one lookup per name, then the names at the best score
-                values = itemgetter(*passed)(scores)
-            except KeyError:  # passed by a caller that asked about a node the view lacks: it scores 0
-                values = tuple(scores.get(name, 0) for name in passed)
+            ranks = self._verdicts(req).ranks
+            try:  # in C: one lookup per name, then the names at the best rank
+                values = itemgetter(*passed)(ranks)
+            except KeyError:  # passed by a caller that asked about a node the view lacks: it ranks 0
+                values = tuple(ranks.get(name, 0) for name in passed)
         best = max(values)
         tied = list(compress(passed, map(best.__eq__, values)))
         return tied if len(tied) <= size else self.random.sample(tied, size)
@@ -435,7 +445,8 @@ class Placement:
             if type(entry) is not Rejection:  # a fresh kind has nothing to clear: _place without it
                 shortfall, freeable, dra = self._fit(name, entry, req)  # not `resolvable`: the set below
                 if shortfall is None:
-                    scores[name] = score = self._score(name, entry, req, dra)
+                    verdicts.ranks[name] = rank = self._score(name, entry, req, dra)
+                    scores[name] = score = rank // RANK_STEPS
                     score_json[name] = b'{"Host":%b,"Score":%d}' % (dumps(name), score)
                     passing.add(name)
                 else:
@@ -529,7 +540,7 @@ class Placement:
     def _redo(self, verdicts: _Verdicts, name: str) -> None:
         facts = self.view.nodes.get(name)
         if facts is None:
-            for table in (verdicts.entries, verdicts.scores, verdicts.score_json):
+            for table in (verdicts.entries, verdicts.scores, verdicts.ranks, verdicts.score_json):
                 table.pop(name, None)
             verdicts.passing.discard(name)
             _clear_failure(verdicts, name)
@@ -607,22 +618,24 @@ class Placement:
         return None
 
     def _score(self, name: str, need: Need, req: Requirements, dra: DraFit | None = None) -> int:
-        """Binpack: how full the node is once the pod is on it (fill used nodes first, keep whole nodes
-        free for big jobs); spread: how empty; fragmentation: how little the pod there adds to the
-        fragments of the node's free GPUs for the pods that typically arrive (gpu_placement.decide.fragmentation).
-        Minus penalties for nodes to avoid when there is a choice. A soaking driver overrides them all:
-        the bottom for most pods, the top for canaries; a driver that failed its soak, the bottom for all."""
+        """The node's rank: its 0..10 score times RANK_STEPS plus a step within it (`rank // RANK_STEPS` is
+        the score). Binpack: how full the node is once the pod is on it (fill used nodes first, keep whole
+        nodes free for big jobs); spread: how empty; fragmentation: how little the pod there adds to the
+        fragments of the node's free GPUs for the pods that typically arrive (gpu_placement.decide.fragmentation),
+        its step the score's own fraction. Minus penalties for nodes to avoid when there is a choice. A
+        soaking driver overrides them all: the bottom for most pods, the top for canaries; a driver that
+        failed its soak, the bottom for all."""
         canary = req.canary
         soak = self.rollout.soak(name).state
         if soak == FAILED or (soak == SOAKING and not canary):
             return 0
         if soak == SOAKING:
-            return MAX_SCORE
+            return MAX_SCORE * RANK_STEPS + _MIDDLE
         top = MAX_SCORE - 1 if canary else MAX_SCORE  # a canary's top is a soaking node's alone
         view = self.view
         if self.fragmentation is not None:
-            score = round(MAX_SCORE * self.fragmentation.raw(name, req)) - self._penalty(view.nodes[name])
-            return max(0, min(top, score))
+            exact = MAX_SCORE * self.fragmentation.raw(name, req) - self._penalty(view.nodes[name])
+            return _rank(exact, top)
         fills = []
         tier = (0, 1)  # (the alternative the allocator would take, how many a request lists)
         for resource, units, mib in need.asks:
@@ -646,7 +659,7 @@ class Placement:
         if choices > 1:  # a node where a request gets only its n-th alternative scores below every node
             raw = (choices - 1 - rank + raw) / choices  # where it gets an earlier one (firstAvailable's order)
         score = round(MAX_SCORE * raw) - self._penalty(view.nodes[name])
-        return max(0, min(top, score))
+        return max(0, min(top, score)) * RANK_STEPS + _MIDDLE
 
     def _penalty(self, facts: NodeFacts) -> int:
         weights = self.config.scoring
@@ -910,7 +923,19 @@ def _score_head(name: str) -> bytes:
     return b'{"Host":%b,"Score":' % orjson.dumps(name)
 
 
-def _set_score(verdicts: _Verdicts, name: str, score: int) -> None:
+def _rank(exact: float, top: int) -> int:
+    """A score computed as a real number (0..10, less penalties) as a rank: the rounded score, clamped to
+    0..top, times RANK_STEPS, plus where the real number lies within that score's half-point either side
+    (clamped when the score was)."""
+    score = max(0, min(top, round(exact)))
+    step = int((exact - score + 0.5) * RANK_STEPS)
+    return score * RANK_STEPS + max(0, min(RANK_STEPS - 1, step))
+
+
+def _set_score(verdicts: _Verdicts, name: str, rank: int) -> None:
+    """Store a node's rank (`Placement._score`) and the 0..10 score it gives."""
+    verdicts.ranks[name] = rank
+    score = rank // RANK_STEPS
     if verdicts.scores.get(name) != score or name not in verdicts.score_json:
         verdicts.scores[name] = score
         verdicts.score_json[name] = _score_piece(name, score)
