@@ -30,7 +30,7 @@ from gpu_placement.decide.nominated import keep_for_nominated
 from gpu_placement.decide.placement import FilterResult, Placement
 from gpu_placement.decide.requirements import Requirements
 from gpu_placement.decide.rules import unknown_node
-from gpu_placement.facts.pods import pod_key, pod_priority
+from gpu_placement.facts.pods import pod_key, pod_priority, soft_placement
 from gpu_placement.observe import metrics
 from gpu_placement.view.cluster import ClusterView, same_pod
 from gpu_placement.web import shape
@@ -189,8 +189,11 @@ def _best_tier(ex: Extender, pod: dict[str, Any], req: Requirements, result: Fil
     single-feasible-node path); the nodes left out get no status, which matters only to a pod no node
     passes, and that answer lists them all (docs/performance.md, "One call per pod"). One node answered
     is where kube-scheduler binds it: its GPUs are held there at once, so the next pod's /filter counts
-    them before the watch shows the Binding (`Extender.hold`)."""
-    chosen = ex.placement.tier(req, result.passed)
+    them before the watch shows the Binding (`Extender.hold`). A pod with soft preferences of its own (a
+    ScheduleAnyway spread, a preferred affinity term) gets every node of the best 0..10 score, up to the
+    tier's size, for kube-scheduler's plugins to weigh them; the rest get fragmentation's finer order."""
+    coarse = soft_placement(pod.get("spec") or {})
+    chosen = ex.placement.tier(req, result.passed, coarse=coarse)
     if len(chosen) == 1:
         ex.hold(pod, req, chosen[0])
     return _encode_filter(FilterResult(chosen), objects)

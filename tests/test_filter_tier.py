@@ -158,3 +158,22 @@ def test_tier_size_is_a_count() -> None:
     for bad in (-1, True, "8", 1.5):
         with pytest.raises(ConfigError, match=r"scoring\.tierSize"):
             parse_config({"scoring": {"tierSize": bad}})
+
+
+def test_a_pod_with_a_soft_spread_gets_the_nodes_tied_at_the_best_score() -> None:
+    """Nodes with one, two and three GPUs in use score alike for a 1-GPU pod (0..10), and fragmentation's finer
+    order answers one of them; a pod that asks kube-scheduler for a ScheduleAnyway spread gets all three, for
+    PodTopologySpread to weigh (and none is held)."""
+    names = [f"used-{i}" for i in range(1, 4)]
+    objects = [make_node(name, "h100x8") for name in names] + [validator_pod(name) for name in names]
+    objects += [make_pod("ml", f"r{i}", gpus={GPU: i}, node=f"used-{i}") for i in range(1, 4)]
+    served = Served(objects, Config(scoring=Scoring(strategy="fragmentation", tier_size=8)))
+    try:
+        assert served.filter(pod("plain"), names)["NodeNames"] == ["used-1"]
+        spread = pod("spread")
+        spread["spec"]["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                                        "whenUnsatisfiable": "ScheduleAnyway",
+                                                        "labelSelector": {"matchLabels": {"app": "x"}}}]
+        assert sorted(served.filter(spread, names)["NodeNames"]) == names
+    finally:
+        served.close()

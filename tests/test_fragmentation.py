@@ -228,3 +228,17 @@ def test_a_rank_is_the_rounded_score_then_where_the_exact_one_lies(exact: float,
     assert rank // RANK_STEPS == score
     assert _rank(exact + 0.02, top) >= rank >= _rank(exact - 0.02, top)  # never out of order
     assert _rank(5.6, 10) < _rank(6.0, 10) < _rank(6.4, 10)  # one score, three ranks in its order
+
+
+def test_a_pod_with_soft_preferences_gets_every_node_of_the_best_score() -> None:
+    """kube-scheduler's own scores act only among several nodes: a pod asking for a soft spread or a
+    preferred affinity term gets the nodes tied at the 0..10 score (the tier's size at most) for them to
+    weigh, not fragmentation's one best node."""
+    names = [f"used-{i}" for i in range(1, 4)]
+    objects = [namespace("ml"), *(make_node(n, "h100x8") for n in names), *(validator_pod(n) for n in names),
+               *(_pod(f"r{i}", i, node=f"used-{i}") for i in range(1, 4))]
+    cluster = Cluster(Config(scoring=Scoring(strategy="fragmentation", tier_size=8)), objects)
+    req = cluster.placement.requirements(_pod("one", 1))
+    assert cluster.placement.tier(req, names) == ["used-1"]
+    assert sorted(cluster.placement.tier(req, names, coarse=True)) == names
+    assert len(cluster.placement.tier(req, names, size=2, coarse=True)) == 2

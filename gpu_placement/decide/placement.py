@@ -312,9 +312,11 @@ class Placement:
         with self.view.lock:
             return [name for name in self._verdicts(req).passing if name not in asked]
 
-    def tier(self, req: Requirements, passed: Sequence[str], size: int | None = None) -> list[str]:
+    def tier(self, req: Requirements, passed: Sequence[str], size: int | None = None, coarse: bool = False
+             ) -> list[str]:
         """The best tier of `passed` (names `filter` passed): the nodes tied at this kind's highest rank (the
-        0..10 score; fragmentation's in hundredths, `RANK_STEPS`), at most `size` (default
+        0..10 score; fragmentation's in hundredths, `RANK_STEPS`, unless `coarse`: a pod whose own soft
+        preferences kube-scheduler's plugins are to weigh among nodes of one score), at most `size` (default
         `scoring.tierSize`) drawn at random, so that a burst on equal nodes spreads over them. `size` 0, a
         pod with no GPU, or one node: `passed` as it is. The order of `passed` is kept before the draw, so a
         caller that sorts it gets a draw its seed repeats."""
@@ -322,7 +324,8 @@ class Placement:
         if size <= 0 or len(passed) <= 1 or not req.wants_gpu or req.error is not None:
             return list(passed)
         with self.view.lock:
-            ranks = self._verdicts(req).ranks
+            verdicts = self._verdicts(req)
+            ranks = verdicts.scores if coarse else verdicts.ranks
             try:  # in C: one lookup per name, then the names at the best rank
                 values = itemgetter(*passed)(ranks)
             except KeyError:  # passed by a caller that asked about a node the view lacks: it ranks 0

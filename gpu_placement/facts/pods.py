@@ -18,7 +18,8 @@ from gpu_placement.facts.sharing import is_standin
 from gpu_placement.facts.soak import OperatorPod, operator_pod_from_json
 
 __all__ = ["MAX_GPU_COUNT", "GpuRequests", "PodRecord", "container_gpu_requests", "cpu_request",
-           "effective_gpu_requests", "pod_from_json", "pod_key", "pod_priority", "resource_version"]
+           "effective_gpu_requests", "pod_from_json", "pod_key", "pod_priority", "resource_version",
+           "soft_placement"]
 
 # ((resource, count), ...) sorted by resource: hashable, so it can key caches.
 GpuRequests = tuple[tuple[str, int], ...]
@@ -207,6 +208,21 @@ def pod_priority(spec: Mapping[str, Any]) -> int:
     """kube-scheduler's `corev1helpers.PodPriority`: `spec.priority`, 0 when unset."""
     priority = spec.get("priority")
     return priority if isinstance(priority, int) and not isinstance(priority, bool) else 0
+
+
+def soft_placement(spec: Mapping[str, Any]) -> bool:
+    """Whether the pod asks kube-scheduler's own scoring for something: a topology spread constraint with
+    `whenUnsatisfiable: ScheduleAnyway`, or a preferred node affinity, pod affinity or anti-affinity term
+    (PodTopologySpread, NodeAffinity and InterPodAffinity score these; they act only among several nodes)."""
+    for constraint in spec.get("topologySpreadConstraints") or ():
+        if isinstance(constraint, Mapping) and constraint.get("whenUnsatisfiable") == "ScheduleAnyway":
+            return True
+    affinity = spec.get("affinity")
+    if not isinstance(affinity, Mapping):
+        return False
+    return any(isinstance(kind, Mapping) and kind.get("preferredDuringSchedulingIgnoredDuringExecution")
+               for kind in (affinity.get("nodeAffinity"), affinity.get("podAffinity"),
+                            affinity.get("podAntiAffinity")))
 
 
 def _is_ready(status: Mapping[str, Any]) -> bool:
