@@ -9,16 +9,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
-import orjson
 import pytest
 from prometheus_client import REGISTRY
 
 from extender.sample import OUTSIDE_SAMPLE, Samples, feasible_nodes_to_find, may_be_cut
-from gpu_placement.app.assembly import core_from_objects
 from gpu_placement.base.config import Config, ConfigError, Scoring, parse_config
 from gpu_placement.samples.cluster import make_node, make_pod, validator_pod
-from gpu_placement.web.serving import ServerThread, make_server
+from tests.support.extender import Extender
 
 GPU = "nvidia.com/gpu"
 FULL = [f"full-{i:03d}" for i in range(130)]  # every GPU taken: InsufficientGPU, resolvable
@@ -43,24 +40,6 @@ def test_only_a_full_sample_short_of_every_node_may_be_cut() -> None:
     assert not may_be_cut(500, 500, 100) and not may_be_cut(99, 99, 0)  # it looks for every node
 
 
-class Served:
-    def __init__(self, objects: list[dict[str, Any]], config: Config) -> None:
-        self.core = core_from_objects(config, objects)
-        self.server = ServerThread(make_server(self.core.extender_app(), "127.0.0.1", 0)).start()
-        self.http = httpx.Client(base_url=self.server.url(""), timeout=10)
-
-    def filter(self, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
-        response = self.http.post("/filter", content=orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}),
-                                  headers={"Content-Type": "application/json"})
-        assert response.status_code == 200, response.text
-        answer: dict[str, Any] = response.json()
-        return answer
-
-    def close(self) -> None:
-        self.http.close()
-        self.server.stop()
-
-
 def pod(name: str, uid: str | None = None) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "ml", "uid": uid or f"uid-{name}", "resourceVersion": "7",
                          "annotations": {"gpu-placement.io/admitted": "exclusive"}},
@@ -81,8 +60,8 @@ def cluster(idle_too: bool = False) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    extender = Served(cluster(), Config(scoring=Scoring(tier_size=8)))
+def served() -> Iterator[Extender]:
+    extender = Extender(cluster(), Config(scoring=Scoring(tier_size=8)))
     yield extender
     extender.close()
 
@@ -92,7 +71,7 @@ def outside_sample_answers() -> float:
                                      {"component": "extender", "reason": OUTSIDE_SAMPLE}) or 0.0
 
 
-def test_a_refused_sample_with_fitting_nodes_outside_is_answered_unresolvable(served: Served) -> None:
+def test_a_refused_sample_with_fitting_nodes_outside_is_answered_unresolvable(served: Extender) -> None:
     before = outside_sample_answers()
     answer = served.filter(pod("sampled"), SAMPLE)
     assert answer["NodeNames"] == [] and answer["FailedNodes"] == {} and answer["Error"] == ""
@@ -106,7 +85,7 @@ def test_a_refused_sample_with_fitting_nodes_outside_is_answered_unresolvable(se
     assert outside_sample_answers() == before + 1
 
 
-def test_the_complete_feasible_list_is_answered_as_before(served: Served) -> None:
+def test_the_complete_feasible_list_is_answered_as_before(served: Extender) -> None:
     """Fewer names than kube-scheduler looks for: it filtered every node, and the nodes not sent are ones its
     own filters refused. Preemption reads the resolvable reasons as before."""
     answer = served.filter(pod("complete"), SAMPLE[:119])
@@ -117,7 +96,7 @@ def test_the_complete_feasible_list_is_answered_as_before(served: Served) -> Non
 
 def test_every_node_filtered_is_answered_as_before() -> None:
     """percentageOfNodesToScore 100 (passed by the chart): the names are every feasible node, never a sample."""
-    extender = Served(cluster(), Config(scoring=Scoring(tier_size=8), percentage_of_nodes_to_score=100))
+    extender = Extender(cluster(), Config(scoring=Scoring(tier_size=8), percentage_of_nodes_to_score=100))
     try:
         answer = extender.filter(pod("all"), SAMPLE)
         assert sorted(answer["FailedNodes"]) == SAMPLE and answer["FailedAndUnresolvableNodes"] == {}
@@ -127,7 +106,7 @@ def test_every_node_filtered_is_answered_as_before() -> None:
 
 def test_no_fitting_node_outside_is_answered_as_before() -> None:
     """Every node full: preemption is what the pod needs, on the sample as anywhere."""
-    extender = Served(cluster(idle_too=True), Config(scoring=Scoring(tier_size=8)))
+    extender = Extender(cluster(idle_too=True), Config(scoring=Scoring(tier_size=8)))
     try:
         answer = extender.filter(pod("nowhere"), SAMPLE)
         assert sorted(answer["FailedNodes"]) == SAMPLE and answer["FailedAndUnresolvableNodes"] == {}
@@ -135,7 +114,7 @@ def test_no_fitting_node_outside_is_answered_as_before() -> None:
         extender.close()
 
 
-def test_the_answer_stops_once_the_samples_went_round_every_node(served: Served) -> None:
+def test_the_answer_stops_once_the_samples_went_round_every_node(served: Extender) -> None:
     """ceil(250 / 120) = 3 samples go round the nodes: a node outside every one of them is one kube-scheduler's
     own filters keep from the pod (its node selector, a taint), and preemption may act from the fourth on.
     Passing somewhere, or a new pod under the name, counts from zero again."""

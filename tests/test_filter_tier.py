@@ -8,36 +8,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
-import orjson
 import pytest
 
-from gpu_placement.app.assembly import core_from_objects
 from gpu_placement.base.config import Config, ConfigError, Scoring, parse_config
 from gpu_placement.samples.cluster import make_node, make_pod, validator_pod
-from gpu_placement.web.serving import ServerThread, make_server
+from tests.support.extender import Extender
 
 GPU = "nvidia.com/gpu"
-
-
-class Served:
-    """The extender of a cluster, served on loopback."""
-
-    def __init__(self, objects: list[dict[str, Any]], config: Config) -> None:
-        self.core = core_from_objects(config, objects)
-        self.server = ServerThread(make_server(self.core.extender_app(), "127.0.0.1", 0)).start()
-        self.http = httpx.Client(base_url=self.server.url(""), timeout=5)
-
-    def filter(self, pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
-        response = self.http.post("/filter", content=orjson.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}),
-                                  headers={"Content-Type": "application/json"})
-        assert response.status_code == 200, response.text
-        answer: dict[str, Any] = response.json()
-        return answer
-
-    def close(self) -> None:
-        self.http.close()
-        self.server.stop()
 
 
 def pod(name: str, gpus: int = 1, namespace: str = "ml") -> dict[str, Any]:
@@ -68,15 +45,15 @@ ALL = [*IDLE, "half-a", "half-b", "full", "unverified"]
 
 
 @pytest.fixture
-def served(request: pytest.FixtureRequest) -> Iterator[Served]:
+def served(request: pytest.FixtureRequest) -> Iterator[Extender]:
     strategy, size = request.param
-    extender = Served(cluster(), Config(scoring=Scoring(strategy=strategy, tier_size=size)))
+    extender = Extender(cluster(), Config(scoring=Scoring(strategy=strategy, tier_size=size)))
     yield extender
     extender.close()
 
 
 @pytest.mark.parametrize("served", [("binpack", 8)], indirect=True)
-def test_the_answer_is_the_nodes_tied_at_the_best_score_and_no_failure_maps(served: Served) -> None:
+def test_the_answer_is_the_nodes_tied_at_the_best_score_and_no_failure_maps(served: Extender) -> None:
     """Binpack: the two half-used nodes tie above every idle one (the full one cannot take 2 GPUs);
     kube-scheduler's own plugins choose between them, and it gets no reasons for the others."""
     answer = served.filter(pod("two", gpus=2), ALL)
@@ -89,14 +66,14 @@ def test_the_answer_is_the_nodes_tied_at_the_best_score_and_no_failure_maps(serv
 
 
 @pytest.mark.parametrize("served", [("spread", 3)], indirect=True)
-def test_ties_are_drawn_at_random_so_equal_nodes_share_a_burst(served: Served) -> None:
+def test_ties_are_drawn_at_random_so_equal_nodes_share_a_burst(served: Extender) -> None:
     answers = [served.filter(pod(f"p{i}"), IDLE)["NodeNames"] for i in range(30)]
     assert all(len(names) == 3 == len(set(names)) and set(names) <= set(IDLE) for names in answers)
     assert len({name for names in answers for name in names}) > 3  # not always the same three
 
 
 @pytest.mark.parametrize("served", [("binpack", 1)], indirect=True)
-def test_nothing_passes_lists_every_refused_node_with_its_reason(served: Served) -> None:
+def test_nothing_passes_lists_every_refused_node_with_its_reason(served: Extender) -> None:
     """Nine GPUs fit nowhere: kube-scheduler's message and preemption read every node's reason."""
     answer = served.filter(pod("big", gpus=9), [*ALL, "ghost"])
     assert answer["NodeNames"] == []
@@ -109,7 +86,7 @@ def test_nothing_passes_lists_every_refused_node_with_its_reason(served: Served)
 
 
 @pytest.mark.parametrize("served", [("binpack", 1)], indirect=True)
-def test_only_names_asked_are_answered(served: Served) -> None:
+def test_only_names_asked_are_answered(served: Extender) -> None:
     """The best node overall (full, the fullest that fits one GPU) is not asked: the best of those asked is."""
     assert served.filter(pod("one"), ALL)["NodeNames"] == ["full"]
     answer = served.filter(pod("other"), ["idle-3", "half-b", "unverified", "ghost"])
@@ -117,7 +94,7 @@ def test_only_names_asked_are_answered(served: Served) -> None:
 
 
 @pytest.mark.parametrize("served", [("spread", 1)], indirect=True)
-def test_one_node_answered_holds_the_pods_gpus_there_until_it_is_seen_bound(served: Served) -> None:
+def test_one_node_answered_holds_the_pods_gpus_there_until_it_is_seen_bound(served: Extender) -> None:
     """A burst: kube-scheduler binds behind the next pods' cycles, so the pod's GPUs are held on the one node
     answered at once; the next pod, spread, goes elsewhere. A retry of the pod (its bind failed) drops its
     hold before it is judged; the watch showing it bound drops it too."""
@@ -137,7 +114,7 @@ def test_one_node_answered_holds_the_pods_gpus_there_until_it_is_seen_bound(serv
 
 
 @pytest.mark.parametrize("served", [("binpack", 0)], indirect=True)
-def test_tier_size_zero_answers_every_passing_node_and_every_reason(served: Served) -> None:
+def test_tier_size_zero_answers_every_passing_node_and_every_reason(served: Extender) -> None:
     """A scheduler configuration that still calls /prioritize: the whole answer, as before the tier."""
     answer = served.filter(pod("one"), ALL)
     assert sorted(answer["NodeNames"]) == sorted(set(ALL) - {"unverified"})
@@ -146,7 +123,7 @@ def test_tier_size_zero_answers_every_passing_node_and_every_reason(served: Serv
 
 
 @pytest.mark.parametrize("served", [("binpack", 1)], indirect=True)
-def test_a_pod_without_gpus_passes_every_node(served: Served) -> None:
+def test_a_pod_without_gpus_passes_every_node(served: Extender) -> None:
     plain = pod("cpu")
     plain["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
     assert sorted(served.filter(plain, ALL)["NodeNames"]) == sorted(ALL)
@@ -167,7 +144,7 @@ def test_a_pod_with_a_soft_spread_gets_the_nodes_tied_at_the_best_score() -> Non
     names = [f"used-{i}" for i in range(1, 4)]
     objects = [make_node(name, "h100x8") for name in names] + [validator_pod(name) for name in names]
     objects += [make_pod("ml", f"r{i}", gpus={GPU: i}, node=f"used-{i}") for i in range(1, 4)]
-    served = Served(objects, Config(scoring=Scoring(strategy="fragmentation", tier_size=8)))
+    served = Extender(objects, Config(scoring=Scoring(strategy="fragmentation", tier_size=8)))
     try:
         assert served.filter(pod("plain"), names)["NodeNames"] == ["used-1"]
         spread = pod("spread")
